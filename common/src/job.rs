@@ -1,0 +1,388 @@
+//! The job: what a user submits to a share, its id, and the states it moves through.
+//!
+//! See spec/quota-shares.md ("A job"). [`JobSpec::validate`] checks every field that can be
+//! checked without the cluster's state; the state machine checks the rest (the share exists,
+//! the class is one of its limits).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::name::validate_name;
+use crate::node::GPUS_PER_NODE_MAX;
+use crate::{GpuClass, SpecError};
+
+/// The highest job priority.
+pub const PRIORITY_MAX: u32 = 9_999;
+/// The default grace period between the checkpoint signal and the kill.
+pub const GRACE_PERIOD_DEFAULT_MS: u64 = 30_000;
+/// The longest grace period a job may ask for.
+pub const GRACE_PERIOD_MAX_MS: u64 = 3_600_000;
+/// At most this many environment variables per job.
+pub const ENV_ENTRIES_MAX: usize = 256;
+/// At most this many command arguments per job.
+pub const COMMAND_ARGS_MAX: usize = 1_024;
+/// The longest single argument, environment value or image reference.
+pub const FIELD_BYTES_MAX: usize = 16_384;
+/// The longest idempotency key.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+
+/// Environment variables Quotient sets itself; a job may not override them.
+pub const RESERVED_ENV: [&str; 5] = [
+    "QUOTIENT_JOB_ID",
+    "QUOTIENT_ATTEMPT",
+    "QUOTIENT_CHECKPOINT_DIR",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+];
+
+/// A job's id: assigned by the state machine in submit order, stable, shown as `j-N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub u64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "j-{}", self.0)
+    }
+}
+
+impl std::str::FromStr for JobId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let digits = s.strip_prefix("j-").unwrap_or(s);
+        digits
+            .parse::<u64>()
+            .map(JobId)
+            .map_err(|_| format!("invalid job id {s:?}: job ids look like j-42"))
+    }
+}
+
+/// The signal a job receives when it must checkpoint and stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Signal {
+    Sighup,
+    Sigint,
+    Sigquit,
+    Sigusr1,
+    Sigusr2,
+    Sigterm,
+}
+
+impl Signal {
+    const ALL: [(Signal, &'static str, i32); 6] = [
+        (Signal::Sighup, "SIGHUP", 1),
+        (Signal::Sigint, "SIGINT", 2),
+        (Signal::Sigquit, "SIGQUIT", 3),
+        (Signal::Sigusr1, "SIGUSR1", 10),
+        (Signal::Sigusr2, "SIGUSR2", 12),
+        (Signal::Sigterm, "SIGTERM", 15),
+    ];
+
+    /// Parses `SIGTERM`, `TERM` or `term`.
+    pub fn parse(text: &str) -> Result<Signal, SpecError> {
+        let upper = text.to_ascii_uppercase();
+        let name = if upper.starts_with("SIG") {
+            upper
+        } else {
+            format!("SIG{upper}")
+        };
+        Signal::ALL
+            .iter()
+            .find(|(_, n, _)| *n == name)
+            .map(|(s, _, _)| *s)
+            .ok_or_else(|| SpecError::Signal(text.to_string()))
+    }
+
+    pub fn name(self) -> &'static str {
+        Signal::ALL.iter().find(|(s, _, _)| *s == self).unwrap().1
+    }
+
+    /// The Linux signal number.
+    pub fn number(self) -> i32 {
+        Signal::ALL.iter().find(|(s, _, _)| *s == self).unwrap().2
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a job runs: a command as a process on the host, or a container image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPayload {
+    /// The container image; `None` runs `command` as a process on the agent's host.
+    pub image: Option<String>,
+    /// The command and its arguments (the image's own command when empty and `image` is set).
+    pub command: Vec<String>,
+}
+
+/// Everything a user states about a job at submit time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub name: Option<String>,
+    pub share: String,
+    /// 0-9999, higher runs first.
+    pub priority: u32,
+    /// GPUs on one node.
+    pub gpus: u32,
+    /// Optional when the share has one class.
+    pub gpu_class: Option<GpuClass>,
+    pub payload: JobPayload,
+    pub env: BTreeMap<String, String>,
+    pub checkpoint_signal: Signal,
+    pub grace_period_ms: u64,
+    /// `None` = requeue without limit; `Some(0)` = FAILED on first preemption.
+    pub max_preemptions: Option<u32>,
+    /// Retries of a submit with the same key return the same job.
+    pub idempotency_key: Option<String>,
+}
+
+impl JobSpec {
+    /// A spec with the defaults of spec/quota-shares.md.
+    pub fn new(share: &str, priority: u32, gpus: u32, command: Vec<String>) -> JobSpec {
+        JobSpec {
+            name: None,
+            share: share.to_string(),
+            priority,
+            gpus,
+            gpu_class: None,
+            payload: JobPayload {
+                image: None,
+                command,
+            },
+            env: BTreeMap::new(),
+            checkpoint_signal: Signal::Sigterm,
+            grace_period_ms: GRACE_PERIOD_DEFAULT_MS,
+            max_preemptions: None,
+            idempotency_key: None,
+        }
+    }
+
+    /// Checks every field rule that needs no cluster state.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if let Some(name) = &self.name {
+            validate_name("job", name)?;
+        }
+        validate_name("share", &self.share)?;
+        validate_priority(self.priority)?;
+        if self.gpus == 0 {
+            return Err(SpecError::GpusZero);
+        }
+        if self.gpus as usize > GPUS_PER_NODE_MAX {
+            return Err(SpecError::GpusTooMany {
+                got: self.gpus,
+                max: GPUS_PER_NODE_MAX as u32,
+            });
+        }
+        if let Some(class) = &self.gpu_class {
+            GpuClass::parse(class.as_str())?;
+        }
+        if self.payload.image.is_none() && self.payload.command.is_empty() {
+            return Err(SpecError::NoPayload);
+        }
+        if let Some(image) = &self.payload.image {
+            check_len("image", image, FIELD_BYTES_MAX)?;
+            if image.is_empty() {
+                return Err(SpecError::NoPayload);
+            }
+        }
+        if self.payload.command.len() > COMMAND_ARGS_MAX {
+            return Err(SpecError::TooMany {
+                field: "command".into(),
+                max: COMMAND_ARGS_MAX as u32,
+            });
+        }
+        for arg in &self.payload.command {
+            check_len("a command argument", arg, FIELD_BYTES_MAX)?;
+        }
+        if self.env.len() > ENV_ENTRIES_MAX {
+            return Err(SpecError::TooMany {
+                field: "env".into(),
+                max: ENV_ENTRIES_MAX as u32,
+            });
+        }
+        for (key, value) in &self.env {
+            let valid = !key.is_empty()
+                && key.len() <= 256
+                && !key.as_bytes()[0].is_ascii_digit()
+                && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(SpecError::EnvName(key.chars().take(300).collect()));
+            }
+            if RESERVED_ENV.contains(&key.as_str()) {
+                return Err(SpecError::EnvReserved(key.clone()));
+            }
+            check_len("an env value", value, FIELD_BYTES_MAX)?;
+        }
+        if self.grace_period_ms > GRACE_PERIOD_MAX_MS {
+            return Err(SpecError::GracePeriod(self.grace_period_ms));
+        }
+        if let Some(key) = &self.idempotency_key {
+            check_len("the idempotency key", key, IDEMPOTENCY_KEY_BYTES_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a priority is within 0-9999.
+pub fn validate_priority(priority: u32) -> Result<(), SpecError> {
+    if priority > PRIORITY_MAX {
+        Err(SpecError::Priority(priority))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_len(field: &str, value: &str, max: usize) -> Result<(), SpecError> {
+    if value.len() > max {
+        Err(SpecError::TooLong {
+            field: field.to_string(),
+            max: max as u32,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// A job's place in its life; see spec/quota-shares.md for the transitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobState {
+    /// Queued, waiting for GPUs.
+    Runnable,
+    /// Placed by the scheduler and sent to the agent.
+    Scheduled,
+    /// The agent is launching it.
+    Starting,
+    Running,
+    /// The checkpoint signal was sent; the GPUs are held until it exits.
+    Preempting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        JobState::Runnable,
+        JobState::Scheduled,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Preempting,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// SUCCEEDED, FAILED and CANCELLED never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// The states in which a job holds GPUs and counts toward its share's usage.
+    pub fn holds_gpus(self) -> bool {
+        matches!(
+            self,
+            JobState::Scheduled | JobState::Starting | JobState::Running | JobState::Preempting
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Runnable => "RUNNABLE",
+            JobState::Scheduled => "SCHEDULED",
+            JobState::Starting => "STARTING",
+            JobState::Running => "RUNNING",
+            JobState::Preempting => "PREEMPTING",
+            JobState::Succeeded => "SUCCEEDED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let upper = s.to_ascii_uppercase();
+        JobState::ALL
+            .iter()
+            .find(|state| state.as_str() == upper)
+            .copied()
+            .ok_or_else(|| {
+                format!("unknown job state {s:?}: use one of RUNNABLE, SCHEDULED, STARTING, RUNNING, PREEMPTING, SUCCEEDED, FAILED, CANCELLED")
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> JobSpec {
+        JobSpec::new("qs1", 3, 1, vec!["train.sh".into()])
+    }
+
+    #[test]
+    fn a_default_job_is_valid() {
+        assert_eq!(job().validate(), Ok(()));
+        assert_eq!(job().checkpoint_signal, Signal::Sigterm);
+        assert_eq!(job().grace_period_ms, 30_000);
+    }
+
+    #[test]
+    fn priority_is_0_to_9999() {
+        let mut j = job();
+        j.priority = 9_999;
+        assert_eq!(j.validate(), Ok(()));
+        j.priority = 10_000;
+        assert_eq!(j.validate(), Err(SpecError::Priority(10_000)));
+    }
+
+    #[test]
+    fn a_job_needs_gpus_and_something_to_run() {
+        let mut j = job();
+        j.gpus = 0;
+        assert_eq!(j.validate(), Err(SpecError::GpusZero));
+        let mut j = job();
+        j.gpus = 65;
+        assert!(matches!(j.validate(), Err(SpecError::GpusTooMany { .. })));
+        let mut j = job();
+        j.payload.command.clear();
+        assert_eq!(j.validate(), Err(SpecError::NoPayload));
+        j.payload.image = Some("trainer:1".into());
+        assert_eq!(j.validate(), Ok(()));
+    }
+
+    #[test]
+    fn quotient_env_cannot_be_overridden() {
+        let mut j = job();
+        j.env.insert("CUDA_VISIBLE_DEVICES".into(), "0".into());
+        assert!(matches!(j.validate(), Err(SpecError::EnvReserved(_))));
+        let mut j = job();
+        j.env.insert("1BAD".into(), "x".into());
+        assert!(matches!(j.validate(), Err(SpecError::EnvName(_))));
+    }
+
+    #[test]
+    fn signals_and_ids_parse() {
+        assert_eq!(Signal::parse("SIGUSR1").unwrap().number(), 10);
+        assert_eq!(Signal::parse("term").unwrap(), Signal::Sigterm);
+        assert!(Signal::parse("SIGFOO").is_err());
+        assert_eq!("j-42".parse::<JobId>().unwrap(), JobId(42));
+        assert_eq!(JobId(7).to_string(), "j-7");
+        assert!("x-1".parse::<JobId>().is_err());
+        assert_eq!("running".parse::<JobState>().unwrap(), JobState::Running);
+    }
+}
