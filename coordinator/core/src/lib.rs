@@ -1,1 +1,47 @@
-//! Work in progress.
+//! The pure, deterministic core of Quotient: the replicated state machine and the scheduler.
+//!
+//! No tokio, no clock, no I/O, no hash-map iteration: the same commands give the same bytes on
+//! every replica. The coordinator wraps this crate in Raft; everything here is testable alone.
+//!
+//! # Layout
+//! - [`state`]: `State`, the canonical replicated data (`StateData`) and its records.
+//! - [`index`]: queues, usage counters and free-capacity buckets derived from the data.
+//! - [`command`]: `Command`, `ApplyCtx`, `Outcome` and `Rejection`.
+//! - [`apply`](mod@apply): the transition function.
+//! - [`rules`]: the quota rules shared by the scheduler and `apply`.
+//! - [`scheduler`]: `plan(&State) -> Plan`, one round of spec/quota-shares.md.
+//! - [`plan`]: the plan a round produces and Raft commits.
+//! - [`reason`]: why a job waits, as data.
+//! - [`explain`](mod@explain): why a job waits or was preempted, in words.
+//! - [`accounting`]: usage, borrowed and lent per share.
+//! - [`validate`]: `State::validate`, the invariants.
+//! - [`snapshot`]: state to bytes and back.
+//! - [`limits`]: named maxima.
+
+pub mod accounting;
+pub mod apply;
+pub mod command;
+pub mod explain;
+pub mod index;
+pub mod limits;
+pub mod plan;
+pub mod reason;
+pub mod rules;
+pub mod scheduler;
+pub mod snapshot;
+pub mod state;
+pub mod validate;
+
+pub use accounting::{share_accounts, ShareAccount};
+pub use apply::apply;
+pub use command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
+pub use explain::{explain, Explanation};
+pub use plan::{Plan, PlanAction};
+pub use reason::WaitReason;
+pub use scheduler::plan;
+pub use snapshot::SnapshotError;
+pub use state::{
+    Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
+    StateData, StopCause,
+};
+pub use validate::InvariantError;

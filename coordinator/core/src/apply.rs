@@ -1,0 +1,725 @@
+//! `apply`: the state machine's transition function.
+//!
+//! It is synchronous, reads no clock (the leader stamps `ApplyCtx::time_ms`), and returns a
+//! rejection as data, leaving the state untouched, whenever a command does not hold. Every job
+//! change goes through [`State::update_job`], which keeps the derived index in step.
+
+use quotient_common::{
+    GpuClass, JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareState,
+    ShareUpdate,
+};
+
+use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
+use crate::limits::{NODES_MAX, SHARES_MAX};
+use crate::plan::{Plan, PlanAction};
+use crate::reason::WaitReason;
+use crate::rules::{admit, limit_of};
+use crate::state::{
+    Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
+    StopCause,
+};
+
+/// The most jobs the state holds, terminal ones included (ids stay dense).
+pub const JOBS_MAX: usize = 50_000_000;
+
+/// Applies one command. See the module docs.
+pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
+    let outcome = match command {
+        Command::CreateShare(spec) => state.create_share(spec, ctx),
+        Command::UpdateShare { name, update } => state.update_share(&name, &update),
+        Command::DisableShare { name } => state.update_share(
+            &name,
+            &ShareUpdate {
+                state: Some(ShareState::Disabled),
+                ..ShareUpdate::default()
+            },
+        ),
+        Command::DeleteShare { name } => state.delete_share(&name, ctx),
+        Command::SubmitJob(spec) => state.submit(spec, ctx),
+        Command::UpdateJobPriority { job, priority } => state.update_priority(job, priority),
+        Command::CancelJob { job } => state.cancel(job, ctx),
+        Command::RegisterNode(inventory) => state.register_node(inventory, ctx),
+        Command::SetNodeState { node, state: to } => state.set_node_state(&node, to, ctx),
+        Command::CordonNode { node } => state.set_node_state(&node, NodeState::Cordoned, ctx),
+        Command::DrainNode { node } => state.set_node_state(&node, NodeState::Draining, ctx),
+        Command::SetGpuHealth {
+            node,
+            index,
+            healthy,
+        } => state.set_gpu_health(&node, index, healthy),
+        Command::MarkNodeLost { node } => state.set_node_state(&node, NodeState::Lost, ctx),
+        Command::ApplyPlan(plan) => Outcome::PlanApplied(state.apply_plan(plan, ctx)),
+        Command::ReportJob(report) => state.report(report, ctx),
+    };
+    state.data.last_applied_index = ctx.log_index;
+    outcome
+}
+
+fn rejected(rejection: Rejection) -> Outcome {
+    Outcome::Rejected(rejection)
+}
+
+impl State {
+    /// Changes one job, keeping the index in step: the only way jobs are changed.
+    pub(crate) fn update_job(&mut self, id: JobId, change: impl FnOnce(&mut JobRecord)) {
+        let old = self.job(id).expect("update_job on a known job").clone();
+        self.index.remove_job(&old, &self.data);
+        let job = self.job_mut(id).expect("known job");
+        change(job);
+        let new = job.clone();
+        self.index.add_job(&new, &self.data);
+    }
+
+    fn create_share(&mut self, spec: ShareSpec, ctx: ApplyCtx) -> Outcome {
+        if let Err(e) = spec.validate() {
+            return rejected(Rejection::Invalid(e));
+        }
+        if self.data.shares.contains_key(&spec.name) {
+            return rejected(Rejection::DuplicateShare(spec.name));
+        }
+        if self.data.shares.len() >= SHARES_MAX {
+            return rejected(Rejection::TooMany {
+                what: "shares".into(),
+                max: SHARES_MAX as u64,
+            });
+        }
+        self.data.shares.insert(
+            spec.name.clone(),
+            ShareRecord {
+                spec,
+                created_ms: ctx.time_ms,
+            },
+        );
+        self.index.recompute_reserved(&self.data);
+        Outcome::Done
+    }
+
+    fn update_share(&mut self, name: &str, update: &ShareUpdate) -> Outcome {
+        let Some(record) = self.data.shares.get(name) else {
+            return rejected(Rejection::UnknownShare(name.to_string()));
+        };
+        let next = record.spec.updated(update);
+        if let Err(e) = next.validate() {
+            return rejected(Rejection::Invalid(e));
+        }
+        self.data.shares.get_mut(name).expect("checked").spec = next;
+        self.index.recompute_reserved(&self.data);
+        Outcome::Done
+    }
+
+    fn delete_share(&mut self, name: &str, ctx: ApplyCtx) -> Outcome {
+        let Some(record) = self.data.shares.get(name) else {
+            return rejected(Rejection::UnknownShare(name.to_string()));
+        };
+        if record.spec.state == ShareState::Enabled {
+            return rejected(Rejection::ShareEnabled(name.to_string()));
+        }
+        let jobs: Vec<JobId> = self
+            .index
+            .shares
+            .get(name)
+            .into_iter()
+            .flat_map(|classes| classes.values())
+            .flat_map(|i| {
+                i.runnable
+                    .iter()
+                    .map(|(_, id)| *id)
+                    .chain(i.holding.iter().map(|(_, _, id)| *id))
+            })
+            .collect();
+        for job in jobs {
+            self.cancel(job, ctx);
+        }
+        self.data.shares.remove(name);
+        self.index.recompute_reserved(&self.data);
+        Outcome::Done
+    }
+
+    fn submit(&mut self, mut spec: JobSpec, ctx: ApplyCtx) -> Outcome {
+        if let Some(key) = &spec.idempotency_key {
+            if let Some(job) = self.data.idempotency.get(key) {
+                return Outcome::JobSubmitted {
+                    job: *job,
+                    duplicate: true,
+                };
+            }
+        }
+        if let Err(e) = spec.validate() {
+            return rejected(Rejection::Invalid(e));
+        }
+        let Some(share) = self.data.shares.get(&spec.share) else {
+            return rejected(Rejection::UnknownShare(spec.share));
+        };
+        if share.spec.state == ShareState::Disabled {
+            return rejected(Rejection::ShareDisabled(spec.share));
+        }
+        let classes = || {
+            share
+                .spec
+                .limits
+                .keys()
+                .map(GpuClass::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let class = match &spec.gpu_class {
+            Some(class) if share.spec.limits.contains_key(class) => class.clone(),
+            Some(class) => {
+                return rejected(Rejection::UnknownClass {
+                    share: spec.share.clone(),
+                    class: class.to_string(),
+                    classes: classes(),
+                })
+            }
+            None if share.spec.limits.len() == 1 => {
+                share.spec.limits.keys().next().expect("one").clone()
+            }
+            None => {
+                return rejected(Rejection::ClassRequired {
+                    share: spec.share.clone(),
+                    classes: classes(),
+                })
+            }
+        };
+        if self.data.jobs.len() >= JOBS_MAX {
+            return rejected(Rejection::TooMany {
+                what: "jobs".into(),
+                max: JOBS_MAX as u64,
+            });
+        }
+        spec.gpu_class = Some(class);
+        let id = JobId(self.data.jobs.len() as u64 + 1);
+        if let Some(key) = &spec.idempotency_key {
+            self.data.idempotency.insert(key.clone(), id);
+        }
+        let job = JobRecord {
+            id,
+            spec,
+            state: JobState::Runnable,
+            submitted_ms: ctx.time_ms,
+            attempts: 0,
+            preemptions: 0,
+            allocation: None,
+            placed_index: 0,
+            started_ms: None,
+            stop: None,
+            last_preemption: None,
+            nomination: None,
+            reason: None,
+            exit_code: None,
+            ended_ms: None,
+        };
+        self.data.jobs.push(job.clone());
+        self.index.add_job(&job, &self.data);
+        Outcome::JobSubmitted {
+            job: id,
+            duplicate: false,
+        }
+    }
+
+    fn live_job(&self, id: JobId) -> Result<&JobRecord, Rejection> {
+        let job = self.job(id).ok_or(Rejection::UnknownJob(id))?;
+        if job.state.is_terminal() {
+            return Err(Rejection::JobTerminal {
+                job: id,
+                state: job.state,
+            });
+        }
+        Ok(job)
+    }
+
+    fn update_priority(&mut self, id: JobId, priority: u32) -> Outcome {
+        if let Err(e) = quotient_common::job::validate_priority(priority) {
+            return rejected(Rejection::Invalid(e));
+        }
+        if let Err(r) = self.live_job(id) {
+            return rejected(r);
+        }
+        self.update_job(id, |job| job.spec.priority = priority);
+        Outcome::Done
+    }
+
+    fn cancel(&mut self, id: JobId, ctx: ApplyCtx) -> Outcome {
+        let job = match self.live_job(id) {
+            Ok(job) => job,
+            Err(r) => return rejected(r),
+        };
+        if job.state == JobState::Runnable {
+            self.update_job(id, |job| {
+                job.state = JobState::Cancelled;
+                job.nomination = None;
+                job.reason = Some(WaitReason::Ended("cancelled while queued".into()));
+                job.ended_ms = Some(ctx.time_ms);
+            });
+        } else {
+            // It holds GPUs: the agent stops it like a preemption, and the GPUs stay held
+            // until it has exited, so they are never given to two jobs.
+            self.update_job(id, |job| {
+                job.state = JobState::Preempting;
+                job.stop = Some(StopCause::Cancelled);
+            });
+        }
+        Outcome::Done
+    }
+
+    fn register_node(&mut self, inventory: NodeInventory, ctx: ApplyCtx) -> Outcome {
+        if let Err(e) = inventory.validate() {
+            return rejected(Rejection::Invalid(e));
+        }
+        let id = match self.data.node_ids.get(&inventory.name) {
+            Some(id) => *id,
+            None => {
+                if self.data.nodes.len() >= NODES_MAX {
+                    return rejected(Rejection::TooMany {
+                        what: "nodes".into(),
+                        max: NODES_MAX as u64,
+                    });
+                }
+                let id = NodeId(self.data.nodes.len() as u32);
+                self.data.node_ids.insert(inventory.name.clone(), id);
+                self.data.nodes.push(NodeRecord {
+                    id,
+                    name: inventory.name.clone(),
+                    state: NodeState::Ready,
+                    gpus: Vec::new(),
+                    epoch: 0,
+                });
+                id
+            }
+        };
+        // Jobs on GPUs the node no longer reports cannot be running there.
+        let present: u64 = inventory
+            .gpus
+            .iter()
+            .fold(0, |mask, g| mask | (1u64 << g.index));
+        for job in self.jobs_on_node(id) {
+            let alloc = self.job(job).and_then(|j| j.allocation).expect("on node");
+            let class_ok = self.job(job).is_some_and(|j| {
+                inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| alloc.gpu_mask & (1u64 << g.index) != 0)
+                    .all(|g| &g.class == j.class())
+            });
+            if alloc.gpu_mask & !present != 0 || !class_ok {
+                self.stop_without_signal(job, PreemptionKind::AgentStopped, ctx);
+            }
+        }
+        let node = &mut self.data.nodes[id.0 as usize];
+        node.gpus = inventory.gpus;
+        node.gpus.sort_by_key(|g| g.index);
+        if node.state == NodeState::Lost {
+            node.state = NodeState::Ready;
+        }
+        node.epoch += 1;
+        let epoch = node.epoch;
+        let record = node.clone();
+        self.index.refresh_node(&record);
+        Outcome::NodeRegistered { node: id, epoch }
+    }
+
+    fn set_node_state(&mut self, name: &str, to: NodeState, ctx: ApplyCtx) -> Outcome {
+        let Some(&id) = self.data.node_ids.get(name) else {
+            return rejected(Rejection::UnknownNode(name.to_string()));
+        };
+        let from = self.data.nodes[id.0 as usize].state;
+        if from == NodeState::Lost && to != NodeState::Lost {
+            return rejected(Rejection::NodeLost(name.to_string()));
+        }
+        if to == NodeState::Lost {
+            for job in self.jobs_on_node(id) {
+                self.stop_without_signal(job, PreemptionKind::NodeLost, ctx);
+            }
+            self.data.nodes[id.0 as usize].epoch += 1;
+        }
+        self.data.nodes[id.0 as usize].state = to;
+        if !to.schedulable() {
+            let nominated: Vec<JobId> = self
+                .index
+                .nominated
+                .iter()
+                .copied()
+                .filter(|j| self.job(*j).and_then(|j| j.nomination) == Some(id))
+                .collect();
+            for job in nominated {
+                self.update_job(job, |j| j.nomination = None);
+            }
+        }
+        let record = self.data.nodes[id.0 as usize].clone();
+        self.index.refresh_node(&record);
+        Outcome::Done
+    }
+
+    fn set_gpu_health(&mut self, name: &str, index: u32, healthy: bool) -> Outcome {
+        let Some(&id) = self.data.node_ids.get(name) else {
+            return rejected(Rejection::UnknownNode(name.to_string()));
+        };
+        let node = &mut self.data.nodes[id.0 as usize];
+        let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == index) else {
+            return rejected(Rejection::UnknownGpu {
+                node: name.to_string(),
+                index,
+            });
+        };
+        gpu.healthy = healthy;
+        let record = node.clone();
+        self.index.refresh_node(&record);
+        Outcome::Done
+    }
+
+    /// Ends a job's hold on its GPUs without waiting for an agent (its node is gone).
+    fn stop_without_signal(&mut self, id: JobId, kind: PreemptionKind, ctx: ApplyCtx) {
+        let job = self.job(id).expect("known job");
+        let node = job
+            .allocation
+            .and_then(|a| self.node(a.node))
+            .map(|n| n.name.clone())
+            .unwrap_or_default();
+        if job.stop.is_none() {
+            let preemption = Preemption {
+                kind,
+                for_job: None,
+                for_share: None,
+                at_ms: ctx.time_ms,
+                node,
+            };
+            self.update_job(id, |job| job.stop = Some(StopCause::Preempted(preemption)));
+        }
+        self.finish_stop(id, None, ctx);
+    }
+
+    /// A job asked to stop has exited: requeue it, fail it past max_preemptions, or end it
+    /// cancelled. Frees its GPUs.
+    fn finish_stop(&mut self, id: JobId, code: Option<i32>, ctx: ApplyCtx) {
+        self.update_job(id, |job| {
+            job.allocation = None;
+            job.exit_code = code;
+            job.started_ms = None;
+            match job.stop.take() {
+                Some(StopCause::Cancelled) => {
+                    job.state = JobState::Cancelled;
+                    job.reason = Some(WaitReason::Ended("cancelled".into()));
+                    job.ended_ms = Some(ctx.time_ms);
+                }
+                Some(StopCause::Preempted(p)) => {
+                    job.preemptions += 1;
+                    let kind = p.kind;
+                    job.last_preemption = Some(p);
+                    match job.spec.max_preemptions {
+                        Some(max) if job.preemptions > max => {
+                            job.state = JobState::Failed;
+                            job.reason = Some(WaitReason::Ended(format!(
+                                "preempted ({}) {} times; max_preemptions is {max}",
+                                kind.as_str(),
+                                job.preemptions
+                            )));
+                            job.ended_ms = Some(ctx.time_ms);
+                        }
+                        _ => {
+                            job.state = JobState::Runnable;
+                            job.reason = None;
+                        }
+                    }
+                }
+                None => unreachable!("finish_stop on a job that was not asked to stop"),
+            }
+        });
+    }
+
+    fn report(&mut self, report: JobReport, ctx: ApplyCtx) -> Outcome {
+        let stale = |why: &str| {
+            rejected(Rejection::StaleReport {
+                job: report.job,
+                attempt: report.attempt,
+                node: report.node.clone(),
+                why: why.to_string(),
+            })
+        };
+        let Some(job) = self.job(report.job) else {
+            return rejected(Rejection::UnknownJob(report.job));
+        };
+        let Some(alloc) = job.allocation else {
+            return stale("the job holds no GPUs");
+        };
+        if self.node(alloc.node).map(|n| n.name.as_str()) != Some(report.node.as_str()) {
+            return stale("the job is placed on another node");
+        }
+        if job.attempts != report.attempt {
+            return stale("the job is on another attempt");
+        }
+        let state = job.state;
+        let id = report.job;
+        match report.event {
+            JobEvent::Started => {
+                if state == JobState::Scheduled {
+                    self.update_job(id, |job| job.state = JobState::Starting);
+                }
+            }
+            JobEvent::Running => {
+                if matches!(state, JobState::Scheduled | JobState::Starting) {
+                    self.update_job(id, |job| {
+                        job.state = JobState::Running;
+                        job.started_ms = Some(ctx.time_ms);
+                    });
+                }
+            }
+            JobEvent::Exited { code } if state == JobState::Preempting => {
+                self.finish_stop(id, Some(code), ctx)
+            }
+            JobEvent::ExitedAfterSignal { code } if state == JobState::Preempting => {
+                self.finish_stop(id, code, ctx)
+            }
+            JobEvent::Exited { code } => self.update_job(id, |job| {
+                job.allocation = None;
+                job.exit_code = Some(code);
+                job.ended_ms = Some(ctx.time_ms);
+                if code == 0 {
+                    job.state = JobState::Succeeded;
+                    job.reason = Some(WaitReason::Ended("exited with code 0".into()));
+                } else {
+                    job.state = JobState::Failed;
+                    job.reason = Some(WaitReason::Ended(format!("exited with code {code}")));
+                }
+            }),
+            JobEvent::ExitedAfterSignal { code } => {
+                // The agent stopped it on its own (its lease ran out, a GPU failed).
+                let node = report.node.clone();
+                self.update_job(id, |job| {
+                    job.stop = Some(StopCause::Preempted(Preemption {
+                        kind: PreemptionKind::AgentStopped,
+                        for_job: None,
+                        for_share: None,
+                        at_ms: ctx.time_ms,
+                        node,
+                    }))
+                });
+                self.finish_stop(id, code, ctx);
+            }
+        }
+        Outcome::Done
+    }
+
+    fn apply_plan(&mut self, plan: Plan, ctx: ApplyCtx) -> PlanReport {
+        let mut report = PlanReport::default();
+        for (position, action) in plan.actions.into_iter().enumerate() {
+            let result = match action {
+                PlanAction::Place {
+                    job,
+                    node,
+                    gpu_mask,
+                } => self.check_place(job, node, gpu_mask).map(|()| {
+                    self.place(job, node, gpu_mask, ctx);
+                    report.placed += 1;
+                }),
+                PlanAction::Preempt { job, kind, for_job } => {
+                    self.check_preempt(job, kind, for_job).map(|()| {
+                        self.preempt(job, kind, for_job, ctx);
+                        report.preempted += 1;
+                    })
+                }
+                PlanAction::Nominate { job, node } => self.check_nominate(job, node).map(|()| {
+                    self.update_job(job, |j| j.nomination = Some(node));
+                    report.nominated += 1;
+                }),
+                PlanAction::ClearNomination { job } => match self.job(job) {
+                    Some(j) if j.nomination.is_some() && j.state == JobState::Runnable => {
+                        self.update_job(job, |j| j.nomination = None);
+                        Ok(())
+                    }
+                    _ => Err(Rejection::StalePlan(format!("{job} has no nomination"))),
+                },
+            };
+            if let Err(rejection) = result {
+                report.rejected.push((position as u32, rejection));
+            }
+        }
+        for (id, reason) in plan.waiting {
+            if let Some(job) = self.job_mut(id) {
+                if job.state == JobState::Runnable {
+                    job.reason = Some(reason);
+                }
+            }
+        }
+        report
+    }
+
+    fn check_place(&self, id: JobId, node: NodeId, gpu_mask: u64) -> Result<(), Rejection> {
+        let stale = |why: String| Err(Rejection::StalePlan(format!("place {id}: {why}")));
+        let Some(job) = self.job(id) else {
+            return stale("unknown job".into());
+        };
+        if job.state != JobState::Runnable {
+            return stale(format!("it is {}", job.state));
+        }
+        let Some(record) = self.node(node) else {
+            return stale("unknown node".into());
+        };
+        if !record.state.schedulable() {
+            return stale(format!("node {} is {}", record.name, record.state));
+        }
+        let class = job.class();
+        let Some(slot) = self
+            .index
+            .capacity
+            .get(class)
+            .and_then(|c| c.slots.get(&node))
+        else {
+            return stale(format!("node {} has no {class} GPUs", record.name));
+        };
+        if gpu_mask.count_ones() != job.gpus() || gpu_mask & !slot.free_mask != 0 {
+            return stale(format!(
+                "GPUs {gpu_mask:#x} are not free on {}",
+                record.name
+            ));
+        }
+        let own = if job.nomination == Some(node) {
+            job.gpus()
+        } else {
+            0
+        };
+        let others_nominated = slot.nominated - own.min(slot.nominated);
+        if (slot.free_mask & !gpu_mask).count_ones() < others_nominated {
+            return stale(format!("GPUs on {} are kept for another job", record.name));
+        }
+        let Some(share) = self.data.shares.get(&job.spec.share) else {
+            return stale(format!("share {} is gone", job.spec.share));
+        };
+        let capacity = &self.index.capacity[class];
+        let for_it = slot.free_mask.count_ones().saturating_sub(others_nominated);
+        let available = capacity.available_total - u64::from(slot.available()) + u64::from(for_it);
+        let usage = self.index.usage(&share.spec.name, class);
+        admit(
+            &share.spec,
+            class,
+            usage,
+            job.gpus(),
+            available,
+            self.index.reserved_idle(class),
+        )
+        .map(|_| ())
+        .map_err(|reason| Rejection::StalePlan(format!("place {id}: {reason}")))
+    }
+
+    fn place(&mut self, id: JobId, node: NodeId, gpu_mask: u64, ctx: ApplyCtx) {
+        self.update_job(id, |job| {
+            job.state = JobState::Scheduled;
+            job.allocation = Some(Allocation { node, gpu_mask });
+            job.placed_index = ctx.log_index;
+            job.attempts += 1;
+            job.nomination = None;
+            job.reason = None;
+            job.stop = None;
+            job.started_ms = None;
+            job.exit_code = None;
+        });
+    }
+
+    fn check_preempt(
+        &self,
+        id: JobId,
+        kind: PreemptionKind,
+        for_job: Option<JobId>,
+    ) -> Result<(), Rejection> {
+        let stale = |why: String| Err(Rejection::StalePlan(format!("preempt {id}: {why}")));
+        let Some(job) = self.job(id) else {
+            return stale("unknown job".into());
+        };
+        if !job.state.holds_gpus() || job.state == JobState::Preempting {
+            return stale(format!("it is {}", job.state));
+        }
+        let alloc = job.allocation.expect("holding jobs have an allocation");
+        let beneficiary = for_job.and_then(|f| self.job(f));
+        match kind {
+            PreemptionKind::Drain => {
+                if self.node(alloc.node).map(|n| n.state) != Some(NodeState::Draining) {
+                    return stale("its node is not draining".into());
+                }
+            }
+            PreemptionKind::Reclaim => {
+                let Some(for_job) = beneficiary.filter(|f| f.state == JobState::Runnable) else {
+                    return stale("the job it is for is not queued".into());
+                };
+                if for_job.spec.share == job.spec.share || !self.is_borrowed(job) {
+                    return stale("it is not borrowing".into());
+                }
+            }
+            PreemptionKind::InShare => {
+                let Some(for_job) = beneficiary.filter(|f| f.state == JobState::Runnable) else {
+                    return stale("the job it is for is not queued".into());
+                };
+                let enabled = self
+                    .data
+                    .shares
+                    .get(&job.spec.share)
+                    .is_some_and(|s| s.spec.in_share_preemption);
+                if for_job.spec.share != job.spec.share
+                    || for_job.priority() <= job.priority()
+                    || !enabled
+                {
+                    return stale("in-share preemption does not apply".into());
+                }
+            }
+            PreemptionKind::NodeLost | PreemptionKind::AgentStopped => {
+                return stale("not a scheduler decision".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Is the job beyond its share's limit, ranking the share's jobs that are not stopping
+    /// by (priority desc, start asc)?
+    pub fn is_borrowed(&self, job: &JobRecord) -> bool {
+        let class = job.class();
+        let limit = self
+            .data
+            .shares
+            .get(&job.spec.share)
+            .map_or(0, |s| limit_of(&s.spec, class));
+        let mut prefix = 0u64;
+        for id in self.index.holding(&job.spec.share, class) {
+            let other = self.job(id).expect("indexed");
+            if other.state == JobState::Preempting {
+                continue;
+            }
+            prefix += u64::from(other.gpus());
+            if id == job.id {
+                return prefix > limit;
+            }
+        }
+        false
+    }
+
+    fn preempt(&mut self, id: JobId, kind: PreemptionKind, for_job: Option<JobId>, ctx: ApplyCtx) {
+        let node = self
+            .job(id)
+            .and_then(|j| j.allocation)
+            .and_then(|a| self.node(a.node))
+            .map(|n| n.name.clone())
+            .unwrap_or_default();
+        let for_share = for_job
+            .and_then(|f| self.job(f))
+            .map(|f| f.spec.share.clone());
+        self.update_job(id, |job| {
+            job.state = JobState::Preempting;
+            job.stop = Some(StopCause::Preempted(Preemption {
+                kind,
+                for_job,
+                for_share,
+                at_ms: ctx.time_ms,
+                node,
+            }));
+        });
+    }
+
+    fn check_nominate(&self, id: JobId, node: NodeId) -> Result<(), Rejection> {
+        let stale = |why: String| Err(Rejection::StalePlan(format!("nominate {id}: {why}")));
+        match self.job(id) {
+            Some(job) if job.state == JobState::Runnable => {}
+            _ => return stale("it is not queued".into()),
+        }
+        match self.node(node) {
+            Some(n) if n.state.schedulable() => Ok(()),
+            _ => stale("the node is not schedulable".into()),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The commands the state machine applies, the context each is applied in, and outcomes.
+//!
+//! A rejection is data, not an `Err` (TigerBeetle's result codes): it is replicated like any
+//! other outcome, so every replica agrees on what was refused and why.
+
+use serde::{Deserialize, Serialize};
+
+use quotient_common::{
+    JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareUpdate, SpecError,
+};
+
+use crate::plan::Plan;
+use crate::state::NodeId;
+
+/// Where and when a command is applied: the leader stamps the time; `apply` never reads a clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyCtx {
+    pub log_index: u64,
+    pub time_ms: u64,
+}
+
+/// What an agent saw happen to a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobEvent {
+    /// The agent is launching it.
+    Started,
+    Running,
+    /// It exited on its own.
+    Exited {
+        code: i32,
+    },
+    /// It exited after the agent sent its checkpoint signal (or was killed after the grace
+    /// period): a preemption, not a failure.
+    ExitedAfterSignal {
+        code: Option<i32>,
+    },
+}
+
+/// An agent's report about one attempt of one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub job: JobId,
+    pub attempt: u32,
+    pub node: String,
+    pub event: JobEvent,
+}
+
+/// Everything that changes the replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    CreateShare(ShareSpec),
+    UpdateShare {
+        name: String,
+        update: ShareUpdate,
+    },
+    DisableShare {
+        name: String,
+    },
+    /// Needs the share disabled; its remaining jobs are cancelled.
+    DeleteShare {
+        name: String,
+    },
+    SubmitJob(JobSpec),
+    UpdateJobPriority {
+        job: JobId,
+        priority: u32,
+    },
+    CancelJob {
+        job: JobId,
+    },
+    /// Adds a node or updates its inventory; a lost node comes back ready.
+    RegisterNode(NodeInventory),
+    SetNodeState {
+        node: String,
+        state: NodeState,
+    },
+    CordonNode {
+        node: String,
+    },
+    DrainNode {
+        node: String,
+    },
+    SetGpuHealth {
+        node: String,
+        index: u32,
+        healthy: bool,
+    },
+    /// The node missed its lease: its jobs are requeued (preemption reason node-lost).
+    MarkNodeLost {
+        node: String,
+    },
+    ApplyPlan(Plan),
+    ReportJob(JobReport),
+}
+
+/// The result of applying one action of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanReport {
+    pub placed: u32,
+    pub preempted: u32,
+    pub nominated: u32,
+    /// Stale actions, by position in the plan, with why they were refused.
+    pub rejected: Vec<(u32, Rejection)>,
+}
+
+/// What applying a command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Done,
+    JobSubmitted { job: JobId, duplicate: bool },
+    NodeRegistered { node: NodeId, epoch: u64 },
+    PlanApplied(PlanReport),
+    Rejected(Rejection),
+}
+
+impl Outcome {
+    pub fn is_rejected(&self) -> bool {
+        matches!(self, Outcome::Rejected(_))
+    }
+}
+
+/// Why a command was refused. Nothing in the state changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    #[error("{0}")]
+    Invalid(SpecError),
+    #[error("no share named {0}: list shares with `quotient share list`")]
+    UnknownShare(String),
+    #[error("a share named {0} already exists: pick another name or use `quotient share update`")]
+    DuplicateShare(String),
+    #[error(
+        "share {0} is enabled: disable it first with `quotient share update {0} --state disabled`"
+    )]
+    ShareEnabled(String),
+    #[error("share {0} is disabled and refuses new jobs: enable it with `quotient share update {0} --state enabled`")]
+    ShareDisabled(String),
+    #[error("share {share} has no limit for GPU class {class}: use one of {classes}")]
+    UnknownClass {
+        share: String,
+        class: String,
+        classes: String,
+    },
+    #[error("share {share} has limits for several GPU classes ({classes}): pass --gpu-class")]
+    ClassRequired { share: String, classes: String },
+    #[error("no job {0}: list jobs with `quotient job list`")]
+    UnknownJob(JobId),
+    #[error("job {job} is {state} and can no longer change")]
+    JobTerminal { job: JobId, state: JobState },
+    #[error("no node named {0}: list nodes with `quotient node list`")]
+    UnknownNode(String),
+    #[error("node {0} is lost: it must register again before its state can change")]
+    NodeLost(String),
+    #[error("node {node} has no GPU with index {index}")]
+    UnknownGpu { node: String, index: u32 },
+    #[error("the cluster holds its maximum of {max} {what}")]
+    TooMany { what: String, max: u64 },
+    #[error("stale report for {job} attempt {attempt} from {node}: {why}")]
+    StaleReport {
+        job: JobId,
+        attempt: u32,
+        node: String,
+        why: String,
+    },
+    #[error("stale plan action: {0}")]
+    StalePlan(String),
+}

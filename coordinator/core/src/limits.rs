@@ -1,0 +1,18 @@
+//! Named maxima of the replicated state, so that no queue or map grows without a bound
+//! that someone chose on purpose.
+
+/// The most shares a cluster holds.
+pub const SHARES_MAX: usize = 10_000;
+/// The most nodes a cluster holds.
+pub const NODES_MAX: usize = 100_000;
+/// The most jobs that are not terminal at one time, cluster-wide.
+pub const ACTIVE_JOBS_MAX: usize = 5_000_000;
+/// How many borrowed jobs one reclaim attempt looks at before it gives up on this round.
+/// Bounds the cost of a round when borrowed jobs are scattered too thinly to free a node.
+pub const RECLAIM_CANDIDATES_SCAN_MAX: usize = 4_096;
+/// How many of its own jobs one in-share preemption attempt looks at.
+pub const IN_SHARE_CANDIDATES_SCAN_MAX: usize = 4_096;
+/// The largest snapshot `State::from_snapshot_bytes` decodes.
+pub const SNAPSHOT_BYTES_MAX: usize = 4 << 30;
+/// The longest reason text kept on a job.
+pub const REASON_BYTES_MAX: usize = 1_024;

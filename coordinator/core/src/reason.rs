@@ -1,0 +1,105 @@
+//! Why a RUNNABLE job waits, or why a job ended: data the scheduler writes and `explain` reads.
+//!
+//! Every variant names the limit it hits, as spec rule 6 asks, and its `Display` says it in
+//! words a user can act on.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use quotient_common::{GpuClass, JobId};
+
+/// See the module docs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    /// The share is at its limit and its strategy does not borrow.
+    ShareLimit {
+        share: String,
+        class: GpuClass,
+        limit: u64,
+        usage: u64,
+    },
+    /// The share borrows, but this job would take it past its borrow limit.
+    BorrowLimit {
+        share: String,
+        class: GpuClass,
+        cap: u64,
+        usage: u64,
+    },
+    /// The share is at its limit and no capacity is free to borrow (idle quota of `reserve`
+    /// shares is never lent).
+    NoBorrowableCapacity {
+        share: String,
+        class: GpuClass,
+        reserved_idle: u64,
+    },
+    /// The job is within its share's limit, but the class has no free GPUs and no share is
+    /// borrowing any that could be reclaimed.
+    NoFreeCapacity { class: GpuClass, free: u64 },
+    /// Enough GPUs are free in total, but not on one node.
+    Fragmented { class: GpuClass, gpus: u32 },
+    /// The job asks for more GPUs than the largest schedulable node of its class has.
+    LargestNode {
+        class: GpuClass,
+        gpus: u32,
+        largest: u32,
+    },
+    /// The job asks for more GPUs than its share could ever hold.
+    ExceedsShareCap {
+        share: String,
+        class: GpuClass,
+        gpus: u32,
+        cap: u64,
+    },
+    /// GPUs are being freed for this job on a node; it starts when they are.
+    WaitingForPreemption { node: String, victims: Vec<JobId> },
+    /// A job earlier in the same queue is waiting; this one is behind it.
+    QueuedBehind { job: JobId },
+    /// A terminal reason: how the job ended.
+    Ended(String),
+}
+
+impl fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitReason::ShareLimit { share, class, limit, usage } => write!(
+                f,
+                "share {share} is at its limit of {limit} {class} GPUs (using {usage}) and its strategy does not borrow; it runs when one of its own jobs ends"
+            ),
+            WaitReason::BorrowLimit { share, class, cap, usage } => write!(
+                f,
+                "share {share} would pass its borrow limit: at most {cap} {class} GPUs in all (using {usage}); it runs when one of its own jobs ends"
+            ),
+            WaitReason::NoBorrowableCapacity { share, class, reserved_idle } => write!(
+                f,
+                "share {share} is at its limit and no {class} capacity is free to borrow ({reserved_idle} idle GPUs are reserved by reserve shares and never lent); it runs when a GPU is freed"
+            ),
+            WaitReason::NoFreeCapacity { class, free } => write!(
+                f,
+                "within its share's limit, but only {free} {class} GPUs are free and no share is borrowing any to reclaim; it runs when a job of its class ends or a node joins"
+            ),
+            WaitReason::Fragmented { class, gpus } => write!(
+                f,
+                "no single node has {gpus} free {class} GPUs; it runs when jobs on one node end"
+            ),
+            WaitReason::LargestNode { class, gpus, largest } => write!(
+                f,
+                "asks for {gpus} {class} GPUs on one node, but the largest schedulable node has {largest}; resubmit with fewer GPUs or add a larger node"
+            ),
+            WaitReason::ExceedsShareCap { share, class, gpus, cap } => write!(
+                f,
+                "asks for {gpus} {class} GPUs, more than share {share} may ever hold ({cap}); raise the share's limit or resubmit with fewer GPUs"
+            ),
+            WaitReason::WaitingForPreemption { node, victims } => {
+                write!(f, "GPUs are being freed for it on {node} by preempting")?;
+                for (i, v) in victims.iter().enumerate() {
+                    write!(f, "{}{v}", if i == 0 { " " } else { ", " })?;
+                }
+                Ok(())
+            }
+            WaitReason::QueuedBehind { job } => {
+                write!(f, "queued behind {job}, which is ahead of it in its share's queue")
+            }
+            WaitReason::Ended(text) => f.write_str(text),
+        }
+    }
+}

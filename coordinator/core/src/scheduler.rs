@@ -1,0 +1,727 @@
+//! The scheduler: `plan(&State) -> Plan`, one pure, deterministic round of
+//! spec/quota-shares.md ("What the scheduler does").
+//!
+//! A round never mutates the state. It works on a [`Scratch`]: usage counters for the queues it
+//! touches and an overlay of the nodes whose free GPUs it has spent, on top of the state's
+//! indexes. The round reads queue heads, not whole queues, so its cost is the number of
+//! placements plus the number of queues, not the number of queued jobs.
+//!
+//! Order of a round:
+//! 0. jobs on draining nodes are preempted; nominated jobs whose GPUs are free take them;
+//! 1. queues whose head fits within its share's limit place it (priority desc, submit asc);
+//! 2. a head within its limit that found no room reclaims borrowed GPUs (cross-share);
+//! 3. `lend-and-borrow` queues at their limit borrow idle capacity;
+//! 4. a head still blocked preempts lower-priority jobs of its own share, where enabled;
+//! 5. every head left waiting gets a reason.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::iter::Peekable;
+
+use quotient_common::{GpuClass, JobId, JobState, ShareSpec};
+
+use crate::index::{ClassCapacity, NodeSlot, QueueKey};
+use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
+use crate::plan::{Plan, PlanAction};
+use crate::reason::WaitReason;
+use crate::rules::{admit, limit_of, never_fits, reserved_idle_of, Admission};
+use crate::state::{JobRecord, NodeId, PreemptionKind, State};
+
+/// Computes one scheduling round. See the module docs.
+pub fn plan(state: &State) -> Plan {
+    Round::new(state).run()
+}
+
+/// The free capacity of one class as the round has spent it so far.
+struct ClassScratch<'a> {
+    real: &'a ClassCapacity,
+    /// Slots of the nodes this round has changed.
+    touched: HashMap<NodeId, NodeSlot>,
+    /// Touched nodes by available count.
+    overlay: Vec<BTreeSet<NodeId>>,
+    /// Per real bucket, the last node known to be touched (scan from after it).
+    cursors: Vec<Option<NodeId>>,
+    /// Real buckets that may still hold an untouched node.
+    real_live: u128,
+    available_total: u64,
+}
+
+impl<'a> ClassScratch<'a> {
+    fn new(real: &'a ClassCapacity) -> Self {
+        let buckets = real.buckets.len();
+        let mut real_live = 0u128;
+        for (k, bucket) in real.buckets.iter().enumerate() {
+            if !bucket.is_empty() {
+                real_live |= 1u128 << k;
+            }
+        }
+        ClassScratch {
+            real,
+            touched: HashMap::new(),
+            overlay: vec![BTreeSet::new(); buckets],
+            cursors: vec![None; buckets],
+            real_live,
+            available_total: real.available_total,
+        }
+    }
+
+    fn slot(&self, node: NodeId) -> Option<NodeSlot> {
+        self.touched
+            .get(&node)
+            .copied()
+            .or_else(|| self.real.slots.get(&node).copied())
+    }
+
+    fn set_slot(&mut self, node: NodeId, slot: NodeSlot) {
+        let old = self.slot(node).unwrap_or_default();
+        if self.touched.contains_key(&node) && old.available() > 0 {
+            self.overlay[old.available() as usize].remove(&node);
+        }
+        self.available_total =
+            self.available_total - u64::from(old.available()) + u64::from(slot.available());
+        if slot.available() > 0 {
+            self.overlay[slot.available() as usize].insert(node);
+        }
+        self.touched.insert(node, slot);
+    }
+
+    /// The first untouched node of real bucket `k`, advancing its cursor past touched ones.
+    fn real_candidate(&mut self, k: usize) -> Option<NodeId> {
+        if self.real_live & (1u128 << k) == 0 {
+            return None;
+        }
+        let bucket = &self.real.buckets[k];
+        let range = match self.cursors[k] {
+            Some(after) => {
+                bucket.range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            }
+            None => bucket.range(..),
+        };
+        for node in range {
+            if self.touched.contains_key(node) {
+                self.cursors[k] = Some(*node);
+            } else {
+                return Some(*node);
+            }
+        }
+        self.real_live &= !(1u128 << k);
+        None
+    }
+
+    /// Best fit: the node with the fewest available GPUs that still has `gpus`, lowest id
+    /// first. Packing jobs onto busy nodes keeps whole nodes free for large jobs.
+    fn best_fit(&mut self, gpus: u32) -> Option<NodeId> {
+        for k in (gpus as usize)..self.overlay.len() {
+            let real = self.real_candidate(k);
+            let overlay = self.overlay[k].first().copied();
+            let best = match (real, overlay) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if best.is_some() {
+                return best;
+            }
+        }
+        None
+    }
+}
+
+/// One share's queue of one class, as the round walks it.
+struct Queue<'a> {
+    share: &'a ShareSpec,
+    class: &'a GpuClass,
+    heads: Peekable<std::collections::btree_set::Iter<'a, QueueKey>>,
+    usage: u64,
+    /// The head that waits, and why; the queue takes no further part in phases 1-3.
+    blocked: Option<(JobId, WaitReason)>,
+    /// Set when GPUs are being freed for the head: nothing more to do this round.
+    nominated: bool,
+}
+
+struct Round<'a> {
+    state: &'a State,
+    plan: Plan,
+    queues: Vec<Queue<'a>>,
+    classes: BTreeMap<&'a GpuClass, ClassScratch<'a>>,
+    reserved_idle: BTreeMap<&'a GpuClass, u64>,
+    /// Jobs placed this round (for skipping them in their queue).
+    placed: HashSet<JobId>,
+    /// Jobs this round asked to preempt.
+    victims: HashSet<JobId>,
+    /// Usage of (share, class) pairs without a queue never changes in a round.
+    queue_of: BTreeMap<(&'a str, &'a GpuClass), usize>,
+}
+
+impl<'a> Round<'a> {
+    fn new(state: &'a State) -> Self {
+        let mut queues = Vec::new();
+        let mut queue_of = BTreeMap::new();
+        for (share_name, classes) in &state.index.shares {
+            let Some(share) = state.data.shares.get(share_name) else {
+                continue;
+            };
+            for (class, index) in classes {
+                if index.runnable.is_empty() {
+                    continue;
+                }
+                queue_of.insert((share_name.as_str(), class), queues.len());
+                queues.push(Queue {
+                    share: &share.spec,
+                    class,
+                    heads: index.runnable.iter().peekable(),
+                    usage: index.usage,
+                    blocked: None,
+                    nominated: false,
+                });
+            }
+        }
+        let classes = state
+            .index
+            .capacity
+            .iter()
+            .map(|(class, capacity)| (class, ClassScratch::new(capacity)))
+            .collect();
+        let reserved_idle = state
+            .index
+            .reserved_idle
+            .iter()
+            .map(|(class, idle)| (class, *idle))
+            .collect();
+        Round {
+            state,
+            plan: Plan::default(),
+            queues,
+            classes,
+            reserved_idle,
+            placed: HashSet::new(),
+            victims: HashSet::new(),
+            queue_of,
+        }
+    }
+
+    fn job(&self, id: JobId) -> &'a JobRecord {
+        self.state.job(id).expect("indexed jobs exist")
+    }
+
+    fn run(mut self) -> Plan {
+        self.drain();
+        self.nominated();
+        self.within_limits();
+        self.reclaim();
+        self.borrow();
+        self.in_share();
+        self.reasons();
+        self.plan
+    }
+
+    // --- phase 0 -------------------------------------------------------------------------
+
+    /// Preempts every job on a draining node that is not already stopping.
+    fn drain(&mut self) {
+        for node in &self.state.index.draining {
+            for job in self.state.index.jobs_on_node(*node) {
+                if self.job(job).state != JobState::Preempting {
+                    self.preempt(job, PreemptionKind::Drain, None);
+                }
+            }
+        }
+    }
+
+    /// Places nominated jobs whose GPUs are free; drops nominations that can no longer help.
+    fn nominated(&mut self) {
+        for &id in &self.state.index.nominated {
+            let job = self.job(id);
+            let node = job.nomination.expect("indexed as nominated");
+            let Some(&q) = self.queue_of.get(&(job.spec.share.as_str(), job.class())) else {
+                continue;
+            };
+            let waiting_on = self.state.index.preempting_for.get(&id);
+            if self.try_place_nominated(q, job, node) {
+                continue;
+            }
+            match waiting_on {
+                Some(victims) if !victims.is_empty() => {
+                    let node_name = self.node_name(node);
+                    self.queues[q].nominated = true;
+                    self.queues[q].blocked = Some((
+                        id,
+                        WaitReason::WaitingForPreemption {
+                            node: node_name,
+                            victims: victims.iter().copied().collect(),
+                        },
+                    ));
+                }
+                _ => self
+                    .plan
+                    .actions
+                    .push(PlanAction::ClearNomination { job: id }),
+            }
+        }
+    }
+
+    fn try_place_nominated(&mut self, q: usize, job: &'a JobRecord, node: NodeId) -> bool {
+        let class = job.class();
+        let Some(scratch) = self.classes.get(class) else {
+            return false;
+        };
+        let Some(slot) = scratch.slot(node) else {
+            return false;
+        };
+        // This job may use the GPUs nominated for it, but not those kept for others.
+        let for_it = slot
+            .free_mask
+            .count_ones()
+            .saturating_sub(slot.nominated.saturating_sub(job.gpus()));
+        if for_it < job.gpus() {
+            return false;
+        }
+        let available = scratch.available_total - u64::from(slot.available()) + u64::from(for_it);
+        let queue = &self.queues[q];
+        if admit(
+            queue.share,
+            class,
+            queue.usage,
+            job.gpus(),
+            available,
+            self.reserved(class),
+        )
+        .is_err()
+        {
+            return false;
+        }
+        let mut slot = slot;
+        slot.nominated -= job.gpus().min(slot.nominated);
+        self.bind(q, job, node, slot);
+        true
+    }
+
+    // --- phases 1 and 3 ----------------------------------------------------------------
+
+    /// The next job of a queue to consider, skipping jobs placed this round and recording
+    /// jobs that can never fit.
+    fn head(&mut self, q: usize) -> Option<&'a JobRecord> {
+        loop {
+            let &(_, id) = *self.queues[q].heads.peek()?;
+            let job = self.job(id);
+            if self.placed.contains(&id) {
+                self.queues[q].heads.next();
+                continue;
+            }
+            let largest = self
+                .classes
+                .get(job.class())
+                .map_or(0, |c| c.real.largest_node());
+            if let Some(reason) = never_fits(self.queues[q].share, job.class(), job.gpus(), largest)
+            {
+                self.wait(id, reason);
+                self.queues[q].heads.next();
+                continue;
+            }
+            return Some(job);
+        }
+    }
+
+    fn head_key(&mut self, q: usize) -> Option<(u32, Reverse<JobId>)> {
+        self.head(q).map(|job| (job.priority(), Reverse(job.id)))
+    }
+
+    /// Phase 1: heads within their share's limit, highest priority first, across shares.
+    fn within_limits(&mut self) {
+        let mut heap = BinaryHeap::new();
+        for q in 0..self.queues.len() {
+            if self.queues[q].blocked.is_none() {
+                if let Some(key) = self.head_key(q) {
+                    heap.push((key, q));
+                }
+            }
+        }
+        while let Some((_, q)) = heap.pop() {
+            let Some(job) = self.head(q) else { continue };
+            let queue = &self.queues[q];
+            if queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class) {
+                // Over its limit: phase 3 decides whether it may borrow.
+                continue;
+            }
+            match self.try_place(q, job) {
+                Ok(()) => {
+                    if let Some(key) = self.head_key(q) {
+                        heap.push((key, q));
+                    }
+                }
+                Err(reason) => self.queues[q].blocked = Some((job.id, reason)),
+            }
+        }
+    }
+
+    /// Phase 3: `lend-and-borrow` heads above their limit borrow idle capacity.
+    fn borrow(&mut self) {
+        let mut heap = BinaryHeap::new();
+        for q in 0..self.queues.len() {
+            if self.queues[q].blocked.is_none() {
+                if let Some(key) = self.head_key(q) {
+                    heap.push((key, q));
+                }
+            }
+        }
+        while let Some((_, q)) = heap.pop() {
+            let Some(job) = self.head(q) else { continue };
+            match self.try_place(q, job) {
+                Ok(()) => {
+                    if let Some(key) = self.head_key(q) {
+                        heap.push((key, q));
+                    }
+                }
+                Err(reason) => self.queues[q].blocked = Some((job.id, reason)),
+            }
+        }
+    }
+
+    /// Places a job on the best-fitting node if its share's rules allow it.
+    fn try_place(&mut self, q: usize, job: &'a JobRecord) -> Result<(), WaitReason> {
+        let class = job.class();
+        let reserved = self.reserved(class);
+        let queue = &self.queues[q];
+        let Some(scratch) = self.classes.get_mut(class) else {
+            return Err(WaitReason::NoFreeCapacity {
+                class: class.clone(),
+                free: 0,
+            });
+        };
+        admit(
+            queue.share,
+            class,
+            queue.usage,
+            job.gpus(),
+            scratch.available_total,
+            reserved,
+        )?;
+        let Some(node) = scratch.best_fit(job.gpus()) else {
+            return Err(WaitReason::Fragmented {
+                class: class.clone(),
+                gpus: job.gpus(),
+            });
+        };
+        let slot = scratch.slot(node).expect("best_fit returns a known node");
+        self.bind(q, job, node, slot);
+        Ok(())
+    }
+
+    /// Records a placement on `node`, whose slot (before the placement) is `slot`.
+    fn bind(&mut self, q: usize, job: &'a JobRecord, node: NodeId, mut slot: NodeSlot) {
+        let mut gpu_mask = 0u64;
+        let mut free = slot.free_mask;
+        for _ in 0..job.gpus() {
+            let lowest = free & free.wrapping_neg();
+            gpu_mask |= lowest;
+            free &= !lowest;
+        }
+        slot.free_mask = free;
+        let class = job.class();
+        self.classes
+            .get_mut(class)
+            .expect("placed on a known class")
+            .set_slot(node, slot);
+        let queue = &mut self.queues[q];
+        let before = queue.usage;
+        queue.usage += u64::from(job.gpus());
+        let (share, after) = (queue.share, queue.usage);
+        self.move_reserved(share, class, before, after);
+        self.placed.insert(job.id);
+        self.queues[q].heads.next();
+        self.plan.actions.push(PlanAction::Place {
+            job: job.id,
+            node,
+            gpu_mask,
+        });
+    }
+
+    fn reserved(&self, class: &GpuClass) -> u64 {
+        self.reserved_idle.get(class).copied().unwrap_or(0)
+    }
+
+    fn move_reserved(&mut self, share: &ShareSpec, class: &'a GpuClass, before: u64, after: u64) {
+        let idle_before = reserved_idle_of(share, class, before);
+        let idle_after = reserved_idle_of(share, class, after);
+        if idle_before != idle_after {
+            let entry = self.reserved_idle.entry(class).or_insert(0);
+            *entry = (*entry + idle_after).saturating_sub(idle_before);
+        }
+    }
+
+    // --- phases 2 and 4 ----------------------------------------------------------------
+
+    /// The blocked queues in head order, for the preemption phases.
+    fn blocked_in_order(&self) -> Vec<usize> {
+        let mut blocked: Vec<(Reverse<u32>, JobId, usize)> = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| !q.nominated)
+            .filter_map(|(i, q)| {
+                let (id, _) = q.blocked.as_ref()?;
+                Some((Reverse(self.job(*id).priority()), *id, i))
+            })
+            .collect();
+        blocked.sort();
+        blocked.into_iter().map(|(_, _, q)| q).collect()
+    }
+
+    /// Phase 2: a head within its limit that found no room takes borrowed GPUs back.
+    fn reclaim(&mut self) {
+        for q in self.blocked_in_order() {
+            let (id, _) = self.queues[q].blocked.clone().expect("blocked");
+            let job = self.job(id);
+            let queue = &self.queues[q];
+            if queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class) {
+                continue;
+            }
+            let candidates = self.borrowed_candidates(job.class());
+            if let Some((node, victims)) = self.choose_victims(q, job, candidates) {
+                self.nominate(q, job, node, victims, PreemptionKind::Reclaim);
+            }
+        }
+    }
+
+    /// Borrowed jobs of a class across shares, in victim order: lowest priority first, then
+    /// most recently started (least work lost). A share's jobs ranked by (priority desc, start
+    /// asc) beyond its limit are its borrowed ones; jobs already stopping do not count.
+    fn borrowed_candidates(&self, class: &GpuClass) -> Vec<JobId> {
+        let mut streams: Vec<(u64, u64, Vec<JobId>)> = Vec::new();
+        for (share_name, classes) in &self.state.index.shares {
+            let Some(index) = classes.get(class) else {
+                continue;
+            };
+            let limit = self
+                .state
+                .data
+                .shares
+                .get(share_name)
+                .map_or(0, |s| limit_of(&s.spec, class));
+            if index.usage <= limit {
+                continue;
+            }
+            streams.push((limit, 0, Vec::new()));
+            let stream = streams.last_mut().expect("just pushed");
+            let mut remaining: u64 = index
+                .holding
+                .iter()
+                .map(|(_, _, id)| *id)
+                .filter(|id| !self.stopping(*id))
+                .map(|id| u64::from(self.job(id).gpus()))
+                .sum();
+            for &(_, _, id) in index.holding.iter().rev() {
+                if remaining <= limit || stream.2.len() >= RECLAIM_CANDIDATES_SCAN_MAX {
+                    break;
+                }
+                if self.stopping(id) {
+                    continue;
+                }
+                stream.2.push(id);
+                remaining -= u64::from(self.job(id).gpus());
+            }
+            stream.1 = remaining;
+        }
+        let mut merged: Vec<JobId> = streams.into_iter().flat_map(|s| s.2).collect();
+        merged.sort_by_key(|id| {
+            let job = self.job(*id);
+            (job.priority(), Reverse(job.placed_index), *id)
+        });
+        merged.truncate(RECLAIM_CANDIDATES_SCAN_MAX);
+        merged
+    }
+
+    fn stopping(&self, id: JobId) -> bool {
+        self.victims.contains(&id) || self.job(id).state == JobState::Preempting
+    }
+
+    /// Phase 4: a head still blocked preempts lower-priority jobs of its own share.
+    fn in_share(&mut self) {
+        for q in self.blocked_in_order() {
+            if !self.queues[q].share.in_share_preemption || self.queues[q].nominated {
+                continue;
+            }
+            let (id, _) = self.queues[q].blocked.clone().expect("blocked");
+            let job = self.job(id);
+            let queue = &self.queues[q];
+            let index = self
+                .state
+                .index
+                .share_class(&queue.share.name, queue.class)
+                .expect("a queue has an index entry");
+            let candidates: Vec<JobId> = index
+                .holding
+                .iter()
+                .rev()
+                .map(|(_, _, id)| *id)
+                .filter(|id| !self.stopping(*id))
+                .take_while(|id| self.job(*id).priority() < job.priority())
+                .take(IN_SHARE_CANDIDATES_SCAN_MAX)
+                .collect();
+            let mut candidates = candidates;
+            candidates.sort_by_key(|id| {
+                let j = self.job(*id);
+                (j.priority(), Reverse(j.placed_index), *id)
+            });
+            if let Some((node, victims)) = self.choose_victims(q, job, candidates) {
+                self.nominate(q, job, node, victims, PreemptionKind::InShare);
+            }
+        }
+    }
+
+    /// The smallest set of victims, taken in candidate order, that frees room for `job` on
+    /// one node; the node reached first in candidate order wins.
+    fn choose_victims(
+        &mut self,
+        q: usize,
+        job: &'a JobRecord,
+        candidates: Vec<JobId>,
+    ) -> Option<(NodeId, Vec<JobId>)> {
+        let class = job.class();
+        let share_name = self.queues[q].share.name.as_str();
+        let scratch = self.classes.get(class)?;
+        let mut per_node: BTreeMap<NodeId, Vec<JobId>> = BTreeMap::new();
+        for id in candidates {
+            let victim = self.job(id);
+            let Some(alloc) = victim.allocation else {
+                continue;
+            };
+            let Some(slot) = scratch.slot(alloc.node) else {
+                continue;
+            };
+            let on_node = per_node.entry(alloc.node).or_default();
+            on_node.push(id);
+            if self.frees_enough(q, job, slot, scratch.available_total, on_node, share_name) {
+                let mut set = on_node.clone();
+                // No more than needed: drop any earlier victim the set can do without.
+                let mut i = 0;
+                while i + 1 < set.len() {
+                    let mut without = set.clone();
+                    without.remove(i);
+                    if self.frees_enough(
+                        q,
+                        job,
+                        slot,
+                        scratch.available_total,
+                        &without,
+                        share_name,
+                    ) {
+                        set = without;
+                    } else {
+                        i += 1;
+                    }
+                }
+                return Some((alloc.node, set));
+            }
+        }
+        None
+    }
+
+    fn frees_enough(
+        &self,
+        q: usize,
+        job: &JobRecord,
+        slot: NodeSlot,
+        available_total: u64,
+        victims: &[JobId],
+        share_name: &str,
+    ) -> bool {
+        let freed: u64 = victims.iter().map(|v| u64::from(self.job(*v).gpus())).sum();
+        let own_freed: u64 = victims
+            .iter()
+            .map(|v| self.job(*v))
+            .filter(|v| v.spec.share == share_name)
+            .map(|v| u64::from(v.gpus()))
+            .sum();
+        if u64::from(slot.available()) + freed < u64::from(job.gpus()) {
+            return false;
+        }
+        let queue = &self.queues[q];
+        let usage = queue.usage - own_freed;
+        // Usage drops by the share's own victims; its reserved idle grows if it is a reserve
+        // share, which `admit` subtracts again as its own.
+        let reserved = self.reserved(queue.class).saturating_sub(reserved_idle_of(
+            queue.share,
+            queue.class,
+            queue.usage,
+        )) + reserved_idle_of(queue.share, queue.class, usage);
+        matches!(
+            admit(
+                queue.share,
+                queue.class,
+                usage,
+                job.gpus(),
+                available_total + freed,
+                reserved
+            ),
+            Ok(Admission::WithinLimit | Admission::Borrowing)
+        )
+    }
+
+    fn nominate(
+        &mut self,
+        q: usize,
+        job: &'a JobRecord,
+        node: NodeId,
+        victims: Vec<JobId>,
+        kind: PreemptionKind,
+    ) {
+        for v in &victims {
+            self.preempt(*v, kind, Some(job.id));
+        }
+        let class = job.class();
+        let scratch = self
+            .classes
+            .get_mut(class)
+            .expect("victims on a known class");
+        let mut slot = scratch.slot(node).expect("victims on a known node");
+        slot.nominated += job.gpus();
+        scratch.set_slot(node, slot);
+        self.plan
+            .actions
+            .push(PlanAction::Nominate { job: job.id, node });
+        let node_name = self.node_name(node);
+        let queue = &mut self.queues[q];
+        queue.nominated = true;
+        queue.blocked = Some((
+            job.id,
+            WaitReason::WaitingForPreemption {
+                node: node_name,
+                victims,
+            },
+        ));
+    }
+
+    fn preempt(&mut self, job: JobId, kind: PreemptionKind, for_job: Option<JobId>) {
+        if self.victims.insert(job) {
+            self.plan
+                .actions
+                .push(PlanAction::Preempt { job, kind, for_job });
+        }
+    }
+
+    fn node_name(&self, node: NodeId) -> String {
+        self.state
+            .node(node)
+            .map_or_else(|| format!("node #{}", node.0), |n| n.name.clone())
+    }
+
+    // --- phase 5 -------------------------------------------------------------------------
+
+    /// Records why each blocked head waits, where that changed.
+    fn reasons(&mut self) {
+        let blocked: Vec<(JobId, WaitReason)> = self
+            .queues
+            .iter()
+            .filter_map(|q| q.blocked.clone())
+            .collect();
+        for (id, reason) in blocked {
+            self.wait(id, reason);
+        }
+    }
+
+    fn wait(&mut self, id: JobId, reason: WaitReason) {
+        if self.job(id).reason.as_ref() != Some(&reason) {
+            self.plan.waiting.push((id, reason));
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The replicated state: shares, jobs and nodes, plus the indexes derived from them.
+//!
+//! [`State`] is two halves. The canonical half (`StateData`) is what a snapshot holds and what
+//! every replica agrees on byte for byte. The derived half ([`crate::index::Index`]) holds the
+//! queues, usage counters and free-capacity buckets that make a scheduling round cheap; it is
+//! rebuilt from the canonical half after a snapshot is loaded and kept in step by `apply`.
+//! Every map is a `BTreeMap` or a `Vec`, so iteration order never depends on a hash seed.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use quotient_common::{GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeState, ShareSpec};
+
+use crate::index::Index;
+use crate::reason::WaitReason;
+
+/// A node's id: assigned in registration order, stable across re-registrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+/// The GPUs a job holds: one node and a bit mask of GPU indices on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub node: NodeId,
+    pub gpu_mask: u64,
+}
+
+impl Allocation {
+    pub fn gpu_indices(&self) -> Vec<u32> {
+        mask_indices(self.gpu_mask)
+    }
+}
+
+/// The indices of the set bits of a mask, lowest first.
+pub fn mask_indices(mask: u64) -> Vec<u32> {
+    (0..64).filter(|i| mask & (1u64 << i) != 0).collect()
+}
+
+/// Why a job was asked to stop, recorded while it is PREEMPTING.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopCause {
+    /// Preempted; it goes back to the queue when it exits (or FAILED past max_preemptions).
+    Preempted(Preemption),
+    /// Cancelled by a user or by its share's deletion; it ends CANCELLED when it exits.
+    Cancelled,
+}
+
+/// Why a job was preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum PreemptionKind {
+    /// Cross-share: its share was borrowing and a lender took its quota back.
+    Reclaim,
+    /// In-share: a higher-priority job of the same share needed the GPUs.
+    InShare,
+    /// Its node is being drained.
+    Drain,
+    /// Its node was lost; it was requeued without a signal.
+    NodeLost,
+    /// Its agent stopped it on its own (lease expired, GPU failed).
+    AgentStopped,
+}
+
+impl PreemptionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptionKind::Reclaim => "reclaim",
+            PreemptionKind::InShare => "in-share",
+            PreemptionKind::Drain => "node-drain",
+            PreemptionKind::NodeLost => "node-lost",
+            PreemptionKind::AgentStopped => "agent-stopped",
+        }
+    }
+}
+
+/// One preemption of a job: who, when, why, for which job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub kind: PreemptionKind,
+    /// The job the GPUs were freed for, if any.
+    pub for_job: Option<JobId>,
+    /// The share of that job.
+    pub for_share: Option<String>,
+    pub at_ms: u64,
+    pub node: String,
+}
+
+/// A share as the state machine keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareRecord {
+    pub spec: ShareSpec,
+    pub created_ms: u64,
+}
+
+/// A job as the state machine keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: JobId,
+    /// The spec, with `gpu_class` always filled in.
+    pub spec: JobSpec,
+    pub state: JobState,
+    pub submitted_ms: u64,
+    /// How many times it was placed (QUOTIENT_ATTEMPT of the current or last attempt).
+    pub attempts: u32,
+    pub preemptions: u32,
+    pub allocation: Option<Allocation>,
+    /// The log index of its current placement: the "start order" of spec rule 2.
+    pub placed_index: u64,
+    pub started_ms: Option<u64>,
+    pub stop: Option<StopCause>,
+    pub last_preemption: Option<Preemption>,
+    /// The node that is keeping GPUs free for this job.
+    pub nomination: Option<NodeId>,
+    /// Why it waits (RUNNABLE) or why it ended (terminal).
+    pub reason: Option<WaitReason>,
+    pub exit_code: Option<i32>,
+    pub ended_ms: Option<u64>,
+}
+
+impl JobRecord {
+    pub fn class(&self) -> &GpuClass {
+        self.spec
+            .gpu_class
+            .as_ref()
+            .expect("a stored job always has its class filled in")
+    }
+    pub fn gpus(&self) -> u32 {
+        self.spec.gpus
+    }
+    pub fn priority(&self) -> u32 {
+        self.spec.priority
+    }
+}
+
+/// A node as the state machine keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub name: String,
+    pub state: NodeState,
+    pub gpus: Vec<GpuDevice>,
+    /// Bumped whenever the node (re-)registers or is lost: the agent's fencing epoch.
+    pub epoch: u64,
+}
+
+impl NodeRecord {
+    /// The mask of healthy GPUs of `class`.
+    pub fn healthy_mask(&self, class: &GpuClass) -> u64 {
+        self.gpus
+            .iter()
+            .filter(|g| g.healthy && &g.class == class)
+            .fold(0u64, |mask, g| mask | (1u64 << g.index))
+    }
+}
+
+/// The canonical, replicated half of the state: what a snapshot holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateData {
+    pub shares: BTreeMap<String, ShareRecord>,
+    /// Indexed by `JobId.0 - 1`; jobs are never removed, so ids stay dense.
+    pub jobs: Vec<JobRecord>,
+    pub node_ids: BTreeMap<String, NodeId>,
+    /// Indexed by `NodeId.0`.
+    pub nodes: Vec<NodeRecord>,
+    pub idempotency: BTreeMap<String, JobId>,
+    /// The index of the last applied command.
+    pub last_applied_index: u64,
+}
+
+/// The replicated state machine's state. See the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    pub(crate) data: StateData,
+    pub(crate) index: Index,
+}
+
+impl State {
+    pub fn new() -> State {
+        State::default()
+    }
+
+    pub fn data(&self) -> &StateData {
+        &self.data
+    }
+
+    pub fn share(&self, name: &str) -> Option<&ShareRecord> {
+        self.data.shares.get(name)
+    }
+
+    pub fn shares(&self) -> impl Iterator<Item = &ShareRecord> {
+        self.data.shares.values()
+    }
+
+    pub fn job(&self, id: JobId) -> Option<&JobRecord> {
+        let slot = id.0.checked_sub(1)?;
+        self.data.jobs.get(usize::try_from(slot).ok()?)
+    }
+
+    pub(crate) fn job_mut(&mut self, id: JobId) -> Option<&mut JobRecord> {
+        let slot = id.0.checked_sub(1)?;
+        self.data.jobs.get_mut(usize::try_from(slot).ok()?)
+    }
+
+    pub fn jobs(&self) -> impl Iterator<Item = &JobRecord> {
+        self.data.jobs.iter()
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeRecord> {
+        self.data.nodes.get(id.0 as usize)
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<&NodeRecord> {
+        self.data.node_ids.get(name).and_then(|id| self.node(*id))
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.data.nodes.iter()
+    }
+
+    /// GPUs of `class` that `share` holds (SCHEDULED, STARTING, RUNNING, PREEMPTING).
+    pub fn usage(&self, share: &str, class: &GpuClass) -> u64 {
+        self.index.usage(share, class)
+    }
+
+    /// The job holding each GPU of a node, by GPU index.
+    pub fn gpu_holders(&self, node: NodeId) -> BTreeMap<u32, JobId> {
+        let mut holders = BTreeMap::new();
+        for job in self.index.jobs_on_node(node) {
+            if let Some(alloc) = self.job(job).and_then(|j| j.allocation) {
+                for gpu in alloc.gpu_indices() {
+                    holders.insert(gpu, job);
+                }
+            }
+        }
+        holders
+    }
+
+    /// The jobs whose GPUs are on `node`.
+    pub fn jobs_on_node(&self, node: NodeId) -> Vec<JobId> {
+        self.index.jobs_on_node(node).collect()
+    }
+
+    /// The RUNNABLE jobs of a share and class, in queue order (priority desc, submit asc).
+    pub fn queue(&self, share: &str, class: &GpuClass) -> Vec<JobId> {
+        self.index.queue(share, class).collect()
+    }
+
+    /// The jobs of a share and class holding GPUs, in rank order (priority desc, start asc).
+    pub fn holding(&self, share: &str, class: &GpuClass) -> Vec<JobId> {
+        self.index.holding(share, class).collect()
+    }
+}

@@ -1,0 +1,135 @@
+//! `State::validate`: the invariants of the replicated state.
+//!
+//! Tests run it after every `apply`; snapshot loading runs it once. It is thorough rather than
+//! fast: it rebuilds the derived index from scratch and compares it with the maintained one.
+
+use std::collections::BTreeMap;
+
+use quotient_common::{JobId, JobState};
+
+use crate::index::Index;
+use crate::state::{NodeId, State, StopCause};
+
+/// A broken invariant, described for a developer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvariantError(pub String);
+
+impl State {
+    /// Checks every invariant; see the module docs.
+    pub fn validate(&self) -> Result<(), InvariantError> {
+        let fail = |text: String| Err(InvariantError(text));
+        let mut owners: BTreeMap<(NodeId, u32), JobId> = BTreeMap::new();
+        for (slot, job) in self.data.jobs.iter().enumerate() {
+            if job.id.0 != slot as u64 + 1 {
+                return fail(format!("job at slot {slot} has id {}", job.id));
+            }
+            if job.spec.gpu_class.is_none() {
+                return fail(format!("{} has no GPU class", job.id));
+            }
+            if job.state.holds_gpus() != job.allocation.is_some() {
+                return fail(format!(
+                    "{} is {} but allocation is {:?}",
+                    job.id, job.state, job.allocation
+                ));
+            }
+            if (job.state == JobState::Preempting) != job.stop.is_some() {
+                return fail(format!(
+                    "{} is {} with stop {:?}",
+                    job.id, job.state, job.stop
+                ));
+            }
+            if job.nomination.is_some() && job.state != JobState::Runnable {
+                return fail(format!("{} is {} but nominated", job.id, job.state));
+            }
+            if let Some(alloc) = job.allocation {
+                let Some(node) = self.node(alloc.node) else {
+                    return fail(format!("{} is on unknown node {:?}", job.id, alloc.node));
+                };
+                if alloc.gpu_mask.count_ones() != job.gpus() {
+                    return fail(format!(
+                        "{} holds {:#x} for {} GPUs",
+                        job.id,
+                        alloc.gpu_mask,
+                        job.gpus()
+                    ));
+                }
+                for index in alloc.gpu_indices() {
+                    let Some(gpu) = node.gpus.iter().find(|g| g.index == index) else {
+                        return fail(format!(
+                            "{} holds missing GPU {index} of {}",
+                            job.id, node.name
+                        ));
+                    };
+                    if &gpu.class != job.class() {
+                        return fail(format!(
+                            "{} holds a {} GPU for a {} job",
+                            job.id,
+                            gpu.class,
+                            job.class()
+                        ));
+                    }
+                    if let Some(other) = owners.insert((alloc.node, index), job.id) {
+                        return fail(format!(
+                            "GPU {index} of {} is given to both {other} and {}",
+                            node.name, job.id
+                        ));
+                    }
+                }
+                if node.state == quotient_common::NodeState::Lost {
+                    return fail(format!("{} holds GPUs on lost node {}", job.id, node.name));
+                }
+            }
+            if let Some(StopCause::Preempted(p)) = &job.stop {
+                if let Some(for_job) = p.for_job {
+                    if self.job(for_job).is_none() {
+                        return fail(format!("{} is preempted for unknown {for_job}", job.id));
+                    }
+                }
+            }
+        }
+        for (name, id) in &self.data.node_ids {
+            match self.node(*id) {
+                Some(node) if &node.name == name && node.id == *id => {}
+                _ => return fail(format!("node name {name} maps to a wrong record")),
+            }
+        }
+        if self.data.node_ids.len() != self.data.nodes.len() {
+            return fail("node names and records differ in number".into());
+        }
+        for (key, job) in &self.data.idempotency {
+            if self.job(*job).is_none() {
+                return fail(format!("idempotency key {key:?} names unknown {job}"));
+            }
+        }
+        for (name, share) in &self.data.shares {
+            if &share.spec.name != name {
+                return fail(format!("share {name} is stored under another name"));
+            }
+        }
+        let rebuilt = Index::rebuild(&self.data);
+        if rebuilt != self.index {
+            return fail(index_difference(&rebuilt, &self.index));
+        }
+        Ok(())
+    }
+}
+
+fn index_difference(rebuilt: &Index, kept: &Index) -> String {
+    let part = if rebuilt.shares != kept.shares {
+        "share queues or usage"
+    } else if rebuilt.capacity != kept.capacity {
+        "free capacity"
+    } else if rebuilt.node_alloc != kept.node_alloc || rebuilt.node_jobs != kept.node_jobs {
+        "node allocations"
+    } else if rebuilt.nominated != kept.nominated || rebuilt.node_nominated != kept.node_nominated {
+        "nominations"
+    } else if rebuilt.preempting_for != kept.preempting_for {
+        "preemptions in flight"
+    } else if rebuilt.reserved_idle != kept.reserved_idle {
+        "reserved idle quota"
+    } else {
+        "draining nodes"
+    };
+    format!("the maintained index differs from a rebuilt one in its {part}")
+}

@@ -1,0 +1,191 @@
+//! A test harness around the pure core: applies commands, runs rounds, and plays the agents.
+//! Validates the state after every apply.
+#![allow(dead_code)]
+
+use quotient_common::{
+    GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeInventory, ShareSpec, ShareState, Strategy,
+};
+use quotient_core::{
+    apply, plan, share_accounts, ApplyCtx, Command, JobEvent, JobReport, Outcome, Plan, State,
+};
+
+pub fn class(name: &str) -> GpuClass {
+    GpuClass::parse(name).unwrap()
+}
+
+pub fn share(name: &str, strategy: Strategy, limit: u32) -> ShareSpec {
+    ShareSpec {
+        name: name.into(),
+        limits: [(class("a10g"), limit)].into(),
+        strategy,
+        borrow_limit_percent: None,
+        in_share_preemption: false,
+        state: ShareState::Enabled,
+    }
+}
+
+pub fn job(share: &str, name: &str, priority: u32, gpus: u32) -> JobSpec {
+    let mut spec = JobSpec::new(share, priority, gpus, vec!["train".into()]);
+    spec.name = Some(name.into());
+    spec
+}
+
+pub fn node(name: &str, gpus: u32, gpu_class: &str) -> NodeInventory {
+    NodeInventory {
+        name: name.into(),
+        gpus: (0..gpus)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                class: class(gpu_class),
+                healthy: true,
+            })
+            .collect(),
+    }
+}
+
+pub struct Sim {
+    pub state: State,
+    pub log_index: u64,
+    pub time_ms: u64,
+    /// Every command applied, for replay.
+    pub log: Vec<(Command, ApplyCtx)>,
+}
+
+impl Default for Sim {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sim {
+    pub fn new() -> Sim {
+        Sim {
+            state: State::new(),
+            log_index: 0,
+            time_ms: 1_000,
+            log: Vec::new(),
+        }
+    }
+
+    pub fn apply(&mut self, command: Command) -> Outcome {
+        self.log_index += 1;
+        self.time_ms += 10;
+        let ctx = ApplyCtx {
+            log_index: self.log_index,
+            time_ms: self.time_ms,
+        };
+        self.log.push((command.clone(), ctx));
+        let outcome = apply(&mut self.state, command, ctx);
+        if let Err(e) = self.state.validate() {
+            panic!(
+                "invariant broken after {:?}: {e}",
+                self.log.last().unwrap().0
+            );
+        }
+        outcome
+    }
+
+    pub fn ok(&mut self, command: Command) {
+        let outcome = self.apply(command);
+        assert!(!outcome.is_rejected(), "rejected: {outcome:?}");
+    }
+
+    pub fn submit(&mut self, spec: JobSpec) -> JobId {
+        match self.apply(Command::SubmitJob(spec)) {
+            Outcome::JobSubmitted { job, .. } => job,
+            other => panic!("submit failed: {other:?}"),
+        }
+    }
+
+    /// One scheduling round, committed. Returns the plan.
+    pub fn round(&mut self) -> Plan {
+        let plan = plan(&self.state);
+        if !plan.is_empty() {
+            match self.apply(Command::ApplyPlan(plan.clone())) {
+                Outcome::PlanApplied(report) => assert!(
+                    report.rejected.is_empty(),
+                    "a fresh plan must apply whole: {report:?}"
+                ),
+                other => panic!("plan not applied: {other:?}"),
+            }
+        }
+        plan
+    }
+
+    fn report(&mut self, id: JobId, event: JobEvent) {
+        let job = self.state.job(id).unwrap();
+        let node = self
+            .state
+            .node(job.allocation.unwrap().node)
+            .unwrap()
+            .name
+            .clone();
+        let attempt = job.attempts;
+        self.ok(Command::ReportJob(JobReport {
+            job: id,
+            attempt,
+            node,
+            event,
+        }));
+    }
+
+    /// The agents start every SCHEDULED job: STARTING, then RUNNING.
+    pub fn agents_start(&mut self) -> usize {
+        let scheduled: Vec<JobId> = self
+            .state
+            .jobs()
+            .filter(|j| j.state == JobState::Scheduled)
+            .map(|j| j.id)
+            .collect();
+        for id in &scheduled {
+            self.report(*id, JobEvent::Started);
+            self.report(*id, JobEvent::Running);
+        }
+        scheduled.len()
+    }
+
+    /// The agents stop every PREEMPTING job: it exits after its checkpoint signal.
+    pub fn agents_stop(&mut self) -> usize {
+        let stopping: Vec<JobId> = self
+            .state
+            .jobs()
+            .filter(|j| j.state == JobState::Preempting)
+            .map(|j| j.id)
+            .collect();
+        for id in &stopping {
+            self.report(*id, JobEvent::ExitedAfterSignal { code: Some(0) });
+        }
+        stopping.len()
+    }
+
+    /// A job ends on its own.
+    pub fn finish(&mut self, id: JobId, code: i32) {
+        self.report(id, JobEvent::Exited { code });
+    }
+
+    /// Rounds and agent actions until nothing changes; panics after `max` rounds.
+    pub fn settle(&mut self) {
+        for _ in 0..50 {
+            let plan = self.round();
+            let started = self.agents_start();
+            let stopped = self.agents_stop();
+            if plan.actions.is_empty() && started == 0 && stopped == 0 {
+                return;
+            }
+        }
+        panic!("the cluster did not settle in 50 rounds: a preemption loop?");
+    }
+
+    pub fn state_of(&self, id: JobId) -> JobState {
+        self.state.job(id).unwrap().state
+    }
+
+    /// (usage, borrowed, lent) of a share for class a10g.
+    pub fn account(&self, share: &str) -> (u64, u64, u64) {
+        let accounts = share_accounts(&self.state);
+        let a = &accounts[share];
+        let c = class("a10g");
+        (a.usage[&c], a.borrowed[&c], a.lent[&c])
+    }
+}
