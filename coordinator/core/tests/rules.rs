@@ -1,0 +1,598 @@
+//! One test per rule of spec/quota-shares.md, named after the rule.
+
+mod support;
+
+use quotient_common::{JobState, NodeState, ShareState, ShareUpdate, Strategy};
+use quotient_core::{
+    explain, plan, Command, Outcome, Plan, PlanAction, PreemptionKind, Rejection, WaitReason,
+};
+use support::*;
+
+fn fleet(sim: &mut Sim, nodes: u32, gpus: u32) {
+    for n in 1..=nodes {
+        sim.ok(Command::RegisterNode(node(&format!("node-{n}"), gpus, "a10g")));
+    }
+}
+
+fn lab(name: &str, limit: u32, borrow: Option<u32>, in_share: bool) -> quotient_common::ShareSpec {
+    let mut s = share(name, Strategy::LendAndBorrow, limit);
+    s.borrow_limit_percent = borrow;
+    s.in_share_preemption = in_share;
+    s
+}
+
+/// Shares below their limit are served before shares that would borrow, whatever the priority.
+#[test]
+fn shares_below_their_limit_go_first() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(lab("a", 1, None, false)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 1)));
+    let a1 = sim.submit(job("a", "a1", 1, 1));
+    let a2 = sim.submit(job("a", "a2", 9000, 1));
+    let b1 = sim.submit(job("b", "b1", 1, 1));
+    sim.settle();
+    // a2 (highest priority) runs within a's limit, b1 within b's; a1 would borrow but nothing is idle.
+    assert_eq!(sim.state_of(a2), JobState::Running);
+    assert_eq!(sim.state_of(b1), JobState::Running);
+    assert_eq!(sim.state_of(a1), JobState::Runnable);
+}
+
+/// Ties break by priority descending, then submit order ascending.
+#[test]
+fn ties_break_by_priority_then_submit_order() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
+    let first = sim.submit(job("a", "first", 5, 1));
+    let low = sim.submit(job("a", "low", 1, 1));
+    let second = sim.submit(job("a", "second", 5, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(first), JobState::Running);
+    assert_eq!(sim.state_of(second), JobState::Running);
+    assert_eq!(sim.state_of(low), JobState::Runnable);
+}
+
+/// A reserve share never lends its idle quota.
+#[test]
+fn a_reserve_share_never_lends() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 1);
+    sim.ok(Command::CreateShare(lab("borrower", 1, None, false)));
+    sim.ok(Command::CreateShare(share("reserved", Strategy::Reserve, 1)));
+    let a = sim.submit(job("borrower", "a", 1, 1));
+    let b = sim.submit(job("borrower", "b", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(a), JobState::Running);
+    assert_eq!(sim.state_of(b), JobState::Runnable);
+    assert!(matches!(
+        sim.state.job(b).unwrap().reason,
+        Some(WaitReason::NoBorrowableCapacity { .. })
+    ));
+    // The reserve share's own job starts at once on its idle quota.
+    let r = sim.submit(job("reserved", "r", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(r), JobState::Running);
+}
+
+/// A lend share never borrows, even when GPUs are idle.
+#[test]
+fn a_lend_share_never_borrows() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 3, 1);
+    sim.ok(Command::CreateShare(share("lender", Strategy::Lend, 1)));
+    let a = sim.submit(job("lender", "a", 1, 1));
+    let b = sim.submit(job("lender", "b", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(a), JobState::Running);
+    assert_eq!(sim.state_of(b), JobState::Runnable);
+    assert!(matches!(
+        sim.state.job(b).unwrap().reason,
+        Some(WaitReason::ShareLimit { .. })
+    ));
+}
+
+/// Borrowing stays within borrow_limit_percent of the share's own limit.
+#[test]
+fn borrowing_stays_within_the_borrow_limit() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 8);
+    sim.ok(Command::CreateShare(lab("a", 2, Some(50), false)));
+    let jobs: Vec<_> = (0..5).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    sim.settle();
+    let running = jobs.iter().filter(|j| sim.state_of(**j) == JobState::Running).count();
+    assert_eq!(running, 3, "limit 2 plus 50% = 3");
+    let waiting = jobs.iter().find(|j| sim.state_of(**j) == JobState::Runnable).unwrap();
+    assert!(matches!(
+        sim.state.job(*waiting).unwrap().reason,
+        Some(WaitReason::BorrowLimit { cap: 3, .. })
+    ));
+}
+
+/// Borrowing uses the free pool (GPUs beyond all limits) and lent idle quota.
+#[test]
+fn borrowing_uses_the_free_pool_and_lent_quota() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 4);
+    sim.ok(Command::CreateShare(lab("a", 1, None, false)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 1)));
+    let jobs: Vec<_> = (0..4).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    sim.settle();
+    assert!(jobs.iter().all(|j| sim.state_of(*j) == JobState::Running));
+    assert_eq!(sim.account("a"), (4, 3, 0));
+    assert_eq!(sim.account("b"), (0, 0, 1), "one from b, two from the free pool");
+}
+
+/// Cross-share reclaim takes only borrowed jobs, never a job within its share's quota.
+#[test]
+fn reclaim_takes_only_borrowed_jobs() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 1);
+    sim.ok(Command::CreateShare(lab("a", 1, None, false)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 1)));
+    let within = sim.submit(job("a", "within", 1, 1));
+    let borrowed = sim.submit(job("a", "borrowed", 9000, 1));
+    sim.settle();
+    // Ranked by priority, "borrowed" (9000) is within the limit and "within" (1) is borrowed.
+    assert!(sim.state.is_borrowed(sim.state.job(within).unwrap()));
+    assert!(!sim.state.is_borrowed(sim.state.job(borrowed).unwrap()));
+    let b = sim.submit(job("b", "b", 1, 1));
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(victims, vec![within]);
+    sim.settle();
+    assert_eq!(sim.state_of(b), JobState::Running);
+    assert_eq!(sim.state_of(borrowed), JobState::Running);
+}
+
+/// Reclaim victims: lowest priority first, then least work lost, no more than needed.
+#[test]
+fn reclaim_takes_the_lowest_priority_borrowed_job_and_no_more_than_needed() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 4);
+    sim.ok(Command::CreateShare(lab("a", 1, None, false)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 3)));
+    let keep = sim.submit(job("a", "keep", 50, 1));
+    let p3_old = sim.submit(job("a", "p3-old", 3, 1));
+    sim.settle();
+    let p3_new = sim.submit(job("a", "p3-new", 3, 1));
+    let p5 = sim.submit(job("a", "p5", 5, 1));
+    sim.settle();
+    assert_eq!(sim.account("a"), (4, 3, 0));
+    let b = sim.submit(job("b", "b", 1, 1));
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(victims, vec![p3_new], "lowest priority, most recently started, one job only");
+    sim.settle();
+    assert_eq!(sim.state_of(b), JobState::Running);
+    for j in [keep, p3_old, p5] {
+        assert_eq!(sim.state_of(j), JobState::Running);
+    }
+}
+
+/// The victim set frees enough GPUs on one node, and is minimal there.
+#[test]
+fn reclaim_victims_sit_on_one_node() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 2);
+    sim.ok(Command::CreateShare(lab("a", 1, None, false)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 2)));
+    let a: Vec<_> = (0..4).map(|i| sim.submit(job("a", &format!("a{i}"), 1 + i, 1))).collect();
+    sim.settle();
+    assert!(a.iter().all(|j| sim.state_of(*j) == JobState::Running));
+    let b = sim.submit(job("b", "b", 1, 2));
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(victims.len(), 2);
+    let nodes: std::collections::BTreeSet<_> = victims
+        .iter()
+        .map(|v| sim.state.job(*v).unwrap().allocation.unwrap().node)
+        .collect();
+    assert_eq!(nodes.len(), 1, "both victims on one node");
+    assert!(!victims.contains(&a[3]), "the highest-priority job is within the limit");
+    sim.settle();
+    assert_eq!(sim.state_of(b), JobState::Running);
+}
+
+/// Freed GPUs are nominated: they go to the job they were freed for, not to another.
+#[test]
+fn nominations_keep_freed_gpus_for_their_job() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(lab("a", 1, None, false)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 1)));
+    sim.ok(Command::CreateShare(lab("c", 1, None, false)));
+    let a1 = sim.submit(job("a", "a1", 5, 1));
+    let a2 = sim.submit(job("a", "a2", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(a2), JobState::Running, "a2 borrows");
+    let b1 = sim.submit(job("b", "b1", 1, 1));
+    let plan = sim.round();
+    assert!(plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, PlanAction::Nominate { job, .. } if *job == b1)));
+    // A higher-priority job of another share arrives while a2 is being stopped.
+    let c1 = sim.submit(job("c", "c1", 9999, 1));
+    sim.agents_stop();
+    sim.settle();
+    assert_eq!(sim.state_of(b1), JobState::Running);
+    assert_eq!(sim.state_of(a1), JobState::Running);
+    assert_eq!(sim.state_of(a2), JobState::Runnable);
+    assert_eq!(sim.state_of(c1), JobState::Runnable);
+}
+
+/// In-share preemption happens only where the share enables it.
+#[test]
+fn in_share_preemption_happens_only_when_enabled() {
+    for enabled in [false, true] {
+        let mut sim = Sim::new();
+        fleet(&mut sim, 1, 1);
+        sim.ok(Command::CreateShare(lab("a", 1, Some(0), enabled)));
+        let low = sim.submit(job("a", "low", 1, 1));
+        sim.settle();
+        let high = sim.submit(job("a", "high", 5, 1));
+        sim.settle();
+        if enabled {
+            assert_eq!(sim.state_of(high), JobState::Running);
+            assert_eq!(sim.state_of(low), JobState::Runnable);
+        } else {
+            assert_eq!(sim.state_of(high), JobState::Runnable);
+            assert_eq!(sim.state_of(low), JobState::Running);
+        }
+    }
+}
+
+/// In-share, no job is preempted for a job of equal or lower priority.
+#[test]
+fn in_share_preemption_only_for_a_higher_priority_job() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(lab("a", 1, Some(0), true)));
+    let first = sim.submit(job("a", "first", 5, 1));
+    sim.settle();
+    let equal = sim.submit(job("a", "equal", 5, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(first), JobState::Running);
+    assert_eq!(sim.state_of(equal), JobState::Runnable);
+}
+
+/// A priority change takes effect in the next round and can trigger in-share preemption.
+#[test]
+fn a_priority_update_triggers_in_share_preemption() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(lab("a", 1, Some(0), true)));
+    let running = sim.submit(job("a", "running", 5, 1));
+    sim.settle();
+    let queued = sim.submit(job("a", "queued", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(queued), JobState::Runnable);
+    sim.ok(Command::UpdateJobPriority { job: queued, priority: 6 });
+    sim.settle();
+    assert_eq!(sim.state_of(queued), JobState::Running);
+    assert_eq!(sim.state_of(running), JobState::Runnable);
+}
+
+/// max_preemptions 0 fails a job on its first preemption.
+#[test]
+fn max_preemptions_zero_fails_the_job_on_first_preemption() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(lab("a", 1, Some(0), true)));
+    let mut spec = job("a", "fragile", 1, 1);
+    spec.max_preemptions = Some(0);
+    let fragile = sim.submit(spec);
+    sim.settle();
+    let high = sim.submit(job("a", "high", 5, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(fragile), JobState::Failed);
+    assert_eq!(sim.state_of(high), JobState::Running);
+    let why = explain(&sim.state, fragile).unwrap().summary;
+    assert!(why.contains("max_preemptions is 0"), "{why}");
+}
+
+/// Lowering a share's limit makes its jobs above the new limit preemptible, whatever its strategy.
+#[test]
+fn lowering_a_limit_makes_jobs_above_it_preemptible() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(share("a", Strategy::Reserve, 2)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 1)));
+    let a1 = sim.submit(job("a", "a1", 5, 1));
+    let a2 = sim.submit(job("a", "a2", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(a2), JobState::Running);
+    sim.ok(Command::UpdateShare {
+        name: "a".into(),
+        update: ShareUpdate {
+            limits: Some([(class("a10g"), 1)].into()),
+            ..ShareUpdate::default()
+        },
+    });
+    let b1 = sim.submit(job("b", "b1", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(b1), JobState::Running);
+    assert_eq!(sim.state_of(a2), JobState::Runnable);
+    assert_eq!(sim.state_of(a1), JobState::Running);
+}
+
+/// Placement packs jobs onto partly used nodes to keep whole nodes free.
+#[test]
+fn placement_packs_to_keep_whole_nodes_free() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 4);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 8)));
+    let small: Vec<_> = (0..3).map(|i| sim.submit(job("a", &format!("s{i}"), 1, 1))).collect();
+    sim.settle();
+    let nodes: std::collections::BTreeSet<_> = small
+        .iter()
+        .map(|j| sim.state.job(*j).unwrap().allocation.unwrap().node)
+        .collect();
+    assert_eq!(nodes.len(), 1, "small jobs share one node");
+    let big = sim.submit(job("a", "big", 1, 4));
+    sim.settle();
+    assert_eq!(sim.state_of(big), JobState::Running);
+}
+
+/// Only healthy GPUs of the class on schedulable nodes are used.
+#[test]
+fn placement_uses_only_healthy_gpus_on_schedulable_nodes() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 3, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 3)));
+    sim.ok(Command::CordonNode { node: "node-1".into() });
+    sim.ok(Command::SetGpuHealth { node: "node-2".into(), index: 0, healthy: false });
+    let jobs: Vec<_> = (0..3).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    sim.settle();
+    let running: Vec<_> = jobs.iter().filter(|j| sim.state_of(**j) == JobState::Running).collect();
+    assert_eq!(running.len(), 1);
+    let node = sim.state.job(*running[0]).unwrap().allocation.unwrap().node;
+    assert_eq!(sim.state.node(node).unwrap().name, "node-3");
+}
+
+/// A job that can never fit stays RUNNABLE with a reason naming the limit, and does not block
+/// the jobs behind it.
+#[test]
+fn a_job_that_can_never_fit_names_the_limit_it_exceeds() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 2);
+    sim.ok(Command::CreateShare(lab("a", 2, Some(100), false)));
+    let too_big_node = sim.submit(job("a", "big", 9, 3));
+    let too_big_share = {
+        let mut s = share("b", Strategy::Lend, 1);
+        s.name = "b".into();
+        sim.ok(Command::CreateShare(s));
+        sim.submit(job("b", "b", 9, 2))
+    };
+    let small = sim.submit(job("a", "small", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(small), JobState::Running);
+    assert!(matches!(
+        sim.state.job(too_big_node).unwrap().reason,
+        Some(WaitReason::LargestNode { largest: 2, .. })
+    ));
+    assert!(matches!(
+        sim.state.job(too_big_share).unwrap().reason,
+        Some(WaitReason::ExceedsShareCap { cap: 1, .. })
+    ));
+}
+
+/// Every job left RUNNABLE has a reason that explain can show.
+#[test]
+fn every_job_left_runnable_has_a_reason() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+    let jobs: Vec<_> = (0..4).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    sim.settle();
+    for j in jobs.iter().skip(1) {
+        let e = explain(&sim.state, *j).unwrap();
+        assert!(e.summary.contains("waits"), "{}", e.summary);
+    }
+    assert!(explain(&sim.state, jobs[2]).unwrap().summary.contains("queued behind"));
+}
+
+/// A preempted job that exits after its signal is requeued, not failed.
+#[test]
+fn exit_after_the_checkpoint_signal_is_a_preemption_not_a_failure() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(lab("a", 1, Some(0), true)));
+    let low = sim.submit(job("a", "low", 1, 1));
+    sim.settle();
+    sim.submit(job("a", "high", 2, 1));
+    sim.round();
+    let attempt = sim.state.job(low).unwrap().attempts;
+    sim.ok(Command::ReportJob(quotient_core::JobReport {
+        job: low,
+        attempt,
+        node: "node-1".into(),
+        event: quotient_core::JobEvent::Exited { code: 143 },
+    }));
+    assert_eq!(sim.state_of(low), JobState::Runnable);
+    assert_eq!(sim.state.job(low).unwrap().preemptions, 1);
+}
+
+/// A node that is lost requeues its jobs with a node-lost preemption.
+#[test]
+fn a_lost_node_requeues_its_jobs() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
+    let j = sim.submit(job("a", "j", 1, 1));
+    sim.settle();
+    let node = sim.state.job(j).unwrap().allocation.unwrap().node;
+    let name = sim.state.node(node).unwrap().name.clone();
+    sim.ok(Command::MarkNodeLost { node: name.clone() });
+    assert_eq!(sim.state_of(j), JobState::Runnable);
+    assert_eq!(
+        sim.state.job(j).unwrap().last_preemption.as_ref().unwrap().kind,
+        PreemptionKind::NodeLost
+    );
+    sim.settle();
+    assert_eq!(sim.state_of(j), JobState::Running);
+    assert_ne!(sim.state.job(j).unwrap().allocation.unwrap().node, node);
+    assert!(matches!(
+        sim.apply(Command::CordonNode { node: name }),
+        Outcome::Rejected(Rejection::NodeLost(_))
+    ));
+}
+
+/// Draining a node preempts its jobs and places nothing new there.
+#[test]
+fn draining_a_node_moves_its_jobs_off() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
+    let j = sim.submit(job("a", "j", 1, 1));
+    sim.settle();
+    let node = sim.state.job(j).unwrap().allocation.unwrap().node;
+    let name = sim.state.node(node).unwrap().name.clone();
+    sim.ok(Command::DrainNode { node: name.clone() });
+    sim.settle();
+    assert_eq!(sim.state_of(j), JobState::Running);
+    assert_ne!(sim.state.job(j).unwrap().allocation.unwrap().node, node);
+    assert_eq!(sim.state.node_by_name(&name).unwrap().state, NodeState::Draining);
+}
+
+/// Cancelling a running job stops it through its agent; its GPUs stay held until it exits.
+#[test]
+fn cancelling_a_running_job_holds_its_gpus_until_it_exits() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+    let j = sim.submit(job("a", "j", 1, 1));
+    let next = sim.submit(job("a", "next", 1, 1));
+    sim.settle();
+    sim.ok(Command::CancelJob { job: j });
+    assert_eq!(sim.state_of(j), JobState::Preempting);
+    sim.round();
+    assert_eq!(sim.state_of(next), JobState::Runnable, "the GPU is still held");
+    sim.settle();
+    assert_eq!(sim.state_of(j), JobState::Cancelled);
+    assert_eq!(sim.state_of(next), JobState::Running);
+    assert_eq!(sim.state.job(j).unwrap().preemptions, 0);
+}
+
+/// A disabled share refuses submissions; its jobs run on. Deleting needs it disabled and
+/// cancels what is left.
+#[test]
+fn a_share_is_disabled_before_it_is_deleted() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+    let running = sim.submit(job("a", "running", 1, 1));
+    let queued = sim.submit(job("a", "queued", 1, 1));
+    sim.settle();
+    assert_eq!(
+        sim.apply(Command::DeleteShare { name: "a".into() }),
+        Outcome::Rejected(Rejection::ShareEnabled("a".into()))
+    );
+    sim.ok(Command::DisableShare { name: "a".into() });
+    assert_eq!(sim.state.share("a").unwrap().spec.state, ShareState::Disabled);
+    assert!(matches!(
+        sim.apply(Command::SubmitJob(job("a", "late", 1, 1))),
+        Outcome::Rejected(Rejection::ShareDisabled(_))
+    ));
+    sim.settle();
+    assert_eq!(sim.state_of(running), JobState::Running);
+    sim.ok(Command::DeleteShare { name: "a".into() });
+    assert_eq!(sim.state_of(queued), JobState::Cancelled);
+    assert_eq!(sim.state_of(running), JobState::Preempting);
+    sim.settle();
+    assert_eq!(sim.state_of(running), JobState::Cancelled);
+    assert!(sim.state.share("a").is_none());
+}
+
+/// Submitting twice with one idempotency key gives one job.
+#[test]
+fn submit_is_idempotent_by_key() {
+    let mut sim = Sim::new();
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+    let mut spec = job("a", "j", 1, 1);
+    spec.idempotency_key = Some("k-1".into());
+    let first = sim.apply(Command::SubmitJob(spec.clone()));
+    let second = sim.apply(Command::SubmitJob(spec));
+    let (Outcome::JobSubmitted { job: a, duplicate: false }, Outcome::JobSubmitted { job: b, duplicate: true }) = (first, second) else {
+        panic!("unexpected outcomes");
+    };
+    assert_eq!(a, b);
+    assert_eq!(sim.state.jobs().count(), 1);
+}
+
+/// Invalid commands are rejected with a reason and change nothing.
+#[test]
+fn invalid_commands_are_rejected_and_change_nothing() {
+    let mut sim = Sim::new();
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+    let before = sim.state.to_snapshot_bytes();
+    let cases = vec![
+        Command::SubmitJob(job("nope", "j", 1, 1)),
+        Command::SubmitJob(job("a", "j", 10_000, 1)),
+        Command::CreateShare(share("a", Strategy::Lend, 1)),
+        Command::CreateShare({
+            let mut s = share("b", Strategy::Lend, 1);
+            s.borrow_limit_percent = Some(10);
+            s
+        }),
+        Command::DeleteShare { name: "a".into() },
+        Command::UpdateJobPriority { job: quotient_common::JobId(99), priority: 1 },
+        Command::CordonNode { node: "ghost".into() },
+    ];
+    for command in cases {
+        let outcome = sim.apply(command.clone());
+        assert!(outcome.is_rejected(), "{command:?} gave {outcome:?}");
+        // Only the applied index moves.
+        let mut data = sim.state.data().clone();
+        data.last_applied_index = 1;
+        let mut expected = quotient_core::State::from_snapshot_bytes(&before).unwrap().data().clone();
+        expected.last_applied_index = 1;
+        assert_eq!(data, expected, "{command:?} changed the state");
+    }
+    assert_eq!(
+        sim.apply(Command::SubmitJob(job("a", "j", 10_000, 1))),
+        Outcome::Rejected(Rejection::Invalid(quotient_common::SpecError::Priority(10_000)))
+    );
+}
+
+/// A stale plan is rejected part by part, deterministically, leaving the rest applied.
+#[test]
+fn applying_a_stale_plan_rejects_its_stale_parts() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
+    let j1 = sim.submit(job("a", "j1", 1, 1));
+    let j2 = sim.submit(job("a", "j2", 1, 1));
+    let stale: Plan = plan(&sim.state);
+    assert_eq!(stale.placements().count(), 2);
+    sim.ok(Command::CancelJob { job: j1 });
+    let Outcome::PlanApplied(report) = sim.apply(Command::ApplyPlan(stale)) else {
+        panic!("plan not applied");
+    };
+    assert_eq!(report.placed, 1);
+    assert_eq!(report.rejected.len(), 1);
+    assert_eq!(sim.state_of(j2), JobState::Scheduled);
+    // Applying it a second time rejects everything: nothing is placed twice.
+    let again = plan(&sim.state);
+    assert!(again.placements().next().is_none());
+}
+
+/// A job names its class, or takes the share's only one.
+#[test]
+fn a_job_class_is_needed_only_when_the_share_has_several() {
+    let mut sim = Sim::new();
+    let mut two = share("two", Strategy::Lend, 1);
+    two.limits.insert(class("h100-80gb"), 1);
+    sim.ok(Command::CreateShare(two));
+    sim.ok(Command::CreateShare(share("one", Strategy::Lend, 1)));
+    assert!(matches!(
+        sim.apply(Command::SubmitJob(job("two", "j", 1, 1))),
+        Outcome::Rejected(Rejection::ClassRequired { .. })
+    ));
+    let mut spec = job("two", "j", 1, 1);
+    spec.gpu_class = Some(class("h100-80gb"));
+    sim.submit(spec);
+    let id = sim.submit(job("one", "k", 1, 1));
+    assert_eq!(sim.state.job(id).unwrap().class(), &class("a10g"));
+}
