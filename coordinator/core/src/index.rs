@@ -29,6 +29,8 @@ pub struct ShareClassIndex {
     pub holding: BTreeSet<HoldingKey>,
     /// GPUs held by the jobs in `holding`.
     pub usage: u64,
+    /// GPUs held by the jobs in `holding` that are PREEMPTING.
+    pub preempting: u64,
 }
 
 /// One node's GPUs of one class, as the placement search sees them.
@@ -251,6 +253,9 @@ impl Index {
             let before = index.usage;
             index.usage += u64::from(job.gpus());
             let after = index.usage;
+            if job.state == JobState::Preempting {
+                index.preempting += u64::from(job.gpus());
+            }
             self.adjust_reserved(data, &share, &class, before, after);
             *self.node_alloc.entry(alloc.node).or_insert(0) |= alloc.gpu_mask;
             self.node_jobs.entry(alloc.node).or_default().insert(job.id);
@@ -296,6 +301,9 @@ impl Index {
             let before = index.usage;
             index.usage -= u64::from(job.gpus());
             let after = index.usage;
+            if job.state == JobState::Preempting {
+                index.preempting -= u64::from(job.gpus());
+            }
             self.adjust_reserved(data, share, &class, before, after);
             if let Some(mask) = self.node_alloc.get_mut(&alloc.node) {
                 *mask &= !alloc.gpu_mask;

@@ -148,6 +148,8 @@ struct Round<'a> {
     placed: HashSet<JobId>,
     /// Jobs this round asked to preempt.
     victims: HashSet<JobId>,
+    /// GPUs of this round's victims per (share, class).
+    victim_gpus: BTreeMap<(&'a str, &'a GpuClass), u64>,
     /// Usage of (share, class) pairs without a queue never changes in a round.
     queue_of: BTreeMap<(&'a str, &'a GpuClass), usize>,
 }
@@ -195,6 +197,7 @@ impl<'a> Round<'a> {
             reserved_idle,
             placed: HashSet::new(),
             victims: HashSet::new(),
+            victim_gpus: BTreeMap::new(),
             queue_of,
         }
     }
@@ -485,14 +488,22 @@ impl<'a> Round<'a> {
     /// Borrowed jobs of a class across shares, in victim order: lowest priority first, then
     /// most recently started (least work lost). A share's jobs ranked by (priority desc, start
     /// asc) beyond its limit are its borrowed ones; jobs already stopping do not count.
+    /// A lazy merge of one stream per borrowing share, so a search that succeeds early costs
+    /// little; it stops after `RECLAIM_CANDIDATES_SCAN_MAX` candidates.
     fn borrowed_candidates(&self, class: &GpuClass) -> Vec<JobId> {
-        let mut streams: Vec<(u64, u64, Vec<JobId>)> = Vec::new();
-        for (share_name, classes) in &self.state.index.shares {
+        struct Stream<'s> {
+            jobs: std::iter::Rev<std::collections::btree_set::Iter<'s, crate::index::HoldingKey>>,
+            remaining: u64,
+            limit: u64,
+        }
+        let mut streams: Vec<Stream<'a>> = Vec::new();
+        let mut heap = BinaryHeap::new();
+        let state: &'a State = self.state;
+        for (share_name, classes) in &state.index.shares {
             let Some(index) = classes.get(class) else {
                 continue;
             };
-            let limit = self
-                .state
+            let limit = state
                 .data
                 .shares
                 .get(share_name)
@@ -500,34 +511,51 @@ impl<'a> Round<'a> {
             if index.usage <= limit {
                 continue;
             }
-            streams.push((limit, 0, Vec::new()));
-            let stream = streams.last_mut().expect("just pushed");
-            let mut remaining: u64 = index
-                .holding
-                .iter()
-                .map(|(_, _, id)| *id)
-                .filter(|id| !self.stopping(*id))
-                .map(|id| u64::from(self.job(id).gpus()))
-                .sum();
-            for &(_, _, id) in index.holding.iter().rev() {
-                if remaining <= limit || stream.2.len() >= RECLAIM_CANDIDATES_SCAN_MAX {
-                    break;
-                }
-                if self.stopping(id) {
+            let victims_this_round = self
+                .victim_gpus
+                .get(&(share_name.as_str(), class))
+                .copied()
+                .unwrap_or(0);
+            let remaining = index.usage - index.preempting - victims_this_round;
+            streams.push(Stream {
+                jobs: index.holding.iter().rev(),
+                remaining,
+                limit,
+            });
+        }
+        let next = |round: &Self, stream: &mut Stream<'a>| -> Option<JobId> {
+            if stream.remaining <= stream.limit {
+                return None;
+            }
+            for &(_, _, id) in stream.jobs.by_ref() {
+                if round.stopping(id) {
                     continue;
                 }
-                stream.2.push(id);
-                remaining -= u64::from(self.job(id).gpus());
+                stream.remaining -= u64::from(round.job(id).gpus());
+                return Some(id);
             }
-            stream.1 = remaining;
+            None
+        };
+        let key = |round: &Self, id: JobId| {
+            let job = round.job(id);
+            Reverse((job.priority(), Reverse(job.placed_index), Reverse(id)))
+        };
+        for (i, stream) in streams.iter_mut().enumerate() {
+            if let Some(id) = next(self, stream) {
+                heap.push((key(self, id), i, id));
+            }
         }
-        let mut merged: Vec<JobId> = streams.into_iter().flat_map(|s| s.2).collect();
-        merged.sort_by_key(|id| {
-            let job = self.job(*id);
-            (job.priority(), Reverse(job.placed_index), *id)
-        });
-        merged.truncate(RECLAIM_CANDIDATES_SCAN_MAX);
-        merged
+        let mut out = Vec::new();
+        while let Some((_, i, id)) = heap.pop() {
+            out.push(id);
+            if out.len() >= RECLAIM_CANDIDATES_SCAN_MAX {
+                break;
+            }
+            if let Some(id) = next(self, &mut streams[i]) {
+                heap.push((key(self, id), i, id));
+            }
+        }
+        out
     }
 
     fn stopping(&self, id: JobId) -> bool {
@@ -548,6 +576,7 @@ impl<'a> Round<'a> {
                 .index
                 .share_class(&queue.share.name, queue.class)
                 .expect("a queue has an index entry");
+            // Reverse rank order is victim order: lowest priority, most recently started.
             let candidates: Vec<JobId> = index
                 .holding
                 .iter()
@@ -557,11 +586,6 @@ impl<'a> Round<'a> {
                 .take_while(|id| self.job(*id).priority() < job.priority())
                 .take(IN_SHARE_CANDIDATES_SCAN_MAX)
                 .collect();
-            let mut candidates = candidates;
-            candidates.sort_by_key(|id| {
-                let j = self.job(*id);
-                (j.priority(), Reverse(j.placed_index), *id)
-            });
             if let Some((node, victims)) = self.choose_victims(q, job, candidates) {
                 self.nominate(q, job, node, victims, PreemptionKind::InShare);
             }
@@ -693,6 +717,11 @@ impl<'a> Round<'a> {
 
     fn preempt(&mut self, job: JobId, kind: PreemptionKind, for_job: Option<JobId>) {
         if self.victims.insert(job) {
+            let record = self.job(job);
+            *self
+                .victim_gpus
+                .entry((record.spec.share.as_str(), record.class()))
+                .or_insert(0) += u64::from(record.gpus());
             self.plan
                 .actions
                 .push(PlanAction::Preempt { job, kind, for_job });

@@ -249,3 +249,18 @@ impl State {
         self.index.holding(share, class).collect()
     }
 }
+
+impl State {
+    /// GPUs of a class free for new placements (not held, not nominated), on schedulable nodes.
+    pub fn index_available(&self, class: &GpuClass) -> u64 {
+        self.index
+            .capacity
+            .get(class)
+            .map_or(0, |c| c.available_total)
+    }
+
+    /// The idle quota of `reserve` shares for a class.
+    pub fn index_reserved(&self, class: &GpuClass) -> u64 {
+        self.index.reserved_idle(class)
+    }
+}

@@ -10,7 +10,11 @@ use support::*;
 
 fn fleet(sim: &mut Sim, nodes: u32, gpus: u32) {
     for n in 1..=nodes {
-        sim.ok(Command::RegisterNode(node(&format!("node-{n}"), gpus, "a10g")));
+        sim.ok(Command::RegisterNode(node(
+            &format!("node-{n}"),
+            gpus,
+            "a10g",
+        )));
     }
 }
 
@@ -59,7 +63,11 @@ fn a_reserve_share_never_lends() {
     let mut sim = Sim::new();
     fleet(&mut sim, 2, 1);
     sim.ok(Command::CreateShare(lab("borrower", 1, None, false)));
-    sim.ok(Command::CreateShare(share("reserved", Strategy::Reserve, 1)));
+    sim.ok(Command::CreateShare(share(
+        "reserved",
+        Strategy::Reserve,
+        1,
+    )));
     let a = sim.submit(job("borrower", "a", 1, 1));
     let b = sim.submit(job("borrower", "b", 1, 1));
     sim.settle();
@@ -98,11 +106,19 @@ fn borrowing_stays_within_the_borrow_limit() {
     let mut sim = Sim::new();
     fleet(&mut sim, 1, 8);
     sim.ok(Command::CreateShare(lab("a", 2, Some(50), false)));
-    let jobs: Vec<_> = (0..5).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    let jobs: Vec<_> = (0..5)
+        .map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1)))
+        .collect();
     sim.settle();
-    let running = jobs.iter().filter(|j| sim.state_of(**j) == JobState::Running).count();
+    let running = jobs
+        .iter()
+        .filter(|j| sim.state_of(**j) == JobState::Running)
+        .count();
     assert_eq!(running, 3, "limit 2 plus 50% = 3");
-    let waiting = jobs.iter().find(|j| sim.state_of(**j) == JobState::Runnable).unwrap();
+    let waiting = jobs
+        .iter()
+        .find(|j| sim.state_of(**j) == JobState::Runnable)
+        .unwrap();
     assert!(matches!(
         sim.state.job(*waiting).unwrap().reason,
         Some(WaitReason::BorrowLimit { cap: 3, .. })
@@ -116,11 +132,17 @@ fn borrowing_uses_the_free_pool_and_lent_quota() {
     fleet(&mut sim, 1, 4);
     sim.ok(Command::CreateShare(lab("a", 1, None, false)));
     sim.ok(Command::CreateShare(share("b", Strategy::Lend, 1)));
-    let jobs: Vec<_> = (0..4).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    let jobs: Vec<_> = (0..4)
+        .map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1)))
+        .collect();
     sim.settle();
     assert!(jobs.iter().all(|j| sim.state_of(*j) == JobState::Running));
     assert_eq!(sim.account("a"), (4, 3, 0));
-    assert_eq!(sim.account("b"), (0, 0, 1), "one from b, two from the free pool");
+    assert_eq!(
+        sim.account("b"),
+        (0, 0, 1),
+        "one from b, two from the free pool"
+    );
 }
 
 /// Cross-share reclaim takes only borrowed jobs, never a job within its share's quota.
@@ -162,7 +184,11 @@ fn reclaim_takes_the_lowest_priority_borrowed_job_and_no_more_than_needed() {
     let b = sim.submit(job("b", "b", 1, 1));
     let plan = sim.round();
     let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
-    assert_eq!(victims, vec![p3_new], "lowest priority, most recently started, one job only");
+    assert_eq!(
+        victims,
+        vec![p3_new],
+        "lowest priority, most recently started, one job only"
+    );
     sim.settle();
     assert_eq!(sim.state_of(b), JobState::Running);
     for j in [keep, p3_old, p5] {
@@ -177,7 +203,9 @@ fn reclaim_victims_sit_on_one_node() {
     fleet(&mut sim, 2, 2);
     sim.ok(Command::CreateShare(lab("a", 1, None, false)));
     sim.ok(Command::CreateShare(share("b", Strategy::Lend, 2)));
-    let a: Vec<_> = (0..4).map(|i| sim.submit(job("a", &format!("a{i}"), 1 + i, 1))).collect();
+    let a: Vec<_> = (0..4)
+        .map(|i| sim.submit(job("a", &format!("a{i}"), 1 + i, 1)))
+        .collect();
     sim.settle();
     assert!(a.iter().all(|j| sim.state_of(*j) == JobState::Running));
     let b = sim.submit(job("b", "b", 1, 2));
@@ -189,7 +217,10 @@ fn reclaim_victims_sit_on_one_node() {
         .map(|v| sim.state.job(*v).unwrap().allocation.unwrap().node)
         .collect();
     assert_eq!(nodes.len(), 1, "both victims on one node");
-    assert!(!victims.contains(&a[3]), "the highest-priority job is within the limit");
+    assert!(
+        !victims.contains(&a[3]),
+        "the highest-priority job is within the limit"
+    );
     sim.settle();
     assert_eq!(sim.state_of(b), JobState::Running);
 }
@@ -268,7 +299,10 @@ fn a_priority_update_triggers_in_share_preemption() {
     let queued = sim.submit(job("a", "queued", 1, 1));
     sim.settle();
     assert_eq!(sim.state_of(queued), JobState::Runnable);
-    sim.ok(Command::UpdateJobPriority { job: queued, priority: 6 });
+    sim.ok(Command::UpdateJobPriority {
+        job: queued,
+        priority: 6,
+    });
     sim.settle();
     assert_eq!(sim.state_of(queued), JobState::Running);
     assert_eq!(sim.state_of(running), JobState::Runnable);
@@ -323,7 +357,9 @@ fn placement_packs_to_keep_whole_nodes_free() {
     let mut sim = Sim::new();
     fleet(&mut sim, 2, 4);
     sim.ok(Command::CreateShare(share("a", Strategy::Lend, 8)));
-    let small: Vec<_> = (0..3).map(|i| sim.submit(job("a", &format!("s{i}"), 1, 1))).collect();
+    let small: Vec<_> = (0..3)
+        .map(|i| sim.submit(job("a", &format!("s{i}"), 1, 1)))
+        .collect();
     sim.settle();
     let nodes: std::collections::BTreeSet<_> = small
         .iter()
@@ -341,11 +377,22 @@ fn placement_uses_only_healthy_gpus_on_schedulable_nodes() {
     let mut sim = Sim::new();
     fleet(&mut sim, 3, 1);
     sim.ok(Command::CreateShare(share("a", Strategy::Lend, 3)));
-    sim.ok(Command::CordonNode { node: "node-1".into() });
-    sim.ok(Command::SetGpuHealth { node: "node-2".into(), index: 0, healthy: false });
-    let jobs: Vec<_> = (0..3).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    sim.ok(Command::CordonNode {
+        node: "node-1".into(),
+    });
+    sim.ok(Command::SetGpuHealth {
+        node: "node-2".into(),
+        index: 0,
+        healthy: false,
+    });
+    let jobs: Vec<_> = (0..3)
+        .map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1)))
+        .collect();
     sim.settle();
-    let running: Vec<_> = jobs.iter().filter(|j| sim.state_of(**j) == JobState::Running).collect();
+    let running: Vec<_> = jobs
+        .iter()
+        .filter(|j| sim.state_of(**j) == JobState::Running)
+        .collect();
     assert_eq!(running.len(), 1);
     let node = sim.state.job(*running[0]).unwrap().allocation.unwrap().node;
     assert_eq!(sim.state.node(node).unwrap().name, "node-3");
@@ -384,13 +431,18 @@ fn every_job_left_runnable_has_a_reason() {
     let mut sim = Sim::new();
     fleet(&mut sim, 1, 1);
     sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
-    let jobs: Vec<_> = (0..4).map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1))).collect();
+    let jobs: Vec<_> = (0..4)
+        .map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1)))
+        .collect();
     sim.settle();
     for j in jobs.iter().skip(1) {
         let e = explain(&sim.state, *j).unwrap();
         assert!(e.summary.contains("waits"), "{}", e.summary);
     }
-    assert!(explain(&sim.state, jobs[2]).unwrap().summary.contains("queued behind"));
+    assert!(explain(&sim.state, jobs[2])
+        .unwrap()
+        .summary
+        .contains("queued behind"));
 }
 
 /// A preempted job that exits after its signal is requeued, not failed.
@@ -427,7 +479,13 @@ fn a_lost_node_requeues_its_jobs() {
     sim.ok(Command::MarkNodeLost { node: name.clone() });
     assert_eq!(sim.state_of(j), JobState::Runnable);
     assert_eq!(
-        sim.state.job(j).unwrap().last_preemption.as_ref().unwrap().kind,
+        sim.state
+            .job(j)
+            .unwrap()
+            .last_preemption
+            .as_ref()
+            .unwrap()
+            .kind,
         PreemptionKind::NodeLost
     );
     sim.settle();
@@ -453,7 +511,10 @@ fn draining_a_node_moves_its_jobs_off() {
     sim.settle();
     assert_eq!(sim.state_of(j), JobState::Running);
     assert_ne!(sim.state.job(j).unwrap().allocation.unwrap().node, node);
-    assert_eq!(sim.state.node_by_name(&name).unwrap().state, NodeState::Draining);
+    assert_eq!(
+        sim.state.node_by_name(&name).unwrap().state,
+        NodeState::Draining
+    );
 }
 
 /// Cancelling a running job stops it through its agent; its GPUs stay held until it exits.
@@ -468,7 +529,11 @@ fn cancelling_a_running_job_holds_its_gpus_until_it_exits() {
     sim.ok(Command::CancelJob { job: j });
     assert_eq!(sim.state_of(j), JobState::Preempting);
     sim.round();
-    assert_eq!(sim.state_of(next), JobState::Runnable, "the GPU is still held");
+    assert_eq!(
+        sim.state_of(next),
+        JobState::Runnable,
+        "the GPU is still held"
+    );
     sim.settle();
     assert_eq!(sim.state_of(j), JobState::Cancelled);
     assert_eq!(sim.state_of(next), JobState::Running);
@@ -490,7 +555,10 @@ fn a_share_is_disabled_before_it_is_deleted() {
         Outcome::Rejected(Rejection::ShareEnabled("a".into()))
     );
     sim.ok(Command::DisableShare { name: "a".into() });
-    assert_eq!(sim.state.share("a").unwrap().spec.state, ShareState::Disabled);
+    assert_eq!(
+        sim.state.share("a").unwrap().spec.state,
+        ShareState::Disabled
+    );
     assert!(matches!(
         sim.apply(Command::SubmitJob(job("a", "late", 1, 1))),
         Outcome::Rejected(Rejection::ShareDisabled(_))
@@ -514,7 +582,17 @@ fn submit_is_idempotent_by_key() {
     spec.idempotency_key = Some("k-1".into());
     let first = sim.apply(Command::SubmitJob(spec.clone()));
     let second = sim.apply(Command::SubmitJob(spec));
-    let (Outcome::JobSubmitted { job: a, duplicate: false }, Outcome::JobSubmitted { job: b, duplicate: true }) = (first, second) else {
+    let (
+        Outcome::JobSubmitted {
+            job: a,
+            duplicate: false,
+        },
+        Outcome::JobSubmitted {
+            job: b,
+            duplicate: true,
+        },
+    ) = (first, second)
+    else {
         panic!("unexpected outcomes");
     };
     assert_eq!(a, b);
@@ -537,8 +615,13 @@ fn invalid_commands_are_rejected_and_change_nothing() {
             s
         }),
         Command::DeleteShare { name: "a".into() },
-        Command::UpdateJobPriority { job: quotient_common::JobId(99), priority: 1 },
-        Command::CordonNode { node: "ghost".into() },
+        Command::UpdateJobPriority {
+            job: quotient_common::JobId(99),
+            priority: 1,
+        },
+        Command::CordonNode {
+            node: "ghost".into(),
+        },
     ];
     for command in cases {
         let outcome = sim.apply(command.clone());
@@ -546,13 +629,18 @@ fn invalid_commands_are_rejected_and_change_nothing() {
         // Only the applied index moves.
         let mut data = sim.state.data().clone();
         data.last_applied_index = 1;
-        let mut expected = quotient_core::State::from_snapshot_bytes(&before).unwrap().data().clone();
+        let mut expected = quotient_core::State::from_snapshot_bytes(&before)
+            .unwrap()
+            .data()
+            .clone();
         expected.last_applied_index = 1;
         assert_eq!(data, expected, "{command:?} changed the state");
     }
     assert_eq!(
         sim.apply(Command::SubmitJob(job("a", "j", 10_000, 1))),
-        Outcome::Rejected(Rejection::Invalid(quotient_common::SpecError::Priority(10_000)))
+        Outcome::Rejected(Rejection::Invalid(quotient_common::SpecError::Priority(
+            10_000
+        )))
     );
 }
 

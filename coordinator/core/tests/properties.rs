@@ -1,0 +1,455 @@
+//! Property tests: safety and liveness of the core over random fleets, shares and histories.
+//!
+//! Each case prints its seed on failure; rerun it with `PROPTEST_SEED` or from the
+//! regression file proptest writes beside this test.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use proptest::strategy::Strategy as _;
+use quotient_common::{JobId, JobState, ShareSpec, ShareState, ShareUpdate, Strategy};
+use quotient_core::{plan, Command, Outcome, PlanAction, PreemptionKind, State};
+use support::*;
+
+const CLASSES: [&str; 2] = ["a10g", "h100-80gb"];
+
+#[derive(Debug, Clone)]
+struct ShareGen {
+    strategy: Strategy,
+    limits: Vec<u32>,
+    borrow: Option<u32>,
+    in_share: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Submit {
+        share: usize,
+        class: usize,
+        priority: u32,
+        gpus: u32,
+    },
+    Priority {
+        job: usize,
+        priority: u32,
+    },
+    Finish {
+        job: usize,
+        code: i32,
+    },
+    Cancel {
+        job: usize,
+    },
+    Lose {
+        node: usize,
+    },
+    Register {
+        node: usize,
+    },
+    Cordon {
+        node: usize,
+    },
+    Uncordon {
+        node: usize,
+    },
+    Unhealthy {
+        node: usize,
+        gpu: u32,
+    },
+    SetLimit {
+        share: usize,
+        class: usize,
+        limit: u32,
+    },
+    Round,
+    Start,
+    Stop,
+}
+
+fn share_gen() -> impl proptest::strategy::Strategy<Value = ShareGen> {
+    (
+        prop_oneof![
+            Just(Strategy::Reserve),
+            Just(Strategy::Lend),
+            Just(Strategy::LendAndBorrow)
+        ],
+        prop::collection::vec(0u32..5, 2),
+        prop::option::of(0u32..300),
+        any::<bool>(),
+    )
+        .prop_map(|(strategy, limits, borrow, in_share)| ShareGen {
+            strategy,
+            limits,
+            borrow: if strategy == Strategy::LendAndBorrow {
+                borrow
+            } else {
+                None
+            },
+            in_share,
+        })
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..5, 0usize..2, 0u32..10, 1u32..5).prop_map(|(share, class, priority, gpus)| Op::Submit { share, class, priority, gpus }),
+        2 => (0usize..64, 0u32..10).prop_map(|(job, priority)| Op::Priority { job, priority }),
+        2 => (0usize..64, 0i32..2).prop_map(|(job, code)| Op::Finish { job, code }),
+        1 => (0usize..64).prop_map(|job| Op::Cancel { job }),
+        1 => (0usize..6).prop_map(|node| Op::Lose { node }),
+        1 => (0usize..6).prop_map(|node| Op::Register { node }),
+        1 => (0usize..6).prop_map(|node| Op::Cordon { node }),
+        1 => (0usize..6).prop_map(|node| Op::Uncordon { node }),
+        1 => (0usize..6, 0u32..8).prop_map(|(node, gpu)| Op::Unhealthy { node, gpu }),
+        1 => (0usize..5, 0usize..2, 1u32..6).prop_map(|(share, class, limit)| Op::SetLimit { share, class, limit }),
+        6 => Just(Op::Round),
+        4 => Just(Op::Start),
+        3 => Just(Op::Stop),
+    ]
+}
+
+fn fleet_gen() -> impl proptest::strategy::Strategy<Value = Vec<(u32, usize)>> {
+    prop::collection::vec((1u32..9, 0usize..2), 1..6)
+}
+
+fn share_spec(i: usize, g: &ShareGen) -> ShareSpec {
+    let mut limits = BTreeMap::new();
+    for (c, limit) in g.limits.iter().enumerate() {
+        if *limit > 0 {
+            limits.insert(class(CLASSES[c]), *limit);
+        }
+    }
+    if limits.is_empty() {
+        limits.insert(class(CLASSES[0]), 1);
+    }
+    ShareSpec {
+        name: format!("s{i}"),
+        limits,
+        strategy: g.strategy,
+        borrow_limit_percent: g.borrow,
+        in_share_preemption: g.in_share,
+        state: ShareState::Enabled,
+    }
+}
+
+struct Model {
+    sim: Sim,
+    fleet: Vec<(u32, usize)>,
+    jobs: Vec<JobId>,
+    /// Shares whose limit was lowered at some point: their usage may exceed it.
+    lowered: BTreeSet<String>,
+    shares: usize,
+}
+
+impl Model {
+    fn new(fleet: Vec<(u32, usize)>, shares: &[ShareGen]) -> Model {
+        let mut sim = Sim::new();
+        for (n, (gpus, c)) in fleet.iter().enumerate() {
+            sim.ok(Command::RegisterNode(node(
+                &format!("n{n}"),
+                *gpus,
+                CLASSES[*c],
+            )));
+        }
+        for (i, g) in shares.iter().enumerate() {
+            sim.ok(Command::CreateShare(share_spec(i, g)));
+        }
+        Model {
+            sim,
+            fleet,
+            jobs: Vec::new(),
+            lowered: BTreeSet::new(),
+            shares: shares.len(),
+        }
+    }
+
+    fn node_name(&self, node: usize) -> Option<String> {
+        (node < self.fleet.len()).then(|| format!("n{node}"))
+    }
+
+    fn run(&mut self, op: &Op) {
+        match op {
+            Op::Submit {
+                share,
+                class: c,
+                priority,
+                gpus,
+            } => {
+                let mut spec = job(&format!("s{}", share % self.shares), "j", *priority, *gpus);
+                spec.gpu_class = Some(class(CLASSES[*c]));
+                if let Outcome::JobSubmitted { job, .. } = self.sim.apply(Command::SubmitJob(spec))
+                {
+                    self.jobs.push(job);
+                }
+            }
+            Op::Priority { job, priority } => {
+                if let Some(id) = self.jobs.get(*job).copied() {
+                    self.sim.apply(Command::UpdateJobPriority {
+                        job: id,
+                        priority: *priority,
+                    });
+                }
+            }
+            Op::Finish { job, code } => {
+                if let Some(id) = self.jobs.get(*job).copied() {
+                    let record = self.sim.state.job(id).unwrap();
+                    if matches!(record.state, JobState::Running | JobState::Starting) {
+                        self.sim.finish(id, *code);
+                    }
+                }
+            }
+            Op::Cancel { job } => {
+                if let Some(id) = self.jobs.get(*job).copied() {
+                    self.sim.apply(Command::CancelJob { job: id });
+                }
+            }
+            Op::Lose { node } => {
+                if let Some(name) = self.node_name(*node) {
+                    self.sim.apply(Command::MarkNodeLost { node: name });
+                }
+            }
+            Op::Register { node: n } => {
+                if let Some(name) = self.node_name(*n) {
+                    let (gpus, c) = self.fleet[*n];
+                    self.sim
+                        .ok(Command::RegisterNode(node(&name, gpus, CLASSES[c])));
+                }
+            }
+            Op::Cordon { node } => {
+                if let Some(name) = self.node_name(*node) {
+                    self.sim.apply(Command::CordonNode { node: name });
+                }
+            }
+            Op::Uncordon { node } => {
+                if let Some(name) = self.node_name(*node) {
+                    self.sim.apply(Command::SetNodeState {
+                        node: name,
+                        state: quotient_common::NodeState::Ready,
+                    });
+                }
+            }
+            Op::Unhealthy { node, gpu } => {
+                if let Some(name) = self.node_name(*node) {
+                    self.sim.apply(Command::SetGpuHealth {
+                        node: name,
+                        index: *gpu,
+                        healthy: false,
+                    });
+                }
+            }
+            Op::SetLimit {
+                share,
+                class: c,
+                limit,
+            } => {
+                let name = format!("s{}", share % self.shares);
+                let cls = class(CLASSES[*c]);
+                let old = self
+                    .sim
+                    .state
+                    .share(&name)
+                    .unwrap()
+                    .spec
+                    .limits
+                    .get(&cls)
+                    .copied()
+                    .unwrap_or(0);
+                if *limit < old {
+                    self.lowered.insert(name.clone());
+                }
+                self.sim.apply(Command::UpdateShare {
+                    name,
+                    update: ShareUpdate {
+                        limits: Some([(cls, *limit)].into()),
+                        ..ShareUpdate::default()
+                    },
+                });
+            }
+            Op::Round => self.round_checked(),
+            Op::Start => {
+                self.sim.agents_start();
+            }
+            Op::Stop => {
+                self.sim.agents_stop();
+            }
+        }
+        self.check_state();
+    }
+
+    /// Runs a round and checks the plan's safety properties against the state it came from.
+    fn round_checked(&mut self) {
+        let before = self.sim.state.clone();
+        let p = plan(&before);
+        // Replicas decide alike: a state restored from a snapshot plans the same round.
+        let restored = State::from_snapshot_bytes(&before.to_snapshot_bytes()).unwrap();
+        assert_eq!(plan(&restored), p, "a restored replica planned differently");
+        let mut placed_classes = BTreeSet::new();
+        for action in &p.actions {
+            match action {
+                PlanAction::Preempt {
+                    job,
+                    kind: PreemptionKind::InShare,
+                    for_job,
+                } => {
+                    let victim = before.job(*job).unwrap();
+                    let for_job = before.job(for_job.unwrap()).unwrap();
+                    assert!(
+                        victim.priority() < for_job.priority(),
+                        "in-share victim {job} has priority >= its beneficiary"
+                    );
+                    assert_eq!(victim.spec.share, for_job.spec.share);
+                }
+                PlanAction::Preempt {
+                    job,
+                    kind: PreemptionKind::Reclaim,
+                    ..
+                } => {
+                    let victim = before.job(*job).unwrap();
+                    assert!(
+                        before.is_borrowed(victim),
+                        "cross-share victim {job} is within its share's quota"
+                    );
+                }
+                PlanAction::Place { job, .. } => {
+                    let j = before.job(*job).unwrap();
+                    let share = before.share(&j.spec.share).unwrap();
+                    if share.spec.strategy != Strategy::Reserve {
+                        placed_classes.insert(j.class().clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.sim.round();
+        // A reserve share's idle quota is never used by another share: after others were
+        // placed, at least that much stays free.
+        for c in placed_classes {
+            let available = self.sim.state.index_available(&c);
+            let reserved = self.sim.state.index_reserved(&c);
+            assert!(
+                available >= reserved,
+                "class {c}: {available} free < {reserved} reserved idle"
+            );
+        }
+    }
+
+    fn check_state(&self) {
+        for share in self.sim.state.shares() {
+            if self.lowered.contains(&share.spec.name) {
+                continue;
+            }
+            for c in share.spec.limits.keys() {
+                let usage = self.sim.state.usage(&share.spec.name, c);
+                let cap = share.spec.usage_cap(c);
+                if let Some(cap) = cap {
+                    assert!(
+                        usage <= cap,
+                        "share {} uses {usage} {c}, cap {cap}",
+                        share.spec.name
+                    );
+                }
+            }
+        }
+    }
+
+    /// Brings every node back, then lets the cluster settle with no new submissions.
+    fn settle_fully(&mut self) {
+        for n in 0..self.fleet.len() {
+            let (gpus, c) = self.fleet[n];
+            self.sim.ok(Command::RegisterNode(node(
+                &format!("n{n}"),
+                gpus,
+                CLASSES[c],
+            )));
+            self.sim.apply(Command::SetNodeState {
+                node: format!("n{n}"),
+                state: quotient_common::NodeState::Ready,
+            });
+        }
+        self.sim.settle();
+        // Settled means the next round changes nothing.
+        let p = plan(&self.sim.state);
+        assert!(
+            p.actions.is_empty(),
+            "settled state still plans {:?}",
+            p.actions
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Safety over random histories: no GPU given twice (validate), reserve idle quota never
+    /// used by others, usage within caps, in-share victims of lower priority, cross-share
+    /// victims always borrowed, replicas deterministic; and the end state settles with no loop.
+    #[test]
+    fn safety_holds_over_random_histories(
+        fleet in fleet_gen(),
+        shares in prop::collection::vec(share_gen(), 1..5),
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let mut model = Model::new(fleet, &shares);
+        for op in &ops {
+            model.run(op);
+        }
+        model.settle_fully();
+    }
+
+    /// The same command sequence gives byte-identical snapshots, replayed or restored.
+    #[test]
+    fn the_same_commands_give_byte_identical_snapshots(
+        fleet in fleet_gen(),
+        shares in prop::collection::vec(share_gen(), 1..5),
+        ops in prop::collection::vec(op(), 1..60),
+        cut in 0usize..60,
+    ) {
+        let mut model = Model::new(fleet, &shares);
+        for op in &ops {
+            model.run(op);
+        }
+        let log = model.sim.log.clone();
+        let mut replay = State::new();
+        let mut restored: Option<State> = None;
+        for (i, (command, ctx)) in log.iter().enumerate() {
+            quotient_core::apply(&mut replay, command.clone(), *ctx);
+            if let Some(r) = restored.as_mut() {
+                quotient_core::apply(r, command.clone(), *ctx);
+            }
+            if i == cut.min(log.len() - 1) {
+                restored = Some(State::from_snapshot_bytes(&replay.to_snapshot_bytes()).unwrap());
+            }
+        }
+        prop_assert_eq!(replay.to_snapshot_bytes(), model.sim.state.to_snapshot_bytes());
+        prop_assert_eq!(restored.unwrap().to_snapshot_bytes(), model.sim.state.to_snapshot_bytes());
+    }
+
+    /// With enough capacity and no new submissions, every RUNNABLE job that fits is placed.
+    #[test]
+    fn with_enough_capacity_every_job_that_fits_is_placed(
+        jobs in prop::collection::vec((0usize..4, 0u32..10, 1u32..5), 1..40),
+        in_share in any::<bool>(),
+        priority_changes in prop::collection::vec((0usize..40, 0u32..10), 0..10),
+    ) {
+        let demand: u32 = jobs.iter().map(|j| j.2).sum();
+        let nodes = (2 * demand).div_ceil(8) + 1;
+        let fleet = vec![(8u32, 0usize); nodes as usize];
+        let shares: Vec<ShareGen> = (0..4).map(|_| ShareGen {
+            strategy: Strategy::LendAndBorrow, limits: vec![1, 0], borrow: None, in_share,
+        }).collect();
+        let mut model = Model::new(fleet, &shares);
+        for (share, priority, gpus) in &jobs {
+            model.run(&Op::Submit { share: *share, class: 0, priority: *priority, gpus: *gpus });
+        }
+        model.run(&Op::Round);
+        for (job, priority) in &priority_changes {
+            model.run(&Op::Priority { job: *job, priority: *priority });
+            model.run(&Op::Round);
+        }
+        model.settle_fully();
+        for id in &model.jobs {
+            prop_assert_eq!(model.sim.state_of(*id), JobState::Running, "{} is not running", id);
+        }
+    }
+}
