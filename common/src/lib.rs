@@ -8,15 +8,29 @@
 //! - [`node`]: node inventory (GPUs per host) and node states.
 //! - [`spec_error`]: the validation error every spec returns, worded to say what to do.
 //!
-//! Everything here is plain data with `serde` derives and no clock or I/O, so the pure
-//! state machine in `quotient-core` can replicate it byte for byte.
+//! With the `net` feature (the coordinator, agent and CLI turn it on):
+//! - `certs`: the cluster CA and certificates that carry a role and a name (rcgen).
+//! - `frame`: length-prefixed bincode frames, size-checked before decoding.
+//! - `tls`: rustls configs with the ring provider, mutual TLS required.
+//! - `transport`: QUIC endpoints (quinn), peer identities, request/response helpers.
+//!
+//! Without it, everything here is plain data with `serde` derives and no clock or I/O, so the
+//! pure state machine in `quotient-core` can replicate it byte for byte and links no tokio.
 
+#[cfg(feature = "net")]
+pub mod certs;
+#[cfg(feature = "net")]
+pub mod frame;
 pub mod gpu_class;
 pub mod job;
 pub mod name;
 pub mod node;
 pub mod share;
 pub mod spec_error;
+#[cfg(feature = "net")]
+pub mod tls;
+#[cfg(feature = "net")]
+pub mod transport;
 
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};

@@ -1,0 +1,74 @@
+//! `quotient certs issue --dir DIR --role ROLE --name NAME [--san HOST ...]`: a certificate
+//! and key for one coordinator, agent, admin or user, signed by DIR's CA.
+//!
+//! The role and name go into the certificate, and the coordinators authorise by them. The
+//! role and the name are checked while parsing, so a bad one is a usage error (exit 2).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use quotient_common::certs::{self, Role};
+use quotient_common::name::validate_name;
+
+/// The role as spelled on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoleArg {
+    Coordinator,
+    Agent,
+    Admin,
+    User,
+}
+
+impl From<RoleArg> for Role {
+    fn from(role: RoleArg) -> Self {
+        match role {
+            RoleArg::Coordinator => Role::Coordinator,
+            RoleArg::Agent => Role::Agent,
+            RoleArg::Admin => Role::Admin,
+            RoleArg::User => Role::User,
+        }
+    }
+}
+
+/// Arguments of `quotient certs issue`.
+#[derive(Debug, clap::Args)]
+pub struct CertsIssueArgs {
+    /// Directory holding the CA (from `quotient certs init`); NAME.pem and NAME-key.pem go here.
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// What the holder is in the cluster.
+    #[arg(long, value_enum)]
+    pub role: RoleArg,
+    /// The holder's name: 1-128 characters of A-Z, a-z, 0-9, '_' and '-'.
+    #[arg(long, value_name = "NAME", value_parser = parse_name)]
+    pub name: String,
+    /// Another host name or IP address the holder serves on (coordinators and agents); repeat
+    /// for several. localhost and 127.0.0.1 are always included for them.
+    #[arg(long = "san", value_name = "HOST")]
+    pub sans: Vec<String>,
+}
+
+fn parse_name(name: &str) -> Result<String, String> {
+    validate_name("certificate", name)
+        .map(|()| name.to_string())
+        .map_err(|error| error.to_string())
+}
+
+/// Issues the certificate and says where it went.
+pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
+    let role = Role::from(args.role);
+    let files = certs::issue(&args.dir, role, &args.name, &args.sans).with_context(|| {
+        format!(
+            "cannot issue a {role} certificate for {} in {}",
+            args.name,
+            args.dir.display()
+        )
+    })?;
+    println!(
+        "wrote {} and {} ({role} {})",
+        files.cert.display(),
+        files.key.display(),
+        args.name
+    );
+    Ok(())
+}

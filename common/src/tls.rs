@@ -1,0 +1,320 @@
+//! Mutual-TLS configuration from the PEM files that `quotient certs` writes.
+//!
+//! A [`TlsIdentity`] is what a process proves itself with and whom it trusts: the cluster CA,
+//! its own certificate chain and private key. Loading checks that the certificate carries a
+//! Quotient identity and chains to the CA, so a misconfigured process fails at start with a
+//! message naming the file, instead of every peer later refusing an unexplained handshake.
+//! Configs use rustls's ring provider explicitly ([`crypto_provider`]) and never the process
+//! default, so nothing depends on which provider another crate happens to install, and TLS 1.3
+//! only, as QUIC requires. Servers demand a client certificate signed by the CA; there is no
+//! anonymous access anywhere in a cluster.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::ServerCertVerifier;
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, RootCertStore};
+
+use crate::certs::{self, IdentityError, PeerIdentity};
+
+/// The TLS protocol versions Quotient speaks: 1.3 only (QUIC requires it).
+pub static PROTOCOL_VERSIONS: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+/// The crypto provider of every Quotient TLS config: ring, never the process default.
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The three PEM files a process needs: the cluster CA, its certificate and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// The files `quotient certs` writes for `name` in `dir`: `ca.pem`, `NAME.pem`,
+    /// `NAME-key.pem`.
+    pub fn in_dir(dir: &Path, name: &str) -> Self {
+        let issued = certs::issued_files(dir, name);
+        TlsFiles {
+            ca: certs::ca_files(dir).cert,
+            cert: issued.cert,
+            key: issued.key,
+        }
+    }
+}
+
+/// Which of the three files a [`TlsError`] is about; decides the hint on what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFileKind {
+    Ca,
+    Cert,
+    Key,
+}
+
+impl TlsFileKind {
+    fn describe(self) -> &'static str {
+        match self {
+            TlsFileKind::Ca => "the cluster CA certificate",
+            TlsFileKind::Cert => "the certificate",
+            TlsFileKind::Key => "the private key",
+        }
+    }
+
+    fn hint(self, path: &Path) -> String {
+        let dir = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        match self {
+            TlsFileKind::Ca => format!(
+                "make the CA with `quotient certs init --dir {}` or point the config at the cluster's ca.pem",
+                dir.display()
+            ),
+            TlsFileKind::Cert | TlsFileKind::Key => format!(
+                "issue a certificate and key with `quotient certs issue --dir {} --role ROLE --name NAME`",
+                dir.display()
+            ),
+        }
+    }
+}
+
+/// Why TLS could not be set up. Every message names the file and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {} {}: {source}; {}", kind.describe(), path.display(), kind.hint(path))]
+    Read {
+        kind: TlsFileKind,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} {} holds no usable PEM block ({reason}); {}", kind.describe(), path.display(), kind.hint(path))]
+    Pem {
+        kind: TlsFileKind,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("the certificate {}: {source}; {}", path.display(), TlsFileKind::Cert.hint(path))]
+    Identity {
+        path: PathBuf,
+        #[source]
+        source: IdentityError,
+    },
+    #[error("the certificate {} is not valid under the CA {}: {reason}; issue it from that CA's directory, or use the matching ca.pem", cert.display(), ca.display())]
+    NotSignedByCa {
+        cert: PathBuf,
+        ca: PathBuf,
+        reason: String,
+    },
+    #[error("the key {} does not fit the certificate {}: {reason}; use the NAME-key.pem issued with NAME.pem", key.display(), cert.display())]
+    KeyMismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("TLS configuration failed: {0}")]
+    Config(String),
+}
+
+/// A process's TLS material: whom it trusts (the CA) and what it presents (chain and key).
+#[derive(Debug)]
+pub struct TlsIdentity {
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    identity: PeerIdentity,
+    files: TlsFiles,
+}
+
+impl Clone for TlsIdentity {
+    fn clone(&self) -> Self {
+        TlsIdentity {
+            roots: self.roots.clone(),
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+            identity: self.identity.clone(),
+            files: self.files.clone(),
+        }
+    }
+}
+
+impl TlsIdentity {
+    /// Loads and checks the three files: the certificate must name a Quotient identity and be
+    /// valid under the CA now, and the key must belong to it.
+    pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+        let ca_pem = read(TlsFileKind::Ca, &files.ca)?;
+        let cert_pem = read(TlsFileKind::Cert, &files.cert)?;
+        let key_pem = read(TlsFileKind::Key, &files.key)?;
+
+        let ca_certificates = parse_certificates(TlsFileKind::Ca, &files.ca, &ca_pem)?;
+        let mut roots = RootCertStore::empty();
+        for certificate in ca_certificates {
+            roots.add(certificate).map_err(|error| TlsError::Pem {
+                kind: TlsFileKind::Ca,
+                path: files.ca.clone(),
+                reason: error.to_string(),
+            })?;
+        }
+        let chain = parse_certificates(TlsFileKind::Cert, &files.cert, &cert_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| TlsError::Pem {
+            kind: TlsFileKind::Key,
+            path: files.key.clone(),
+            reason: error.to_string(),
+        })?;
+        let identity =
+            PeerIdentity::from_certificate_der(&chain[0]).map_err(|source| TlsError::Identity {
+                path: files.cert.clone(),
+                source,
+            })?;
+
+        let tls = TlsIdentity {
+            roots: Arc::new(roots),
+            chain,
+            key,
+            identity,
+            files: files.clone(),
+        };
+        tls.check_chain()?;
+        tls.check_key()?;
+        Ok(tls)
+    }
+
+    /// Who this process is, as its certificate says.
+    pub fn identity(&self) -> &PeerIdentity {
+        &self.identity
+    }
+
+    /// The files this identity was loaded from.
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
+    /// A server config that accepts the given ALPN protocols and requires every client to
+    /// present a certificate signed by the CA.
+    pub fn server_config(
+        &self,
+        alpn_protocols: &[&[u8]],
+    ) -> Result<rustls::ServerConfig, TlsError> {
+        let provider = crypto_provider();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone())
+                .build()
+                .map_err(|error| TlsError::Config(error.to_string()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(PROTOCOL_VERSIONS)
+            .map_err(|error| TlsError::Config(error.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|error| self.key_mismatch(error))?;
+        config.alpn_protocols = alpn_protocols.iter().map(|alpn| alpn.to_vec()).collect();
+        Ok(config)
+    }
+
+    /// A client config that offers `alpn`, presents this identity's certificate and trusts
+    /// only servers whose certificate the CA signed.
+    pub fn client_config(&self, alpn: &[u8]) -> Result<rustls::ClientConfig, TlsError> {
+        let mut config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_protocol_versions(PROTOCOL_VERSIONS)
+            .map_err(|error| TlsError::Config(error.to_string()))?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|error| self.key_mismatch(error))?;
+        config.alpn_protocols = vec![alpn.to_vec()];
+        Ok(config)
+    }
+
+    /// Verifies our own chain the way peers will: as a client (every role has client auth),
+    /// and as a server too for roles that accept connections.
+    fn check_chain(&self) -> Result<(), TlsError> {
+        let not_signed = |error: rustls::Error| TlsError::NotSignedByCa {
+            cert: self.files.cert.clone(),
+            ca: self.files.ca.clone(),
+            reason: error.to_string(),
+        };
+        let provider = crypto_provider();
+        let now = UnixTime::now();
+        let (end_entity, intermediates) = (&self.chain[0], &self.chain[1..]);
+        let client_verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone())
+                .build()
+                .map_err(|error| TlsError::Config(error.to_string()))?;
+        client_verifier
+            .verify_client_cert(end_entity, intermediates, now)
+            .map_err(not_signed)?;
+        if self.identity.role.is_server() {
+            let server_verifier =
+                WebPkiServerVerifier::builder_with_provider(self.roots.clone(), provider)
+                    .build()
+                    .map_err(|error| TlsError::Config(error.to_string()))?;
+            // The name checked here is only a probe: which names a server must carry depends
+            // on how peers address it, so a name mismatch is not an error at load time.
+            let probe = ServerName::try_from("localhost")
+                .map_err(|error| TlsError::Config(error.to_string()))?;
+            match server_verifier.verify_server_cert(end_entity, intermediates, &probe, &[], now) {
+                Ok(_)
+                | Err(rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                )) => {}
+                Err(error) => return Err(not_signed(error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that the private key belongs to the certificate.
+    fn check_key(&self) -> Result<(), TlsError> {
+        let signing_key = crypto_provider()
+            .key_provider
+            .load_private_key(self.key.clone_key())
+            .map_err(|error| self.key_mismatch(error))?;
+        let certified = rustls::sign::CertifiedKey::new(self.chain.clone(), signing_key);
+        certified
+            .keys_match()
+            .map_err(|error| self.key_mismatch(error))
+    }
+
+    fn key_mismatch(&self, error: rustls::Error) -> TlsError {
+        TlsError::KeyMismatch {
+            cert: self.files.cert.clone(),
+            key: self.files.key.clone(),
+            reason: error.to_string(),
+        }
+    }
+}
+
+fn read(kind: TlsFileKind, path: &Path) -> Result<Vec<u8>, TlsError> {
+    fs::read(path).map_err(|source| TlsError::Read {
+        kind,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn parse_certificates(
+    kind: TlsFileKind,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem_error = |reason: String| TlsError::Pem {
+        kind,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certificates = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| pem_error(error.to_string()))?;
+    if certificates.is_empty() {
+        return Err(pem_error("expected a CERTIFICATE block".to_string()));
+    }
+    Ok(certificates)
+}

@@ -1,0 +1,641 @@
+//! QUIC endpoints with mutual TLS, and the one-stream-per-request pattern on top of them.
+//!
+//! Every Quotient connection is QUIC (quinn) over TLS 1.3 with certificates on both sides, both
+//! signed by the cluster CA ([`crate::tls`]). The ALPN protocol says what a connection is for
+//! ([`ALPN_API`], [`ALPN_RAFT`], [`ALPN_AGENT`]); one [`Server`] may accept several. After the
+//! handshake each side reads the other's [`PeerIdentity`] from its certificate, and the
+//! [`PeerConnection`] carries it with the negotiated ALPN, so authorisation is a plain check on
+//! data ([`PeerConnection::require_role`]).
+//!
+//! A request is one bidirectional stream: the client writes one frame ([`crate::frame`]) and
+//! finishes its side, the server answers with one frame and finishes its side. One stream per
+//! request rather than a long-lived multiplexed stream means no request waits behind another
+//! and a bad frame costs only its stream: the server resets that stream with a
+//! `STREAM_CODE_*` and keeps serving. Every step has a deadline.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::crypto::rustls::{HandshakeData, QuicClientConfig, QuicServerConfig};
+use quinn::{ConnectionError, IdleTimeout, RecvStream, SendStream, TransportConfig, VarInt};
+use rustls::pki_types::CertificateDer;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use quinn;
+pub use rustls;
+
+use crate::certs::{IdentityError, PeerIdentity, Role};
+use crate::frame::{self, FrameError, MAX_FRAME_BYTES};
+use crate::tls::{TlsError, TlsIdentity};
+
+/// ALPN of the client API (the `quotient` CLI and forwarding to the leader).
+pub const ALPN_API: &[u8] = b"quotient-api/1";
+/// ALPN of Raft traffic between coordinators.
+pub const ALPN_RAFT: &[u8] = b"quotient-raft/1";
+/// ALPN of the leader's connection to an agent.
+pub const ALPN_AGENT: &[u8] = b"quotient-agent/1";
+
+/// A connection with no traffic for this long is dropped (milliseconds).
+pub const IDLE_TIMEOUT_MS: u32 = 30_000;
+/// Keep-alive interval, well under [`IDLE_TIMEOUT_MS`] so that quiet but healthy
+/// connections (an agent waiting for desired state) survive.
+pub const KEEP_ALIVE_INTERVAL_MS: u64 = 10_000;
+/// Most requests one peer may have in flight on one connection; further `open_bi` calls
+/// wait (within their deadline) until one ends.
+pub const MAX_CONCURRENT_BIDI_STREAMS: u32 = 256;
+/// Unidirectional streams are not used; the peer may open none.
+pub const MAX_CONCURRENT_UNI_STREAMS: u32 = 0;
+/// Most connection attempts a server holds before its accept loop takes them; beyond this
+/// quinn refuses new ones, bounding the memory a connection flood costs.
+pub const MAX_INCOMING_CONNECTIONS: usize = 1024;
+/// Deadline of a client's connect, handshake included (milliseconds).
+pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// Deadline of the server side of a handshake (milliseconds).
+pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Default deadline for a server to read a request once its stream is open (milliseconds).
+pub const REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default deadline for a server to hand a response to QUIC (milliseconds).
+pub const RESPONSE_WRITE_TIMEOUT_MS: u64 = 10_000;
+
+/// Stream reset code: the request frame was larger than [`MAX_FRAME_BYTES`].
+pub const STREAM_CODE_FRAME_TOO_LARGE: u32 = 1;
+/// Stream reset code: the request frame was truncated or undecodable.
+pub const STREAM_CODE_BAD_FRAME: u32 = 2;
+/// Stream reset code: the request did not arrive within the server's deadline.
+pub const STREAM_CODE_TIMEOUT: u32 = 3;
+/// Stream reset code: the server refused the request (used by callers, e.g. not authorised).
+pub const STREAM_CODE_REFUSED: u32 = 4;
+
+/// Connection close code: an orderly shutdown.
+pub const CLOSE_CODE_SHUTDOWN: u32 = 0;
+/// Connection close code: the peer's certificate names no valid Quotient identity.
+pub const CLOSE_CODE_BAD_IDENTITY: u32 = 1;
+/// Connection close code: the peer's role may not use this ALPN.
+pub const CLOSE_CODE_UNAUTHORISED: u32 = 2;
+
+/// Why a connection could not be made, accepted or kept.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("QUIC configuration failed: {0}")]
+    Config(String),
+    #[error("cannot bind {address}: {source}; is another process using the port?")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot resolve {target:?}: {reason}; use HOST:PORT, e.g. 127.0.0.1:7401")]
+    Resolve { target: String, reason: String },
+    #[error("cannot connect to {address}: {source}")]
+    Connect {
+        address: SocketAddr,
+        #[source]
+        source: quinn::ConnectError,
+    },
+    #[error("handshake with {address} failed: {source}; check that both sides have certificates from the same cluster CA")]
+    Handshake {
+        address: SocketAddr,
+        #[source]
+        source: ConnectionError,
+    },
+    #[error("handshake with {address} timed out after {after_ms} ms; is the peer running and reachable?")]
+    HandshakeTimeout { address: SocketAddr, after_ms: u64 },
+    #[error("peer {address} presented no usable certificate: {reason}")]
+    NoPeerCertificate { address: SocketAddr, reason: String },
+    #[error("peer {address}: {source}")]
+    PeerIdentity {
+        address: SocketAddr,
+        #[source]
+        source: IdentityError,
+    },
+    #[error("peer {peer} may not use {alpn}: only {allowed} may")]
+    Unauthorised {
+        peer: PeerIdentity,
+        alpn: String,
+        allowed: String,
+    },
+    #[error("connection lost: {0}")]
+    ConnectionLost(#[source] ConnectionError),
+    #[error("cannot read the local address: {0}")]
+    LocalAddress(#[source] std::io::Error),
+}
+
+/// Why one request failed. The connection may still be good for others.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The deadline passed; the request may or may not have been carried out.
+    #[error("no answer within {} ms", after.as_millis())]
+    Timeout { after: Duration },
+    /// A frame could not be written or read (too large, truncated, undecodable).
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The peer reset the stream with a `STREAM_CODE_*`.
+    #[error("the peer refused the request: {}", describe_stream_code(*code))]
+    Refused { code: u64 },
+    /// The connection is gone; retry on a new one.
+    #[error("connection lost: {0}")]
+    ConnectionLost(#[source] ConnectionError),
+    /// The stream was already closed locally (a programming error of the caller).
+    #[error("the stream is already closed")]
+    StreamClosed,
+}
+
+fn describe_stream_code(code: u64) -> String {
+    let what = match u32::try_from(code) {
+        Ok(STREAM_CODE_FRAME_TOO_LARGE) => "the request frame is over the size limit",
+        Ok(STREAM_CODE_BAD_FRAME) => "the request frame is truncated or undecodable",
+        Ok(STREAM_CODE_TIMEOUT) => "the request did not arrive in time",
+        Ok(STREAM_CODE_REFUSED) => "refused",
+        _ => "unknown reason",
+    };
+    format!("{what} (code {code})")
+}
+
+/// Sorts an I/O error from a quinn stream into what the caller should do about it.
+fn classify(error: FrameError) -> RequestError {
+    let FrameError::Io(io_error) = &error else {
+        return RequestError::Frame(error);
+    };
+    let inner = io_error.get_ref();
+    if let Some(read_error) = inner.and_then(|e| e.downcast_ref::<quinn::ReadError>()) {
+        return match read_error {
+            quinn::ReadError::Reset(code) => RequestError::Refused {
+                code: code.into_inner(),
+            },
+            quinn::ReadError::ConnectionLost(lost) => RequestError::ConnectionLost(lost.clone()),
+            _ => RequestError::Frame(error),
+        };
+    }
+    if let Some(write_error) = inner.and_then(|e| e.downcast_ref::<quinn::WriteError>()) {
+        return match write_error {
+            quinn::WriteError::Stopped(code) => RequestError::Refused {
+                code: code.into_inner(),
+            },
+            quinn::WriteError::ConnectionLost(lost) => RequestError::ConnectionLost(lost.clone()),
+            _ => RequestError::Frame(error),
+        };
+    }
+    RequestError::Frame(error)
+}
+
+/// The QUIC transport limits every Quotient endpoint uses.
+pub fn transport_config() -> TransportConfig {
+    let mut config = TransportConfig::default();
+    config.max_idle_timeout(Some(IdleTimeout::from(VarInt::from_u32(IDLE_TIMEOUT_MS))));
+    config.keep_alive_interval(Some(Duration::from_millis(KEEP_ALIVE_INTERVAL_MS)));
+    config.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_BIDI_STREAMS));
+    config.max_concurrent_uni_streams(VarInt::from_u32(MAX_CONCURRENT_UNI_STREAMS));
+    config
+}
+
+/// A listening QUIC endpoint that requires client certificates.
+#[derive(Debug)]
+pub struct Server {
+    endpoint: quinn::Endpoint,
+}
+
+impl Server {
+    /// Binds `address` (port 0 picks one) and accepts the given ALPN protocols. Must run
+    /// inside a tokio runtime.
+    pub fn bind(
+        address: SocketAddr,
+        tls: &TlsIdentity,
+        alpn_protocols: &[&[u8]],
+    ) -> Result<Self, TransportError> {
+        let tls_config = tls.server_config(alpn_protocols)?;
+        let crypto = QuicServerConfig::try_from(tls_config)
+            .map_err(|error| TransportError::Config(error.to_string()))?;
+        let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        config.transport_config(Arc::new(transport_config()));
+        config.max_incoming(MAX_INCOMING_CONNECTIONS);
+        let endpoint = quinn::Endpoint::server(config, address)
+            .map_err(|source| TransportError::Bind { address, source })?;
+        Ok(Server { endpoint })
+    }
+
+    /// The address actually bound (useful after binding port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
+        self.endpoint
+            .local_addr()
+            .map_err(TransportError::LocalAddress)
+    }
+
+    /// Waits for the next connection attempt; `None` once the server is closed. Complete the
+    /// handshake with [`Incoming::handshake`] in a task of its own, so that one slow client
+    /// does not hold up the others.
+    pub async fn accept(&self) -> Option<Incoming> {
+        self.endpoint.accept().await.map(Incoming)
+    }
+
+    /// Closes every connection and stops accepting.
+    pub fn close(&self) {
+        self.endpoint
+            .close(VarInt::from_u32(CLOSE_CODE_SHUTDOWN), b"shutdown");
+    }
+
+    /// Waits until every connection has been closed cleanly (after [`Server::close`]).
+    pub async fn wait_idle(&self) {
+        self.endpoint.wait_idle().await;
+    }
+}
+
+/// A connection attempt that has reached a [`Server`] but not yet done its handshake.
+#[derive(Debug)]
+pub struct Incoming(quinn::Incoming);
+
+impl Incoming {
+    /// Where the attempt comes from.
+    pub fn remote_address(&self) -> SocketAddr {
+        self.0.remote_address()
+    }
+
+    /// Completes the handshake (the client's certificate is verified against the CA) and reads
+    /// the client's identity, within [`HANDSHAKE_TIMEOUT_MS`].
+    pub async fn handshake(self) -> Result<PeerConnection, TransportError> {
+        let address = self.0.remote_address();
+        let handshake = |source| TransportError::Handshake { address, source };
+        let connecting = self.0.accept().map_err(handshake)?;
+        let connection =
+            tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), connecting)
+                .await
+                .map_err(|_| TransportError::HandshakeTimeout {
+                    address,
+                    after_ms: HANDSHAKE_TIMEOUT_MS,
+                })?
+                .map_err(handshake)?;
+        PeerConnection::from_established(connection)
+    }
+}
+
+/// The client side: opens connections to servers, presenting this process's certificate.
+///
+/// Binds one UDP socket per address family, on first use: `0.0.0.0:0` for IPv4 servers and
+/// `[::]:0` for IPv6 ones (a dual-stack socket is not portable).
+#[derive(Debug)]
+pub struct Client {
+    tls: TlsIdentity,
+    transport: Arc<TransportConfig>,
+    endpoints: Mutex<ClientEndpoints>,
+}
+
+#[derive(Debug, Default)]
+struct ClientEndpoints {
+    ipv4: Option<quinn::Endpoint>,
+    ipv6: Option<quinn::Endpoint>,
+    /// One quinn client config per ALPN, so TLS session tickets are reused.
+    configs: BTreeMap<Vec<u8>, quinn::ClientConfig>,
+}
+
+impl Client {
+    /// A client that presents `tls`. Binds nothing until the first connect.
+    pub fn new(tls: TlsIdentity) -> Self {
+        Client {
+            tls,
+            transport: Arc::new(transport_config()),
+            endpoints: Mutex::new(ClientEndpoints::default()),
+        }
+    }
+
+    /// Who this client is.
+    pub fn identity(&self) -> &PeerIdentity {
+        self.tls.identity()
+    }
+
+    /// Connects to `address` speaking `alpn`, and verifies the server's certificate against
+    /// the CA and `server_name` (a DNS name or IP address in its SANs), within
+    /// [`CONNECT_TIMEOUT_MS`].
+    pub async fn connect(
+        &self,
+        address: SocketAddr,
+        server_name: &str,
+        alpn: &[u8],
+    ) -> Result<PeerConnection, TransportError> {
+        let (endpoint, config) = self.endpoint_and_config(address, alpn)?;
+        let connecting = endpoint
+            .connect_with(config, address, server_name)
+            .map_err(|source| TransportError::Connect { address, source })?;
+        let connection =
+            tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting)
+                .await
+                .map_err(|_| TransportError::HandshakeTimeout {
+                    address,
+                    after_ms: CONNECT_TIMEOUT_MS,
+                })?
+                .map_err(|source| TransportError::Handshake { address, source })?;
+        PeerConnection::from_established(connection)
+    }
+
+    /// Connects to `target`, written `HOST:PORT` (`[IPV6]:PORT` for IPv6 literals); HOST is
+    /// also the name the server's certificate must carry.
+    pub async fn connect_to(
+        &self,
+        target: &str,
+        alpn: &[u8],
+    ) -> Result<PeerConnection, TransportError> {
+        let resolve_error = |reason: &str| TransportError::Resolve {
+            target: target.to_string(),
+            reason: reason.to_string(),
+        };
+        let (host, _port) = target
+            .rsplit_once(':')
+            .ok_or_else(|| resolve_error("no port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let address = tokio::time::timeout(
+            Duration::from_millis(CONNECT_TIMEOUT_MS),
+            tokio::net::lookup_host(target),
+        )
+        .await
+        .map_err(|_| resolve_error("name lookup timed out"))?
+        .map_err(|error| resolve_error(&error.to_string()))?
+        .next()
+        .ok_or_else(|| resolve_error("no address found"))?;
+        self.connect(address, host, alpn).await
+    }
+
+    /// Closes every connection this client opened.
+    pub fn close(&self) {
+        if let Ok(endpoints) = self.endpoints.lock() {
+            for endpoint in endpoints.ipv4.iter().chain(endpoints.ipv6.iter()) {
+                endpoint.close(VarInt::from_u32(CLOSE_CODE_SHUTDOWN), b"shutdown");
+            }
+        }
+    }
+
+    fn endpoint_and_config(
+        &self,
+        address: SocketAddr,
+        alpn: &[u8],
+    ) -> Result<(quinn::Endpoint, quinn::ClientConfig), TransportError> {
+        let mut endpoints = self
+            .endpoints
+            .lock()
+            .map_err(|_| TransportError::Config("client state poisoned".to_string()))?;
+        let config = match endpoints.configs.get(alpn) {
+            Some(config) => config.clone(),
+            None => {
+                let tls_config = self.tls.client_config(alpn)?;
+                let crypto = QuicClientConfig::try_from(tls_config)
+                    .map_err(|error| TransportError::Config(error.to_string()))?;
+                let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+                config.transport_config(self.transport.clone());
+                endpoints.configs.insert(alpn.to_vec(), config.clone());
+                config
+            }
+        };
+        let (slot, bind_address) = match address {
+            SocketAddr::V4(_) => (
+                &mut endpoints.ipv4,
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            ),
+            SocketAddr::V6(_) => (
+                &mut endpoints.ipv6,
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+            ),
+        };
+        let endpoint = match slot {
+            Some(endpoint) => endpoint.clone(),
+            None => {
+                let endpoint = quinn::Endpoint::client(bind_address).map_err(|source| {
+                    TransportError::Bind {
+                        address: bind_address,
+                        source,
+                    }
+                })?;
+                *slot = Some(endpoint.clone());
+                endpoint
+            }
+        };
+        Ok((endpoint, config))
+    }
+}
+
+/// An established, mutually authenticated connection and who is at the other end.
+/// Cheap to clone; the connection closes when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct PeerConnection {
+    connection: quinn::Connection,
+    peer: PeerIdentity,
+    alpn: Vec<u8>,
+}
+
+impl PeerConnection {
+    /// Reads the peer's identity and the negotiated ALPN; closes the connection if the
+    /// peer's certificate names no Quotient identity.
+    fn from_established(connection: quinn::Connection) -> Result<Self, TransportError> {
+        let address = connection.remote_address();
+        let refuse = |connection: &quinn::Connection, error: TransportError| {
+            connection.close(VarInt::from_u32(CLOSE_CODE_BAD_IDENTITY), b"bad identity");
+            error
+        };
+        let certificates = connection
+            .peer_identity()
+            .and_then(|identity| identity.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .ok_or_else(|| TransportError::NoPeerCertificate {
+                address,
+                reason: "no certificate chain".to_string(),
+            });
+        let certificates = certificates.map_err(|error| refuse(&connection, error))?;
+        let Some(leaf) = certificates.first() else {
+            return Err(refuse(
+                &connection,
+                TransportError::NoPeerCertificate {
+                    address,
+                    reason: "empty certificate chain".to_string(),
+                },
+            ));
+        };
+        let peer = PeerIdentity::from_certificate_der(leaf).map_err(|source| {
+            refuse(
+                &connection,
+                TransportError::PeerIdentity { address, source },
+            )
+        })?;
+        let alpn = connection
+            .handshake_data()
+            .and_then(|data| data.downcast::<HandshakeData>().ok())
+            .and_then(|data| data.protocol)
+            .unwrap_or_default();
+        Ok(PeerConnection {
+            connection,
+            peer,
+            alpn,
+        })
+    }
+
+    /// Who the peer is, from its certificate.
+    pub fn peer(&self) -> &PeerIdentity {
+        &self.peer
+    }
+
+    /// The negotiated ALPN protocol (one of the `ALPN_*` constants).
+    pub fn alpn(&self) -> &[u8] {
+        &self.alpn
+    }
+
+    /// The peer's address.
+    pub fn remote_address(&self) -> SocketAddr {
+        self.connection.remote_address()
+    }
+
+    /// The underlying quinn connection, for what this module does not wrap.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.connection
+    }
+
+    /// Checks the peer's role against `allowed`; if it is not there, closes the connection
+    /// with [`CLOSE_CODE_UNAUTHORISED`] and says why.
+    pub fn require_role(&self, allowed: &[Role]) -> Result<(), TransportError> {
+        if allowed.contains(&self.peer.role) {
+            return Ok(());
+        }
+        self.connection.close(
+            VarInt::from_u32(CLOSE_CODE_UNAUTHORISED),
+            b"role not allowed",
+        );
+        Err(TransportError::Unauthorised {
+            peer: self.peer.clone(),
+            alpn: String::from_utf8_lossy(&self.alpn).into_owned(),
+            allowed: allowed
+                .iter()
+                .map(|role| role.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// Waits for the peer's next request stream; `None` once the peer or this side closed
+    /// the connection deliberately.
+    pub async fn accept_request(&self) -> Result<Option<RequestStream>, TransportError> {
+        match self.connection.accept_bi().await {
+            Ok((send, recv)) => Ok(Some(RequestStream::new(send, recv))),
+            Err(ConnectionError::ApplicationClosed(_) | ConnectionError::LocallyClosed) => Ok(None),
+            Err(error) => Err(TransportError::ConnectionLost(error)),
+        }
+    }
+
+    /// Sends one request and waits for its response; see [`request`].
+    pub async fn request<Req, Resp>(
+        &self,
+        request_message: &Req,
+        deadline: Duration,
+    ) -> Result<Resp, RequestError>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        request(&self.connection, request_message, deadline).await
+    }
+
+    /// Closes the connection in an orderly way.
+    pub fn close(&self) {
+        self.connection
+            .close(VarInt::from_u32(CLOSE_CODE_SHUTDOWN), b"shutdown");
+    }
+}
+
+/// Sends `request_message` on a new stream of `connection`, finishes the send side and reads
+/// one response frame, all within `deadline`. The message is encoded before the stream is
+/// opened, so an oversized request fails here without reaching the peer.
+pub async fn request<Req, Resp>(
+    connection: &quinn::Connection,
+    request_message: &Req,
+    deadline: Duration,
+) -> Result<Resp, RequestError>
+where
+    Req: Serialize,
+    Resp: DeserializeOwned,
+{
+    let encoded = frame::encode_frame(request_message)?;
+    let exchange = async {
+        let (mut send, mut recv) = connection
+            .open_bi()
+            .await
+            .map_err(RequestError::ConnectionLost)?;
+        tokio::io::AsyncWriteExt::write_all(&mut send, &encoded)
+            .await
+            .map_err(|error| classify(FrameError::Io(error)))?;
+        send.finish().map_err(|_| RequestError::StreamClosed)?;
+        frame::read_frame::<Resp>(&mut recv, MAX_FRAME_BYTES)
+            .await
+            .map_err(classify)
+    };
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .map_err(|_| RequestError::Timeout { after: deadline })?
+}
+
+/// The server side of one request: read the request frame, then answer it.
+#[derive(Debug)]
+pub struct RequestStream {
+    send: SendStream,
+    recv: RecvStream,
+}
+
+impl RequestStream {
+    /// Wraps the two halves of a bidirectional stream accepted from a quinn connection.
+    pub fn new(send: SendStream, recv: RecvStream) -> Self {
+        RequestStream { send, recv }
+    }
+
+    /// Reads the request frame within `deadline`. On a bad or late frame, resets the stream
+    /// with the matching `STREAM_CODE_*` (so the client learns why) and returns the error;
+    /// the connection stays usable.
+    pub async fn read_request<Req: DeserializeOwned>(
+        &mut self,
+        deadline: Duration,
+    ) -> Result<Req, RequestError> {
+        let result =
+            tokio::time::timeout(deadline, frame::read_frame(&mut self.recv, MAX_FRAME_BYTES))
+                .await;
+        let error = match result {
+            Ok(Ok(request_message)) => return Ok(request_message),
+            Ok(Err(error)) => classify(error),
+            Err(_) => RequestError::Timeout { after: deadline },
+        };
+        let code = match &error {
+            RequestError::Frame(FrameError::TooLarge { .. }) => Some(STREAM_CODE_FRAME_TOO_LARGE),
+            RequestError::Frame(_) => Some(STREAM_CODE_BAD_FRAME),
+            RequestError::Timeout { .. } => Some(STREAM_CODE_TIMEOUT),
+            _ => None,
+        };
+        if let Some(code) = code {
+            self.reset(code);
+        }
+        Err(error)
+    }
+
+    /// Writes `response` as one frame and finishes the stream, within `deadline`. Returns once
+    /// the data is handed to QUIC; keep the connection open until the client has read it.
+    pub async fn respond<Resp: Serialize>(
+        mut self,
+        response: &Resp,
+        deadline: Duration,
+    ) -> Result<(), RequestError> {
+        let encoded = frame::encode_frame(response)?;
+        let write = async {
+            tokio::io::AsyncWriteExt::write_all(&mut self.send, &encoded)
+                .await
+                .map_err(|error| classify(FrameError::Io(error)))?;
+            self.send.finish().map_err(|_| RequestError::StreamClosed)
+        };
+        tokio::time::timeout(deadline, write)
+            .await
+            .map_err(|_| RequestError::Timeout { after: deadline })?
+    }
+
+    /// Abandons the request, telling the client why with a `STREAM_CODE_*`.
+    pub fn refuse(mut self, code: u32) {
+        self.reset(code);
+    }
+
+    fn reset(&mut self, code: u32) {
+        // Either half may already be closed by the peer; that is harmless here.
+        let _ = self.recv.stop(VarInt::from_u32(code));
+        let _ = self.send.reset(VarInt::from_u32(code));
+    }
+}

@@ -1,0 +1,440 @@
+//! The transport over real QUIC on loopback: who gets in, what each side learns about the
+//! other, and how requests fail (deadline, oversized frame) without taking the server down.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quotient_common::certs::{self, PeerIdentity, Role};
+use quotient_common::frame::MAX_FRAME_BYTES;
+use quotient_common::tls::{crypto_provider, TlsFiles, TlsIdentity, PROTOCOL_VERSIONS};
+use quotient_common::transport::{
+    self, quinn, rustls, Client, PeerConnection, RequestError, Server, TransportError, ALPN_AGENT,
+    ALPN_API, ALPN_RAFT, STREAM_CODE_FRAME_TOO_LARGE,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+/// How long a test waits for anything that should happen promptly on loopback.
+const PROMPT: Duration = Duration::from_secs(5);
+/// Capacity of the channel on which the test server reports what it saw.
+const EVENTS_MAX: usize = 64;
+
+#[derive(Debug, Serialize, Deserialize)]
+enum TestRequest {
+    Echo(String),
+    NeverAnswer,
+    Big(Vec<u8>),
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+enum TestResponse {
+    Echo(String),
+}
+
+/// What the test server observed.
+#[derive(Debug)]
+enum Event {
+    Connected { peer: PeerIdentity, alpn: Vec<u8> },
+    Refused(String),
+    BadRequest(String),
+}
+
+/// A certificate directory with a CA, a coordinator `coord-1` and an admin `alice`.
+fn cluster() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    certs::init_ca(dir.path()).expect("a CA");
+    certs::issue(dir.path(), Role::Coordinator, "coord-1", &[]).expect("a coordinator cert");
+    certs::issue(dir.path(), Role::Admin, "alice", &[]).expect("an admin cert");
+    dir
+}
+
+fn identity(dir: &Path, name: &str) -> TlsIdentity {
+    TlsIdentity::load(&TlsFiles::in_dir(dir, name)).expect("loadable TLS files")
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
+}
+
+/// Starts a server that answers `Echo`, sits on `NeverAnswer`, and reports every handshake
+/// and bad request on the returned channel.
+fn start_server(tls: &TlsIdentity, alpns: &[&[u8]]) -> (Arc<Server>, mpsc::Receiver<Event>) {
+    let server = Arc::new(Server::bind(loopback(), tls, alpns).expect("a bound server"));
+    let (events, receiver) = mpsc::channel(EVENTS_MAX);
+    let accepting = server.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = accepting.accept().await {
+            let events = events.clone();
+            tokio::spawn(async move {
+                let connection = match incoming.handshake().await {
+                    Ok(connection) => connection,
+                    Err(error) => {
+                        let _ = events.send(Event::Refused(format!("{error:#}"))).await;
+                        return;
+                    }
+                };
+                let _ = events
+                    .send(Event::Connected {
+                        peer: connection.peer().clone(),
+                        alpn: connection.alpn().to_vec(),
+                    })
+                    .await;
+                serve_connection(connection, events).await;
+            });
+        }
+    });
+    (server, receiver)
+}
+
+async fn serve_connection(connection: PeerConnection, events: mpsc::Sender<Event>) {
+    while let Ok(Some(mut stream)) = connection.accept_request().await {
+        let events = events.clone();
+        tokio::spawn(async move {
+            match stream.read_request::<TestRequest>(PROMPT).await {
+                Ok(TestRequest::Echo(text)) => {
+                    let _ = stream.respond(&TestResponse::Echo(text), PROMPT).await;
+                }
+                Ok(TestRequest::NeverAnswer) => {
+                    // Hold the stream open without answering, past any client deadline.
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    drop(stream);
+                }
+                Ok(TestRequest::Big(_)) => stream.refuse(transport::STREAM_CODE_REFUSED),
+                Err(error) => {
+                    let _ = events.send(Event::BadRequest(error.to_string())).await;
+                }
+            }
+        });
+    }
+}
+
+async fn next_event(events: &mut mpsc::Receiver<Event>) -> Event {
+    tokio::time::timeout(PROMPT, events.recv())
+        .await
+        .expect("the server reports within the deadline")
+        .expect("the server is running")
+}
+
+async fn echo(connection: &PeerConnection, text: &str) -> Result<TestResponse, RequestError> {
+    connection
+        .request(&TestRequest::Echo(text.to_string()), PROMPT)
+        .await
+}
+
+/// A rustls client config built by hand, to play clients that `TlsIdentity` would refuse
+/// to build: one with no certificate, one with a certificate from another CA.
+fn raw_client_config(
+    trusted_ca: &Path,
+    certificate: Option<(&Path, &Path)>,
+) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(trusted_ca).expect("a CA PEM"))
+        .expect("a usable CA");
+    let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_protocol_versions(PROTOCOL_VERSIONS)
+        .expect("TLS 1.3")
+        .with_root_certificates(roots);
+    let mut config = match certificate {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_file(cert).expect("a cert PEM")],
+                PrivateKeyDer::from_pem_file(key).expect("a key PEM"),
+            )
+            .expect("a matching key"),
+    };
+    config.alpn_protocols = vec![ALPN_API.to_vec()];
+    config
+}
+
+/// Connects with a hand-made config and sends one request; the error of whichever step failed.
+async fn raw_connect_and_request(
+    address: SocketAddr,
+    config: rustls::ClientConfig,
+) -> Result<(), String> {
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(config)
+        .map_err(|error| error.to_string())?;
+    let endpoint = quinn::Endpoint::client(loopback()).map_err(|error| error.to_string())?;
+    let connecting = endpoint
+        .connect_with(
+            quinn::ClientConfig::new(Arc::new(crypto)),
+            address,
+            "localhost",
+        )
+        .map_err(|error| error.to_string())?;
+    // In TLS 1.3 a client may finish its handshake before the server has judged its
+    // certificate, so a refusal can surface at connect or at the first request.
+    let connection = tokio::time::timeout(PROMPT, connecting)
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|error| error.to_string())?;
+    transport::request::<_, TestResponse>(
+        &connection,
+        &TestRequest::Echo("hello".to_string()),
+        PROMPT,
+    )
+    .await
+    .map(|_| ())
+    .map_err(|error| error.to_string())
+}
+
+#[tokio::test]
+async fn a_client_with_a_valid_certificate_is_seen_by_its_role_and_name() {
+    // Proves mutual TLS works end to end and each side learns the other's identity and ALPN.
+    let dir = cluster();
+    let (server, mut events) =
+        start_server(&identity(dir.path(), "coord-1"), &[ALPN_API, ALPN_RAFT]);
+    let address = server.local_addr().unwrap();
+    let client = Client::new(identity(dir.path(), "alice"));
+
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert_eq!(
+        connection.peer(),
+        &PeerIdentity {
+            role: Role::Coordinator,
+            name: "coord-1".to_string()
+        }
+    );
+    assert_eq!(connection.alpn(), ALPN_API);
+    match next_event(&mut events).await {
+        Event::Connected { peer, alpn } => {
+            assert_eq!(
+                peer,
+                PeerIdentity {
+                    role: Role::Admin,
+                    name: "alice".to_string()
+                }
+            );
+            assert_eq!(alpn, ALPN_API);
+        }
+        other => panic!("expected a connection, got {other:?}"),
+    }
+    assert_eq!(
+        echo(&connection, "hello").await.unwrap(),
+        TestResponse::Echo("hello".to_string())
+    );
+
+    // The same server, another of its ALPNs, reached by IP address and by HOST:PORT.
+    let raft = client
+        .connect_to(&format!("127.0.0.1:{}", address.port()), ALPN_RAFT)
+        .await
+        .unwrap();
+    assert_eq!(raft.alpn(), ALPN_RAFT);
+    match next_event(&mut events).await {
+        Event::Connected { alpn, .. } => assert_eq!(alpn, ALPN_RAFT),
+        other => panic!("expected a connection, got {other:?}"),
+    }
+
+    // An ALPN the server does not speak is refused.
+    let error = client
+        .connect(address, "localhost", ALPN_AGENT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, TransportError::Handshake { .. }),
+        "{error:?}"
+    );
+
+    // A role check passes the right peer and closes the connection of any other.
+    raft.require_role(&[Role::Coordinator]).unwrap();
+    let error = raft.require_role(&[Role::Agent]).unwrap_err();
+    assert!(error.to_string().contains("only agent"), "{error}");
+    let after_close: Result<TestResponse, _> = raft
+        .request(&TestRequest::Echo("x".to_string()), PROMPT)
+        .await;
+    assert!(
+        matches!(after_close, Err(RequestError::ConnectionLost(_))),
+        "{after_close:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_without_a_certificate_is_refused() {
+    // Proves there is no anonymous access: the server's handshake fails and so does the client.
+    let dir = cluster();
+    let (server, mut events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+
+    let config = raw_client_config(&dir.path().join(certs::CA_CERT_FILE), None);
+    let result = raw_connect_and_request(address, config).await;
+    assert!(result.is_err(), "an anonymous client got an answer");
+    match next_event(&mut events).await {
+        Event::Refused(reason) => assert!(reason.contains("no certificates"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_client_certificate_from_another_ca_is_refused() {
+    // Proves a certificate from another cluster's CA does not open this cluster's servers.
+    let dir = cluster();
+    let other = cluster();
+    let (server, mut events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+
+    let other_alice = certs::issued_files(other.path(), "alice");
+    let config = raw_client_config(
+        &dir.path().join(certs::CA_CERT_FILE),
+        Some((&other_alice.cert, &other_alice.key)),
+    );
+    let result = raw_connect_and_request(address, config).await;
+    assert!(result.is_err(), "a foreign client got an answer");
+    match next_event(&mut events).await {
+        Event::Refused(reason) => assert!(reason.contains("UnknownIssuer"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    // And TlsIdentity refuses to even load such a mix of files.
+    let mixed = TlsFiles {
+        ca: dir.path().join(certs::CA_CERT_FILE),
+        cert: other_alice.cert.clone(),
+        key: other_alice.key.clone(),
+    };
+    let error = TlsIdentity::load(&mixed).unwrap_err();
+    assert!(
+        error.to_string().contains("is not valid under the CA"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_certificate_from_another_ca_is_refused_by_the_client() {
+    // Proves a client does not talk to an impostor server, whatever name it claims.
+    let dir = cluster();
+    let other = cluster();
+    let (server, _events) = start_server(&identity(other.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+    let client = Client::new(identity(dir.path(), "alice"));
+
+    let error = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, TransportError::Handshake { .. }),
+        "{error:?}"
+    );
+    let message = format!("{error:#}");
+    assert!(message.contains("UnknownIssuer"), "{message}");
+}
+
+#[tokio::test]
+async fn a_request_times_out_at_its_deadline_when_the_server_never_answers() {
+    // Proves `request` returns at its deadline, not whenever the server gets round to it.
+    let dir = cluster();
+    let (server, _events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+    let client = Client::new(identity(dir.path(), "alice"));
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+
+    let deadline = Duration::from_millis(300);
+    let started = Instant::now();
+    let result: Result<TestResponse, _> = connection
+        .request(&TestRequest::NeverAnswer, deadline)
+        .await;
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(result, Err(RequestError::Timeout { after }) if after == deadline),
+        "{result:?}"
+    );
+    assert!(elapsed >= deadline, "returned early after {elapsed:?}");
+    assert!(
+        elapsed < deadline + Duration::from_secs(2),
+        "returned late after {elapsed:?}"
+    );
+
+    // The connection is still good for the next request.
+    assert_eq!(
+        echo(&connection, "after").await.unwrap(),
+        TestResponse::Echo("after".to_string())
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_frame_is_refused_and_the_server_keeps_serving() {
+    // Proves a frame over the limit costs its sender an error and nobody else anything.
+    let dir = cluster();
+    let (server, mut events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+    let client = Client::new(identity(dir.path(), "alice"));
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut events).await,
+        Event::Connected { .. }
+    ));
+
+    // The helper refuses to send an oversized request at all.
+    let huge = TestRequest::Big(vec![0; MAX_FRAME_BYTES + 1]);
+    let result: Result<TestResponse, _> = connection.request(&huge, PROMPT).await;
+    assert!(
+        matches!(
+            result,
+            Err(RequestError::Frame(
+                quotient_common::frame::FrameError::TooLarge { .. }
+            ))
+        ),
+        "{result:?}"
+    );
+
+    // A hand-written length prefix over the limit reaches the server, which resets the stream.
+    let (mut send, mut recv) = connection.connection().open_bi().await.unwrap();
+    let announced = u32::try_from(MAX_FRAME_BYTES + 1).unwrap();
+    send.write_all(&announced.to_be_bytes()).await.unwrap();
+    send.write_all(&[0; 1024]).await.unwrap();
+    let read = tokio::time::timeout(PROMPT, recv.read_to_end(1024))
+        .await
+        .expect("the server answers within the deadline");
+    match read {
+        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => {
+            assert_eq!(code.into_inner(), u64::from(STREAM_CODE_FRAME_TOO_LARGE));
+        }
+        other => panic!("expected a reset stream, got {other:?}"),
+    }
+    match next_event(&mut events).await {
+        Event::BadRequest(reason) => assert!(reason.contains("over the limit"), "{reason}"),
+        other => panic!("expected a bad request, got {other:?}"),
+    }
+
+    // The same connection and a new one are both still served.
+    assert_eq!(
+        echo(&connection, "same").await.unwrap(),
+        TestResponse::Echo("same".to_string())
+    );
+    let fresh = Client::new(identity(dir.path(), "alice"));
+    let second = fresh.connect(address, "localhost", ALPN_API).await.unwrap();
+    assert_eq!(
+        echo(&second, "next").await.unwrap(),
+        TestResponse::Echo("next".to_string())
+    );
+}
+
+#[tokio::test]
+async fn tls_files_that_are_missing_say_which_file_and_what_to_do() {
+    // Proves a missing file names itself and the command that makes it.
+    let dir = tempfile::tempdir().unwrap();
+    let error = TlsIdentity::load(&TlsFiles::in_dir(dir.path(), "alice")).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("ca.pem"), "{message}");
+    assert!(message.contains("quotient certs init"), "{message}");
+
+    certs::init_ca(dir.path()).unwrap();
+    let message = TlsIdentity::load(&TlsFiles::in_dir(dir.path(), "alice"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("alice.pem"), "{message}");
+    assert!(message.contains("quotient certs issue"), "{message}");
+}

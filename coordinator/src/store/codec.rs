@@ -1,0 +1,114 @@
+//! The byte encoding of the values the Raft store writes to disk: log entries, the vote, log
+//! ids and snapshot metadata. Values go through serde into bincode 2 (standard configuration, varint
+//! integers) with a size limit, so that a corrupted length prefix read back from disk is refused
+//! with an error instead of allocating without bound. Keeping the encoding behind these few
+//! functions lets it be swapped (or versioned) in one place.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// The largest encoded log entry, vote or log id that is written or read back (16 MiB).
+///
+/// A Raft entry carries one command (a plan for the whole fleet at most), so this is far above
+/// any real entry; the network frame limit must be at least this large.
+pub const MAX_ENTRY_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a value could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The value (encoded, or as stored) is larger than the limit.
+    #[error("value of {len} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// The size of the value in bytes.
+        len: usize,
+        /// The limit it exceeded.
+        limit: usize,
+    },
+    /// bincode refused to encode the value.
+    #[error("encoding failed: {0}")]
+    Encode(#[from] bincode::error::EncodeError),
+    /// The stored bytes are not a valid encoding of the expected type.
+    #[error("decoding failed (corrupted or incompatible data): {0}")]
+    Decode(#[from] bincode::error::DecodeError),
+    /// The stored bytes decoded, but bytes were left over after the value.
+    #[error("decoding left {trailing} trailing bytes (corrupted data)")]
+    Trailing {
+        /// How many bytes were not consumed.
+        trailing: usize,
+    },
+}
+
+macro_rules! limited_config {
+    ($limit:expr) => {
+        bincode::config::standard().with_limit::<{ $limit }>()
+    };
+}
+
+/// Encodes a log entry, vote or log id, refusing values over [`MAX_ENTRY_BYTES`].
+pub fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+    let bytes = bincode::serde::encode_to_vec(value, limited_config!(MAX_ENTRY_BYTES))?;
+    check_len(bytes.len(), MAX_ENTRY_BYTES)?;
+    Ok(bytes)
+}
+
+/// Decodes a value written by [`encode_value`], refusing more than [`MAX_ENTRY_BYTES`].
+pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    check_len(bytes.len(), MAX_ENTRY_BYTES)?;
+    let (value, used) = bincode::serde::decode_from_slice(bytes, limited_config!(MAX_ENTRY_BYTES))?;
+    check_consumed(bytes.len(), used)?;
+    Ok(value)
+}
+
+fn check_len(len: usize, limit: usize) -> Result<(), CodecError> {
+    if len > limit {
+        return Err(CodecError::TooLarge { len, limit });
+    }
+    Ok(())
+}
+
+fn check_consumed(len: usize, used: usize) -> Result<(), CodecError> {
+    if used != len {
+        return Err(CodecError::Trailing {
+            trailing: len.saturating_sub(used),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let value = (7u64, String::from("seven"), vec![1u8, 2, 3]);
+        let bytes = encode_value(&value).expect("encode");
+        let back: (u64, String, Vec<u8>) = decode_value(&bytes).expect("decode");
+        assert_eq!(back, value);
+    }
+
+    #[test]
+    fn huge_length_prefix_is_refused() {
+        // A varint length prefix of u64::MAX followed by nothing: must error, not allocate.
+        let mut bytes = vec![253u8];
+        bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_value::<Vec<u8>>(&bytes).is_err());
+        assert!(decode_value::<String>(&bytes).is_err());
+    }
+
+    #[test]
+    fn oversized_value_is_refused_on_encode() {
+        let value = vec![0u8; MAX_ENTRY_BYTES + 1];
+        assert!(encode_value(&value).is_err());
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = encode_value(&5u64).expect("encode");
+        bytes.push(0);
+        assert!(matches!(
+            decode_value::<u64>(&bytes),
+            Err(CodecError::Trailing { trailing: 1 })
+        ));
+    }
+}

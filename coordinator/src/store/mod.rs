@@ -1,0 +1,36 @@
+//! Raft storage for the coordinator: the durable log on redb, the state machine around
+//! `quotient_core::State` with its snapshot file, and the openraft type config that ties them
+//! together. Everything lives in one data directory: `raft.redb` (log, vote, committed and
+//! purged log ids) and `snapshot.bin` (the last snapshot). On restart the state is loaded from
+//! the snapshot and openraft re-applies the committed log after it.
+//!
+//! # Layout
+//! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes.
+//! - [`log_store`]: [`RedbLogStore`], openraft's storage-v2 log store and log reader.
+//! - [`state_machine`]: [`QuotientStateMachine`], openraft's storage-v2 state machine, and the
+//!   snapshot file.
+//! - [`type_config`]: [`TypeConfig`], with [`Request`] as the entry data and
+//!   `quotient_core::Outcome` as the response.
+
+pub mod codec;
+pub mod log_store;
+pub mod state_machine;
+pub mod type_config;
+
+use std::path::Path;
+
+use openraft::StorageError;
+
+pub use log_store::RedbLogStore;
+pub use state_machine::QuotientStateMachine;
+pub use type_config::{LogStore, NodeId, Request, TypeConfig};
+
+/// Opens (or creates) both halves of a coordinator's Raft storage in `data_dir`.
+///
+/// Blocks on file I/O: call it at startup.
+#[allow(clippy::result_large_err)] // openraft's StorageError, kept so callers see one error type.
+pub fn open(data_dir: &Path) -> Result<(LogStore, QuotientStateMachine), StorageError<NodeId>> {
+    let log = LogStore::open(data_dir)?;
+    let state_machine = QuotientStateMachine::open(data_dir)?;
+    Ok((log, state_machine))
+}

@@ -1,0 +1,483 @@
+//! The Raft state machine: openraft's storage-v2 [`RaftStateMachine`] around the pure
+//! `quotient_core::State`. Each Normal entry is applied with `quotient_core::apply` and
+//! `ApplyCtx { log_index, time_ms }` (the time the leader stamped on the [`Request`]); Blank and
+//! Membership entries yield [`Outcome::Done`], and a Membership entry also becomes the last
+//! membership. The state itself lives in memory; what makes it durable is the snapshot, the
+//! serialized `State` plus its [`SnapshotMeta`], persisted to `DATA_DIR/snapshot.bin` (written to
+//! a temporary file, fsynced, renamed over the old one, directory fsynced). On restart the state
+//! is loaded from that snapshot and openraft re-applies the committed log after it.
+//!
+//! The snapshot file is `MAGIC | meta length (u64 LE) | state length (u64 LE) | meta | state`,
+//! with the metadata in the store's codec and the state in `State::to_snapshot_bytes`; every
+//! length is checked against a named limit before anything is allocated.
+
+// `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
+#![allow(clippy::result_large_err)]
+
+use std::fs::File;
+use std::io::{BufWriter, Cursor, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, BasicNode, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
+    RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+};
+use quotient_core::limits::SNAPSHOT_BYTES_MAX;
+use quotient_core::{ApplyCtx, Outcome, SnapshotError, State};
+
+use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
+use super::type_config::{Entry, NodeId, Request, TypeConfig};
+
+/// The snapshot file name inside the data directory.
+pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
+
+/// The temporary file a new snapshot is written to before it is renamed over the old one.
+const SNAPSHOT_TMP_FILE_NAME: &str = "snapshot.bin.tmp";
+
+/// The first bytes of a snapshot file: format name and version.
+const SNAPSHOT_MAGIC: [u8; 8] = *b"QSNAP001";
+
+/// Magic, metadata length, state length.
+const SNAPSHOT_HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + 8 + 8;
+
+/// The largest snapshot file that is read back: header, metadata and the largest state.
+pub const MAX_SNAPSHOT_FILE_BYTES: u64 =
+    (SNAPSHOT_HEADER_BYTES + MAX_ENTRY_BYTES + SNAPSHOT_BYTES_MAX) as u64;
+
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+type Membership = StoredMembership<NodeId, BasicNode>;
+
+/// Why the snapshot file could not be written or read back.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    /// Reading, writing, syncing or renaming the file failed.
+    #[error("snapshot file I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file does not start with the snapshot magic.
+    #[error("not a Quotient snapshot file (bad magic)")]
+    BadMagic,
+    /// The lengths in the header do not match the file, or exceed their limits.
+    #[error("corrupted snapshot file: {0}")]
+    Corrupted(String),
+    /// The metadata could not be encoded or decoded.
+    #[error("snapshot metadata: {0}")]
+    Meta(#[from] CodecError),
+    /// The state bytes are not a valid state.
+    #[error("snapshot state: {0}")]
+    State(#[from] SnapshotError),
+}
+
+/// What has been applied: the state, the last applied log id and the last membership.
+struct Applied {
+    state: State,
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: Membership,
+}
+
+struct Shared {
+    data_dir: PathBuf,
+    applied: RwLock<Applied>,
+    /// Serialises snapshot file writes; holds the metadata of the snapshot on disk, if any.
+    on_disk: Mutex<Option<Meta>>,
+    /// Makes snapshot ids unique within this process.
+    snapshot_seq: AtomicU64,
+}
+
+impl Shared {
+    // A panic inside `apply` already stops the Raft node; a poisoned lock is recovered only so
+    // that diagnostics can still read the state.
+    fn read_applied(&self) -> RwLockReadGuard<'_, Applied> {
+        self.applied.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_applied(&self) -> RwLockWriteGuard<'_, Applied> {
+        self.applied.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_on_disk(&self) -> MutexGuard<'_, Option<Meta>> {
+        self.on_disk.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn snapshot_path(&self) -> PathBuf {
+        self.data_dir.join(SNAPSHOT_FILE_NAME)
+    }
+
+    /// Writes a snapshot file unless (when `force` is false) the one on disk is newer.
+    /// Returns whether it wrote.
+    fn persist(&self, meta: &Meta, state: &[u8], force: bool) -> Result<bool, SnapshotFileError> {
+        let mut on_disk = self.lock_on_disk();
+        if !force {
+            if let Some(current) = on_disk.as_ref() {
+                if current.last_log_id > meta.last_log_id {
+                    return Ok(false);
+                }
+            }
+        }
+        write_snapshot_file(&self.data_dir, meta, state)?;
+        *on_disk = Some(meta.clone());
+        Ok(true)
+    }
+
+    fn storage_error(
+        &self,
+        subject: ErrorSubject<NodeId>,
+        verb: ErrorVerb,
+        error: &(dyn std::error::Error + 'static),
+    ) -> StorageError<NodeId> {
+        let source = AnyError::from_dyn(error, None)
+            .add_context(|| format!("raft snapshot {}", self.snapshot_path().display()));
+        StorageIOError::new(subject, verb, source).into()
+    }
+}
+
+/// The Raft state machine over `quotient_core::State`; cheap to clone, and each clone shares
+/// the same state (the snapshot builder is a clone, and so can be the coordinator's read handle).
+#[derive(Clone)]
+pub struct QuotientStateMachine {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for QuotientStateMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotientStateMachine")
+            .field("data_dir", &self.shared.data_dir)
+            .field("last_applied", &self.last_applied())
+            .finish()
+    }
+}
+
+impl QuotientStateMachine {
+    /// Opens the state machine for `data_dir`: loads `data_dir/snapshot.bin` if it exists,
+    /// else starts from `State::new()`. Creates the directory if missing. Blocks on file I/O,
+    /// so call it at startup (or from a blocking task).
+    ///
+    /// A snapshot file that cannot be read or decoded, or whose state fails validation, is an
+    /// error: starting empty instead could lose the history the purged log no longer has.
+    pub fn open(data_dir: &Path) -> Result<Self, StorageError<NodeId>> {
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            let source = AnyError::new(&e)
+                .add_context(|| format!("creating raft data directory {}", data_dir.display()));
+            StorageIOError::new(ErrorSubject::StateMachine, ErrorVerb::Write, source)
+        })?;
+        let shared = Shared {
+            data_dir: data_dir.to_path_buf(),
+            applied: RwLock::new(Applied {
+                state: State::new(),
+                last_applied: None,
+                last_membership: Membership::default(),
+            }),
+            on_disk: Mutex::new(None),
+            snapshot_seq: AtomicU64::new(0),
+        };
+        let loaded = read_snapshot_file(data_dir)
+            .map_err(|e| shared.storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
+        if let Some((meta, bytes)) = loaded {
+            let state = State::from_snapshot_bytes(&bytes).map_err(|e| {
+                let e = SnapshotFileError::State(e);
+                shared.storage_error(
+                    ErrorSubject::Snapshot(Some(meta.signature())),
+                    ErrorVerb::Read,
+                    &e,
+                )
+            })?;
+            tracing::info!(
+                path = %shared.snapshot_path().display(),
+                last_log_id = ?meta.last_log_id,
+                "loaded raft snapshot"
+            );
+            *shared.write_applied() = Applied {
+                state,
+                last_applied: meta.last_log_id,
+                last_membership: meta.last_membership.clone(),
+            };
+            *shared.lock_on_disk() = Some(meta);
+        }
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// Runs `f` on the current state (under a read lock: keep it short).
+    pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.shared.read_applied().state)
+    }
+
+    /// The id of the last applied log entry, if any.
+    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+        self.shared.read_applied().last_applied
+    }
+
+    /// The path of the snapshot file.
+    pub fn snapshot_path(&self) -> PathBuf {
+        self.shared.snapshot_path()
+    }
+
+    /// Runs `f` on tokio's blocking pool with the shared state.
+    async fn blocking<R, F>(
+        &self,
+        subject: ErrorSubject<NodeId>,
+        verb: ErrorVerb,
+        f: F,
+    ) -> Result<R, StorageError<NodeId>>
+    where
+        F: FnOnce(&Shared) -> Result<R, StorageError<NodeId>> + Send + 'static,
+        R: Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        match tokio::task::spawn_blocking(move || f(&shared)).await {
+            Ok(result) => result,
+            Err(join) => Err(self.shared.storage_error(subject, verb, &join)),
+        }
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for QuotientStateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        let subject = ErrorSubject::Snapshot(None);
+        let (meta, bytes) = self
+            .blocking(subject.clone(), ErrorVerb::Write, move |shared| {
+                let (bytes, last_log_id, last_membership) = {
+                    let applied = shared.read_applied();
+                    (
+                        applied.state.to_snapshot_bytes(),
+                        applied.last_applied,
+                        applied.last_membership.clone(),
+                    )
+                };
+                let snapshot_id = match &last_log_id {
+                    Some(id) => format!("{id}-{seq}"),
+                    None => format!("empty-{seq}"),
+                };
+                let meta = Meta {
+                    last_log_id,
+                    last_membership,
+                    snapshot_id,
+                };
+                let wrote = shared
+                    .persist(&meta, &bytes, false)
+                    .map_err(|e| shared.storage_error(subject, ErrorVerb::Write, &e))?;
+                if !wrote {
+                    tracing::debug!(
+                        snapshot = %meta,
+                        "a newer snapshot is already on disk; not replacing it"
+                    );
+                }
+                Ok((meta, bytes))
+            })
+            .await?;
+        tracing::info!(snapshot = %meta, bytes = bytes.len(), "built raft snapshot");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, Membership), StorageError<NodeId>> {
+        let applied = self.shared.read_applied();
+        Ok((applied.last_applied, applied.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut applied = self.shared.write_applied();
+        let mut outcomes = Vec::new();
+        for entry in entries {
+            let log_id = entry.log_id;
+            let outcome = match entry.payload {
+                EntryPayload::Blank => Outcome::Done,
+                EntryPayload::Normal(Request { command, time_ms }) => quotient_core::apply(
+                    &mut applied.state,
+                    command,
+                    ApplyCtx {
+                        log_index: log_id.index,
+                        time_ms,
+                    },
+                ),
+                EntryPayload::Membership(membership) => {
+                    applied.last_membership = Membership::new(Some(log_id), membership);
+                    Outcome::Done
+                }
+            };
+            applied.last_applied = Some(log_id);
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let bytes = snapshot.into_inner();
+        let subject = ErrorSubject::Snapshot(Some(meta.signature()));
+        let owned_meta = meta.clone();
+        let state = self
+            .blocking(subject.clone(), ErrorVerb::Write, move |shared| {
+                // Validate before persisting: a bad snapshot must not replace a good one.
+                let state = State::from_snapshot_bytes(&bytes).map_err(|e| {
+                    let e = SnapshotFileError::State(e);
+                    shared.storage_error(subject.clone(), ErrorVerb::Read, &e)
+                })?;
+                shared
+                    .persist(&owned_meta, &bytes, true)
+                    .map_err(|e| shared.storage_error(subject, ErrorVerb::Write, &e))?;
+                Ok(state)
+            })
+            .await?;
+        *self.shared.write_applied() = Applied {
+            state,
+            last_applied: meta.last_log_id,
+            last_membership: meta.last_membership.clone(),
+        };
+        tracing::info!(snapshot = %meta, "installed raft snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let subject = ErrorSubject::Snapshot(None);
+        let loaded = self
+            .blocking(subject.clone(), ErrorVerb::Read, move |shared| {
+                read_snapshot_file(&shared.data_dir)
+                    .map_err(|e| shared.storage_error(subject, ErrorVerb::Read, &e))
+            })
+            .await?;
+        Ok(loaded.map(|(meta, bytes)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
+    }
+}
+
+/// Writes `dir/snapshot.bin` atomically: temporary file, fsync, rename, directory fsync.
+fn write_snapshot_file(dir: &Path, meta: &Meta, state: &[u8]) -> Result<(), SnapshotFileError> {
+    let meta_bytes = encode_value(meta)?;
+    if state.len() > SNAPSHOT_BYTES_MAX {
+        return Err(SnapshotFileError::Corrupted(format!(
+            "state of {} bytes exceeds the limit of {SNAPSHOT_BYTES_MAX} bytes",
+            state.len()
+        )));
+    }
+    let tmp = dir.join(SNAPSHOT_TMP_FILE_NAME);
+    let path = dir.join(SNAPSHOT_FILE_NAME);
+    let file = File::create(&tmp)?;
+    let mut writer = BufWriter::new(file);
+    writer.write_all(&SNAPSHOT_MAGIC)?;
+    writer.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
+    writer.write_all(&(state.len() as u64).to_le_bytes())?;
+    writer.write_all(&meta_bytes)?;
+    writer.write_all(state)?;
+    let file = writer.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    Ok(())
+}
+
+/// Makes a rename in `dir` durable.
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Reads `dir/snapshot.bin`: its metadata and its state bytes, or `None` if there is none.
+fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFileError> {
+    let path = dir.join(SNAPSHOT_FILE_NAME);
+    let mut file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let len = file.metadata()?.len();
+    if len > MAX_SNAPSHOT_FILE_BYTES {
+        return Err(SnapshotFileError::Corrupted(format!(
+            "file of {len} bytes exceeds the limit of {MAX_SNAPSHOT_FILE_BYTES} bytes"
+        )));
+    }
+    let capacity = usize::try_from(len)
+        .map_err(|_| SnapshotFileError::Corrupted(format!("file of {len} bytes")))?;
+    let mut bytes = Vec::with_capacity(capacity);
+    file.read_to_end(&mut bytes)?;
+    let (meta, state_start) = parse_snapshot_header(&bytes)?;
+    bytes.drain(..state_start);
+    Ok(Some((meta, bytes)))
+}
+
+/// Checks the header of a whole snapshot file; returns the metadata and where the state starts.
+fn parse_snapshot_header(bytes: &[u8]) -> Result<(Meta, usize), SnapshotFileError> {
+    if bytes.len() < SNAPSHOT_HEADER_BYTES {
+        return Err(SnapshotFileError::Corrupted(format!(
+            "file of {} bytes is shorter than the header",
+            bytes.len()
+        )));
+    }
+    let (magic, rest) = bytes.split_at(SNAPSHOT_MAGIC.len());
+    if magic != SNAPSHOT_MAGIC {
+        return Err(SnapshotFileError::BadMagic);
+    }
+    let (meta_len, rest) = read_len(rest)?;
+    let (state_len, _) = read_len(rest)?;
+    if meta_len > MAX_ENTRY_BYTES {
+        return Err(SnapshotFileError::Corrupted(format!(
+            "metadata length {meta_len} exceeds the limit of {MAX_ENTRY_BYTES} bytes"
+        )));
+    }
+    if state_len > SNAPSHOT_BYTES_MAX {
+        return Err(SnapshotFileError::Corrupted(format!(
+            "state length {state_len} exceeds the limit of {SNAPSHOT_BYTES_MAX} bytes"
+        )));
+    }
+    let state_start = SNAPSHOT_HEADER_BYTES + meta_len;
+    if state_start + state_len != bytes.len() {
+        return Err(SnapshotFileError::Corrupted(format!(
+            "header says {} bytes, file has {}",
+            state_start + state_len,
+            bytes.len()
+        )));
+    }
+    let meta = decode_value(&bytes[SNAPSHOT_HEADER_BYTES..state_start])?;
+    Ok((meta, state_start))
+}
+
+/// Reads one little-endian u64 length as a usize.
+fn read_len(bytes: &[u8]) -> Result<(usize, &[u8]), SnapshotFileError> {
+    let (head, rest) = bytes.split_at_checked(8).ok_or_else(|| {
+        SnapshotFileError::Corrupted("file is shorter than the header".to_string())
+    })?;
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(head);
+    let len = usize::try_from(u64::from_le_bytes(raw))
+        .map_err(|_| SnapshotFileError::Corrupted("length does not fit in memory".to_string()))?;
+    Ok((len, rest))
+}

@@ -1,0 +1,467 @@
+//! Tests of the state machine adapter over `quotient_core`: what applying each kind of entry
+//! yields, that the snapshot file brings the state back after a restart (and that a bad one is
+//! refused), and, end to end, that a single-node Raft cluster on the real stores recovers its
+//! state from snapshot plus log after it is shut down and started again.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{
+    AnyError, BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, RaftLogReader,
+    RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
+};
+use quotient_common::{GpuClass, GpuDevice, NodeInventory};
+use quotient_coordinator::store::state_machine::SNAPSHOT_FILE_NAME;
+use quotient_coordinator::store::type_config::{Entry, Raft};
+use quotient_coordinator::store::{self, QuotientStateMachine, Request, TypeConfig};
+use quotient_core::{Command, Outcome, State};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn inventory(name: &str) -> NodeInventory {
+    NodeInventory {
+        name: name.to_string(),
+        gpus: vec![GpuDevice {
+            index: 0,
+            uuid: format!("GPU-{name}-0"),
+            class: GpuClass::parse("h100-80gb").expect("class"),
+            healthy: true,
+        }],
+    }
+}
+
+fn register(name: &str, time_ms: u64) -> Request {
+    Request {
+        command: Command::RegisterNode(inventory(name)),
+        time_ms,
+    }
+}
+
+fn normal(index: u64, request: Request) -> Entry {
+    Entry {
+        log_id: log_id(1, index),
+        payload: EntryPayload::Normal(request),
+    }
+}
+
+fn membership(index: u64) -> (Entry, Membership<u64, BasicNode>) {
+    let m = Membership::from(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:7001"))]));
+    let entry = Entry {
+        log_id: log_id(1, index),
+        payload: EntryPayload::Membership(m.clone()),
+    };
+    (entry, m)
+}
+
+fn has_node(sm: &QuotientStateMachine, name: &str) -> bool {
+    sm.read(|state| state.node_by_name(name).is_some())
+}
+
+fn state_bytes(sm: &QuotientStateMachine) -> Vec<u8> {
+    sm.read(State::to_snapshot_bytes)
+}
+
+#[tokio::test]
+async fn apply_yields_outcomes_and_tracks_applied_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+    assert_eq!(
+        sm.applied_state().await.expect("state"),
+        (None, StoredMembership::default())
+    );
+
+    let (member_entry, m) = membership(2);
+    let blank = Entry {
+        log_id: log_id(1, 1),
+        payload: EntryPayload::Blank,
+    };
+    let outcomes = sm
+        .apply([
+            blank,
+            member_entry,
+            normal(3, register("gpu-a", 1_000)),
+            normal(
+                4,
+                Request {
+                    command: Command::CordonNode {
+                        node: "no-such-node".to_string(),
+                    },
+                    time_ms: 2_000,
+                },
+            ),
+        ])
+        .await
+        .expect("apply");
+    assert_eq!(outcomes.len(), 4);
+    assert_eq!(outcomes[0], Outcome::Done);
+    assert_eq!(outcomes[1], Outcome::Done);
+    assert!(
+        matches!(outcomes[2], Outcome::NodeRegistered { .. }),
+        "{:?}",
+        outcomes[2]
+    );
+    assert!(outcomes[3].is_rejected(), "{:?}", outcomes[3]);
+
+    let (last_applied, last_membership) = sm.applied_state().await.expect("state");
+    assert_eq!(last_applied, Some(log_id(1, 4)));
+    assert_eq!(
+        last_membership,
+        StoredMembership::new(Some(log_id(1, 2)), m)
+    );
+    assert_eq!(sm.last_applied(), Some(log_id(1, 4)));
+    assert!(has_node(&sm, "gpu-a"));
+    assert_eq!(sm.read(|s| s.data().last_applied_index), 4);
+}
+
+#[tokio::test]
+async fn snapshot_file_restores_state_after_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (expected_meta, expected_bytes) = {
+        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+        let (member_entry, _) = membership(1);
+        sm.apply([member_entry, normal(2, register("gpu-a", 1_000))])
+            .await
+            .expect("apply");
+        let snapshot = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 2)));
+        assert_eq!(snapshot.snapshot.get_ref(), &state_bytes(&sm));
+        // Applied after the snapshot: only the log would bring this back.
+        sm.apply([normal(3, register("gpu-b", 2_000))])
+            .await
+            .expect("apply");
+        (snapshot.meta, snapshot.snapshot.into_inner())
+    };
+    assert!(dir.path().join(SNAPSHOT_FILE_NAME).exists());
+    assert!(!dir.path().join("snapshot.bin.tmp").exists());
+
+    let mut sm = QuotientStateMachine::open(dir.path()).expect("reopen");
+    let (last_applied, last_membership) = sm.applied_state().await.expect("state");
+    assert_eq!(last_applied, expected_meta.last_log_id);
+    assert_eq!(last_membership, expected_meta.last_membership);
+    assert!(has_node(&sm, "gpu-a"));
+    assert!(!has_node(&sm, "gpu-b"));
+    assert_eq!(state_bytes(&sm), expected_bytes);
+
+    let current = sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("a snapshot");
+    assert_eq!(current.meta, expected_meta);
+    assert_eq!(current.snapshot.into_inner(), expected_bytes);
+}
+
+#[tokio::test]
+async fn install_snapshot_replaces_state_and_persists() {
+    let leader_dir = tempfile::tempdir().expect("tempdir");
+    let follower_dir = tempfile::tempdir().expect("tempdir");
+    let mut leader = QuotientStateMachine::open(leader_dir.path()).expect("open");
+    let mut follower = QuotientStateMachine::open(follower_dir.path()).expect("open");
+    follower
+        .apply([normal(1, register("stale", 500))])
+        .await
+        .expect("apply");
+
+    let (member_entry, _) = membership(1);
+    leader
+        .apply([
+            member_entry,
+            normal(2, register("gpu-a", 1_000)),
+            normal(3, register("gpu-b", 1_500)),
+        ])
+        .await
+        .expect("apply");
+    let snapshot = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+
+    let mut receiving = follower.begin_receiving_snapshot().await.expect("begin");
+    *receiving = *snapshot.snapshot.clone();
+    follower
+        .install_snapshot(&snapshot.meta, receiving)
+        .await
+        .expect("install");
+    assert_eq!(state_bytes(&follower), state_bytes(&leader));
+    assert!(!has_node(&follower, "stale"));
+    assert_eq!(
+        follower.applied_state().await.expect("state").0,
+        Some(log_id(1, 3))
+    );
+    drop(follower);
+
+    let follower = QuotientStateMachine::open(follower_dir.path()).expect("reopen");
+    assert_eq!(state_bytes(&follower), state_bytes(&leader));
+    assert_eq!(follower.last_applied(), Some(log_id(1, 3)));
+}
+
+#[tokio::test]
+async fn bad_snapshot_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+    sm.apply([normal(1, register("gpu-a", 1_000))])
+        .await
+        .expect("apply");
+    let built = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    let before = state_bytes(&sm);
+    let on_disk = std::fs::read(dir.path().join(SNAPSHOT_FILE_NAME)).expect("read");
+
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id(2, 9)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: "garbage".to_string(),
+    };
+    let garbage = Box::new(Cursor::new(vec![0xffu8; 64]));
+    let err = sm
+        .install_snapshot(&meta, garbage)
+        .await
+        .expect_err("garbage snapshot");
+    assert!(err.to_string().contains(SNAPSHOT_FILE_NAME), "{err}");
+    assert_eq!(state_bytes(&sm), before);
+    assert_eq!(sm.last_applied(), built.meta.last_log_id);
+    assert_eq!(
+        std::fs::read(dir.path().join(SNAPSHOT_FILE_NAME)).expect("read"),
+        on_disk
+    );
+}
+
+fn write_snapshot_file(dir: &Path, bytes: &[u8]) {
+    std::fs::write(dir.join(SNAPSHOT_FILE_NAME), bytes).expect("write");
+}
+
+#[tokio::test]
+async fn corrupted_snapshot_file_is_an_error_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+        sm.apply([normal(1, register("gpu-a", 1_000))])
+            .await
+            .expect("apply");
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+    }
+    let good = std::fs::read(dir.path().join(SNAPSHOT_FILE_NAME)).expect("read");
+
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("truncated", good[..good.len() - 1].to_vec()),
+        ("extended", [good.as_slice(), &[0]].concat()),
+        ("bad magic", [b"XXXXXXXX".as_slice(), &good[8..]].concat()),
+    ];
+    // A header claiming a huge metadata length must be refused before any allocation.
+    let mut huge = good.clone();
+    huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    cases.push(("huge length", huge));
+    // Valid framing, but the state bytes are not a state.
+    let mut bad_state = good.clone();
+    let last = bad_state.len() - 1;
+    bad_state[last] ^= 0xff;
+    bad_state[last - 1] ^= 0xff;
+    cases.push(("bad state", bad_state));
+
+    for (what, bytes) in cases {
+        write_snapshot_file(dir.path(), &bytes);
+        let err = QuotientStateMachine::open(dir.path()).expect_err(what);
+        assert!(
+            err.to_string().contains(SNAPSHOT_FILE_NAME),
+            "{what}: {err}"
+        );
+    }
+
+    write_snapshot_file(dir.path(), &good);
+    let sm = QuotientStateMachine::open(dir.path()).expect("the good file loads again");
+    assert!(has_node(&sm, "gpu-a"));
+}
+
+#[tokio::test]
+async fn restart_recovers_from_snapshot_plus_log_at_store_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (member_entry, _) = membership(1);
+    let entries = vec![
+        member_entry,
+        normal(2, register("gpu-a", 1_000)),
+        normal(3, register("gpu-b", 2_000)),
+        normal(4, register("gpu-c", 3_000)),
+    ];
+    let expected = {
+        let (mut log, mut sm) = store::open(dir.path()).expect("open");
+        log.blocking_append(entries.clone()).await.expect("append");
+        log.save_committed(Some(log_id(1, 4)))
+            .await
+            .expect("committed");
+        sm.apply(entries[..2].to_vec()).await.expect("apply");
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        sm.apply(entries[2..].to_vec()).await.expect("apply");
+        log.purge(log_id(1, 2)).await.expect("purge");
+        state_bytes(&sm)
+    };
+
+    // What openraft does on startup: load the snapshot, re-apply the committed log after it.
+    let (mut log, mut sm) = store::open(dir.path()).expect("reopen");
+    let applied = sm.applied_state().await.expect("state").0;
+    assert_eq!(applied, Some(log_id(1, 2)));
+    let committed = log.read_committed().await.expect("committed");
+    assert_eq!(committed, Some(log_id(1, 4)));
+    let start = applied.map_or(0, |id| id.index + 1);
+    let end = committed.map_or(0, |id| id.index + 1);
+    let replay = log.try_get_log_entries(start..end).await.expect("read");
+    assert_eq!(replay.len(), 2);
+    sm.apply(replay).await.expect("replay");
+    assert_eq!(state_bytes(&sm), expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// End to end: a single-node Raft cluster on the real stores, restarted.
+
+/// A network for a cluster of one: every peer is unreachable (and none is ever asked).
+struct NoNetwork;
+
+fn unreachable<E: std::error::Error>() -> RPCError<u64, BasicNode, E> {
+    RPCError::Unreachable(Unreachable::new(&AnyError::error(
+        "single-node test cluster has no network",
+    )))
+}
+
+impl RaftNetworkFactory<TypeConfig> for NoNetwork {
+    type Network = NoNetwork;
+
+    async fn new_client(&mut self, _target: u64, _node: &BasicNode) -> Self::Network {
+        NoNetwork
+    }
+}
+
+impl RaftNetwork<TypeConfig> for NoNetwork {
+    async fn append_entries(
+        &mut self,
+        _rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        Err(unreachable())
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>,
+    > {
+        Err(unreachable())
+    }
+
+    async fn vote(
+        &mut self,
+        _rpc: VoteRequest<u64>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        Err(unreachable())
+    }
+}
+
+async fn start_node(dir: &Path) -> (Raft, QuotientStateMachine) {
+    let (log, sm) = store::open(dir).expect("open stores");
+    let config = openraft::Config {
+        cluster_name: "quotient-test".to_string(),
+        ..openraft::Config::default()
+    }
+    .validate()
+    .expect("config");
+    let raft = Raft::new(1, Arc::new(config), NoNetwork, log, sm.clone())
+        .await
+        .expect("raft");
+    (raft, sm)
+}
+
+async fn write(raft: &Raft, request: Request) -> Outcome {
+    raft.client_write(request).await.expect("client write").data
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_restart_recovers_from_snapshot_plus_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let expected = {
+        let (raft, sm) = start_node(dir.path()).await;
+        raft.initialize(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:0"))]))
+            .await
+            .expect("initialize");
+        raft.wait(Some(TIMEOUT))
+            .current_leader(1, "leader elected")
+            .await
+            .expect("leader");
+
+        let outcome = write(&raft, register("gpu-a", 1_000)).await;
+        assert!(
+            matches!(outcome, Outcome::NodeRegistered { .. }),
+            "{outcome:?}"
+        );
+        raft.trigger().snapshot().await.expect("trigger snapshot");
+        raft.wait(Some(TIMEOUT))
+            .metrics(|m| m.snapshot.is_some(), "snapshot built")
+            .await
+            .expect("snapshot");
+        let outcome = write(&raft, register("gpu-b", 2_000)).await;
+        assert!(
+            matches!(outcome, Outcome::NodeRegistered { .. }),
+            "{outcome:?}"
+        );
+        assert!(has_node(&sm, "gpu-a") && has_node(&sm, "gpu-b"));
+        let expected = (state_bytes(&sm), sm.last_applied());
+        raft.shutdown().await.expect("shutdown");
+        expected
+    };
+
+    let (raft, sm) = start_node(dir.path()).await;
+    let want = expected.1.expect("something was applied");
+    raft.wait(Some(TIMEOUT))
+        .applied_index_at_least(Some(want.index), "log replayed after the snapshot")
+        .await
+        .expect("replay");
+    assert_eq!(state_bytes(&sm), expected.0);
+    assert!(has_node(&sm, "gpu-a") && has_node(&sm, "gpu-b"));
+
+    // It is the leader again and takes writes.
+    raft.wait(Some(TIMEOUT))
+        .current_leader(1, "leader again")
+        .await
+        .expect("leader");
+    let outcome = write(&raft, register("gpu-c", 3_000)).await;
+    assert!(
+        matches!(outcome, Outcome::NodeRegistered { .. }),
+        "{outcome:?}"
+    );
+    raft.shutdown().await.expect("shutdown");
+}
