@@ -1,6 +1,7 @@
 //! Types that every Quotient part shares: the domain vocabulary of quota shares, jobs and nodes.
 //!
 //! # Layout
+//! - [`api`]: the client API's requests, responses and views (spec/cli.md's JSON).
 //! - [`name`]: validation of share, job and node names.
 //! - [`gpu_class`]: normalised GPU class names, mapped from NVML model strings.
 //! - [`share`]: the share spec (limits, strategy, borrow limit, in-share preemption, state).
@@ -17,6 +18,7 @@
 //! Without it, everything here is plain data with `serde` derives and no clock or I/O, so the
 //! pure state machine in `quotient-core` can replicate it byte for byte and links no tokio.
 
+pub mod api;
 #[cfg(feature = "net")]
 pub mod certs;
 #[cfg(feature = "net")]

@@ -1,0 +1,229 @@
+//! The client API's messages (ALPN `quotient-api/1`): what the `quotient` CLI asks a
+//! coordinator, and the views it gets back.
+//!
+//! The views are shaped like the JSON of spec/cli.md, so the CLI prints them with `serde_json`
+//! as they are. They are plain data with no serde attributes, so bincode encodes them safely.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use crate::{JobId, JobSpec, JobState, ShareSpec, ShareUpdate};
+
+/// The largest API request or response frame.
+pub const API_FRAME_BYTES_MAX: usize = 16 << 20;
+
+/// One request from a client. Each travels on its own QUIC stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApiRequest {
+    CreateShare(ShareSpec),
+    UpdateShare {
+        name: String,
+        update: ShareUpdate,
+    },
+    DeleteShare {
+        name: String,
+    },
+    ListShares,
+    GetShare {
+        name: String,
+    },
+    SubmitJob(JobSpec),
+    GetJob {
+        job: JobId,
+    },
+    ListJobs {
+        share: Option<String>,
+        state: Option<JobState>,
+    },
+    UpdateJobPriority {
+        job: JobId,
+        priority: u32,
+    },
+    CancelJob {
+        job: JobId,
+    },
+    ExplainJob {
+        job: JobId,
+    },
+    ListNodes,
+    CordonNode {
+        node: String,
+    },
+    UncordonNode {
+        node: String,
+    },
+    DrainNode {
+        node: String,
+    },
+    ClusterStatus,
+    /// Adds a coordinator: it joins as a learner, catches up, then becomes a voter.
+    AddMember {
+        id: u64,
+        address: String,
+    },
+    RemoveMember {
+        id: u64,
+    },
+    /// Liveness of the coordinator answering; never forwarded.
+    Health,
+}
+
+impl ApiRequest {
+    /// Whether the request changes state (and so needs the admin role for shares and
+    /// membership, and a Raft commit).
+    pub fn is_write(&self) -> bool {
+        !matches!(
+            self,
+            ApiRequest::ListShares
+                | ApiRequest::GetShare { .. }
+                | ApiRequest::GetJob { .. }
+                | ApiRequest::ListJobs { .. }
+                | ApiRequest::ExplainJob { .. }
+                | ApiRequest::ListNodes
+                | ApiRequest::ClusterStatus
+                | ApiRequest::Health
+        )
+    }
+
+    /// Whether only an admin may send it: share, node and membership management.
+    pub fn needs_admin(&self) -> bool {
+        matches!(
+            self,
+            ApiRequest::CreateShare(_)
+                | ApiRequest::UpdateShare { .. }
+                | ApiRequest::DeleteShare { .. }
+                | ApiRequest::CordonNode { .. }
+                | ApiRequest::UncordonNode { .. }
+                | ApiRequest::DrainNode { .. }
+                | ApiRequest::AddMember { .. }
+                | ApiRequest::RemoveMember { .. }
+        )
+    }
+}
+
+/// A coordinator's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApiResponse {
+    Done,
+    JobSubmitted {
+        job: JobId,
+        duplicate: bool,
+    },
+    Share(ShareView),
+    Shares(Vec<ShareView>),
+    Job(JobView),
+    Jobs(Vec<JobView>),
+    Explanation {
+        summary: String,
+        details: Vec<String>,
+    },
+    Nodes(Vec<NodeView>),
+    Cluster(ClusterView),
+    Health(HealthView),
+    Error(ApiError),
+}
+
+/// Why a request failed. `NotLeader` is for the CLI to follow, never for the user to see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ApiError {
+    /// The state machine refused the command; the text says why and what to do.
+    #[error("{0}")]
+    Rejected(String),
+    #[error("not the leader; try coordinator {leader_id:?} at {leader_address:?}")]
+    NotLeader {
+        leader_id: Option<u64>,
+        leader_address: Option<String>,
+    },
+    #[error("permission denied: {0}")]
+    Unauthorized(String),
+    #[error("the cluster cannot serve this now: {0}; retry, or check `quotient cluster status`")]
+    Unavailable(String),
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+/// A share as `quotient share get -o json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareView {
+    pub name: String,
+    pub strategy: String,
+    pub limits: BTreeMap<String, u32>,
+    pub borrow_limit_percent: Option<u32>,
+    pub in_share_preemption: bool,
+    pub state: String,
+    pub usage: BTreeMap<String, u64>,
+    pub borrowed: BTreeMap<String, u64>,
+    pub lent: BTreeMap<String, u64>,
+    pub runnable: u64,
+    pub running: u64,
+}
+
+/// A job as `quotient job get -o json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: String,
+    pub name: Option<String>,
+    pub share: String,
+    pub priority: u32,
+    pub state: String,
+    pub gpus: u32,
+    pub gpu_class: String,
+    pub node: Option<String>,
+    pub attempts: u32,
+    pub preemptions: u32,
+    pub reason: Option<String>,
+    /// How the last preemption happened: kind, and the job and share it was for.
+    pub last_preemption: Option<String>,
+    pub preempted_for: Option<String>,
+    pub gpu_indices: Vec<u32>,
+    pub submitted_ms: u64,
+}
+
+/// One GPU in a node view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub class: String,
+    pub healthy: bool,
+    pub job: Option<String>,
+}
+
+/// A node as `quotient node list -o json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    pub state: String,
+    pub gpus: Vec<GpuView>,
+}
+
+/// One coordinator in the cluster view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    pub id: u64,
+    pub address: String,
+    /// leader, follower or learner.
+    pub role: String,
+    pub reachable: bool,
+}
+
+/// `quotient cluster status -o json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub members: Vec<MemberView>,
+    pub last_applied: u64,
+}
+
+/// What the health request reports about the coordinator that answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthView {
+    pub id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub last_applied: u64,
+    pub healthy: bool,
+}
