@@ -471,6 +471,7 @@ impl<'a> Round<'a> {
 
     /// Phase 2: a head within its limit that found no room takes borrowed GPUs back.
     fn reclaim(&mut self) {
+        let mut failed_gpus: BTreeMap<&'a GpuClass, u32> = BTreeMap::new();
         for q in self.blocked_in_order() {
             let (id, _) = self.queues[q].blocked.clone().expect("blocked");
             let job = self.job(id);
@@ -478,9 +479,25 @@ impl<'a> Round<'a> {
             if queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class) {
                 continue;
             }
-            let candidates = self.borrowed_candidates(job.class());
-            if let Some((node, victims)) = self.choose_victims(q, job, candidates) {
-                self.nominate(q, job, node, victims, PreemptionKind::Reclaim);
+            // A search that found no room for `g` GPUs finds none for more in this round:
+            // candidates and free GPUs only shrink, and every non-reserve share sees the same
+            // reserved idle quota. Reserve shares see less of it, so they always search.
+            let class = job.class();
+            let memo = self.queues[q].share.strategy != quotient_common::Strategy::Reserve;
+            if memo && failed_gpus.get(class).is_some_and(|g| job.gpus() >= *g) {
+                continue;
+            }
+            let mut merge = self.borrowed_merge(class);
+            let found = self.choose_victims(q, job, || merge.next(self));
+            match found {
+                Some((node, victims)) => {
+                    self.nominate(q, job, node, victims, PreemptionKind::Reclaim)
+                }
+                None if memo => {
+                    let entry = failed_gpus.entry(class).or_insert(job.gpus());
+                    *entry = (*entry).min(job.gpus());
+                }
+                None => {}
             }
         }
     }
@@ -489,16 +506,14 @@ impl<'a> Round<'a> {
     /// most recently started (least work lost). A share's jobs ranked by (priority desc, start
     /// asc) beyond its limit are its borrowed ones; jobs already stopping do not count.
     /// A lazy merge of one stream per borrowing share, so a search that succeeds early costs
-    /// little; it stops after `RECLAIM_CANDIDATES_SCAN_MAX` candidates.
-    fn borrowed_candidates(&self, class: &GpuClass) -> Vec<JobId> {
-        struct Stream<'s> {
-            jobs: std::iter::Rev<std::collections::btree_set::Iter<'s, crate::index::HoldingKey>>,
-            remaining: u64,
-            limit: u64,
-        }
-        let mut streams: Vec<Stream<'a>> = Vec::new();
-        let mut heap = BinaryHeap::new();
+    /// little.
+    fn borrowed_merge(&self, class: &GpuClass) -> BorrowedMerge<'a> {
         let state: &'a State = self.state;
+        let mut merge = BorrowedMerge {
+            streams: Vec::new(),
+            heap: BinaryHeap::new(),
+            yielded: 0,
+        };
         for (share_name, classes) in &state.index.shares {
             let Some(index) = classes.get(class) else {
                 continue;
@@ -516,46 +531,16 @@ impl<'a> Round<'a> {
                 .get(&(share_name.as_str(), class))
                 .copied()
                 .unwrap_or(0);
-            let remaining = index.usage - index.preempting - victims_this_round;
-            streams.push(Stream {
+            merge.streams.push(BorrowedStream {
                 jobs: index.holding.iter().rev(),
-                remaining,
+                remaining: index.usage - index.preempting - victims_this_round,
                 limit,
             });
         }
-        let next = |round: &Self, stream: &mut Stream<'a>| -> Option<JobId> {
-            if stream.remaining <= stream.limit {
-                return None;
-            }
-            for &(_, _, id) in stream.jobs.by_ref() {
-                if round.stopping(id) {
-                    continue;
-                }
-                stream.remaining -= u64::from(round.job(id).gpus());
-                return Some(id);
-            }
-            None
-        };
-        let key = |round: &Self, id: JobId| {
-            let job = round.job(id);
-            Reverse((job.priority(), Reverse(job.placed_index), Reverse(id)))
-        };
-        for (i, stream) in streams.iter_mut().enumerate() {
-            if let Some(id) = next(self, stream) {
-                heap.push((key(self, id), i, id));
-            }
+        for i in 0..merge.streams.len() {
+            merge.refill(self, i);
         }
-        let mut out = Vec::new();
-        while let Some((_, i, id)) = heap.pop() {
-            out.push(id);
-            if out.len() >= RECLAIM_CANDIDATES_SCAN_MAX {
-                break;
-            }
-            if let Some(id) = next(self, &mut streams[i]) {
-                heap.push((key(self, id), i, id));
-            }
-        }
-        out
+        merge
     }
 
     fn stopping(&self, id: JobId) -> bool {
@@ -586,7 +571,8 @@ impl<'a> Round<'a> {
                 .take_while(|id| self.job(*id).priority() < job.priority())
                 .take(IN_SHARE_CANDIDATES_SCAN_MAX)
                 .collect();
-            if let Some((node, victims)) = self.choose_victims(q, job, candidates) {
+            let mut candidates = candidates.into_iter();
+            if let Some((node, victims)) = self.choose_victims(q, job, || candidates.next()) {
                 self.nominate(q, job, node, victims, PreemptionKind::InShare);
             }
         }
@@ -595,16 +581,16 @@ impl<'a> Round<'a> {
     /// The smallest set of victims, taken in candidate order, that frees room for `job` on
     /// one node; the node reached first in candidate order wins.
     fn choose_victims(
-        &mut self,
+        &self,
         q: usize,
         job: &'a JobRecord,
-        candidates: Vec<JobId>,
+        mut next_candidate: impl FnMut() -> Option<JobId>,
     ) -> Option<(NodeId, Vec<JobId>)> {
         let class = job.class();
         let share_name = self.queues[q].share.name.as_str();
         let scratch = self.classes.get(class)?;
         let mut per_node: BTreeMap<NodeId, Vec<JobId>> = BTreeMap::new();
-        for id in candidates {
+        while let Some(id) = next_candidate() {
             let victim = self.job(id);
             let Some(alloc) = victim.allocation else {
                 continue;
@@ -752,5 +738,54 @@ impl<'a> Round<'a> {
         if self.job(id).reason.as_ref() != Some(&reason) {
             self.plan.waiting.push((id, reason));
         }
+    }
+}
+
+/// One borrowing share's borrowed jobs, lowest rank first.
+struct BorrowedStream<'a> {
+    jobs: std::iter::Rev<std::collections::btree_set::Iter<'a, crate::index::HoldingKey>>,
+    /// GPUs of the share's jobs that are not stopping and not yet yielded.
+    remaining: u64,
+    limit: u64,
+}
+
+/// Victim order across streams: priority asc, then start desc, then id desc.
+type VictimKey = Reverse<(u32, Reverse<u64>, Reverse<JobId>)>;
+
+/// The k-way merge of [`BorrowedStream`]s in victim order, bounded by
+/// `RECLAIM_CANDIDATES_SCAN_MAX`.
+struct BorrowedMerge<'a> {
+    streams: Vec<BorrowedStream<'a>>,
+    heap: BinaryHeap<(VictimKey, usize, JobId)>,
+    yielded: usize,
+}
+
+impl<'a> BorrowedMerge<'a> {
+    /// Pushes stream `i`'s next borrowed job, if it has one.
+    fn refill(&mut self, round: &Round<'a>, i: usize) {
+        let stream = &mut self.streams[i];
+        if stream.remaining <= stream.limit {
+            return;
+        }
+        for &(_, _, id) in stream.jobs.by_ref() {
+            if round.stopping(id) {
+                continue;
+            }
+            let job = round.job(id);
+            stream.remaining -= u64::from(job.gpus());
+            let key = Reverse((job.priority(), Reverse(job.placed_index), Reverse(id)));
+            self.heap.push((key, i, id));
+            return;
+        }
+    }
+
+    fn next(&mut self, round: &Round<'a>) -> Option<JobId> {
+        if self.yielded >= RECLAIM_CANDIDATES_SCAN_MAX {
+            return None;
+        }
+        let (_, i, id) = self.heap.pop()?;
+        self.yielded += 1;
+        self.refill(round, i);
+        Some(id)
     }
 }
