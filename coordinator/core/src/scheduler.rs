@@ -254,10 +254,19 @@ impl<'a> Round<'a> {
                         },
                     ));
                 }
-                _ => self
-                    .plan
-                    .actions
-                    .push(PlanAction::ClearNomination { job: id }),
+                _ => {
+                    // Its victims are gone and it still does not fit: release the GPUs kept
+                    // for it, and let it queue like any other job.
+                    self.plan
+                        .actions
+                        .push(PlanAction::ClearNomination { job: id });
+                    if let Some(scratch) = self.classes.get_mut(job.class()) {
+                        if let Some(mut slot) = scratch.slot(node) {
+                            slot.nominated -= job.gpus().min(slot.nominated);
+                            scratch.set_slot(node, slot);
+                        }
+                    }
+                }
             }
         }
     }
