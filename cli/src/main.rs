@@ -7,16 +7,20 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use quotient_cli::certs_init::{self, CertsInitArgs};
-use quotient_cli::certs_issue::{self, CertsIssueArgs};
+use quotient_cli::parse::UsageError;
+use quotient_cli::*;
 
-/// Exit status of a command that was understood but failed (clap exits 2 for usage errors).
+/// Exit status of a command that was understood but failed.
 const EXIT_FAILED: u8 = 1;
+/// Exit status of a usage error (clap uses the same for its own).
+const EXIT_USAGE: u8 = 2;
 
 /// Quotient: quota shares of a GPU fleet.
 #[derive(Debug, Parser)]
 #[command(name = "quotient", version, about)]
 struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -26,30 +30,134 @@ enum Command {
     /// Make the cluster's certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Quota shares: GPUs per class that a team is entitled to.
+    #[command(subcommand)]
+    Share(ShareCommand),
+    /// Training jobs: submit, inspect, reprioritise, cancel.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// GPU hosts.
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// The coordinators: status, health and membership.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// A local cluster of real processes on loopback, for trying Quotient out.
+    #[command(subcommand)]
+    Dev(DevCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum DevCommand {
+    /// Start (or resume) a local cluster in DIR and print the export line for its config.
+    Up(dev_up::DevUpArgs),
+    /// Stop the local cluster in DIR; its data stays.
+    Down(dev_down::DevDownArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum CertsCommand {
     /// Create the cluster CA: DIR/ca.pem and DIR/ca-key.pem.
-    Init(CertsInitArgs),
+    Init(certs_init::CertsInitArgs),
     /// Issue a certificate signed by DIR's CA: DIR/NAME.pem and DIR/NAME-key.pem.
-    Issue(CertsIssueArgs),
+    Issue(certs_issue::CertsIssueArgs),
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+#[derive(Debug, Subcommand)]
+enum ShareCommand {
+    /// Create a share (admin).
+    Create(share_create::ShareCreateArgs),
+    /// Change a share's limits, strategy, borrow limit, preemption or state (admin).
+    Update(share_update::ShareUpdateArgs),
+    /// Delete a disabled share with no jobs (admin).
+    Delete(share_delete::ShareDeleteArgs),
+    /// List the shares with their usage.
+    List(share_list::ShareListArgs),
+    /// Show one share.
+    Get(share_get::ShareGetArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum JobCommand {
+    /// Submit a job; prints its id.
+    Submit(job_submit::JobSubmitArgs),
+    /// Show one job.
+    Get(job_get::JobGetArgs),
+    /// List jobs.
+    List(job_list::JobListArgs),
+    /// Change a job's priority.
+    Update(job_update::JobUpdateArgs),
+    /// Cancel a job.
+    Cancel(job_cancel::JobCancelArgs),
+    /// Say why a job waits, runs where it does, or ended.
+    Explain(job_explain::JobExplainArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCommand {
+    /// List the nodes and their GPUs.
+    List(node_list::NodeListArgs),
+    /// Place no new jobs on a node (admin).
+    Cordon(node_cordon::NodeCordonArgs),
+    /// Let a cordoned node take jobs again (admin).
+    Uncordon(node_uncordon::NodeUncordonArgs),
+    /// Cordon a node and move its jobs elsewhere (admin).
+    Drain(node_drain::NodeDrainArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// The leader, the term and each coordinator's role.
+    Status(cluster_status::ClusterStatusArgs),
+    /// Ask each configured coordinator whether it is up; exits 1 if any is not.
+    Health(cluster_health::ClusterHealthArgs),
+    /// Add a coordinator: it joins as a learner, then becomes a voter (admin).
+    AddMember(cluster_add_member::ClusterAddMemberArgs),
+    /// Remove a coordinator (admin).
+    RemoveMember(cluster_remove_member::ClusterRemoveMemberArgs),
+}
+
+fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Certs(CertsCommand::Init(args)) => certs_init::run(&args),
         Command::Certs(CertsCommand::Issue(args)) => certs_issue::run(&args),
+        Command::Share(ShareCommand::Create(args)) => share_create::run(global, &args),
+        Command::Share(ShareCommand::Update(args)) => share_update::run(global, &args),
+        Command::Share(ShareCommand::Delete(args)) => share_delete::run(global, &args),
+        Command::Share(ShareCommand::List(args)) => share_list::run(global, &args),
+        Command::Share(ShareCommand::Get(args)) => share_get::run(global, &args),
+        Command::Job(JobCommand::Submit(args)) => job_submit::run(global, &args),
+        Command::Job(JobCommand::Get(args)) => job_get::run(global, &args),
+        Command::Job(JobCommand::List(args)) => job_list::run(global, &args),
+        Command::Job(JobCommand::Update(args)) => job_update::run(global, &args),
+        Command::Job(JobCommand::Cancel(args)) => job_cancel::run(global, &args),
+        Command::Job(JobCommand::Explain(args)) => job_explain::run(global, &args),
+        Command::Node(NodeCommand::List(args)) => node_list::run(global, &args),
+        Command::Node(NodeCommand::Cordon(args)) => node_cordon::run(global, &args),
+        Command::Node(NodeCommand::Uncordon(args)) => node_uncordon::run(global, &args),
+        Command::Node(NodeCommand::Drain(args)) => node_drain::run(global, &args),
+        Command::Cluster(ClusterCommand::Status(args)) => cluster_status::run(global, &args),
+        Command::Cluster(ClusterCommand::Health(args)) => cluster_health::run(global, &args),
+        Command::Cluster(ClusterCommand::AddMember(args)) => cluster_add_member::run(global, &args),
+        Command::Cluster(ClusterCommand::RemoveMember(args)) => {
+            cluster_remove_member::run(global, &args)
+        }
+        Command::Dev(DevCommand::Up(args)) => dev_up::run(global, &args),
+        Command::Dev(DevCommand::Down(args)) => dev_down::run(global, &args),
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli.command) {
+    match run(&cli.global, cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            ExitCode::from(EXIT_FAILED)
+            if error.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::from(EXIT_FAILED)
+            }
         }
     }
 }

@@ -226,4 +226,8 @@ pub struct HealthView {
     pub term: u64,
     pub last_applied: u64,
     pub healthy: bool,
+    /// A hash (FNV-1a, 64 bits) of this coordinator's applied state in its canonical bytes:
+    /// replicas that applied the same log give the same digest, so comparing them checks
+    /// replication without a read through the leader.
+    pub state_digest: u64,
 }

@@ -1,0 +1,356 @@
+//! `quotient dev up --dir DIR [--coordinators 3] [--nodes 3] [--gpus-per-node 1]
+//! [--gpu-class a10g]`: a local cluster of real processes on loopback (spec/cli.md).
+//!
+//! It makes the certificates in DIR/certs, picks free UDP ports on 127.0.0.1, starts
+//! `quotient-coordinator` processes (found next to this executable) in the background with
+//! their own data dir and log, waits until a leader is elected and every coordinator answers,
+//! writes DIR/client.toml and DIR/cluster.json, and prints `export QUOTIENT_CONFIG=...`
+//! (with `-o json`: `{"export", "client_config", "cluster"}`, the last as in cluster.json).
+//! Run again on the same DIR, it starts only the processes that are not running, on their old
+//! data and ports (the layout is in [`crate::dev_cluster`]).
+//!
+//! Agents: `quotient-agent` does not exist yet. With `--nodes` above 0 (the default is 3, as
+//! the spec says), the coordinators are started and the files written, then the command fails
+//! (exit 1) saying that no agents run, so that nobody mistakes a cluster without GPUs for a
+//! working one; `--nodes 0` starts the coordinators only and succeeds.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::UdpSocket;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use quotient_common::api::ApiRequest;
+use quotient_common::certs::{self, Role};
+use quotient_common::{GpuClass, GPUS_PER_NODE_MAX};
+
+use crate::client::{RetryPolicy, Session};
+use crate::client_config::ClientConfig;
+use crate::dev_cluster::{
+    self, ClusterFile, CoordinatorEntry, ADMIN_CERT_NAME, CERTS_DIR, CLIENT_CONFIG_FILE,
+    POLL_INTERVAL_MS,
+};
+use crate::output::{self, OutputFormat};
+use crate::parse::{parse_gpu_class, UsageError};
+use crate::GlobalArgs;
+
+/// The coordinator binary's name, looked for next to `quotient`.
+pub const COORDINATOR_BINARY: &str = "quotient-coordinator";
+/// The agent binary's name, looked for next to `quotient`.
+pub const AGENT_BINARY: &str = "quotient-agent";
+/// Coordinators when `--coordinators` is not given on a new DIR.
+pub const COORDINATORS_DEFAULT: u64 = 3;
+/// Most coordinators a local cluster may have (the coordinator's own peer limit).
+pub const COORDINATORS_MAX: u64 = 9;
+/// Most nodes a local cluster may have.
+pub const NODES_MAX: u32 = 64;
+/// How long to wait for a leader and for every coordinator to answer (milliseconds).
+pub const READY_DEADLINE_MS: u64 = 60_000;
+/// Deadline of one readiness probe (milliseconds); the probes repeat until the deadline above.
+pub const PROBE_DEADLINE_MS: u64 = 2_000;
+
+/// Arguments of `quotient dev up`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Agents are not available yet: quotient-agent is not built by this \
+    version. With --nodes above 0 (the default, 3), dev up starts the coordinators, writes \
+    DIR/client.toml and DIR/cluster.json, prints the export line, and then exits 1 saying that \
+    no agents run. Use --nodes 0 to start the coordinators only."
+)]
+pub struct DevUpArgs {
+    /// The cluster's folder: certificates, data, logs, client.toml and cluster.json.
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Coordinators to run, 1-9 (3 or 5 tolerate failures) [default: 3, or as DIR has them].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=COORDINATORS_MAX))]
+    pub coordinators: Option<u64>,
+    /// GPU hosts to simulate, each an agent process (not available yet: see below).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=NODES_MAX as i64))]
+    pub nodes: u32,
+    /// Simulated GPUs per node.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=GPUS_PER_NODE_MAX as i64))]
+    pub gpus_per_node: u32,
+    /// The simulated GPUs' class.
+    #[arg(long, default_value = "a10g", value_parser = parse_gpu_class)]
+    pub gpu_class: GpuClass,
+}
+
+/// Where coordinator `id`'s files go.
+fn coordinator_dir(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("coord-{id}"))
+}
+
+fn coordinator_cert_name(id: u64) -> String {
+    format!("coord-{id}")
+}
+
+/// Free UDP ports on 127.0.0.1: all sockets are held until every port is picked, so none is
+/// picked twice; a race with another program remains and shows as a bind error in the log.
+fn free_addresses(count: u64) -> anyhow::Result<Vec<String>> {
+    let sockets = (0..count)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").context("cannot find a free UDP port"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    sockets
+        .iter()
+        .map(|socket| {
+            socket
+                .local_addr()
+                .map(|address| address.to_string())
+                .context("cannot read a bound UDP port")
+        })
+        .collect()
+}
+
+/// The CA, one certificate per coordinator and the admin certificate; existing ones are kept.
+fn make_certificates(certs_dir: &Path, ids: &[u64]) -> anyhow::Result<()> {
+    if !certs::ca_files(certs_dir).cert.exists() {
+        certs::init_ca(certs_dir)
+            .with_context(|| format!("cannot create a CA in {}", certs_dir.display()))?;
+    }
+    let mut wanted: Vec<(Role, String)> = ids
+        .iter()
+        .map(|id| (Role::Coordinator, coordinator_cert_name(*id)))
+        .collect();
+    wanted.push((Role::Admin, ADMIN_CERT_NAME.to_string()));
+    for (role, name) in wanted {
+        if certs::issued_files(certs_dir, &name).cert.exists() {
+            continue;
+        }
+        certs::issue(certs_dir, role, &name, &[])
+            .with_context(|| format!("cannot issue the {role} certificate {name}"))?;
+    }
+    Ok(())
+}
+
+/// A new cluster's entries: ids 1..=count, free ports, folders under DIR.
+fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
+    let addresses = free_addresses(count)?;
+    let coordinators = (1..=count)
+        .zip(addresses)
+        .map(|(id, address)| {
+            let home = coordinator_dir(dir, id);
+            CoordinatorEntry {
+                id,
+                pid: None,
+                address,
+                data_dir: home.join("data"),
+                log: home.join("coordinator.log"),
+            }
+        })
+        .collect();
+    Ok(ClusterFile {
+        coordinators,
+        agents: Vec::new(),
+    })
+}
+
+/// Starts one coordinator in the background, its output appended to its log.
+fn start_coordinator(
+    binary: &Path,
+    certs_dir: &Path,
+    entry: &CoordinatorEntry,
+    peers: &str,
+) -> anyhow::Result<Child> {
+    fs::create_dir_all(&entry.data_dir)
+        .with_context(|| format!("cannot create {}", entry.data_dir.display()))?;
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&entry.log)
+        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
+    let log_for_stderr = log
+        .try_clone()
+        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
+    let tls = quotient_common::tls::TlsFiles::in_dir(certs_dir, &coordinator_cert_name(entry.id));
+    Command::new(binary)
+        .arg("--id")
+        .arg(entry.id.to_string())
+        .arg("--listen")
+        .arg(&entry.address)
+        .arg("--data-dir")
+        .arg(&entry.data_dir)
+        .arg("--peers")
+        .arg(peers)
+        .arg("--ca")
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
+        // The log is a file, not a terminal: no colour codes in it.
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_for_stderr)
+        // Its own process group: a Ctrl-C in this shell must not stop the cluster.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))
+}
+
+/// Waits until a leader is elected and every coordinator answers its health request, while
+/// checking that the processes just started have not died.
+fn wait_until_ready(
+    session: &mut Session,
+    started: &mut BTreeMap<u64, (Child, PathBuf)>,
+) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_millis(READY_DEADLINE_MS);
+    loop {
+        for (id, (child, log)) in started.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!(
+                    "coordinator {id} exited at start ({status}); the end of its log {}:\n{}",
+                    log.display(),
+                    dev_cluster::log_tail(log)
+                );
+            }
+        }
+        let problem = match probe(session) {
+            Ok(leader) => return Ok(leader),
+            Err(problem) => problem,
+        };
+        if Instant::now() >= deadline {
+            bail!(
+                "the coordinators did not elect a leader and answer within {} s (last: {problem:#}); \
+                 see the logs in each coord-N folder",
+                READY_DEADLINE_MS / 1_000
+            );
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+}
+
+/// One readiness check: the leader's id, once there is one and every coordinator answers.
+fn probe(session: &mut Session) -> anyhow::Result<u64> {
+    let view = crate::cluster_status::fetch(session)?;
+    let leader = view.leader.context("no leader yet")?;
+    let addresses = session.addresses().to_vec();
+    for address in addresses {
+        session.call_one(&address, ApiRequest::Health)?;
+    }
+    Ok(leader)
+}
+
+pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
+    fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let dir = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", args.dir.display()))?;
+    let binary = dev_cluster::sibling_binary(COORDINATOR_BINARY)?;
+    if !binary.is_file() {
+        bail!(
+            "{COORDINATOR_BINARY} is not next to quotient (looked for {}); build it with \
+             `cargo build --release` (or `cargo build` for target/debug), which builds all the \
+             binaries",
+            binary.display()
+        );
+    }
+
+    let mut cluster = match dev_cluster::ClusterFile::read(&dir)? {
+        Some(existing) => {
+            let count = existing.coordinators.len() as u64;
+            if let Some(wanted) = args.coordinators.filter(|wanted| *wanted != count) {
+                return Err(UsageError(format!(
+                    "{} already holds a cluster of {count} coordinators, not {wanted}; leave \
+                     out --coordinators, or use a new --dir",
+                    dir.display()
+                ))
+                .into());
+            }
+            existing
+        }
+        None => new_cluster(&dir, args.coordinators.unwrap_or(COORDINATORS_DEFAULT))?,
+    };
+
+    let certs_dir = dir.join(CERTS_DIR);
+    let ids: Vec<u64> = cluster.coordinators.iter().map(|entry| entry.id).collect();
+    make_certificates(&certs_dir, &ids)?;
+    let admin = quotient_common::tls::TlsFiles::in_dir(&certs_dir, ADMIN_CERT_NAME);
+    let client_config = ClientConfig {
+        coordinators: cluster
+            .coordinators
+            .iter()
+            .map(|entry| entry.address.clone())
+            .collect(),
+        ca: admin.ca,
+        cert: admin.cert,
+        key: admin.key,
+    };
+    let client_config_path = dir.join(CLIENT_CONFIG_FILE);
+    fs::write(&client_config_path, client_config.to_toml()?)
+        .with_context(|| format!("cannot write {}", client_config_path.display()))?;
+
+    let peers = cluster
+        .coordinators
+        .iter()
+        .map(|entry| format!("{}={}", entry.id, entry.address))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut started: BTreeMap<u64, (Child, PathBuf)> = BTreeMap::new();
+    for entry in &mut cluster.coordinators {
+        if entry
+            .pid
+            .is_some_and(|pid| dev_cluster::is_running(pid, &entry.data_dir))
+        {
+            continue;
+        }
+        let child = start_coordinator(&binary, &certs_dir, entry, &peers)?;
+        entry.pid = Some(child.id());
+        started.insert(entry.id, (child, entry.log.clone()));
+    }
+    // Written before waiting, so `dev down` can stop what was started even if the wait fails.
+    cluster.write(&dir)?;
+    eprintln!(
+        "started {} of {} coordinators in {}; waiting for a leader",
+        started.len(),
+        cluster.coordinators.len(),
+        dir.display()
+    );
+
+    let policy = RetryPolicy {
+        call_deadline: Duration::from_millis(PROBE_DEADLINE_MS),
+        ..RetryPolicy::default()
+    };
+    let mut session = Session::from_config(&client_config)?.with_policy(policy);
+    let leader = wait_until_ready(&mut session, &mut started)?;
+    eprintln!("coordinator {leader} is the leader");
+
+    let export = format!("export QUOTIENT_CONFIG={}", client_config_path.display());
+    match global.output {
+        OutputFormat::Table => output::print_text(&format!("{export}\n"))?,
+        OutputFormat::Json => output::print_json(&serde_json::json!({
+            "export": export,
+            "client_config": client_config_path,
+            "cluster": cluster,
+        }))?,
+    }
+    if args.nodes > 0 {
+        let agent = dev_cluster::sibling_binary(AGENT_BINARY)?;
+        let why = if agent.is_file() {
+            format!(
+                "this quotient cannot start {AGENT_BINARY} yet (found {})",
+                agent.display()
+            )
+        } else {
+            format!(
+                "{AGENT_BINARY} does not exist yet (looked for {})",
+                agent.display()
+            )
+        };
+        bail!(
+            "the coordinators are up, but none of the {} requested nodes ({} x {} GPUs each) \
+             runs: {why}; jobs will stay RUNNABLE. Use --nodes 0 to start coordinators only, \
+             and `quotient dev down --dir {}` to stop them",
+            args.nodes,
+            args.gpus_per_node,
+            args.gpu_class,
+            args.dir.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! `quotient job submit --share NAME --priority N --gpus N [...] -- COMMAND [ARGS ...]`:
+//! queues a job and prints its id alone on stdout (`-o json`: the job's JSON).
+//!
+//! The spec is checked locally with the shared validation, so a bad one is a usage error
+//! (exit 2) before anything is sent. Every submit carries an idempotency key: the user's
+//! `--idempotency-key`, else a fresh one made here, so the client may resend a submit whose
+//! answer was lost without making a second job.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::job::GRACE_PERIOD_DEFAULT_MS;
+use quotient_common::{GpuClass, JobPayload, JobSpec, Signal};
+
+use crate::client::{unexpected, Session};
+use crate::output::{self, OutputFormat};
+use crate::parse::{
+    parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_name, parse_priority,
+    parse_share_name, parse_signal, UsageError,
+};
+use crate::GlobalArgs;
+
+/// Arguments of `quotient job submit`.
+#[derive(Debug, clap::Args)]
+pub struct JobSubmitArgs {
+    /// The share the job runs under.
+    #[arg(long, value_parser = parse_share_name)]
+    pub share: String,
+    /// 0-9999; higher runs first and may preempt lower (see spec/quota-shares.md).
+    #[arg(long, value_parser = parse_priority)]
+    pub priority: u32,
+    /// GPUs the job needs, all on one node.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
+    /// The GPU class; may be left out when the share has limits for one class only.
+    #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
+    pub gpu_class: Option<GpuClass>,
+    /// A name to find the job by in tables.
+    #[arg(long, value_parser = parse_job_name)]
+    pub name: Option<String>,
+    /// The signal that asks the job to checkpoint and stop when it is preempted.
+    #[arg(long, value_name = "SIGNAL", value_parser = parse_signal, default_value = "SIGTERM")]
+    pub checkpoint_signal: Signal,
+    /// Time between the checkpoint signal and the kill: e.g. 500ms, 30s, 5m (at most 60m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_grace_period_ms)]
+    pub grace_period: Option<u64>,
+    /// Fail the job instead of requeueing it after this many preemptions (default: no limit).
+    #[arg(long, value_name = "N")]
+    pub max_preemptions: Option<u32>,
+    /// Run in this container image instead of as a process on the agent's host.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// An environment variable for the job, KEY=VALUE; repeat for several.
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Retrying a submit with the same key returns the same job instead of a new one.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    /// The command and its arguments, after `--` (may be empty with --image).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Builds the job spec and checks it as the state machine would. `fresh_key` is used as the
+/// idempotency key when the user gave none.
+pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageError> {
+    let mut env = BTreeMap::new();
+    for (key, value) in &args.env {
+        if env.insert(key.clone(), value.clone()).is_some() {
+            return Err(UsageError(format!(
+                "--env sets {key} twice: give each variable once"
+            )));
+        }
+    }
+    if args.image.is_none() && args.command.is_empty() {
+        return Err(UsageError(
+            "no command: put it after `--`, e.g. `quotient job submit ... -- python train.py`, \
+             or give --image"
+                .to_string(),
+        ));
+    }
+    let spec = JobSpec {
+        name: args.name.clone(),
+        share: args.share.clone(),
+        priority: args.priority,
+        gpus: args.gpus,
+        gpu_class: args.gpu_class.clone(),
+        payload: JobPayload {
+            image: args.image.clone(),
+            command: args.command.clone(),
+        },
+        env,
+        checkpoint_signal: args.checkpoint_signal,
+        grace_period_ms: args.grace_period.unwrap_or(GRACE_PERIOD_DEFAULT_MS),
+        max_preemptions: args.max_preemptions,
+        idempotency_key: Some(args.idempotency_key.clone().unwrap_or(fresh_key)),
+    };
+    spec.validate()
+        .map_err(|error| UsageError(error.to_string()))?;
+    Ok(spec)
+}
+
+/// An idempotency key unique to this invocation: process id and the clock in nanoseconds.
+fn fresh_idempotency_key() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or_default();
+    format!("cli-{}-{nanos}", std::process::id())
+}
+
+pub fn run(global: &GlobalArgs, args: &JobSubmitArgs) -> anyhow::Result<()> {
+    let spec = spec(args, fresh_idempotency_key())?;
+    let mut session = Session::open(global.config.as_deref())?;
+    let request = ApiRequest::SubmitJob(spec);
+    let (job, duplicate) = match session.call(request.clone())? {
+        ApiResponse::JobSubmitted { job, duplicate } => (job, duplicate),
+        other => return Err(unexpected(&request, &other)),
+    };
+    if duplicate && args.idempotency_key.is_some() {
+        eprintln!("note: a job with this idempotency key already exists; this is that job");
+    }
+    match global.output {
+        OutputFormat::Table => output::print_text(&format!("{job}\n")),
+        OutputFormat::Json => {
+            let view = crate::job_get::fetch(&mut session, job)
+                .with_context(|| format!("job {job} was submitted, but reading it back failed"))?;
+            output::print_json(&view)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: JobSubmitArgs,
+    }
+
+    fn parse(arguments: &[&str]) -> Result<JobSubmitArgs, clap::Error> {
+        Wrapper::try_parse_from(std::iter::once("submit").chain(arguments.iter().copied()))
+            .map(|wrapper| wrapper.args)
+    }
+
+    #[test]
+    fn every_flag_lands_in_the_spec() {
+        // Proves the spec's flags, the `--` command and the grace-period units.
+        let args = parse(&[
+            "--share",
+            "qs1",
+            "--priority",
+            "3",
+            "--gpus",
+            "2",
+            "--gpu-class",
+            "a10g",
+            "--name",
+            "high",
+            "--checkpoint-signal",
+            "SIGUSR1",
+            "--grace-period",
+            "45s",
+            "--max-preemptions",
+            "2",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--idempotency-key",
+            "k1",
+            "--",
+            "python",
+            "train.py",
+            "--lr",
+            "3",
+        ])
+        .unwrap();
+        let spec = spec(&args, "fresh".into()).unwrap();
+        assert_eq!(spec.share, "qs1");
+        assert_eq!((spec.priority, spec.gpus), (3, 2));
+        assert_eq!(spec.gpu_class.unwrap().as_str(), "a10g");
+        assert_eq!(spec.checkpoint_signal, Signal::Sigusr1);
+        assert_eq!(spec.grace_period_ms, 45_000);
+        assert_eq!(spec.max_preemptions, Some(2));
+        assert_eq!(spec.env["B"], "x=y");
+        assert_eq!(spec.idempotency_key.as_deref(), Some("k1"));
+        assert_eq!(spec.payload.command, ["python", "train.py", "--lr", "3"]);
+    }
+
+    #[test]
+    fn a_submit_without_a_key_gets_a_fresh_one() {
+        // Proves a resend after a lost answer cannot make a second job.
+        let args = parse(&[
+            "--share",
+            "qs1",
+            "--priority",
+            "1",
+            "--gpus",
+            "1",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let spec = spec(&args, "fresh".into()).unwrap();
+        assert_eq!(spec.idempotency_key.as_deref(), Some("fresh"));
+        assert_eq!(spec.grace_period_ms, GRACE_PERIOD_DEFAULT_MS);
+        assert!(fresh_idempotency_key().starts_with("cli-"));
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        // Proves cheap checks fail before any request: priority, gpus, duration, command, env.
+        let base = ["--share", "qs1", "--gpus", "1"];
+        let with = |extra: &[&str]| {
+            let mut all: Vec<&str> = base.to_vec();
+            all.extend_from_slice(extra);
+            parse(&all)
+        };
+        assert!(with(&["--priority", "10000", "--", "true"]).is_err());
+        assert!(with(&["--priority", "1", "--grace-period", "30", "--", "true"]).is_err());
+        assert!(parse(&[
+            "--share",
+            "qs1",
+            "--priority",
+            "1",
+            "--gpus",
+            "0",
+            "--",
+            "true"
+        ])
+        .is_err());
+        let no_command = with(&["--priority", "1"]).unwrap();
+        assert!(spec(&no_command, "k".into()).unwrap_err().0.contains("--"));
+        let reserved = with(&[
+            "--priority",
+            "1",
+            "--env",
+            "CUDA_VISIBLE_DEVICES=0",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert!(spec(&reserved, "k".into()).is_err());
+    }
+}

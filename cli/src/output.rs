@@ -1,0 +1,440 @@
+//! How commands print: aligned tables for people, one JSON document for machines.
+//!
+//! `-o json` prints exactly one document on stdout (spec/cli.md); the views of
+//! `quotient_common::api` already have the spec's shapes, so they go through `serde_json` as
+//! they are. Tables are plain text with columns padded to their widest cell, a header in
+//! capitals, and `-` for an empty cell, so a newcomer can read them and `awk` can split them.
+//! The renderers return strings, so they are unit-tested without capturing stdout.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::io::Write;
+
+use anyhow::Context;
+use quotient_common::api::{ClusterView, JobView, NodeView, ShareView};
+use serde::Serialize;
+
+/// The output format, `-o json|table`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned columns for people.
+    #[default]
+    Table,
+    /// One JSON document on stdout, for scripts.
+    Json,
+}
+
+/// Space between two table columns.
+const COLUMN_GAP: &str = "  ";
+
+/// A table: a header row and data rows, rendered with aligned columns.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Self {
+        Table {
+            header: header.iter().map(|cell| cell.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; an empty cell is shown as `-`.
+    pub fn row(&mut self, cells: Vec<String>) {
+        let cells = cells
+            .into_iter()
+            .map(|cell| {
+                if cell.is_empty() {
+                    "-".to_string()
+                } else {
+                    cell
+                }
+            })
+            .collect();
+        self.rows.push(cells);
+    }
+
+    /// The table as text, one line per row, each ending in a newline, without trailing spaces.
+    pub fn render(&self) -> String {
+        let columns = self.header.len();
+        let mut widths: Vec<usize> = self
+            .header
+            .iter()
+            .map(|cell| cell.chars().count())
+            .collect();
+        for row in &self.rows {
+            for (index, cell) in row.iter().enumerate().take(columns) {
+                widths[index] = widths[index].max(cell.chars().count());
+            }
+        }
+        let mut text = String::new();
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            let mut line = String::new();
+            for (index, cell) in row.iter().enumerate().take(columns) {
+                if index > 0 {
+                    line.push_str(COLUMN_GAP);
+                }
+                line.push_str(cell);
+                let pad = widths[index].saturating_sub(cell.chars().count());
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+            text.push_str(line.trim_end());
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// `a10g=1,h100=2`, or empty (shown `-`) for no entries.
+pub fn class_counts<V: Display>(counts: &BTreeMap<String, V>) -> String {
+    counts
+        .iter()
+        .map(|(class, count)| format!("{class}={count}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn optional<T: Display>(value: &Option<T>) -> String {
+    value.as_ref().map(ToString::to_string).unwrap_or_default()
+}
+
+/// The share table: NAME STRATEGY LIMIT USAGE BORROWED LENT RUNNABLE RUNNING STATE.
+pub fn share_table(shares: &[ShareView]) -> String {
+    let mut table = Table::new(&[
+        "NAME", "STRATEGY", "LIMIT", "USAGE", "BORROWED", "LENT", "RUNNABLE", "RUNNING", "STATE",
+    ]);
+    for share in shares {
+        table.row(vec![
+            share.name.clone(),
+            share.strategy.clone(),
+            class_counts(&share.limits),
+            class_counts(&share.usage),
+            class_counts(&share.borrowed),
+            class_counts(&share.lent),
+            share.runnable.to_string(),
+            share.running.to_string(),
+            share.state.clone(),
+        ]);
+    }
+    table.render()
+}
+
+/// One share in detail, `field: value` lines (for `share get` without `-o json`).
+pub fn share_detail(share: &ShareView) -> String {
+    let borrow = share
+        .borrow_limit_percent
+        .map(|percent| format!("{percent}%"))
+        .unwrap_or_else(|| "-".to_string());
+    let or_dash = |text: String| {
+        if text.is_empty() {
+            "-".to_string()
+        } else {
+            text
+        }
+    };
+    format!(
+        "name:                {}\nstate:               {}\nstrategy:            {}\n\
+         limits:              {}\nborrow limit:        {borrow}\nin-share preemption: {}\n\
+         usage:               {}\nborrowed:            {}\nlent:                {}\n\
+         runnable jobs:       {}\nrunning jobs:        {}\n",
+        share.name,
+        share.state,
+        share.strategy,
+        or_dash(class_counts(&share.limits)),
+        share.in_share_preemption,
+        or_dash(class_counts(&share.usage)),
+        or_dash(class_counts(&share.borrowed)),
+        or_dash(class_counts(&share.lent)),
+        share.runnable,
+        share.running,
+    )
+}
+
+/// The job table: ID NAME SHARE PRIO STATE GPUS NODE ATTEMPTS PREEMPTIONS REASON.
+pub fn job_table(jobs: &[JobView]) -> String {
+    let mut table = Table::new(&[
+        "ID",
+        "NAME",
+        "SHARE",
+        "PRIO",
+        "STATE",
+        "GPUS",
+        "NODE",
+        "ATTEMPTS",
+        "PREEMPTIONS",
+        "REASON",
+    ]);
+    for job in jobs {
+        table.row(vec![
+            job.id.clone(),
+            optional(&job.name),
+            job.share.clone(),
+            job.priority.to_string(),
+            job.state.clone(),
+            format!("{}x{}", job.gpus, job.gpu_class),
+            optional(&job.node),
+            job.attempts.to_string(),
+            job.preemptions.to_string(),
+            optional(&job.reason),
+        ]);
+    }
+    table.render()
+}
+
+/// One job in detail, `field: value` lines (for `job get` without `-o json`).
+pub fn job_detail(job: &JobView) -> String {
+    let dash = |value: String| {
+        if value.is_empty() {
+            "-".to_string()
+        } else {
+            value
+        }
+    };
+    let indices = job
+        .gpu_indices
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "id:               {}\nname:             {}\nshare:            {}\npriority:         {}\n\
+         state:            {}\ngpus:             {} x {}\nnode:             {}\n\
+         gpu indices:      {}\nattempts:         {}\npreemptions:      {}\n\
+         reason:           {}\nlast preemption:  {}\npreempted for:    {}\n",
+        job.id,
+        dash(optional(&job.name)),
+        job.share,
+        job.priority,
+        job.state,
+        job.gpus,
+        job.gpu_class,
+        dash(optional(&job.node)),
+        dash(indices),
+        job.attempts,
+        job.preemptions,
+        dash(optional(&job.reason)),
+        dash(optional(&job.last_preemption)),
+        dash(optional(&job.preempted_for)),
+    )
+}
+
+/// The node table: NAME STATE GPUS CLASS FREE JOBS.
+pub fn node_table(nodes: &[NodeView]) -> String {
+    let mut table = Table::new(&[
+        "NAME",
+        "STATE",
+        "GPUS",
+        "CLASS",
+        "FREE",
+        "UNHEALTHY",
+        "JOBS",
+    ]);
+    for node in nodes {
+        let mut classes: Vec<&str> = node.gpus.iter().map(|gpu| gpu.class.as_str()).collect();
+        classes.dedup();
+        let free = node
+            .gpus
+            .iter()
+            .filter(|gpu| gpu.healthy && gpu.job.is_none())
+            .count();
+        let unhealthy = node.gpus.iter().filter(|gpu| !gpu.healthy).count();
+        let mut jobs: Vec<&str> = node
+            .gpus
+            .iter()
+            .filter_map(|gpu| gpu.job.as_deref())
+            .collect();
+        jobs.dedup();
+        table.row(vec![
+            node.name.clone(),
+            node.state.clone(),
+            node.gpus.len().to_string(),
+            classes.join(","),
+            free.to_string(),
+            unhealthy.to_string(),
+            jobs.join(","),
+        ]);
+    }
+    table.render()
+}
+
+/// The cluster summary line and the member table: ID ADDRESS ROLE REACHABLE.
+pub fn cluster_table(cluster: &ClusterView) -> String {
+    let leader = cluster
+        .leader
+        .map(|id| id.to_string())
+        .unwrap_or_else(|| "none (an election is under way)".to_string());
+    let mut text = format!(
+        "leader: {leader}  term: {}  last applied: {}\n",
+        cluster.term, cluster.last_applied
+    );
+    let mut table = Table::new(&["ID", "ADDRESS", "ROLE", "REACHABLE"]);
+    for member in &cluster.members {
+        table.row(vec![
+            member.id.to_string(),
+            member.address.clone(),
+            member.role.clone(),
+            if member.reachable { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    text.push_str(&table.render());
+    text
+}
+
+/// Prints `value` as one pretty JSON document on stdout.
+pub fn print_json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value).context("cannot render JSON")?;
+    print_text(&format!("{text}\n"))
+}
+
+/// Prints text on stdout; a closed pipe (`quotient job list | head`) is not an error worth a
+/// panic, so write errors are returned.
+pub fn print_text(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .context("cannot write to stdout")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quotient_common::api::MemberView;
+
+    fn share() -> ShareView {
+        ShareView {
+            name: "qs1".into(),
+            strategy: "lend-and-borrow".into(),
+            limits: [("a10g".to_string(), 1)].into(),
+            borrow_limit_percent: Some(200),
+            in_share_preemption: true,
+            state: "enabled".into(),
+            usage: [("a10g".to_string(), 2)].into(),
+            borrowed: [("a10g".to_string(), 1)].into(),
+            lent: [("a10g".to_string(), 0)].into(),
+            runnable: 1,
+            running: 2,
+        }
+    }
+
+    fn job() -> JobView {
+        JobView {
+            id: "j-42".into(),
+            name: Some("high".into()),
+            share: "qs1".into(),
+            priority: 3,
+            state: "RUNNING".into(),
+            gpus: 1,
+            gpu_class: "a10g".into(),
+            node: Some("node-2".into()),
+            attempts: 1,
+            preemptions: 0,
+            reason: None,
+            last_preemption: None,
+            preempted_for: None,
+            gpu_indices: vec![0],
+            submitted_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_share_table_aligns_its_columns() {
+        // Proves the spec's columns come out aligned under their headers.
+        let mut other = share();
+        other.name = "a-much-longer-name".into();
+        other.state = "disabled".into();
+        other.borrowed.clear();
+        let text = share_table(&[share(), other]);
+        let expected = "\
+NAME                STRATEGY         LIMIT   USAGE   BORROWED  LENT    RUNNABLE  RUNNING  STATE
+qs1                 lend-and-borrow  a10g=1  a10g=2  a10g=1    a10g=0  1         2        enabled
+a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1         2        disabled
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn the_job_table_shows_empty_cells_as_dashes() {
+        // Proves a job with no node and no reason still lines up.
+        let mut waiting = job();
+        waiting.id = "j-7".into();
+        waiting.name = None;
+        waiting.node = None;
+        waiting.state = "RUNNABLE".into();
+        waiting.reason = Some("share qs1 is at its limit".into());
+        let text = job_table(&[job(), waiting]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "ID    NAME  SHARE  PRIO  STATE     GPUS    NODE    ATTEMPTS  PREEMPTIONS  REASON"
+        );
+        assert_eq!(
+            lines[1],
+            "j-42  high  qs1    3     RUNNING   1xa10g  node-2  1         0            -"
+        );
+        assert_eq!(
+            lines[2],
+            "j-7   -     qs1    3     RUNNABLE  1xa10g  -       1         0            share qs1 is at its limit"
+        );
+    }
+
+    #[test]
+    fn an_empty_table_is_its_header() {
+        // Proves `share list` on a new cluster prints the header alone.
+        assert_eq!(
+            share_table(&[]),
+            "NAME  STRATEGY  LIMIT  USAGE  BORROWED  LENT  RUNNABLE  RUNNING  STATE\n"
+        );
+    }
+
+    #[test]
+    fn the_cluster_table_names_the_leader() {
+        // Proves the summary line and a member row.
+        let view = ClusterView {
+            leader: Some(1),
+            term: 3,
+            members: vec![MemberView {
+                id: 1,
+                address: "127.0.0.1:7401".into(),
+                role: "leader".into(),
+                reachable: true,
+            }],
+            last_applied: 9,
+        };
+        let text = cluster_table(&view);
+        assert!(
+            text.starts_with("leader: 1  term: 3  last applied: 9\n"),
+            "{text}"
+        );
+        assert!(text.contains("1   127.0.0.1:7401  leader  yes"), "{text}");
+    }
+
+    #[test]
+    fn the_views_serialize_to_the_spec_shapes() {
+        // Proves the JSON field names match spec/cli.md.
+        let json = serde_json::to_value(share()).unwrap();
+        for field in [
+            "name",
+            "strategy",
+            "limits",
+            "borrow_limit_percent",
+            "in_share_preemption",
+            "state",
+            "usage",
+            "borrowed",
+            "lent",
+            "runnable",
+            "running",
+        ] {
+            assert!(json.get(field).is_some(), "share JSON lacks {field}");
+        }
+        assert_eq!(json["limits"]["a10g"], 1);
+        let json = serde_json::to_value(job()).unwrap();
+        assert_eq!(json["id"], "j-42");
+        assert_eq!(json["reason"], serde_json::Value::Null);
+        assert_eq!(json["node"], "node-2");
+    }
+}

@@ -1,0 +1,474 @@
+//! End to end on real processes: `quotient dev up --nodes 0` starts three coordinators, the
+//! client commands create shares and jobs through them (also through a follower, whose
+//! redirect the user never sees), and `quotient dev down` stops them.
+//!
+//! The coordinator binary must sit next to `quotient` (both are in target/debug after
+//! `cargo build`); the test does not build it, it fails saying so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn quotient_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_quotient"))
+}
+
+/// Fails the test with a clear message unless quotient-coordinator is next to quotient.
+fn require_coordinator_binary() {
+    let coordinator = quotient_binary().with_file_name("quotient-coordinator");
+    assert!(
+        coordinator.is_file(),
+        "{} is missing: build the workspace first (`cargo build` at the workspace root, or \
+         `cargo build -p quotient-coordinator`), so that quotient-coordinator sits next to quotient",
+        coordinator.display()
+    );
+}
+
+/// Runs quotient with `config` as $QUOTIENT_CONFIG.
+fn quotient(config: &Path, arguments: &[&str]) -> Output {
+    Command::new(quotient_binary())
+        .args(arguments)
+        .env("QUOTIENT_CONFIG", config)
+        .output()
+        .expect("the quotient binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs a command that must succeed and returns its stdout.
+fn ok(config: &Path, arguments: &[&str]) -> String {
+    let output = quotient(config, arguments);
+    assert!(
+        output.status.success(),
+        "{arguments:?} failed: {}{}",
+        text(&output.stderr),
+        text(&output.stdout)
+    );
+    text(&output.stdout)
+}
+
+/// Runs a `-o json` command that must succeed and parses its one JSON document.
+fn json(config: &Path, arguments: &[&str]) -> Value {
+    let stdout = ok(config, arguments);
+    serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{arguments:?}: {error}: {stdout}"))
+}
+
+/// Stops the cluster however the test ends: `dev down`, then SIGKILL for anything left.
+struct ClusterGuard {
+    dir: PathBuf,
+}
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        let _ = Command::new(quotient_binary())
+            .args(["dev", "down", "--dir"])
+            .arg(&self.dir)
+            .output();
+        let Ok(cluster) = std::fs::read_to_string(self.dir.join("cluster.json")) else {
+            return;
+        };
+        let Ok(cluster) = serde_json::from_str::<Value>(&cluster) else {
+            return;
+        };
+        for entry in cluster["coordinators"].as_array().into_iter().flatten() {
+            if let Some(pid) = entry["pid"].as_i64() {
+                // SAFETY: kill(2) on a pid this test started; no memory is involved.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_local_cluster_serves_shares_and_jobs_and_stops() {
+    // Proves dev up/down and every client command against three real coordinators.
+    require_coordinator_binary();
+    let tempdir = tempfile::tempdir().unwrap();
+    let dir = tempdir.path().join("cluster");
+    let guard = ClusterGuard { dir: dir.clone() };
+    let dir_text = dir.to_str().unwrap().to_string();
+    let nowhere = tempdir.path().join("unused.toml");
+
+    // --- dev up starts three coordinators and prints the export line
+    let output = quotient(&nowhere, &["dev", "up", "--dir", &dir_text, "--nodes", "0"]);
+    assert!(
+        output.status.success(),
+        "dev up failed: {}",
+        text(&output.stderr)
+    );
+    let config = dir.canonicalize().unwrap().join("client.toml");
+    assert_eq!(
+        text(&output.stdout),
+        format!("export QUOTIENT_CONFIG={}\n", config.display())
+    );
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let coordinators = cluster["coordinators"].as_array().unwrap();
+    assert_eq!(coordinators.len(), 3);
+    for (index, entry) in coordinators.iter().enumerate() {
+        assert_eq!(entry["id"], index as u64 + 1);
+        assert!(entry["pid"].as_u64().is_some(), "{entry}");
+        assert!(entry["address"].as_str().unwrap().starts_with("127.0.0.1:"));
+        assert!(entry["data_dir"].is_string());
+    }
+    assert_eq!(cluster["agents"], serde_json::json!([]));
+
+    // --- the cluster has a leader and three members
+    let status = json(&config, &["cluster", "status", "-o", "json"]);
+    let leader = status["leader"].as_u64().expect("a leader");
+    assert!(status["term"].as_u64().unwrap() >= 1);
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3);
+    assert!(members
+        .iter()
+        .any(|member| member["id"] == leader && member["role"] == "leader"));
+    ok(&config, &["cluster", "health"]);
+
+    // --- shares
+    ok(
+        &config,
+        &[
+            "share",
+            "create",
+            "qs1",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "lend-and-borrow",
+            "--borrow-limit",
+            "200",
+            "--in-share-preemption",
+        ],
+    );
+    let created = json(
+        &config,
+        &[
+            "share",
+            "create",
+            "qs2",
+            "--limit",
+            "a10g=2",
+            "--strategy",
+            "reserve",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(created["name"], "qs2");
+    let duplicate = quotient(
+        &config,
+        &[
+            "share",
+            "create",
+            "qs2",
+            "--limit",
+            "a10g=2",
+            "--strategy",
+            "reserve",
+        ],
+    );
+    assert_eq!(duplicate.status.code(), Some(1));
+    assert!(
+        text(&duplicate.stderr).contains("qs2"),
+        "{}",
+        text(&duplicate.stderr)
+    );
+
+    let shares = json(&config, &["share", "list", "-o", "json"]);
+    let shares = shares.as_array().unwrap();
+    assert_eq!(shares.len(), 2);
+    let qs1 = shares.iter().find(|share| share["name"] == "qs1").unwrap();
+    assert_eq!(qs1["strategy"], "lend-and-borrow");
+    assert_eq!(qs1["limits"], serde_json::json!({"a10g": 1}));
+    assert_eq!(qs1["borrow_limit_percent"], 200);
+    assert_eq!(qs1["in_share_preemption"], true);
+    assert_eq!(qs1["state"], "enabled");
+    assert_eq!(qs1["runnable"], 0);
+    assert_eq!(qs1["running"], 0);
+    let table = ok(&config, &["share", "list"]);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("lend-and-borrow"), "{table}");
+
+    // --- jobs: submit prints the id alone; -o json prints the job
+    let id = ok(
+        &config,
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--priority",
+            "3",
+            "--gpus",
+            "1",
+            "--name",
+            "high",
+            "--grace-period",
+            "30s",
+            "--env",
+            "A=1",
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    let id = id.trim_end().to_string();
+    assert!(id.starts_with("j-"), "{id}");
+    let second = json(
+        &config,
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs2",
+            "--priority",
+            "1",
+            "--gpus",
+            "2",
+            "-o",
+            "json",
+            "--idempotency-key",
+            "once",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(second["share"], "qs2");
+    assert_eq!(second["state"], "RUNNABLE");
+    let again = ok(
+        &config,
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs2",
+            "--priority",
+            "1",
+            "--gpus",
+            "2",
+            "--idempotency-key",
+            "once",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(again.trim_end(), second["id"].as_str().unwrap());
+
+    let jobs = json(&config, &["job", "list", "-o", "json"]);
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    let high = jobs.iter().find(|job| job["id"] == id.as_str()).unwrap();
+    assert_eq!(high["name"], "high");
+    assert_eq!(high["share"], "qs1");
+    assert_eq!(high["priority"], 3);
+    assert_eq!(high["state"], "RUNNABLE");
+    assert_eq!(high["gpus"], 1);
+    assert_eq!(high["gpu_class"], "a10g");
+    assert_eq!(high["node"], Value::Null);
+    assert_eq!(high["attempts"], 0);
+    assert_eq!(high["preemptions"], 0);
+    let of_qs2 = json(&config, &["job", "list", "--share", "qs2", "-o", "json"]);
+    assert_eq!(of_qs2.as_array().unwrap().len(), 1);
+
+    ok(&config, &["job", "update", &id, "--priority", "7"]);
+    assert_eq!(
+        json(&config, &["job", "get", &id, "-o", "json"])["priority"],
+        7
+    );
+    let explained = json(&config, &["job", "explain", &id, "-o", "json"]);
+    assert!(explained["summary"].is_string(), "{explained}");
+    let cancelled = json(&config, &["job", "cancel", &id, "-o", "json"]);
+    assert_eq!(cancelled["state"], "CANCELLED");
+    let missing = quotient(&config, &["job", "get", "j-999"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(missing.stdout.is_empty());
+
+    // --- a follower's redirect is followed, unseen
+    let follower = members
+        .iter()
+        .find(|member| member["id"] != leader)
+        .unwrap();
+    let follower_config = tempdir.path().join("follower.toml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let only_follower = original
+        .lines()
+        .map(|line| {
+            if line.starts_with("coordinators") {
+                format!(
+                    "coordinators = [\"{}\"]",
+                    follower["address"].as_str().unwrap()
+                )
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&follower_config, only_follower).unwrap();
+    ok(
+        &follower_config,
+        &[
+            "share",
+            "create",
+            "via-follower",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "lend",
+        ],
+    );
+    let got = json(
+        &follower_config,
+        &["share", "get", "via-follower", "-o", "json"],
+    );
+    assert_eq!(got["strategy"], "lend");
+
+    // --- a user certificate may submit jobs but not manage shares
+    let certs = dir.join("certs");
+    let output = quotient(
+        &nowhere,
+        &[
+            "certs",
+            "issue",
+            "--dir",
+            certs.to_str().unwrap(),
+            "--role",
+            "user",
+            "--name",
+            "alice",
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let alice_config = tempdir.path().join("alice.toml");
+    std::fs::write(&alice_config, original.replace("admin", "alice")).unwrap();
+    let refused = quotient(
+        &alice_config,
+        &[
+            "share",
+            "create",
+            "mine",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "lend",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    let refusal = text(&refused.stderr);
+    assert!(refusal.contains("permission denied"), "{refusal}");
+    assert!(refusal.contains("admin"), "{refusal}");
+    let submitted = ok(
+        &alice_config,
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--priority",
+            "1",
+            "--gpus",
+            "1",
+            "--",
+            "true",
+        ],
+    );
+    assert!(submitted.starts_with("j-"), "{submitted}");
+
+    // --- dev up again starts nothing new; with nodes it says agents are not available
+    let output = quotient(
+        &nowhere,
+        &[
+            "dev", "up", "--dir", &dir_text, "--nodes", "0", "-o", "json",
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("started 0 of 3"),
+        "{}",
+        text(&output.stderr)
+    );
+    let up: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(up["cluster"]["coordinators"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        up["export"],
+        format!("export QUOTIENT_CONFIG={}", config.display())
+    );
+    let output = quotient(&nowhere, &["dev", "up", "--dir", &dir_text]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("quotient-agent"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert_eq!(
+        json(&config, &["share", "list", "-o", "json"])
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+
+    // --- the leader is killed: the client finds the new one; dev up restarts the dead one
+    let leader_pid = coordinators
+        .iter()
+        .find(|entry| entry["id"] == leader)
+        .and_then(|entry| entry["pid"].as_i64())
+        .unwrap();
+    // SAFETY: kill(2) on a coordinator this test started; no memory is involved.
+    unsafe {
+        libc::kill(leader_pid as libc::pid_t, libc::SIGKILL);
+    }
+    ok(
+        &config,
+        &[
+            "share",
+            "create",
+            "after-failover",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "lend",
+        ],
+    );
+    let status = json(&config, &["cluster", "status", "-o", "json"]);
+    assert_ne!(status["leader"].as_u64(), Some(leader), "{status}");
+    let output = quotient(&nowhere, &["dev", "up", "--dir", &dir_text, "--nodes", "0"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("started 1 of 3"),
+        "{}",
+        text(&output.stderr)
+    );
+    ok(&config, &["cluster", "health"]);
+    let coordinators: Vec<Value> =
+        serde_json::from_str::<Value>(&std::fs::read_to_string(dir.join("cluster.json")).unwrap())
+            .unwrap()["coordinators"]
+            .as_array()
+            .unwrap()
+            .clone();
+
+    // --- dev down stops every process and marks it stopped
+    let output = quotient(&nowhere, &["dev", "down", "--dir", &dir_text]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    for (entry, before) in cluster["coordinators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(coordinators)
+    {
+        assert!(entry["pid"].is_null(), "{entry}");
+        let pid = before["pid"].as_u64().unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(cmdline.is_empty(), "coordinator {pid} still runs");
+    }
+    let stopped = quotient(&config, &["share", "list"]);
+    assert_eq!(stopped.status.code(), Some(1));
+    drop(guard);
+}

@@ -1,0 +1,214 @@
+//! The client commands run as the real binary without a cluster: usage errors exit 2 before
+//! anything is sent, and a missing client config exits 1 with a message saying how to make one.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn quotient(arguments: &[&str], config_env: Option<&Path>, home: &Path) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_quotient"));
+    command.args(arguments).env("HOME", home);
+    match config_env {
+        Some(path) => command.env("QUOTIENT_CONFIG", path),
+        None => command.env_remove("QUOTIENT_CONFIG"),
+    };
+    command.output().expect("the quotient binary runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    // Proves each cheap local check exits 2, prints nothing on stdout and needs no config.
+    let home = tempfile::tempdir().unwrap();
+    let cases: &[&[&str]] = &[
+        &["share", "create", "qs1", "--strategy", "lend"],
+        &[
+            "share",
+            "create",
+            "qs1",
+            "--limit",
+            "a10g",
+            "--strategy",
+            "lend",
+        ],
+        &[
+            "share",
+            "create",
+            "qs1",
+            "--limit",
+            "a10g=x",
+            "--strategy",
+            "lend",
+        ],
+        &[
+            "share",
+            "create",
+            "qs1",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "share-all",
+        ],
+        &[
+            "share",
+            "create",
+            "qs1",
+            "--limit",
+            "a10g=1",
+            "--limit",
+            "a10g=2",
+            "--strategy",
+            "lend",
+        ],
+        &[
+            "share",
+            "create",
+            "bad name",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "lend",
+        ],
+        &["share", "update", "qs1"],
+        &["share", "update", "qs1", "--state", "paused"],
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--priority",
+            "10000",
+            "--gpus",
+            "1",
+            "--",
+            "true",
+        ],
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--priority",
+            "1",
+            "--gpus",
+            "1",
+            "--grace-period",
+            "30",
+            "--",
+            "true",
+        ],
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--priority",
+            "1",
+            "--gpus",
+            "1",
+        ],
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--priority",
+            "1",
+            "--gpus",
+            "1",
+            "--env",
+            "NOEQUALS",
+            "--",
+            "true",
+        ],
+        &["job", "get", "x-1"],
+        &["job", "update", "j-1", "--priority", "-1"],
+        &["job", "list", "--state", "SLEEPING"],
+        &["cluster", "add-member", "--id", "4", "--address", "nohost"],
+        &["share", "list", "-o", "yaml"],
+        &["frobnicate"],
+    ];
+    for arguments in cases {
+        let output = quotient(arguments, None, home.path());
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{arguments:?}: {}",
+            stderr(&output)
+        );
+        assert!(output.stdout.is_empty(), "{arguments:?}");
+        assert!(!stderr(&output).is_empty(), "{arguments:?}");
+    }
+}
+
+#[test]
+fn a_missing_config_names_where_it_looked_and_how_to_make_one() {
+    // Proves the lookup order reaches the user: $QUOTIENT_CONFIG, then ~/.config/quotient.
+    let home = tempfile::tempdir().unwrap();
+    let missing = home.path().join("nowhere.toml");
+    let output = quotient(&["share", "list"], Some(&missing), home.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let text = stderr(&output);
+    assert!(text.contains("nowhere.toml"), "{text}");
+    assert!(text.contains("QUOTIENT_CONFIG"), "{text}");
+    assert!(text.contains("quotient dev up"), "{text}");
+
+    let output = quotient(&["job", "list", "-o", "json"], None, home.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(output.stdout.is_empty());
+    let text = stderr(&output);
+    assert!(text.contains(".config/quotient/config.toml"), "{text}");
+
+    let flag = home.path().join("flag.toml");
+    let output = quotient(
+        &["cluster", "status", "--config", flag.to_str().unwrap()],
+        Some(&missing),
+        home.path(),
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("flag.toml"), "{}", stderr(&output));
+}
+
+#[test]
+fn an_unreachable_cluster_fails_with_exit_1_and_a_hint() {
+    // Proves a config pointing at nothing fails within the deadline, saying what to check.
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let status = Command::new(env!("CARGO_BIN_EXE_quotient"))
+        .args(["certs", "init", "--dir", certs.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    let status = Command::new(env!("CARGO_BIN_EXE_quotient"))
+        .args([
+            "certs",
+            "issue",
+            "--dir",
+            certs.to_str().unwrap(),
+            "--role",
+            "admin",
+            "--name",
+            "admin",
+        ])
+        .output()
+        .unwrap();
+    assert!(status.status.success());
+    // A bound but silent UDP socket: nothing will ever answer the handshake there.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let address = silent.local_addr().unwrap();
+    let config = dir.path().join("client.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "coordinators = [\"{address}\"]\nca = \"certs/ca.pem\"\ncert = \"certs/admin.pem\"\nkey = \"certs/admin-key.pem\"\n"
+        ),
+    )
+    .unwrap();
+    let output = quotient(&["share", "list"], Some(&config), dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let text = stderr(&output);
+    assert!(text.contains(&address.to_string()), "{text}");
+    assert!(text.contains("is the cluster running"), "{text}");
+}
