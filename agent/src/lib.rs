@@ -1,1 +1,25 @@
-//! Work in progress.
+//! The Quotient agent: runs on every GPU host, reports its GPUs, and runs, checkpoints and
+//! preempts the jobs the coordinators place there.
+//!
+//! The agent is told desired state, not commands (DESIGN.md): the coordinators push the
+//! node's desired allocations with a fencing epoch, [`reconcile`] diffs them against what
+//! actually runs here, and [`executor`] carries the resulting actions out against a
+//! [`runtime::Runtime`].
+//!
+//! # Layout
+//! - [`gpu`]: the `GpuBackend` trait and `DeviceStatus`; [`gpu::nvml`] (real GPUs) and
+//!   [`gpu::simulated`] (`--simulated-gpus 8xa10g`).
+//! - [`runtime`]: the `Runtime` trait, `LaunchSpec` and the job environment;
+//!   [`runtime::process`] (process groups with pid files) and [`runtime::docker`] (bollard).
+//! - [`reconcile`]: the pure diff of desired allocations against local jobs.
+//! - [`executor`]: carries reconcile's actions out, tracks grace-period deadlines.
+//! - [`config`]: the command line of `quotient-agent`.
+//!
+//! Not built yet: the session with the coordinators (ALPN `quotient-agent/1`): registration,
+//! heartbeats, desired-state push, reports, and the self-fencing lease.
+
+pub mod config;
+pub mod executor;
+pub mod gpu;
+pub mod reconcile;
+pub mod runtime;

@@ -1,0 +1,126 @@
+//! `quotient-agent`: parses flags, sets up logging and runs one command. Everything else lives
+//! in the library.
+//!
+//! `quotient-agent inventory [--simulated-gpus SPEC] [-o json]` prints the host's GPUs. The
+//! long-running agent (no subcommand) needs the session with the coordinators, which is not
+//! built yet: it checks its flags and then says so.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use quotient_agent::config::{node_name, AgentCommand, AgentFlags, InventoryFlags, OutputFormat};
+use quotient_agent::gpu::nvml::NvmlBackend;
+use quotient_agent::gpu::simulated::SimulatedBackend;
+use quotient_agent::gpu::{DeviceStatus, GpuBackend};
+use tracing_subscriber::EnvFilter;
+
+fn main() {
+    let flags = AgentFlags::parse();
+    let json_logs = flags.run.log_json;
+    init_tracing(json_logs);
+    let result = match flags.command {
+        Some(AgentCommand::Inventory(inventory)) => print_inventory(inventory),
+        None => run(flags),
+    };
+    if let Err(error) = result {
+        eprintln!("quotient-agent: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_tracing(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn run(flags: AgentFlags) -> Result<()> {
+    let config = flags.run.into_config().context("invalid agent flags")?;
+    anyhow::bail!(
+        "the agent's session with the coordinators (ALPN quotient-agent/1) is not built yet, so \
+         node {} cannot join the cluster; `quotient-agent inventory` works today",
+        config.name
+    )
+}
+
+fn print_inventory(flags: InventoryFlags) -> Result<()> {
+    let name = node_name(flags.name).context("cannot name this node")?;
+    let backend: Box<dyn GpuBackend> = match &flags.simulated_gpus {
+        Some(spec) => Box::new(SimulatedBackend::new(
+            &name,
+            spec,
+            flags.state_dir.as_deref(),
+        )?),
+        None => Box::new(NvmlBackend::new()?),
+    };
+    let gpus = backend
+        .inventory()
+        .context("cannot read the GPU inventory")?;
+    match flags.output {
+        OutputFormat::Json => {
+            let document = serde_json::json!({
+                "node": name,
+                "simulated": backend.is_simulated(),
+                "gpus": gpus,
+            });
+            println!("{}", serde_json::to_string_pretty(&document)?);
+        }
+        OutputFormat::Table => print_table(&name, backend.is_simulated(), &gpus),
+    }
+    Ok(())
+}
+
+fn print_table(name: &str, simulated: bool, gpus: &[DeviceStatus]) {
+    let kind = if simulated { "simulated" } else { "NVML" };
+    println!("node {name}: {} GPUs ({kind})", gpus.len());
+    println!(
+        "{:<5} {:<40} {:<12} {:>15} {:>5} {:>5} {:>8} {:>9} {:<5} {:<4} HEALTH",
+        "INDEX", "UUID", "CLASS", "MEMORY MiB", "UTIL", "TEMP", "POWER W", "ECC c/u", "MIG", "XID"
+    );
+    let or_dash = |value: Option<String>| value.unwrap_or_else(|| "-".to_string());
+    for gpu in gpus {
+        const MIB: u64 = 1024 * 1024;
+        let memory = match (gpu.memory_used_bytes, gpu.memory_total_bytes) {
+            (Some(used), Some(total)) => format!("{}/{}", used / MIB, total / MIB),
+            _ => "-".to_string(),
+        };
+        let ecc = match (gpu.ecc_corrected_errors, gpu.ecc_uncorrected_errors) {
+            (None, None) => "-".to_string(),
+            (corrected, uncorrected) => format!(
+                "{}/{}",
+                or_dash(corrected.map(|c| c.to_string())),
+                or_dash(uncorrected.map(|u| u.to_string()))
+            ),
+        };
+        let health = if gpu.healthy {
+            "healthy".to_string()
+        } else {
+            format!("UNHEALTHY: {}", gpu.problems.join("; "))
+        };
+        println!(
+            "{:<5} {:<40} {:<12} {:>15} {:>5} {:>5} {:>8} {:>9} {:<5} {:<4} {}",
+            gpu.index,
+            gpu.uuid,
+            gpu.class.as_str(),
+            memory,
+            or_dash(gpu.utilization_percent.map(|u| format!("{u}%"))),
+            or_dash(gpu.temperature_celsius.map(|t| format!("{t}C"))),
+            or_dash(
+                gpu.power_milliwatts
+                    .map(|p| format!("{:.1}", f64::from(p) / 1000.0))
+            ),
+            ecc,
+            or_dash(
+                gpu.mig_enabled
+                    .map(|m| if m { "on" } else { "off" }.to_string())
+            ),
+            or_dash(gpu.xid_events.as_ref().map(|x| x.len().to_string())),
+            health
+        );
+    }
+}

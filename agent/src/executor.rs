@@ -1,0 +1,356 @@
+//! The executor: carries out what [`reconcile`](mod@crate::reconcile) decides, against a
+//! [`Runtime`], and keeps the agent's record of each local attempt.
+//!
+//! It owns the clock (milliseconds since it was made) and the grace-period deadlines: a
+//! checkpoint signal stamps `signalled_at_ms`, and a later [`Executor::step`] kills the attempt
+//! once its grace period has passed, so a preemption is signal, wait, kill, and the exit is
+//! reported as `ExitedAfterSignal`. [`Executor::next_deadline`] tells a loop when the next kill
+//! is due, so it can step then rather than poll.
+//!
+//! Each step: observe (ask the runtime which attempts exited), reconcile, act. Reports come
+//! back to the caller as [`JobReport`]s for the session to send. A failed runtime call is
+//! logged and retried at the next step, except a launch the runtime can never do (no image,
+//! an image missing from the host), which is reported as an exit with
+//! [`LAUNCH_FAILED_EXIT_CODE`] so that the job fails with a reason instead of waiting forever.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use quotient_common::JobId;
+use quotient_core::{JobEvent, JobReport};
+
+use crate::reconcile::{self, Action, Desired, Input, LocalJob, LocalPhase};
+use crate::runtime::{
+    checkpoint_dir, log_path, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError,
+};
+
+/// The exit code reported for an attempt that could not be launched at all (as a shell does
+/// for a command it cannot find).
+pub const LAUNCH_FAILED_EXIT_CODE: i32 = 127;
+/// Finished attempts remembered so that none is started twice; the oldest are forgotten first
+/// (by then the coordinators have long moved on).
+pub const FINISHED_ATTEMPTS_MAX: usize = 65_536;
+/// Attempts tracked at once; a node runs at most one job per GPU, plus ones being stopped.
+pub const LOCAL_ATTEMPTS_MAX: usize = 1_024;
+
+/// What the executor tracks about one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    pub handle: JobHandle,
+    pub local: LocalJob,
+}
+
+/// Carries out reconcile's actions on one node.
+pub struct Executor<R: Runtime> {
+    runtime: R,
+    node: String,
+    state_dir: PathBuf,
+    /// GPU index -> UUID, from the node's inventory.
+    gpu_uuids: BTreeMap<u32, String>,
+    jobs: BTreeMap<(JobId, u32), Tracked>,
+    finished: BTreeSet<(JobId, u32)>,
+    fence_epoch: Option<u64>,
+    epoch_start: Instant,
+}
+
+impl<R: Runtime> Executor<R> {
+    /// An executor for `node`, keeping checkpoints and logs under `state_dir`.
+    pub fn new(
+        runtime: R,
+        node: &str,
+        state_dir: &Path,
+        gpu_uuids: BTreeMap<u32, String>,
+    ) -> Executor<R> {
+        Executor {
+            runtime,
+            node: node.to_string(),
+            state_dir: state_dir.to_path_buf(),
+            gpu_uuids,
+            jobs: BTreeMap::new(),
+            finished: BTreeSet::new(),
+            fence_epoch: None,
+            epoch_start: Instant::now(),
+        }
+    }
+
+    pub fn runtime(&self) -> &R {
+        &self.runtime
+    }
+
+    /// The attempts tracked now.
+    pub fn jobs(&self) -> impl Iterator<Item = &Tracked> {
+        self.jobs.values()
+    }
+
+    /// The handle of a tracked attempt.
+    pub fn handle(&self, job: JobId, attempt: u32) -> Option<&JobHandle> {
+        self.jobs
+            .get(&(job, attempt))
+            .map(|tracked| &tracked.handle)
+    }
+
+    /// The highest fencing epoch acted on.
+    pub fn fence_epoch(&self) -> Option<u64> {
+        self.fence_epoch
+    }
+
+    /// Updates the GPU index -> UUID map (after a new inventory).
+    pub fn set_gpu_uuids(&mut self, gpu_uuids: BTreeMap<u32, String>) {
+        self.gpu_uuids = gpu_uuids;
+    }
+
+    /// Milliseconds since this executor was made.
+    pub fn now_ms(&self) -> u64 {
+        self.epoch_start.elapsed().as_millis() as u64
+    }
+
+    /// How long until the next grace period runs out, if one is running.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        let now = self.now_ms();
+        self.jobs
+            .values()
+            .filter(|tracked| !tracked.local.killed)
+            .filter_map(|tracked| {
+                tracked
+                    .local
+                    .signalled_at_ms
+                    .map(|at| at.saturating_add(tracked.local.grace_period_ms))
+            })
+            .min()
+            .map(|deadline| Duration::from_millis(deadline.saturating_sub(now)))
+    }
+
+    /// Finds the attempts this agent started before a restart (by pid file or label). Running
+    /// ones wait, as `Found`, for the first desired state to adopt or kill them; exited ones
+    /// are reported at the next step.
+    pub async fn recover(&mut self) -> Result<usize, RuntimeError> {
+        let found = self.runtime.list_own().await?;
+        let count = found.len();
+        for found in found {
+            let key = (found.handle.job, found.handle.attempt);
+            if self.jobs.contains_key(&key) {
+                continue;
+            }
+            let phase = match found.status {
+                JobStatus::Running => LocalPhase::Found,
+                JobStatus::Exited { code } => LocalPhase::Exited { code },
+            };
+            tracing::info!(job = %key.0, attempt = key.1, ?phase, "found an attempt of this agent");
+            self.jobs.insert(
+                key,
+                Tracked {
+                    handle: found.handle,
+                    local: LocalJob {
+                        job: key.0,
+                        attempt: key.1,
+                        phase,
+                        signalled_at_ms: None,
+                        killed: false,
+                        checkpoint_signal: found.checkpoint_signal,
+                        grace_period_ms: found.grace_period_ms,
+                    },
+                },
+            );
+        }
+        Ok(count)
+    }
+
+    /// Looks at every attempt that was running and records which have exited.
+    pub async fn observe(&mut self) {
+        for tracked in self.jobs.values_mut() {
+            if matches!(tracked.local.phase, LocalPhase::Exited { .. }) {
+                continue;
+            }
+            match self.runtime.status(&tracked.handle).await {
+                Ok(JobStatus::Running) => {}
+                Ok(JobStatus::Exited { code }) => {
+                    tracing::info!(job = %tracked.local.job, attempt = tracked.local.attempt, ?code, "attempt exited");
+                    tracked.local.phase = LocalPhase::Exited { code };
+                }
+                Err(error) => {
+                    tracing::warn!(job = %tracked.local.job, "cannot read the attempt's status: {error}")
+                }
+            }
+        }
+    }
+
+    /// One round: observe, reconcile against `desired`, act. Returns the reports to send.
+    pub async fn step(&mut self, desired: &Desired) -> Vec<JobReport> {
+        self.observe().await;
+        let local: Vec<LocalJob> = self.jobs.values().map(|t| t.local.clone()).collect();
+        let decision = reconcile::reconcile(Input {
+            desired,
+            fence_epoch: self.fence_epoch,
+            local: &local,
+            finished: &self.finished,
+            now_ms: self.now_ms(),
+        });
+        if !decision.accepted {
+            tracing::warn!(
+                epoch = desired.epoch,
+                fence = ?self.fence_epoch,
+                "ignoring a desired state from an older epoch"
+            );
+        }
+        self.fence_epoch = decision.fence_epoch;
+        let mut reports = Vec::new();
+        for action in decision.actions {
+            self.act(action, &mut reports).await;
+        }
+        reports
+    }
+
+    fn report(&self, reports: &mut Vec<JobReport>, job: JobId, attempt: u32, event: JobEvent) {
+        reports.push(JobReport {
+            job,
+            attempt,
+            node: self.node.clone(),
+            event,
+        });
+    }
+
+    fn remember_finished(&mut self, job: JobId, attempt: u32) {
+        self.finished.insert((job, attempt));
+        while self.finished.len() > FINISHED_ATTEMPTS_MAX {
+            self.finished.pop_first();
+        }
+    }
+
+    async fn act(&mut self, action: Action, reports: &mut Vec<JobReport>) {
+        match action {
+            Action::Start {
+                job,
+                attempt,
+                gpu_indices,
+                spec,
+            } => {
+                if self.jobs.len() >= LOCAL_ATTEMPTS_MAX {
+                    tracing::error!(%job, "too many attempts on this node; not starting");
+                    return;
+                }
+                let gpu_uuids = gpu_indices
+                    .iter()
+                    .map(|index| {
+                        self.gpu_uuids
+                            .get(index)
+                            .cloned()
+                            .unwrap_or_else(|| format!("GPU-index-{index}"))
+                    })
+                    .collect();
+                let launch = LaunchSpec {
+                    job,
+                    attempt,
+                    payload: spec.payload.clone(),
+                    env: spec.env.clone(),
+                    gpu_indices,
+                    gpu_uuids,
+                    checkpoint_dir: checkpoint_dir(&self.state_dir, job),
+                    log_path: log_path(&self.state_dir, job, attempt),
+                    checkpoint_signal: spec.checkpoint_signal,
+                    grace_period_ms: spec.grace_period_ms,
+                };
+                match self.runtime.start(&launch).await {
+                    Ok(handle) => {
+                        self.jobs.insert(
+                            (job, attempt),
+                            Tracked {
+                                handle,
+                                local: LocalJob {
+                                    job,
+                                    attempt,
+                                    phase: LocalPhase::Running,
+                                    signalled_at_ms: None,
+                                    killed: false,
+                                    checkpoint_signal: spec.checkpoint_signal,
+                                    grace_period_ms: spec.grace_period_ms,
+                                },
+                            },
+                        );
+                        self.report(reports, job, attempt, JobEvent::Started);
+                        self.report(reports, job, attempt, JobEvent::Running);
+                    }
+                    Err(error @ RuntimeError::InvalidLaunch { .. }) => {
+                        tracing::error!(%job, attempt, "cannot launch: {error}");
+                        self.remember_finished(job, attempt);
+                        self.report(
+                            reports,
+                            job,
+                            attempt,
+                            JobEvent::Exited {
+                                code: LAUNCH_FAILED_EXIT_CODE,
+                            },
+                        );
+                    }
+                    Err(error) => {
+                        tracing::warn!(%job, attempt, "launch failed, retrying at the next step: {error}")
+                    }
+                }
+            }
+            Action::Adopt { job, attempt } => {
+                if let Some(tracked) = self.jobs.get_mut(&(job, attempt)) {
+                    tracked.local.phase = LocalPhase::Running;
+                    tracing::info!(%job, attempt, "adopted a running attempt");
+                    self.report(reports, job, attempt, JobEvent::Running);
+                }
+            }
+            Action::SignalCheckpoint {
+                job,
+                attempt,
+                signal,
+            } => {
+                let now = self.now_ms();
+                if let Some(tracked) = self.jobs.get_mut(&(job, attempt)) {
+                    match self.runtime.signal(&tracked.handle, signal).await {
+                        Ok(()) => {
+                            tracing::info!(%job, attempt, %signal, "sent the checkpoint signal");
+                            tracked.local.signalled_at_ms = Some(now);
+                            if tracked.local.phase == LocalPhase::Found {
+                                tracked.local.phase = LocalPhase::Running;
+                            }
+                        }
+                        Err(error) => tracing::warn!(%job, "cannot signal: {error}"),
+                    }
+                }
+            }
+            Action::Kill { job, attempt } | Action::KillUnknown { job, attempt } => {
+                let now = self.now_ms();
+                if let Some(tracked) = self.jobs.get_mut(&(job, attempt)) {
+                    match self.runtime.kill(&tracked.handle).await {
+                        Ok(()) => {
+                            tracing::info!(%job, attempt, "killed");
+                            tracked.local.killed = true;
+                            tracked.local.signalled_at_ms.get_or_insert(now);
+                            if tracked.local.phase == LocalPhase::Found {
+                                tracked.local.phase = LocalPhase::Running;
+                            }
+                        }
+                        Err(error) => tracing::warn!(%job, "cannot kill: {error}"),
+                    }
+                }
+            }
+            Action::Report {
+                job,
+                attempt,
+                event,
+            } => {
+                if matches!(
+                    event,
+                    JobEvent::Exited { .. } | JobEvent::ExitedAfterSignal { .. }
+                ) {
+                    self.remember_finished(job, attempt);
+                }
+                self.report(reports, job, attempt, event);
+            }
+            Action::Forget { job, attempt } => {
+                // Its exit is reported: stop tracking it even if the runtime cannot remove its
+                // record now, so that it is never reported twice in this life.
+                if let Some(tracked) = self.jobs.remove(&(job, attempt)) {
+                    if let Err(error) = self.runtime.remove(&tracked.handle).await {
+                        tracing::warn!(%job, attempt, "cannot remove the exited attempt's record: {error}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Runtimes: how the agent starts, signals, kills and re-finds a job's attempt on its host.
+//!
+//! A [`Runtime`] runs one [`LaunchSpec`] at a time per (job, attempt) and hands back a
+//! [`JobHandle`]. [`process::ProcessRuntime`] runs the command as a process group on the host
+//! (bare metal, `quotient dev up`, the tests); [`docker::DockerRuntime`] runs the image as a
+//! container through the Docker Engine API. Both mark what they start (a pid file, container
+//! labels) so that a restarted agent re-finds its own jobs with [`Runtime::list_own`] and leaves
+//! everything else on the host alone.
+//!
+//! The environment every job gets is built here, once, by [`job_environment`]
+//! (spec/cli.md: `QUOTIENT_JOB_ID`, `QUOTIENT_ATTEMPT`, `QUOTIENT_CHECKPOINT_DIR`,
+//! `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`).
+
+pub mod docker;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use quotient_common::{JobId, JobPayload, Signal};
+use serde::{Deserialize, Serialize};
+
+/// How often [`Runtime::wait`] looks at a job.
+pub const WAIT_POLL_INTERVAL_MS: u64 = 20;
+/// The most log bytes [`Runtime::logs`] returns: the tail of the log.
+pub const LOG_READ_BYTES_MAX: u64 = 1024 * 1024;
+
+/// Why a runtime could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The launch spec cannot be run by this runtime (no command, no image, ...).
+    #[error("cannot launch {job} attempt {attempt}: {problem}")]
+    InvalidLaunch {
+        job: JobId,
+        attempt: u32,
+        problem: String,
+    },
+    /// This attempt is already running here; it is never started twice.
+    #[error("{job} attempt {attempt} is already running on this node")]
+    AlreadyRunning { job: JobId, attempt: u32 },
+    /// `remove` of an attempt that still runs: stop it first.
+    #[error("{job} attempt {attempt} still runs: kill it before removing it")]
+    StillRunning { job: JobId, attempt: u32 },
+    /// A file under the state dir could not be read or written.
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Docker daemon is not reachable or refused a call.
+    #[error("docker {operation}: {detail}")]
+    Docker { operation: String, detail: String },
+}
+
+impl RuntimeError {
+    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> RuntimeError {
+        RuntimeError::Io {
+            action,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// Everything a runtime needs to start one attempt of one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSpec {
+    pub job: JobId,
+    /// 1 for the first run, one more after each preemption.
+    pub attempt: u32,
+    pub payload: JobPayload,
+    /// The job's own environment (never one of `RESERVED_ENV`).
+    pub env: BTreeMap<String, String>,
+    /// Host GPU indices, as NVML numbers them.
+    pub gpu_indices: Vec<u32>,
+    /// The same GPUs' UUIDs, in the same order.
+    pub gpu_uuids: Vec<String>,
+    /// Kept across attempts: see [`checkpoint_dir`].
+    pub checkpoint_dir: PathBuf,
+    /// Where stdout and stderr go (the process runtime; Docker keeps its own log).
+    pub log_path: PathBuf,
+    /// Recorded with the job so that a restarted agent can stop it gracefully.
+    pub checkpoint_signal: Signal,
+    pub grace_period_ms: u64,
+}
+
+/// A started attempt, as the runtime knows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobHandle {
+    pub job: JobId,
+    pub attempt: u32,
+    /// The process group id, or the container id.
+    pub id: String,
+}
+
+/// Whether an attempt still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStatus {
+    Running,
+    /// `code` is the exit status, or 128 + the signal that ended it; `None` when the runtime
+    /// could not learn it (a process that ended while the agent was down and left no record).
+    Exited {
+        code: Option<i32>,
+    },
+}
+
+/// An attempt found on the host by [`Runtime::list_own`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundJob {
+    pub handle: JobHandle,
+    pub status: JobStatus,
+    pub checkpoint_signal: Signal,
+    pub grace_period_ms: u64,
+}
+
+/// A way to run jobs. Every method is safe to call again after a failure or a restart.
+pub trait Runtime: Send + Sync {
+    /// Starts the attempt; refuses one that already runs here.
+    fn start(
+        &self,
+        spec: &LaunchSpec,
+    ) -> impl Future<Output = Result<JobHandle, RuntimeError>> + Send;
+
+    /// Sends `signal` to the whole job (its process group, or the container's main process).
+    /// A job that has already exited is left alone.
+    fn signal(
+        &self,
+        handle: &JobHandle,
+        signal: Signal,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Kills the whole job at once (SIGKILL).
+    fn kill(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Running, or exited with which code.
+    fn status(
+        &self,
+        handle: &JobHandle,
+    ) -> impl Future<Output = Result<JobStatus, RuntimeError>> + Send;
+
+    /// Every attempt this agent started on this host (by pid file or label), running or not.
+    fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send;
+
+    /// Forgets an exited attempt: its pid file or its container. Logs stay.
+    fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// The tail of the attempt's stdout and stderr, at most [`LOG_READ_BYTES_MAX`] bytes.
+    fn logs(&self, handle: &JobHandle)
+        -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// Waits up to `timeout` for the attempt to exit: its code, or `None` if it still runs.
+    fn wait(
+        &self,
+        handle: &JobHandle,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<Option<i32>>, RuntimeError>> + Send {
+        async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                if let JobStatus::Exited { code } = self.status(handle).await? {
+                    return Ok(Some(code));
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS)).await;
+            }
+        }
+    }
+}
+
+/// How a runtime numbers the GPUs it exposes in `CUDA_VISIBLE_DEVICES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuNumbering {
+    /// A process sees every GPU of the host: name the host indices, and set
+    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` so that CUDA numbers GPUs as NVML does.
+    HostIndices,
+    /// A container sees only its own GPUs, renumbered from 0.
+    ContainerLocal,
+}
+
+/// The job's checkpoint dir: one per job, kept across attempts, under the agent's state dir.
+pub fn checkpoint_dir(state_dir: &Path, job: JobId) -> PathBuf {
+    state_dir.join("checkpoints").join(job.to_string())
+}
+
+/// The attempt's log file under the agent's state dir.
+pub fn log_path(state_dir: &Path, job: JobId, attempt: u32) -> PathBuf {
+    state_dir.join("logs").join(format!("{job}-{attempt}.log"))
+}
+
+/// The environment of an attempt: the job's own variables, then Quotient's, which win.
+///
+/// `CUDA_VISIBLE_DEVICES` names GPU indices (host indices for processes, 0.. for containers);
+/// `NVIDIA_VISIBLE_DEVICES` names the GPU UUIDs, which is what the NVIDIA container toolkit
+/// reads and what stays true whatever the numbering. With no GPUs both are empty.
+pub fn job_environment(spec: &LaunchSpec, numbering: GpuNumbering) -> BTreeMap<String, String> {
+    let mut env = spec.env.clone();
+    let indices: Vec<String> = match numbering {
+        GpuNumbering::HostIndices => spec.gpu_indices.iter().map(u32::to_string).collect(),
+        GpuNumbering::ContainerLocal => {
+            (0..spec.gpu_indices.len()).map(|i| i.to_string()).collect()
+        }
+    };
+    env.insert("QUOTIENT_JOB_ID".into(), spec.job.to_string());
+    env.insert("QUOTIENT_ATTEMPT".into(), spec.attempt.to_string());
+    env.insert(
+        "QUOTIENT_CHECKPOINT_DIR".into(),
+        spec.checkpoint_dir.display().to_string(),
+    );
+    env.insert("CUDA_VISIBLE_DEVICES".into(), indices.join(","));
+    env.insert("NVIDIA_VISIBLE_DEVICES".into(), spec.gpu_uuids.join(","));
+    if numbering == GpuNumbering::HostIndices {
+        env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
+    }
+    env
+}
+
+/// The exit code a shell reports: the status, or 128 + the signal that ended the process.
+pub fn exit_code_of(status: std::process::ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+}
+
+/// Reads at most [`LOG_READ_BYTES_MAX`] bytes from the end of a file; a missing file is empty.
+pub(crate) fn read_log_tail(path: &Path) -> Result<String, RuntimeError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(error) => return Err(RuntimeError::io("open log", path, error)),
+    };
+    let length = file
+        .metadata()
+        .map_err(|error| RuntimeError::io("read log", path, error))?
+        .len();
+    if length > LOG_READ_BYTES_MAX {
+        file.seek(SeekFrom::Start(length - LOG_READ_BYTES_MAX))
+            .map_err(|error| RuntimeError::io("read log", path, error))?;
+    }
+    let mut bytes = Vec::new();
+    file.take(LOG_READ_BYTES_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|error| RuntimeError::io("read log", path, error))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> LaunchSpec {
+        LaunchSpec {
+            job: JobId(7),
+            attempt: 2,
+            payload: JobPayload {
+                image: None,
+                command: vec!["true".into()],
+            },
+            env: BTreeMap::from([("EPOCHS".to_string(), "3".to_string())]),
+            gpu_indices: vec![2, 5],
+            gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            checkpoint_dir: PathBuf::from("/state/checkpoints/j-7"),
+            log_path: PathBuf::from("/state/logs/j-7-2.log"),
+            checkpoint_signal: Signal::Sigterm,
+            grace_period_ms: 1_000,
+        }
+    }
+
+    /// Processes see host indices, containers see 0.., and both see UUIDs and Quotient's variables.
+    #[test]
+    fn the_environment_names_the_job_and_its_gpus() {
+        let env = job_environment(&spec(), GpuNumbering::HostIndices);
+        assert_eq!(env["QUOTIENT_JOB_ID"], "j-7");
+        assert_eq!(env["QUOTIENT_ATTEMPT"], "2");
+        assert_eq!(env["QUOTIENT_CHECKPOINT_DIR"], "/state/checkpoints/j-7");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2,5");
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+        assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
+        assert_eq!(env["EPOCHS"], "3");
+        let env = job_environment(&spec(), GpuNumbering::ContainerLocal);
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0,1");
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+        assert!(!env.contains_key("CUDA_DEVICE_ORDER"));
+    }
+}

@@ -1,0 +1,411 @@
+//! The process runtime: a job's command as a process group on the host.
+//!
+//! Each attempt runs under a tiny `/bin/sh` shim that leads its own process group (so one
+//! signal reaches the job and everything it forks), forwards nothing and waits for the job,
+//! then writes the job's exit code (the status, or 128 + the signal) to an exit file. The shim
+//! catches the checkpoint signals with a no-op trap: caught signals are reset to their
+//! defaults in the job it starts, whereas ignored ones would be inherited. So the exit code is
+//! known even when the agent was restarted in between and is no longer the job's parent.
+//!
+//! Ownership is proven by a pid file, `<state_dir>/jobs/<job>-<attempt>.json`, holding the
+//! leader's pid, the group id and the leader's start time from `/proc/<pid>/stat`. A restarted
+//! agent signals a group only while a process with that pid *and* that start time exists, so a
+//! pid reused by an unrelated process is never touched.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+
+use quotient_common::job::RESERVED_ENV;
+use quotient_common::{JobId, Signal};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    exit_code_of, job_environment, read_log_tail, FoundJob, GpuNumbering, JobHandle, JobStatus,
+    LaunchSpec, Runtime, RuntimeError,
+};
+
+/// The folder under the state dir that holds pid and exit files.
+pub const JOBS_DIR: &str = "jobs";
+/// The largest pid file read back; anything bigger is not one of ours.
+pub const PID_FILE_BYTES_MAX: u64 = 64 * 1024;
+/// Pid files read by one `list_own`.
+pub const PID_FILES_MAX: usize = 4_096;
+/// The shell that runs the shim.
+pub const SHIM_SHELL: &str = "/bin/sh";
+
+/// `$1` is the exit file, the rest is the job's command.
+const SHIM_SCRIPT: &str = r#"exit_file="$1"; shift
+trap 'true' HUP INT QUIT TERM USR1 USR2
+"$@"
+code=$?
+printf '%s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
+exit "$code""#;
+
+/// What the pid file records about one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidRecord {
+    pub job: JobId,
+    pub attempt: u32,
+    /// The shim's pid; it leads the group.
+    pub pid: i32,
+    pub pgid: i32,
+    /// Field 22 of `/proc/<pid>/stat`: clock ticks after boot. Guards against pid reuse.
+    pub start_time_ticks: u64,
+    pub checkpoint_signal: Signal,
+    pub grace_period_ms: u64,
+    pub log_path: PathBuf,
+}
+
+/// Runs jobs as process groups on this host.
+pub struct ProcessRuntime {
+    state_dir: PathBuf,
+    /// Children this instance started: waited on here so they leave no zombies.
+    children: Mutex<BTreeMap<(JobId, u32), Child>>,
+}
+
+impl ProcessRuntime {
+    /// A runtime whose pid files live under `state_dir`.
+    pub fn new(state_dir: &Path) -> ProcessRuntime {
+        ProcessRuntime {
+            state_dir: state_dir.to_path_buf(),
+            children: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn jobs_dir(&self) -> PathBuf {
+        self.state_dir.join(JOBS_DIR)
+    }
+
+    fn pid_file(&self, job: JobId, attempt: u32) -> PathBuf {
+        self.jobs_dir().join(format!("{job}-{attempt}.json"))
+    }
+
+    fn exit_file(&self, job: JobId, attempt: u32) -> PathBuf {
+        self.jobs_dir().join(format!("{job}-{attempt}.exit"))
+    }
+
+    fn children(&self) -> MutexGuard<'_, BTreeMap<(JobId, u32), Child>> {
+        self.children
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn read_record(&self, job: JobId, attempt: u32) -> Result<Option<PidRecord>, RuntimeError> {
+        read_pid_file(&self.pid_file(job, attempt))
+    }
+
+    /// The exit code the shim recorded, if any.
+    fn recorded_exit_code(&self, job: JobId, attempt: u32) -> Option<i32> {
+        let text = std::fs::read_to_string(self.exit_file(job, attempt)).ok()?;
+        text.trim().parse().ok()
+    }
+
+    fn status_of(&self, record: &PidRecord) -> Result<JobStatus, RuntimeError> {
+        let key = (record.job, record.attempt);
+        // A child of this instance: the OS tells its status.
+        let child_status = {
+            let mut children = self.children();
+            match children.get_mut(&key) {
+                Some(child) => Some(
+                    child
+                        .try_wait()
+                        .map_err(|error| RuntimeError::io("wait for", &record.log_path, error))?,
+                ),
+                None => None,
+            }
+        };
+        match child_status {
+            Some(None) => return Ok(JobStatus::Running),
+            Some(Some(status)) => {
+                let code = self
+                    .recorded_exit_code(record.job, record.attempt)
+                    .or(exit_code_of(status));
+                return Ok(JobStatus::Exited { code });
+            }
+            None => {}
+        }
+        // Adopted after a restart: only /proc and the exit file tell.
+        match process_state(record.pid) {
+            Some((state, start)) if start == record.start_time_ticks && state != 'Z' => {
+                Ok(JobStatus::Running)
+            }
+            Some((_, start)) if start == record.start_time_ticks => {
+                // Our zombie: the restarted agent may still be its parent (tests are), reap it.
+                reap(record.pid);
+                Ok(JobStatus::Exited {
+                    code: self.recorded_exit_code(record.job, record.attempt),
+                })
+            }
+            _ => Ok(JobStatus::Exited {
+                code: self.recorded_exit_code(record.job, record.attempt),
+            }),
+        }
+    }
+
+    /// Signals the group only if its leader is still the process this agent started.
+    fn signal_group(&self, handle: &JobHandle, number: i32) -> Result<(), RuntimeError> {
+        let Some(record) = self.read_record(handle.job, handle.attempt)? else {
+            tracing::debug!(job = %handle.job, attempt = handle.attempt, "no pid file: nothing to signal");
+            return Ok(());
+        };
+        if self.status_of(&record)? != JobStatus::Running {
+            return Ok(());
+        }
+        // SAFETY: kill(2) takes plain integers; a negative pid names the process group.
+        let result = unsafe { libc::kill(-record.pgid, number) };
+        if result != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::ESRCH) {
+                return Err(RuntimeError::io(
+                    "signal the process group of",
+                    &self.pid_file(handle.job, handle.attempt),
+                    error,
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    async fn start(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
+        let invalid = |problem: &str| RuntimeError::InvalidLaunch {
+            job: spec.job,
+            attempt: spec.attempt,
+            problem: problem.to_string(),
+        };
+        if spec.payload.command.is_empty() {
+            return Err(invalid("the process runtime needs a command"));
+        }
+        if spec.payload.image.is_some() {
+            return Err(invalid(
+                "the job names an image: run the agent with --runtime docker",
+            ));
+        }
+        if let Some(record) = self.read_record(spec.job, spec.attempt)? {
+            if self.status_of(&record)? == JobStatus::Running {
+                return Err(RuntimeError::AlreadyRunning {
+                    job: spec.job,
+                    attempt: spec.attempt,
+                });
+            }
+        }
+        for dir in [
+            self.jobs_dir(),
+            spec.checkpoint_dir.clone(),
+            spec.log_path
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| self.state_dir.clone()),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .map_err(|error| RuntimeError::io("create", &dir, error))?;
+        }
+        let exit_file = self.exit_file(spec.job, spec.attempt);
+        match std::fs::remove_file(&exit_file) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(RuntimeError::io("remove", &exit_file, error)),
+        }
+        let log = std::fs::File::create(&spec.log_path)
+            .map_err(|error| RuntimeError::io("create log", &spec.log_path, error))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|error| RuntimeError::io("open log", &spec.log_path, error))?;
+
+        let mut command = Command::new(SHIM_SHELL);
+        command
+            .arg("-c")
+            .arg(SHIM_SCRIPT)
+            .arg("quotient-job")
+            .arg(&exit_file)
+            .args(&spec.payload.command)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .process_group(0);
+        // The agent's own environment (PATH, HOME) minus anything Quotient sets per job.
+        for key in RESERVED_ENV.iter().chain(["CUDA_DEVICE_ORDER"].iter()) {
+            command.env_remove(key);
+        }
+        command.envs(job_environment(spec, GpuNumbering::HostIndices));
+        let child = command
+            .spawn()
+            .map_err(|error| RuntimeError::io("start", Path::new(SHIM_SHELL), error))?;
+        let pid = child.id() as i32;
+        // Not yet waited on, so /proc/<pid> exists even if the job already ended (a zombie).
+        let start_time_ticks = process_state(pid).map(|(_, start)| start).unwrap_or(0);
+        let record = PidRecord {
+            job: spec.job,
+            attempt: spec.attempt,
+            pid,
+            pgid: pid,
+            start_time_ticks,
+            checkpoint_signal: spec.checkpoint_signal,
+            grace_period_ms: spec.grace_period_ms,
+            log_path: spec.log_path.clone(),
+        };
+        if let Err(error) = write_pid_file(&self.pid_file(spec.job, spec.attempt), &record) {
+            // Without its pid file the job could be started twice or never found again: undo.
+            let mut child = child;
+            // SAFETY: kill(2) on the group this call just created and still owns.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+            if let Err(wait_error) = child.wait() {
+                tracing::warn!(pid, "cannot reap a job whose pid file failed: {wait_error}");
+            }
+            return Err(error);
+        }
+        self.children().insert((spec.job, spec.attempt), child);
+        tracing::info!(job = %spec.job, attempt = spec.attempt, pid, "started process job");
+        Ok(JobHandle {
+            job: spec.job,
+            attempt: spec.attempt,
+            id: pid.to_string(),
+        })
+    }
+
+    async fn signal(&self, handle: &JobHandle, signal: Signal) -> Result<(), RuntimeError> {
+        self.signal_group(handle, signal.number())
+    }
+
+    async fn kill(&self, handle: &JobHandle) -> Result<(), RuntimeError> {
+        self.signal_group(handle, libc::SIGKILL)
+    }
+
+    async fn status(&self, handle: &JobHandle) -> Result<JobStatus, RuntimeError> {
+        match self.read_record(handle.job, handle.attempt)? {
+            Some(record) => self.status_of(&record),
+            None => Ok(JobStatus::Exited {
+                code: self.recorded_exit_code(handle.job, handle.attempt),
+            }),
+        }
+    }
+
+    async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
+        let dir = self.jobs_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => return Err(RuntimeError::io("list", &dir, error)),
+        };
+        let mut found = Vec::new();
+        for entry in entries.take(PID_FILES_MAX) {
+            let path = entry
+                .map_err(|error| RuntimeError::io("list", &dir, error))?
+                .path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let record = match read_pid_file(&path) {
+                Ok(Some(record)) => record,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!("skipping an unreadable pid file: {error}");
+                    continue;
+                }
+            };
+            found.push(FoundJob {
+                handle: JobHandle {
+                    job: record.job,
+                    attempt: record.attempt,
+                    id: record.pgid.to_string(),
+                },
+                status: self.status_of(&record)?,
+                checkpoint_signal: record.checkpoint_signal,
+                grace_period_ms: record.grace_period_ms,
+            });
+        }
+        found.sort_by(|a, b| a.handle.cmp(&b.handle));
+        Ok(found)
+    }
+
+    async fn remove(&self, handle: &JobHandle) -> Result<(), RuntimeError> {
+        if self.status(handle).await? == JobStatus::Running {
+            return Err(RuntimeError::StillRunning {
+                job: handle.job,
+                attempt: handle.attempt,
+            });
+        }
+        self.children().remove(&(handle.job, handle.attempt));
+        for path in [
+            self.pid_file(handle.job, handle.attempt),
+            self.exit_file(handle.job, handle.attempt),
+        ] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(RuntimeError::io("remove", &path, error)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn logs(&self, handle: &JobHandle) -> Result<String, RuntimeError> {
+        match self.read_record(handle.job, handle.attempt)? {
+            Some(record) => read_log_tail(&record.log_path),
+            None => Ok(String::new()),
+        }
+    }
+}
+
+fn read_pid_file(path: &Path) -> Result<Option<PidRecord>, RuntimeError> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(RuntimeError::io("open pid file", path, error)),
+    };
+    let mut text = String::new();
+    file.take(PID_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|error| RuntimeError::io("read pid file", path, error))?;
+    serde_json::from_str(&text).map(Some).map_err(|error| {
+        RuntimeError::io(
+            "parse pid file",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, error),
+        )
+    })
+}
+
+/// Writes the pid file whole or not at all (write a temporary file, then rename).
+fn write_pid_file(path: &Path, record: &PidRecord) -> Result<(), RuntimeError> {
+    let text = serde_json::to_string_pretty(record).map_err(|error| {
+        RuntimeError::io(
+            "encode pid file",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, error),
+        )
+    })?;
+    let temporary = path.with_extension("json.tmp");
+    std::fs::write(&temporary, text)
+        .map_err(|error| RuntimeError::io("write pid file", &temporary, error))?;
+    std::fs::rename(&temporary, path)
+        .map_err(|error| RuntimeError::io("write pid file", path, error))
+}
+
+/// A process's state letter and start time (field 22) from `/proc/<pid>/stat`; `None` if gone.
+pub fn process_state(pid: i32) -> Option<(char, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: split after it.
+    let after_name = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 (state), so field 22 is fields[19].
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// Reaps `pid` if it is a child of this process; harmless otherwise.
+fn reap(pid: i32) {
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG only reads and reaps; ECHILD for a non-child is ignored.
+    unsafe {
+        libc::waitpid(pid, &mut status, libc::WNOHANG);
+    }
+}

@@ -1,0 +1,404 @@
+//! The Docker runtime against the real daemon, with an image built offline by
+//! `tests/docker/build-test-image.sh` (busybox-static, `docker import`): environment and GPUs,
+//! the checkpoint signal, preemption (trapped and ignored signals), exit codes, and
+//! re-adoption by label after a restart without touching other containers.
+//!
+//! Without a reachable daemon these tests fail when `CI=true` (they must never be skipped
+//! there) and otherwise skip with a loud message.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use quotient_agent::executor::Executor;
+use quotient_agent::reconcile::Intent;
+use quotient_agent::runtime::docker::{DockerRuntime, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE};
+use quotient_agent::runtime::{JobStatus, Runtime};
+use quotient_common::{JobId, Signal};
+use quotient_core::JobEvent;
+use support::*;
+
+const IMAGE: &str = "quotient-test-busybox:latest";
+
+/// A script that checkpoints on SIGUSR1: writes a file, then exits 0.
+const TRAPPING_JOB: &str = r#"trap 'echo checkpointed > "$QUOTIENT_CHECKPOINT_DIR/checkpoint"; exit 0' USR1
+echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
+while :; do sleep 0.05; done"#;
+/// A script with no handler for its checkpoint signal: as PID 1 of the container it ignores it.
+const IGNORING_JOB: &str = r#"echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
+while :; do sleep 0.05; done"#;
+
+/// Serialises building the test image across the tests of this binary.
+static IMAGE_BUILD: Mutex<()> = Mutex::new(());
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| value == "true" || value == "1")
+}
+
+/// Fails in CI, skips loudly elsewhere.
+fn unavailable(why: String) {
+    if in_ci() {
+        panic!("Docker tests cannot run in CI: {why}");
+    }
+    eprintln!(
+        "\n!!!!!!!! SKIPPING a Docker runtime test: {why}\n!!!!!!!! (with CI=true this fails)\n"
+    );
+}
+
+fn ensure_image() -> Result<(), String> {
+    let _guard = IMAGE_BUILD
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let present = Command::new("docker")
+        .args(["image", "inspect", IMAGE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|error| format!("cannot run the docker CLI: {error}"))?
+        .success();
+    if present {
+        return Ok(());
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/docker/build-test-image.sh"
+    );
+    let output = Command::new("bash")
+        .arg(script)
+        .output()
+        .map_err(|error| format!("cannot run {script}: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{script} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// Removes every container of a test's node when the test ends, pass or fail.
+struct RemoveContainers(Vec<String>);
+
+impl Drop for RemoveContainers {
+    fn drop(&mut self) {
+        for filter in &self.0 {
+            let Ok(output) = Command::new("docker")
+                .args(["ps", "-aq", "--filter", filter])
+                .output()
+            else {
+                continue;
+            };
+            let ids: Vec<String> = String::from_utf8_lossy(&output.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            if !ids.is_empty() {
+                let _ = Command::new("docker")
+                    .args(["rm", "-f"])
+                    .args(&ids)
+                    .stdout(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+/// A runtime for a node name unique to this test, or `None` (skip) outside CI.
+async fn runtime_for(test: &str) -> Option<(DockerRuntime, String, RemoveContainers)> {
+    let node = format!("dt-{}-{test}", std::process::id());
+    let runtime = match DockerRuntime::connect(&node, false).await {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            unavailable(format!("the Docker daemon is not reachable: {error}"));
+            return None;
+        }
+    };
+    if let Err(why) = ensure_image() {
+        unavailable(why);
+        return None;
+    }
+    let cleanup = RemoveContainers(vec![format!("label={LABEL_NODE}={node}")]);
+    Some((runtime, node, cleanup))
+}
+
+async fn wait_ready(dir: &std::path::Path) {
+    let ready = dir.join("ready");
+    wait_for("the container job to start", || {
+        let exists = ready.exists();
+        async move { exists.then_some(()) }
+    })
+    .await;
+}
+
+fn gpu_uuids() -> BTreeMap<u32, String> {
+    BTreeMap::from([(0, "GPU-zero".to_string())])
+}
+
+/// A container job gets Quotient's environment (GPUs renumbered from 0, UUIDs as they are),
+/// the checkpoint dir at the same path, its labels, and its logs can be read.
+#[tokio::test]
+async fn docker_job_gets_its_environment_and_gpus() {
+    let Some((runtime, node, _cleanup)) = runtime_for("env").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let spec = launch(
+        state.path(),
+        11,
+        2,
+        Some(IMAGE),
+        shell(r#"env > "$QUOTIENT_CHECKPOINT_DIR/env.txt"; echo hello-from-the-container"#),
+    );
+    let handle = runtime.start(&spec).await.unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    let env = std::fs::read_to_string(spec.checkpoint_dir.join("env.txt")).unwrap();
+    for line in [
+        "QUOTIENT_JOB_ID=j-11",
+        "QUOTIENT_ATTEMPT=2",
+        &format!("QUOTIENT_CHECKPOINT_DIR={}", spec.checkpoint_dir.display()),
+        "CUDA_VISIBLE_DEVICES=0,1",
+        "NVIDIA_VISIBLE_DEVICES=GPU-one,GPU-three",
+        "TRAIN_EPOCHS=3",
+    ] {
+        assert!(
+            env.lines().any(|l| l == line),
+            "{line} missing from:\n{env}"
+        );
+    }
+    let logs = runtime.logs(&handle).await.unwrap();
+    assert!(logs.contains("hello-from-the-container"), "{logs}");
+
+    let labels = Command::new("docker")
+        .args(["inspect", "--format", "{{json .Config.Labels}}", &handle.id])
+        .output()
+        .unwrap();
+    let labels: BTreeMap<String, String> = serde_json::from_slice(&labels.stdout).unwrap();
+    assert_eq!(labels[LABEL_JOB], "j-11");
+    assert_eq!(labels[LABEL_ATTEMPT], "2");
+    assert_eq!(labels[LABEL_NODE], node);
+
+    runtime.remove(&handle).await.unwrap();
+    assert!(runtime.list_own().await.unwrap().is_empty());
+}
+
+/// The checkpoint signal reaches the container's job, which checkpoints and exits.
+#[tokio::test]
+async fn docker_checkpoint_signal_reaches_the_job() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("signal").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let spec = launch(state.path(), 12, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let handle = runtime.start(&spec).await.unwrap();
+    wait_ready(&spec.checkpoint_dir).await;
+    assert_eq!(runtime.status(&handle).await.unwrap(), JobStatus::Running);
+    runtime.signal(&handle, Signal::Sigusr1).await.unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    let checkpoint = std::fs::read_to_string(spec.checkpoint_dir.join("checkpoint")).unwrap();
+    assert_eq!(checkpoint.trim(), "checkpointed");
+}
+
+/// Preemption of a container job that traps its signal: reported as after-signal.
+#[tokio::test]
+async fn docker_preempted_job_that_traps_the_signal_is_reported_after_signal() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("trap").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
+    let reports = executor
+        .step(&desired_one(1, 21, 1, &spec, Intent::Run))
+        .await;
+    assert_eq!(
+        events_of(&reports, 21, 1),
+        vec![JobEvent::Started, JobEvent::Running]
+    );
+    wait_ready(&state.path().join("checkpoints/j-21")).await;
+    let stop = desired_one(2, 21, 1, &spec, Intent::Stop);
+    let reports = step_until(&mut executor, &stop, "the preempted exit", is_exit).await;
+    assert_eq!(
+        events_of(&reports, 21, 1),
+        vec![JobEvent::ExitedAfterSignal { code: Some(0) }]
+    );
+    assert!(state.path().join("checkpoints/j-21/checkpoint").exists());
+    assert!(
+        executor.runtime().list_own().await.unwrap().is_empty(),
+        "the exited container is removed"
+    );
+}
+
+/// A container job that ignores its checkpoint signal is killed when its grace period ends.
+#[tokio::test]
+async fn docker_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("ignore").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), shell(IGNORING_JOB));
+    executor
+        .step(&desired_one(1, 22, 1, &spec, Intent::Run))
+        .await;
+    wait_ready(&state.path().join("checkpoints/j-22")).await;
+    let stop = desired_one(2, 22, 1, &spec, Intent::Stop);
+    let signalled = Instant::now();
+    let reports = step_until(
+        &mut executor,
+        &stop,
+        "the kill after the grace period",
+        is_exit,
+    )
+    .await;
+    let elapsed = signalled.elapsed();
+    assert_eq!(
+        events_of(&reports, 22, 1),
+        vec![JobEvent::ExitedAfterSignal { code: Some(137) }]
+    );
+    assert!(
+        elapsed.as_millis() >= u128::from(SHORT_GRACE_MS),
+        "killed after {elapsed:?}, before the {SHORT_GRACE_MS} ms grace period"
+    );
+}
+
+/// Container exit codes are reported as they are: 0 and non-zero.
+#[tokio::test]
+async fn docker_exit_codes_are_reported() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("codes").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
+    let ok = job_spec(Some(IMAGE), shell("exit 0"));
+    let failing = job_spec(Some(IMAGE), shell("echo failing >&2; exit 3"));
+    let mut desired = desired_one(1, 31, 1, &ok, Intent::Run);
+    desired
+        .allocations
+        .extend(desired_one(1, 32, 1, &failing, Intent::Run).allocations);
+    let mut reports = Vec::new();
+    while !(events_of(&reports, 31, 1)
+        .iter()
+        .any(|e| matches!(e, JobEvent::Exited { .. }))
+        && events_of(&reports, 32, 1)
+            .iter()
+            .any(|e| matches!(e, JobEvent::Exited { .. })))
+    {
+        reports.extend(step_until(&mut executor, &desired, "both exits", is_exit).await);
+    }
+    assert!(events_of(&reports, 31, 1).contains(&JobEvent::Exited { code: 0 }));
+    assert!(events_of(&reports, 32, 1).contains(&JobEvent::Exited { code: 3 }));
+}
+
+/// A job whose image is not on the host fails with a reason, and nothing is pulled.
+#[tokio::test]
+async fn docker_missing_image_fails_the_launch_without_pulling() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("noimage").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let spec = launch(
+        state.path(),
+        13,
+        1,
+        Some("quotient-test-absent:never"),
+        shell("true"),
+    );
+    let error = runtime.start(&spec).await.unwrap_err().to_string();
+    assert!(error.contains("never pulls"), "{error}");
+}
+
+/// After a restart the runtime re-finds its container by label and the executor adopts it
+/// instead of starting it again; containers of another node or with no labels are untouched.
+#[tokio::test]
+async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
+    let Some((first, node, mut cleanup)) = runtime_for("adopt").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
+    let run = desired_one(1, 41, 1, &spec, Intent::Run);
+    let container = {
+        let mut executor = Executor::new(first, &node, state.path(), gpu_uuids());
+        executor.step(&run).await;
+        wait_ready(&state.path().join("checkpoints/j-41")).await;
+        executor.handle(JobId(41), 1).unwrap().id.clone()
+        // The executor and its runtime are dropped here: the agent "restarts".
+    };
+
+    // Another node's container (same labels, other node) and an unlabelled one.
+    let other_node = format!("{node}-other");
+    cleanup.0.push(format!("label={LABEL_NODE}={other_node}"));
+    let other = DockerRuntime::connect(&other_node, false).await.unwrap();
+    let other_state = tempfile::tempdir().unwrap();
+    let other_handle = other
+        .start(&launch(
+            other_state.path(),
+            41,
+            1,
+            Some(IMAGE),
+            shell("sleep 60"),
+        ))
+        .await
+        .unwrap();
+    let unlabelled_name = format!("{node}-unlabelled");
+    let unlabelled = Command::new("docker")
+        .args([
+            "run",
+            "-d",
+            "--name",
+            &unlabelled_name,
+            IMAGE,
+            "sleep",
+            "60",
+        ])
+        .output()
+        .unwrap();
+    assert!(unlabelled.status.success(), "{unlabelled:?}");
+    cleanup.0.push(format!("name={unlabelled_name}"));
+
+    let runtime = DockerRuntime::connect(&node, false).await.unwrap();
+    let found = runtime.list_own().await.unwrap();
+    assert_eq!(found.len(), 1, "only this node's container: {found:?}");
+    assert_eq!(found[0].handle.id, container);
+    assert_eq!(found[0].status, JobStatus::Running);
+    assert_eq!(found[0].checkpoint_signal, Signal::Sigusr1);
+    assert_eq!(found[0].grace_period_ms, SHORT_GRACE_MS);
+
+    let mut executor = Executor::new(runtime, &node, state.path(), gpu_uuids());
+    assert_eq!(executor.recover().await.unwrap(), 1);
+    let reports = executor.step(&run).await;
+    assert_eq!(
+        events_of(&reports, 41, 1),
+        vec![JobEvent::Running],
+        "adopted, not started again"
+    );
+    let stop = desired_one(2, 41, 1, &spec, Intent::Stop);
+    let reports = step_until(&mut executor, &stop, "the adopted job's exit", is_exit).await;
+    assert_eq!(
+        events_of(&reports, 41, 1),
+        vec![JobEvent::ExitedAfterSignal { code: Some(0) }]
+    );
+
+    assert_eq!(
+        other.status(&other_handle).await.unwrap(),
+        JobStatus::Running,
+        "another node's container is untouched"
+    );
+    let running = Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            "{{.State.Running}}",
+            &unlabelled_name,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&running.stdout).trim(), "true");
+}

@@ -1,0 +1,377 @@
+//! The process runtime against real processes: environment and GPUs, the checkpoint signal,
+//! preemption (trapped and ignored signals), exit codes, and re-finding jobs after a restart
+//! without touching anyone else's process.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use quotient_agent::executor::Executor;
+use quotient_agent::reconcile::Intent;
+use quotient_agent::runtime::process::{process_state, ProcessRuntime, JOBS_DIR};
+use quotient_agent::runtime::{JobHandle, JobStatus, Runtime};
+use quotient_common::JobId;
+use quotient_core::JobEvent;
+use support::*;
+
+/// A script that checkpoints on SIGUSR1: writes a file, then exits 0.
+const TRAPPING_JOB: &str = r#"trap 'echo checkpointed > "$QUOTIENT_CHECKPOINT_DIR/checkpoint"; exit 0' USR1
+echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
+while :; do sleep 0.05; done"#;
+/// A script that ignores its checkpoint signal.
+const IGNORING_JOB: &str = r#"trap '' USR1
+echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
+while :; do sleep 0.05; done"#;
+
+fn gpu_uuids() -> BTreeMap<u32, String> {
+    BTreeMap::from([(0, "GPU-zero".to_string()), (1, "GPU-one".to_string())])
+}
+
+async fn wait_ready(dir: &std::path::Path) {
+    let ready = dir.join("ready");
+    wait_for("the job to start", || {
+        let exists = ready.exists();
+        async move { exists.then_some(()) }
+    })
+    .await;
+}
+
+/// A job gets Quotient's environment, its GPUs and its own variables, and its output lands in
+/// its log file.
+#[tokio::test]
+async fn process_job_gets_its_environment_and_gpus() {
+    let state = tempfile::tempdir().unwrap();
+    let runtime = ProcessRuntime::new(state.path());
+    let spec = launch(
+        state.path(),
+        11,
+        2,
+        None,
+        shell(r#"env > "$QUOTIENT_CHECKPOINT_DIR/env.txt"; echo hello-from-the-job"#),
+    );
+    let handle = runtime.start(&spec).await.unwrap();
+    let code = runtime
+        .wait(&handle, WAIT_DEADLINE)
+        .await
+        .unwrap()
+        .expect("the job exits");
+    assert_eq!(code, Some(0));
+    let env = std::fs::read_to_string(spec.checkpoint_dir.join("env.txt")).unwrap();
+    for line in [
+        "QUOTIENT_JOB_ID=j-11",
+        "QUOTIENT_ATTEMPT=2",
+        &format!("QUOTIENT_CHECKPOINT_DIR={}", spec.checkpoint_dir.display()),
+        "CUDA_VISIBLE_DEVICES=1,3",
+        "NVIDIA_VISIBLE_DEVICES=GPU-one,GPU-three",
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "TRAIN_EPOCHS=3",
+    ] {
+        assert!(
+            env.lines().any(|l| l == line),
+            "{line} missing from:\n{env}"
+        );
+    }
+    assert!(spec.checkpoint_dir.ends_with("checkpoints/j-11"));
+    let logs = runtime.logs(&handle).await.unwrap();
+    assert!(logs.contains("hello-from-the-job"), "{logs}");
+    assert!(spec.log_path.exists());
+    runtime.remove(&handle).await.unwrap();
+    assert!(runtime.list_own().await.unwrap().is_empty());
+}
+
+/// The checkpoint signal reaches the job, which checkpoints and exits with its own code.
+#[tokio::test]
+async fn process_checkpoint_signal_reaches_the_job() {
+    let state = tempfile::tempdir().unwrap();
+    let runtime = ProcessRuntime::new(state.path());
+    let spec = launch(state.path(), 12, 1, None, shell(TRAPPING_JOB));
+    let handle = runtime.start(&spec).await.unwrap();
+    wait_ready(&spec.checkpoint_dir).await;
+    assert_eq!(runtime.status(&handle).await.unwrap(), JobStatus::Running);
+    runtime
+        .signal(&handle, quotient_common::Signal::Sigusr1)
+        .await
+        .unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    let checkpoint = std::fs::read_to_string(spec.checkpoint_dir.join("checkpoint")).unwrap();
+    assert_eq!(checkpoint.trim(), "checkpointed");
+}
+
+/// Preemption of a job that traps its signal: signal, it exits, reported as after-signal.
+#[tokio::test]
+async fn process_preempted_job_that_traps_the_signal_is_reported_after_signal() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    let spec = job_spec(None, shell(TRAPPING_JOB));
+    let run = desired_one(1, 21, 1, &spec, Intent::Run);
+    let reports = executor.step(&run).await;
+    assert_eq!(
+        events_of(&reports, 21, 1),
+        vec![JobEvent::Started, JobEvent::Running]
+    );
+    wait_ready(&state.path().join("checkpoints/j-21")).await;
+
+    let stop = desired_one(2, 21, 1, &spec, Intent::Stop);
+    let reports = step_until(&mut executor, &stop, "the preempted exit", is_exit).await;
+    assert_eq!(
+        events_of(&reports, 21, 1),
+        vec![JobEvent::ExitedAfterSignal { code: Some(0) }]
+    );
+    assert!(state.path().join("checkpoints/j-21/checkpoint").exists());
+    assert_eq!(
+        executor.jobs().count(),
+        0,
+        "the exited attempt is forgotten"
+    );
+    let again = executor.step(&stop).await;
+    assert!(again.is_empty(), "reported once: {again:?}");
+}
+
+/// A job that ignores its checkpoint signal is killed when its grace period ends.
+#[tokio::test]
+async fn process_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    let spec = job_spec(None, shell(IGNORING_JOB));
+    executor
+        .step(&desired_one(1, 22, 1, &spec, Intent::Run))
+        .await;
+    wait_ready(&state.path().join("checkpoints/j-22")).await;
+
+    let stop = desired_one(2, 22, 1, &spec, Intent::Stop);
+    let signalled = Instant::now();
+    assert!(
+        executor.step(&stop).await.is_empty(),
+        "signalled, not yet killed"
+    );
+    let deadline = executor.next_deadline().expect("a grace period runs");
+    assert!(
+        deadline.as_millis() <= u128::from(SHORT_GRACE_MS),
+        "{deadline:?}"
+    );
+    let reports = step_until(
+        &mut executor,
+        &stop,
+        "the kill after the grace period",
+        is_exit,
+    )
+    .await;
+    let elapsed = signalled.elapsed();
+    assert_eq!(
+        events_of(&reports, 22, 1),
+        vec![JobEvent::ExitedAfterSignal { code: Some(137) }],
+        "killed by SIGKILL: 128 + 9"
+    );
+    assert!(
+        elapsed.as_millis() >= u128::from(SHORT_GRACE_MS),
+        "killed after {elapsed:?}, before the {SHORT_GRACE_MS} ms grace period"
+    );
+}
+
+/// Exit codes are reported as they are: 0 and non-zero.
+#[tokio::test]
+async fn process_exit_codes_are_reported() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    let ok = job_spec(None, shell("exit 0"));
+    let failing = job_spec(None, shell("echo failing >&2; exit 3"));
+    let mut desired = desired_one(1, 31, 1, &ok, Intent::Run);
+    desired
+        .allocations
+        .extend(desired_one(1, 32, 1, &failing, Intent::Run).allocations);
+    let mut reports = Vec::new();
+    while !(events_of(&reports, 31, 1)
+        .iter()
+        .any(|e| matches!(e, JobEvent::Exited { .. }))
+        && events_of(&reports, 32, 1)
+            .iter()
+            .any(|e| matches!(e, JobEvent::Exited { .. })))
+    {
+        reports.extend(step_until(&mut executor, &desired, "both exits", is_exit).await);
+    }
+    assert!(events_of(&reports, 31, 1).contains(&JobEvent::Exited { code: 0 }));
+    assert!(events_of(&reports, 32, 1).contains(&JobEvent::Exited { code: 3 }));
+    let log = std::fs::read_to_string(state.path().join("logs/j-32-1.log")).unwrap();
+    assert!(log.contains("failing"), "{log}");
+    let again = executor.step(&desired).await;
+    assert!(
+        again.is_empty(),
+        "finished attempts are not started again: {again:?}"
+    );
+}
+
+/// A restarted runtime re-finds its running job by pid file and the executor adopts it rather
+/// than starting it twice; an unrelated process, even one whose pid a forged pid file names,
+/// is never touched.
+#[tokio::test]
+async fn process_restarted_runtime_refinds_its_job_and_leaves_others_alone() {
+    let state = tempfile::tempdir().unwrap();
+    let spec = job_spec(None, shell(TRAPPING_JOB));
+    let run = desired_one(1, 41, 1, &spec, Intent::Run);
+    let first_pid = {
+        let mut executor = Executor::new(
+            ProcessRuntime::new(state.path()),
+            "node-1",
+            state.path(),
+            gpu_uuids(),
+        );
+        executor.step(&run).await;
+        wait_ready(&state.path().join("checkpoints/j-41")).await;
+        executor.handle(JobId(41), 1).unwrap().id.clone()
+        // The executor and its runtime are dropped here: the agent "restarts".
+    };
+
+    // An unrelated process, and a forged pid file naming it with another start time.
+    let mut unrelated = Command::new("sleep")
+        .arg("60")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let unrelated_pid = unrelated.id() as i32;
+    let (_, real_start) = process_state(unrelated_pid).unwrap();
+    let forged = serde_json::json!({
+        "job": 99, "attempt": 1, "pid": unrelated_pid, "pgid": unrelated_pid,
+        "start_time_ticks": real_start + 12345, "checkpoint_signal": "Sigterm",
+        "grace_period_ms": 0, "log_path": "/dev/null"
+    });
+    std::fs::write(
+        state.path().join(JOBS_DIR).join("j-99-1.json"),
+        forged.to_string(),
+    )
+    .unwrap();
+
+    let runtime = ProcessRuntime::new(state.path());
+    let found = runtime.list_own().await.unwrap();
+    let statuses: Vec<(JobId, JobStatus)> =
+        found.iter().map(|f| (f.handle.job, f.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (JobId(41), JobStatus::Running),
+            (JobId(99), JobStatus::Exited { code: None })
+        ],
+        "the job is found running; the forged record is not a live job of ours"
+    );
+    let forged_handle = JobHandle {
+        job: JobId(99),
+        attempt: 1,
+        id: unrelated_pid.to_string(),
+    };
+    runtime.kill(&forged_handle).await.unwrap();
+    runtime
+        .signal(&forged_handle, quotient_common::Signal::Sigterm)
+        .await
+        .unwrap();
+    assert_eq!(
+        unrelated.try_wait().unwrap(),
+        None,
+        "an unrelated process must survive"
+    );
+
+    let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
+    assert_eq!(executor.recover().await.unwrap(), 2);
+    let reports = executor.step(&run).await;
+    assert_eq!(
+        events_of(&reports, 41, 1),
+        vec![JobEvent::Running],
+        "adopted, not started again"
+    );
+    assert_eq!(executor.handle(JobId(41), 1).unwrap().id, first_pid);
+    assert_eq!(
+        events_of(&reports, 99, 1),
+        vec![JobEvent::ExitedAfterSignal { code: None }],
+        "the stale record is reported gone and forgotten"
+    );
+    assert_eq!(unrelated.try_wait().unwrap(), None);
+
+    // The adopted job still stops the normal way.
+    let stop = desired_one(2, 41, 1, &spec, Intent::Stop);
+    let reports = step_until(&mut executor, &stop, "the adopted job's exit", is_exit).await;
+    assert_eq!(
+        events_of(&reports, 41, 1),
+        vec![JobEvent::ExitedAfterSignal { code: Some(0) }],
+        "the exit code comes from the shim's exit file, though the agent is not its parent"
+    );
+    assert_eq!(unrelated.try_wait().unwrap(), None);
+    unrelated.kill().unwrap();
+    unrelated.wait().unwrap();
+}
+
+/// After a restart, a job of this agent's that the coordinators no longer want is killed at
+/// once and reported as stopped.
+#[tokio::test]
+async fn process_found_job_that_is_not_desired_is_killed() {
+    let state = tempfile::tempdir().unwrap();
+    let spec = job_spec(None, shell(IGNORING_JOB));
+    {
+        let mut executor = Executor::new(
+            ProcessRuntime::new(state.path()),
+            "node-1",
+            state.path(),
+            gpu_uuids(),
+        );
+        executor
+            .step(&desired_one(1, 51, 1, &spec, Intent::Run))
+            .await;
+        wait_ready(&state.path().join("checkpoints/j-51")).await;
+    }
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    assert_eq!(executor.recover().await.unwrap(), 1);
+    let nothing = quotient_agent::reconcile::Desired {
+        epoch: 2,
+        allocations: vec![],
+    };
+    let reports = step_until(&mut executor, &nothing, "the unknown job's exit", is_exit).await;
+    assert_eq!(
+        events_of(&reports, 51, 1),
+        vec![JobEvent::ExitedAfterSignal { code: None }],
+        "killed by SIGKILL with its shim, so no exit file: the code is unknown"
+    );
+    assert!(executor.runtime().list_own().await.unwrap().is_empty());
+}
+
+/// A job the runtime can never launch (an image on the process runtime) fails with 127 and a
+/// logged reason, once, instead of being retried forever.
+#[tokio::test]
+async fn process_job_that_cannot_launch_is_reported_failed() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    let spec = job_spec(Some("trainer:1"), vec![]);
+    let desired = desired_one(1, 61, 1, &spec, Intent::Run);
+    let reports = executor.step(&desired).await;
+    assert_eq!(
+        events_of(&reports, 61, 1),
+        vec![JobEvent::Exited {
+            code: quotient_agent::executor::LAUNCH_FAILED_EXIT_CODE
+        }]
+    );
+    assert!(executor.step(&desired).await.is_empty(), "not retried");
+}
