@@ -1,6 +1,7 @@
 //! Types that every Quotient part shares: the domain vocabulary of quota shares, jobs and nodes.
 //!
 //! # Layout
+//! - [`agent_api`]: the agent protocol's messages and the fencing epoch.
 //! - [`api`]: the client API's requests, responses and views (spec/cli.md's JSON).
 //! - [`name`]: validation of share, job and node names.
 //! - [`gpu_class`]: normalised GPU class names, mapped from NVML model strings.
@@ -18,6 +19,7 @@
 //! Without it, everything here is plain data with `serde` derives and no clock or I/O, so the
 //! pure state machine in `quotient-core` can replicate it byte for byte and links no tokio.
 
+pub mod agent_api;
 pub mod api;
 #[cfg(feature = "net")]
 pub mod certs;

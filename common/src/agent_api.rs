@@ -1,0 +1,171 @@
+//! The agent protocol's messages (ALPN `quotient-agent/1`): what an agent on a GPU host and
+//! the leading coordinator say to each other.
+//!
+//! Agents are told desired state, not commands (DESIGN.md). The agent opens the connection
+//! and sends requests, one per QUIC stream:
+//! - `Register` once per connection, with its inventory and what it runs;
+//! - `Heartbeat` every `heartbeat_ms`, carrying device health and actual jobs (heartbeats are
+//!   not replicated; only a node's state changes are);
+//! - `WatchDesired`, a long poll: the leader answers at once when the node's desired state is
+//!   newer than `after_fence`, else when it changes, else after `WATCH_TIMEOUT_MS`;
+//! - `Report` with job events, answered once they are committed.
+//!
+//! Followers answer every request with `AgentError::NotLeader`, so the agent finds the leader
+//! from any coordinator address.
+//!
+//! The fencing epoch ([`Fence`]) orders desired states across leaders: a deposed leader's
+//! desired state is older than any the new leader sends, and the agent ignores it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{GpuDevice, JobId, JobSpec, NodeInventory};
+
+/// The largest agent-protocol frame.
+pub const AGENT_FRAME_BYTES_MAX: usize = 16 << 20;
+/// How long the leader holds a `WatchDesired` that has nothing new.
+pub const WATCH_TIMEOUT_MS: u64 = 5_000;
+/// The most allocations one node's desired state holds (a node has at most 64 GPUs; jobs
+/// being stopped can add a few more).
+pub const DESIRED_ALLOCATIONS_MAX: usize = 256;
+/// The most job events in one `Report`.
+pub const REPORTS_PER_REQUEST_MAX: usize = 256;
+
+/// A fencing epoch: the leader's Raft term, then the log index of the state the desired state
+/// was computed from. Compared as a pair, so any state sent by a newer leader is newer.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Fence {
+    pub term: u64,
+    pub index: u64,
+}
+
+impl Fence {
+    /// The fence as one number for logs and the reconcile diff: term in the high 24 bits.
+    pub fn as_u64(self) -> u64 {
+        (self.term.min((1 << 24) - 1) << 40) | self.index.min((1 << 40) - 1)
+    }
+}
+
+/// What the coordinators want of one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireIntent {
+    /// Run it: start it, or keep it running.
+    Run,
+    /// Stop it: checkpoint signal, grace period, kill (a preemption or a cancel).
+    Stop,
+}
+
+/// One allocation placed on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireAllocation {
+    pub job: JobId,
+    /// QUOTIENT_ATTEMPT of this placement.
+    pub attempt: u32,
+    pub gpu_indices: Vec<u32>,
+    pub gpu_uuids: Vec<String>,
+    pub spec: JobSpec,
+    pub intent: WireIntent,
+}
+
+/// The node's whole desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    pub node: String,
+    pub fence: Fence,
+    pub allocations: Vec<WireAllocation>,
+}
+
+/// Where an attempt is on the host, as the agent sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActualPhase {
+    Starting,
+    Running,
+    /// The checkpoint signal was sent; waiting for it to exit.
+    Stopping,
+}
+
+/// One attempt running on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActualAttempt {
+    pub job: JobId,
+    pub attempt: u32,
+    pub phase: ActualPhase,
+}
+
+/// What happened to an attempt (mirrors `quotient_core::JobEvent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireJobEvent {
+    Started,
+    Running,
+    Exited { code: i32 },
+    ExitedAfterSignal { code: Option<i32> },
+}
+
+/// One job event from an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireJobReport {
+    pub job: JobId,
+    pub attempt: u32,
+    pub event: WireJobEvent,
+}
+
+/// A request from an agent. The node name in each must be the name in the agent's
+/// certificate; the coordinators refuse any other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentRequest {
+    Register {
+        inventory: NodeInventory,
+        actual: Vec<ActualAttempt>,
+    },
+    Heartbeat {
+        node: String,
+        gpus: Vec<GpuDevice>,
+        actual: Vec<ActualAttempt>,
+    },
+    WatchDesired {
+        node: String,
+        after_fence: Fence,
+    },
+    Report {
+        node: String,
+        reports: Vec<WireJobReport>,
+    },
+}
+
+/// The leader's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentResponse {
+    Registered {
+        /// The node's epoch in the replicated state (bumped on every registration).
+        node_epoch: u64,
+        /// The agent stops its jobs after this long without a heartbeat answer from a leader.
+        agent_lease_ms: u64,
+        heartbeat_ms: u64,
+    },
+    HeartbeatAck,
+    Desired(DesiredState),
+    /// The reports were committed; `rejected` lists the ones refused (stale attempts).
+    Reported {
+        rejected: Vec<(JobId, u32, String)>,
+    },
+    Error(AgentError),
+}
+
+/// Why an agent request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum AgentError {
+    #[error("not the leader; try coordinator {leader_id:?} at {leader_address:?}")]
+    NotLeader {
+        leader_id: Option<u64>,
+        leader_address: Option<String>,
+    },
+    #[error("permission denied: {0}")]
+    Unauthorized(String),
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("the node must register first")]
+    NotRegistered,
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
