@@ -1,8 +1,27 @@
 //! The Raft-replicated Quotient coordinator: openraft glue around the pure `quotient-core`
-//! state machine.
+//! state machine, a QUIC network between coordinators, and the client API.
 //!
 //! # Layout
 //! - [`store`]: Raft storage: the openraft type config, the redb log store, the state machine
 //!   adapter with its snapshot file, and their codec.
+//! - [`config`]: the coordinator's flags / TOML config and the openraft config they give.
+//! - [`network`]: the Raft network over QUIC (client side), with one connection per peer.
+//! - [`raft_service`]: the Raft network's server side; only coordinators may speak Raft.
+//! - [`api`]: the client API's server side: authorisation, writes through Raft,
+//!   linearizable reads, redirects to the leader, membership changes.
+//! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
+//! - [`client`]: a small Rust client of the API that follows redirects (tests, benchmarks).
+//! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
 
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod coordinator;
+pub mod network;
+pub mod raft_service;
 pub mod store;
+pub mod views;
+
+pub use client::{ApiClient, ClientError};
+pub use config::CoordinatorConfig;
+pub use coordinator::{run, Coordinator, CoordinatorError};

@@ -1,0 +1,424 @@
+//! The server side of the client API (ALPN `quotient-api/1`): authorises each request by the
+//! caller's certificate, turns writes into Raft commands and reads into views.
+//!
+//! - **Authorisation** is checked on every request, from the role in the peer certificate:
+//!   share, node and membership management need `admin`; jobs and reads need `user` or
+//!   `admin`; `Health` is open to every certificate of the cluster. Anything else gets
+//!   [`ApiError::Unauthorized`].
+//! - **Writes** go through `raft.client_write` and are acknowledged once committed and
+//!   applied; a rejection by the state machine comes back as [`ApiError::Rejected`] with the
+//!   core's words. Specs are also checked before proposing, so a malformed one never reaches
+//!   the log.
+//! - **Reads** are linearizable: `ensure_linearizable` on the leader, then the state machine.
+//! - A follower answers [`ApiError::NotLeader`] with the leader's id and address, which the
+//!   client follows ([`crate::client::ApiClient`] does; so does the CLI).
+//!
+//! Every request is read within [`API_REQUEST_READ_TIMEOUT_MS`] and answered within
+//! [`API_REQUEST_TIMEOUT_MS`] ([`MEMBERSHIP_TIMEOUT_MS`] for membership changes, which wait
+//! for a learner to catch up).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
+use openraft::{BasicNode, ChangeMembers};
+use quotient_common::api::{ApiError, ApiRequest, ApiResponse, HealthView};
+use quotient_common::certs::{PeerIdentity, Role};
+use quotient_common::job::validate_priority;
+use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS};
+use quotient_common::NodeState;
+use quotient_core::{Command, Outcome, Rejection};
+
+use crate::network::PeerConnections;
+use crate::store::type_config::Raft;
+use crate::store::{NodeId, QuotientStateMachine, Request};
+use crate::views;
+
+/// Deadline for a client to deliver its request once it opened the stream (milliseconds).
+pub const API_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
+/// Deadline for answering one request, Raft commit included (milliseconds).
+pub const API_REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// Deadline for a membership change: the new member must catch up first (milliseconds).
+pub const MEMBERSHIP_TIMEOUT_MS: u64 = 120_000;
+
+/// What the API handlers share: this coordinator's Raft, its state machine and its peers.
+#[derive(Clone)]
+pub struct ApiService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: NodeId,
+    raft: Raft,
+    state_machine: QuotientStateMachine,
+    peers: PeerConnections,
+}
+
+impl std::fmt::Debug for ApiService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiService")
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+/// Who may send `request`: `Ok` or the reason for refusing.
+pub fn authorise(peer: &PeerIdentity, request: &ApiRequest) -> Result<(), ApiError> {
+    let allowed: &[Role] = if matches!(request, ApiRequest::Health) {
+        &Role::ALL
+    } else if request.needs_admin() {
+        &[Role::Admin]
+    } else {
+        &[Role::Admin, Role::User]
+    };
+    if allowed.contains(&peer.role) {
+        return Ok(());
+    }
+    let needed = if request.needs_admin() {
+        "an admin certificate"
+    } else {
+        "a user or admin certificate"
+    };
+    Err(ApiError::Unauthorized(format!(
+        "{peer} may not do this; it needs {needed} (issue one with `quotient certs issue --role ...`)"
+    )))
+}
+
+/// Milliseconds since the Unix epoch: the time the leader stamps on a command.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+fn not_leader(forward: &ForwardToLeader<NodeId, BasicNode>) -> ApiError {
+    ApiError::NotLeader {
+        leader_id: forward.leader_id,
+        leader_address: forward.leader_node.as_ref().map(|node| node.addr.clone()),
+    }
+}
+
+fn invalid(error: quotient_common::SpecError) -> ApiError {
+    ApiError::Rejected(Rejection::Invalid(error).to_string())
+}
+
+impl ApiService {
+    pub fn new(
+        id: NodeId,
+        raft: Raft,
+        state_machine: QuotientStateMachine,
+        peers: PeerConnections,
+    ) -> Self {
+        ApiService {
+            inner: Arc::new(Inner {
+                id,
+                raft,
+                state_machine,
+                peers,
+            }),
+        }
+    }
+
+    /// Serves one connection on the API ALPN until it closes; each request on its own task.
+    pub async fn serve_connection(self, connection: PeerConnection) {
+        let peer = connection.peer().clone();
+        let address = connection.remote_address();
+        tracing::debug!(%peer, %address, "api client connected");
+        loop {
+            let stream = match connection.accept_request().await {
+                Ok(Some(stream)) => stream,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(%peer, %address, error = %error, "api connection ended");
+                    break;
+                }
+            };
+            let service = self.clone();
+            let peer = peer.clone();
+            tokio::spawn(async move { service.serve_request(peer, stream).await });
+        }
+    }
+
+    async fn serve_request(&self, peer: PeerIdentity, mut stream: RequestStream) {
+        let request: ApiRequest = match stream
+            .read_request(Duration::from_millis(API_REQUEST_READ_TIMEOUT_MS))
+            .await
+        {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::warn!(%peer, error = %error, "refused a bad api request");
+                return;
+            }
+        };
+        let response = self.handle(&peer, request).await;
+        if let Err(error) = stream
+            .respond(&response, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
+            .await
+        {
+            tracing::debug!(%peer, error = %error, "could not answer an api request");
+        }
+    }
+
+    /// Authorises and answers one request, within its deadline.
+    pub async fn handle(&self, peer: &PeerIdentity, request: ApiRequest) -> ApiResponse {
+        if let Err(error) = authorise(peer, &request) {
+            tracing::warn!(%peer, request = request_kind(&request), "refused an unauthorised api request");
+            return ApiResponse::Error(error);
+        }
+        let deadline_ms = match request {
+            ApiRequest::AddMember { .. } | ApiRequest::RemoveMember { .. } => MEMBERSHIP_TIMEOUT_MS,
+            _ => API_REQUEST_TIMEOUT_MS,
+        };
+        let write = request.is_write();
+        let answer =
+            tokio::time::timeout(Duration::from_millis(deadline_ms), self.answer(request)).await;
+        match answer {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                if write && !matches!(error, ApiError::NotLeader { .. }) {
+                    tracing::info!(%peer, error = %error, "api write refused");
+                }
+                ApiResponse::Error(error)
+            }
+            Err(_) => ApiResponse::Error(ApiError::Unavailable(format!(
+                "no answer within {deadline_ms} ms (is a quorum of coordinators up?)"
+            ))),
+        }
+    }
+
+    async fn answer(&self, request: ApiRequest) -> Result<ApiResponse, ApiError> {
+        match request {
+            ApiRequest::Health => Ok(ApiResponse::Health(self.health())),
+            ApiRequest::CreateShare(spec) => {
+                spec.validate().map_err(invalid)?;
+                self.write_done(Command::CreateShare(spec)).await
+            }
+            ApiRequest::UpdateShare { name, update } => {
+                self.write_done(Command::UpdateShare { name, update }).await
+            }
+            ApiRequest::DeleteShare { name } => {
+                self.write_done(Command::DeleteShare { name }).await
+            }
+            ApiRequest::SubmitJob(spec) => {
+                spec.validate().map_err(invalid)?;
+                match self.write(Command::SubmitJob(spec)).await? {
+                    Outcome::JobSubmitted { job, duplicate } => {
+                        Ok(ApiResponse::JobSubmitted { job, duplicate })
+                    }
+                    other => Err(ApiError::Unavailable(format!(
+                        "unexpected outcome of a submit: {other:?}"
+                    ))),
+                }
+            }
+            ApiRequest::UpdateJobPriority { job, priority } => {
+                validate_priority(priority).map_err(invalid)?;
+                self.write_done(Command::UpdateJobPriority { job, priority })
+                    .await
+            }
+            ApiRequest::CancelJob { job } => self.write_done(Command::CancelJob { job }).await,
+            ApiRequest::CordonNode { node } => self.write_done(Command::CordonNode { node }).await,
+            ApiRequest::UncordonNode { node } => {
+                self.write_done(Command::SetNodeState {
+                    node,
+                    state: NodeState::Ready,
+                })
+                .await
+            }
+            ApiRequest::DrainNode { node } => self.write_done(Command::DrainNode { node }).await,
+            ApiRequest::AddMember { id, address } => self.add_member(id, address).await,
+            ApiRequest::RemoveMember { id } => self.remove_member(id).await,
+            ApiRequest::ListShares => {
+                self.linearizable().await?;
+                Ok(ApiResponse::Shares(
+                    self.inner.state_machine.read(views::share_views),
+                ))
+            }
+            ApiRequest::GetShare { name } => {
+                self.linearizable().await?;
+                self.inner
+                    .state_machine
+                    .read(|state| views::share_view_named(state, &name))
+                    .map(ApiResponse::Share)
+                    .ok_or_else(|| {
+                        ApiError::NotFound(Rejection::UnknownShare(name.clone()).to_string())
+                    })
+            }
+            ApiRequest::GetJob { job } => {
+                self.linearizable().await?;
+                self.inner
+                    .state_machine
+                    .read(|state| views::job_view_by_id(state, job))
+                    .map(ApiResponse::Job)
+                    .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
+            }
+            ApiRequest::ListJobs { share, state } => {
+                self.linearizable().await?;
+                Ok(ApiResponse::Jobs(
+                    self.inner
+                        .state_machine
+                        .read(|s| views::job_views(s, share.as_deref(), state)),
+                ))
+            }
+            ApiRequest::ExplainJob { job } => {
+                self.linearizable().await?;
+                self.inner
+                    .state_machine
+                    .read(|state| quotient_core::explain(state, job))
+                    .map(|explanation| ApiResponse::Explanation {
+                        summary: explanation.summary,
+                        details: explanation.details,
+                    })
+                    .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
+            }
+            ApiRequest::ListNodes => {
+                self.linearizable().await?;
+                Ok(ApiResponse::Nodes(
+                    self.inner.state_machine.read(views::node_views),
+                ))
+            }
+            ApiRequest::ClusterStatus => {
+                self.linearizable().await?;
+                let metrics = self.inner.raft.metrics().borrow().clone();
+                let peers = &self.inner.peers;
+                Ok(ApiResponse::Cluster(views::cluster_view(&metrics, |id| {
+                    peers.is_reachable(id)
+                })))
+            }
+        }
+    }
+
+    /// This coordinator's own view of itself; never forwarded.
+    fn health(&self) -> HealthView {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        HealthView {
+            id: self.inner.id,
+            leader: metrics.current_leader,
+            term: metrics.current_term,
+            last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            healthy: metrics.running_state.is_ok(),
+            state_digest: self.inner.state_machine.read(views::state_digest),
+        }
+    }
+
+    /// Proposes `command` and waits until it is committed and applied; a rejection is an
+    /// error.
+    async fn write(&self, command: Command) -> Result<Outcome, ApiError> {
+        let request = Request {
+            command,
+            time_ms: now_ms(),
+        };
+        match self.inner.raft.client_write(request).await {
+            Ok(response) => match response.data {
+                Outcome::Rejected(rejection) => Err(ApiError::Rejected(rejection.to_string())),
+                outcome => Ok(outcome),
+            },
+            Err(error) => Err(write_error(error)),
+        }
+    }
+
+    async fn write_done(&self, command: Command) -> Result<ApiResponse, ApiError> {
+        self.write(command).await.map(|_| ApiResponse::Done)
+    }
+
+    /// Confirms leadership with a quorum and waits for the state machine to catch up.
+    async fn linearizable(&self) -> Result<(), ApiError> {
+        match self.inner.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+                Err(not_leader(&forward))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(quorum))) => Err(
+                ApiError::Unavailable(format!("the leader cannot reach a quorum: {quorum}")),
+            ),
+            Err(RaftError::Fatal(fatal)) => {
+                Err(ApiError::Unavailable(format!("raft stopped: {fatal}")))
+            }
+        }
+    }
+
+    async fn add_member(&self, id: NodeId, address: String) -> Result<ApiResponse, ApiError> {
+        if id == 0 {
+            return Err(ApiError::BadRequest(
+                "member id 0 is reserved: number coordinators from 1".into(),
+            ));
+        }
+        if address.rsplit_once(':').is_none() {
+            return Err(ApiError::BadRequest(format!(
+                "address {address:?} has no port: write HOST:PORT"
+            )));
+        }
+        tracing::info!(id, %address, "adding a coordinator as a learner");
+        self.inner
+            .raft
+            .add_learner(id, BasicNode::new(address), true)
+            .await
+            .map_err(write_error)?;
+        tracing::info!(id, "learner caught up; making it a voter");
+        self.inner
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(write_error)?;
+        Ok(ApiResponse::Done)
+    }
+
+    async fn remove_member(&self, id: NodeId) -> Result<ApiResponse, ApiError> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        if membership.get_node(&id).is_none() {
+            return Err(ApiError::NotFound(format!(
+                "no coordinator {id} in the cluster: see `quotient cluster status`"
+            )));
+        }
+        tracing::info!(id, "removing a coordinator");
+        let change = if membership.voter_ids().any(|voter| voter == id) {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.inner
+            .raft
+            .change_membership(change, false)
+            .await
+            .map_err(write_error)?;
+        Ok(ApiResponse::Done)
+    }
+}
+
+/// The request's name alone, for logs: a job's environment may hold secrets.
+fn request_kind(request: &ApiRequest) -> &'static str {
+    match request {
+        ApiRequest::CreateShare(_) => "CreateShare",
+        ApiRequest::UpdateShare { .. } => "UpdateShare",
+        ApiRequest::DeleteShare { .. } => "DeleteShare",
+        ApiRequest::ListShares => "ListShares",
+        ApiRequest::GetShare { .. } => "GetShare",
+        ApiRequest::SubmitJob(_) => "SubmitJob",
+        ApiRequest::GetJob { .. } => "GetJob",
+        ApiRequest::ListJobs { .. } => "ListJobs",
+        ApiRequest::UpdateJobPriority { .. } => "UpdateJobPriority",
+        ApiRequest::CancelJob { .. } => "CancelJob",
+        ApiRequest::ExplainJob { .. } => "ExplainJob",
+        ApiRequest::ListNodes => "ListNodes",
+        ApiRequest::CordonNode { .. } => "CordonNode",
+        ApiRequest::UncordonNode { .. } => "UncordonNode",
+        ApiRequest::DrainNode { .. } => "DrainNode",
+        ApiRequest::ClusterStatus => "ClusterStatus",
+        ApiRequest::AddMember { .. } => "AddMember",
+        ApiRequest::RemoveMember { .. } => "RemoveMember",
+        ApiRequest::Health => "Health",
+    }
+}
+
+fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
+            ApiError::Rejected(format!("membership change refused: {change}"))
+        }
+        RaftError::Fatal(fatal) => ApiError::Unavailable(format!("raft stopped: {fatal}")),
+    }
+}

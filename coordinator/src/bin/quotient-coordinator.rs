@@ -1,0 +1,172 @@
+//! `quotient-coordinator`: parses flags (or a TOML config), sets up structured logging and
+//! runs one coordinator until SIGINT or SIGTERM. Everything else lives in the library.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use quotient_coordinator::config::{parse_peers, CoordinatorConfig, RaftTuning};
+use tracing_subscriber::EnvFilter;
+
+/// Exit status of a bad flag or config file.
+const USAGE_EXIT_CODE: i32 = 2;
+/// Exit status of a coordinator that failed while starting or running.
+const FAILURE_EXIT_CODE: i32 = 1;
+
+/// Runs one Quotient coordinator.
+#[derive(Debug, Parser)]
+#[command(name = "quotient-coordinator", version, about)]
+struct Flags {
+    /// A TOML config file with the same fields as the flags; the flags are then not allowed.
+    #[arg(long, conflicts_with_all = ["id", "listen", "data_dir", "peers", "ca", "cert", "key"])]
+    config: Option<PathBuf>,
+    /// This coordinator's Raft id (one of --peers).
+    #[arg(long)]
+    id: Option<u64>,
+    /// The UDP address to serve QUIC on, e.g. 127.0.0.1:7401.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Where the Raft log and snapshots live.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The initial coordinators: ID=HOST:PORT,... (this one included).
+    #[arg(long)]
+    peers: Option<String>,
+    /// The cluster CA certificate (PEM).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// This coordinator's certificate (PEM, role coordinator).
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// This coordinator's private key (PEM).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Log entries since the last snapshot that trigger a new snapshot and log compaction.
+    #[arg(long)]
+    snapshot_logs: Option<u64>,
+    /// Log entries kept behind a snapshot.
+    #[arg(long)]
+    logs_kept_after_snapshot: Option<u64>,
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long)]
+    heartbeat_ms: Option<u64>,
+    /// Raft election timeout lower bound in milliseconds.
+    #[arg(long)]
+    election_timeout_min_ms: Option<u64>,
+    /// Raft election timeout upper bound in milliseconds.
+    #[arg(long)]
+    election_timeout_max_ms: Option<u64>,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "QUOTIENT_LOG_JSON")]
+    log_json: bool,
+}
+
+impl Flags {
+    fn into_config(self) -> Result<CoordinatorConfig> {
+        let mut config = match &self.config {
+            Some(path) => CoordinatorConfig::from_file(path)?,
+            None => {
+                let missing = |flag: &str| {
+                    anyhow::anyhow!("--{flag} is required (or pass --config FILE); see --help")
+                };
+                CoordinatorConfig {
+                    id: self.id.ok_or_else(|| missing("id"))?,
+                    listen: self.listen.ok_or_else(|| missing("listen"))?,
+                    data_dir: self.data_dir.clone().ok_or_else(|| missing("data-dir"))?,
+                    peers: parse_peers(self.peers.as_deref().ok_or_else(|| missing("peers"))?)?,
+                    ca: self.ca.clone().ok_or_else(|| missing("ca"))?,
+                    cert: self.cert.clone().ok_or_else(|| missing("cert"))?,
+                    key: self.key.clone().ok_or_else(|| missing("key"))?,
+                    raft: RaftTuning::default(),
+                }
+            }
+        };
+        let tuning = &mut config.raft;
+        if let Some(value) = self.snapshot_logs {
+            tuning.snapshot_logs = value;
+        }
+        if let Some(value) = self.logs_kept_after_snapshot {
+            tuning.logs_kept_after_snapshot = value;
+        }
+        if let Some(value) = self.heartbeat_ms {
+            tuning.heartbeat_interval_ms = value;
+        }
+        if let Some(value) = self.election_timeout_min_ms {
+            tuning.election_timeout_min_ms = value;
+        }
+        if let Some(value) = self.election_timeout_max_ms {
+            tuning.election_timeout_max_ms = value;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn init_tracing(json: bool) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,quinn=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+async fn run(config: CoordinatorConfig) -> Result<()> {
+    let id = config.id;
+    quotient_coordinator::run(config, shutdown_signal())
+        .await
+        .with_context(|| format!("coordinator {id} failed"))?;
+    Ok(())
+}
+
+fn main() {
+    let flags = Flags::parse();
+    init_tracing(flags.log_json);
+    let config = match flags.into_config() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            eprintln!("hint: see `quotient-coordinator --help` for the flags and the config file");
+            std::process::exit(USAGE_EXIT_CODE);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            std::process::exit(FAILURE_EXIT_CODE);
+        }
+    };
+    if let Err(error) = runtime.block_on(run(config)) {
+        eprintln!("error: {error:#}");
+        eprintln!("hint: check the certificate files, the listen address and the data directory");
+        std::process::exit(FAILURE_EXIT_CODE);
+    }
+}

@@ -1,0 +1,312 @@
+//! A coordinator's configuration: who it is, where it listens and stores, who its initial
+//! peers are, its TLS files, and the Raft tuning knobs. It comes from command-line flags or
+//! from a TOML file with the same field names (`quotient-coordinator --config FILE`), and is
+//! checked as a whole ([`CoordinatorConfig::validate`]) before anything starts, so a typo
+//! fails at start with a message naming the field instead of as a silent split cluster.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::{Config, SnapshotPolicy};
+use quotient_common::tls::TlsFiles;
+use serde::{Deserialize, Serialize};
+
+/// Default Raft heartbeat interval (milliseconds).
+pub const HEARTBEAT_INTERVAL_DEFAULT_MS: u64 = 100;
+/// Default lower bound of the election timeout (milliseconds).
+pub const ELECTION_TIMEOUT_MIN_DEFAULT_MS: u64 = 600;
+/// Default upper bound of the election timeout (milliseconds).
+pub const ELECTION_TIMEOUT_MAX_DEFAULT_MS: u64 = 1_200;
+/// Default number of log entries since the last snapshot that trigger a new one.
+pub const SNAPSHOT_LOGS_DEFAULT: u64 = 10_000;
+/// How many log entries before the last snapshot are kept, so that a follower slightly
+/// behind catches up from the log instead of a whole snapshot.
+pub const LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT: u64 = 1_000;
+/// Snapshot chunk size on the wire: well under the frame limit
+/// (`quotient_common::frame::MAX_FRAME_BYTES`, 16 MiB) with room for the request around it.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+/// Most log entries in one AppendEntries; with small commands this keeps a frame far below
+/// the frame limit (a larger batch that does not fit is split, see `network`).
+pub const APPEND_ENTRIES_MAX: u64 = 1_000;
+/// Deadline of sending one snapshot chunk and having it stored (milliseconds). openraft's
+/// default (200 ms) is too short for a 4 MiB chunk written and fsynced on a busy disk.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
+/// The most coordinators a cluster may list (Raft beyond this is slow for no gain).
+pub const PEERS_MAX: usize = 9;
+/// The Raft cluster name, checked by nothing but shown in openraft's logs.
+pub const CLUSTER_NAME: &str = "quotient";
+
+/// Why a configuration is unusable. Each message names the field and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the config file {} is not valid TOML for a coordinator: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("bad peer {entry:?}: {reason}; write peers as ID=HOST:PORT, e.g. 1=127.0.0.1:7401")]
+    Peer { entry: String, reason: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Raft timing and compaction knobs; the defaults suit a LAN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftTuning {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Entries since the last snapshot that trigger a new one (and log compaction).
+    pub snapshot_logs: u64,
+    /// Entries kept in the log behind the snapshot.
+    pub logs_kept_after_snapshot: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        RaftTuning {
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL_DEFAULT_MS,
+            election_timeout_min_ms: ELECTION_TIMEOUT_MIN_DEFAULT_MS,
+            election_timeout_max_ms: ELECTION_TIMEOUT_MAX_DEFAULT_MS,
+            snapshot_logs: SNAPSHOT_LOGS_DEFAULT,
+            logs_kept_after_snapshot: LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT,
+        }
+    }
+}
+
+/// Everything a coordinator needs to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorConfig {
+    /// This coordinator's Raft id; must be one of `peers` on first start.
+    pub id: u64,
+    /// The address the QUIC endpoint binds (API and Raft share it).
+    pub listen: SocketAddr,
+    /// Where the Raft log (`raft.redb`) and the snapshot (`snapshot.bin`) live.
+    pub data_dir: PathBuf,
+    /// The initial members: id to `HOST:PORT` (how the others reach each one). Used to
+    /// bootstrap the cluster once; afterwards membership lives in the Raft log. In TOML,
+    /// either a table (`[peers]` with `1 = "127.0.0.1:7401"`) or the flag's string.
+    #[serde(
+        deserialize_with = "deserialize_peers",
+        serialize_with = "serialize_peers"
+    )]
+    pub peers: BTreeMap<u64, String>,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    #[serde(default)]
+    pub raft: RaftTuning,
+}
+
+impl CoordinatorConfig {
+    /// Reads a TOML config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config: CoordinatorConfig =
+            toml::from_str(&text).map_err(|source| ConfigError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The TLS files of this coordinator.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
+
+    /// The address other coordinators know this one by (its entry in `peers`).
+    pub fn advertised_address(&self) -> String {
+        self.peers
+            .get(&self.id)
+            .cloned()
+            .unwrap_or_else(|| self.listen.to_string())
+    }
+
+    /// Checks the whole configuration.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |text: String| Err(ConfigError::Invalid(text));
+        if self.id == 0 {
+            return invalid("id 0 is reserved: give each coordinator an id from 1".into());
+        }
+        if self.peers.is_empty() {
+            return invalid("no peers: list every initial coordinator, this one included, e.g. --peers 1=127.0.0.1:7401,2=127.0.0.1:7402,3=127.0.0.1:7403".into());
+        }
+        if self.peers.len() > PEERS_MAX {
+            return invalid(format!(
+                "{} peers is more than the {PEERS_MAX} a cluster may start with",
+                self.peers.len()
+            ));
+        }
+        if !self.peers.contains_key(&self.id) {
+            return invalid(format!(
+                "this coordinator's id {} is not among the peers {:?}: add {}=HOST:PORT to --peers",
+                self.id,
+                self.peers.keys().collect::<Vec<_>>(),
+                self.id
+            ));
+        }
+        for (id, address) in &self.peers {
+            if *id == 0 {
+                return invalid("peer id 0 is reserved: number coordinators from 1".into());
+            }
+            if address.rsplit_once(':').is_none() {
+                return invalid(format!(
+                    "peer {id} address {address:?} has no port: write HOST:PORT"
+                ));
+            }
+        }
+        let tuning = &self.raft;
+        if tuning.heartbeat_interval_ms == 0
+            || tuning.election_timeout_min_ms <= tuning.heartbeat_interval_ms
+            || tuning.election_timeout_max_ms <= tuning.election_timeout_min_ms
+        {
+            return invalid(format!(
+                "raft timing must satisfy 0 < heartbeat ({}) < election min ({}) < election max ({}) ms",
+                tuning.heartbeat_interval_ms,
+                tuning.election_timeout_min_ms,
+                tuning.election_timeout_max_ms
+            ));
+        }
+        if tuning.snapshot_logs == 0 {
+            return invalid("snapshot_logs must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The openraft config these settings give.
+    pub fn raft_config(&self) -> Result<Arc<Config>, ConfigError> {
+        let tuning = &self.raft;
+        let config = Config {
+            cluster_name: CLUSTER_NAME.to_string(),
+            heartbeat_interval: tuning.heartbeat_interval_ms,
+            election_timeout_min: tuning.election_timeout_min_ms,
+            election_timeout_max: tuning.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_logs),
+            max_in_snapshot_log_to_keep: tuning.logs_kept_after_snapshot,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            max_payload_entries: APPEND_ENTRIES_MAX,
+            ..Config::default()
+        };
+        let config = config
+            .validate()
+            .map_err(|error| ConfigError::Invalid(format!("raft config: {error}")))?;
+        Ok(Arc::new(config))
+    }
+}
+
+/// TOML keys are strings, so the peer table is read with string keys and parsed here.
+fn deserialize_peers<'de, D>(deserializer: D) -> Result<BTreeMap<u64, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Peers {
+        Text(String),
+        Table(BTreeMap<String, String>),
+    }
+    match Peers::deserialize(deserializer)? {
+        Peers::Text(text) => parse_peers(&text).map_err(serde::de::Error::custom),
+        Peers::Table(table) => {
+            let text = table
+                .iter()
+                .map(|(id, address)| format!("{id}={address}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            parse_peers(&text).map_err(serde::de::Error::custom)
+        }
+    }
+}
+
+fn serialize_peers<S>(peers: &BTreeMap<u64, String>, serializer: S) -> Result<S::Ok, S::Error>
+where
+    S: serde::Serializer,
+{
+    let table: BTreeMap<String, &String> =
+        peers.iter().map(|(id, a)| (id.to_string(), a)).collect();
+    table.serialize(serializer)
+}
+
+/// Parses `1=127.0.0.1:7401,2=127.0.0.1:7402` into a map.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    let mut peers = BTreeMap::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let peer_error = |reason: &str| ConfigError::Peer {
+            entry: entry.to_string(),
+            reason: reason.to_string(),
+        };
+        let (id, address) = entry.split_once('=').ok_or_else(|| peer_error("no '='"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| peer_error("the id is not a number"))?;
+        let address = address.trim();
+        if address.rsplit_once(':').is_none() {
+            return Err(peer_error("the address has no port"));
+        }
+        if peers.insert(id, address.to_string()).is_some() {
+            return Err(peer_error("the id appears twice"));
+        }
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_bad_ones_say_why() {
+        // Proves the --peers syntax and that mistakes name the entry.
+        let peers = parse_peers("1=127.0.0.1:7401, 2=localhost:7402").expect("valid peers");
+        assert_eq!(peers.get(&2).map(String::as_str), Some("localhost:7402"));
+        let error = parse_peers("1=127.0.0.1").expect_err("no port");
+        assert!(error.to_string().contains("no port"), "{error}");
+        let error = parse_peers("x=127.0.0.1:1").expect_err("bad id");
+        assert!(error.to_string().contains("not a number"), "{error}");
+    }
+
+    #[test]
+    fn a_toml_config_round_trips_and_validates() {
+        // Proves the TOML file has the same fields as the flags and that defaults apply.
+        let text = r#"
+            id = 2
+            listen = "127.0.0.1:7402"
+            data_dir = "/tmp/q2"
+            ca = "ca.pem"
+            cert = "coord-2.pem"
+            key = "coord-2-key.pem"
+            [peers]
+            1 = "127.0.0.1:7401"
+            2 = "127.0.0.1:7402"
+            3 = "127.0.0.1:7403"
+        "#;
+        let config: CoordinatorConfig = toml::from_str(text).expect("parses");
+        config.validate().expect("valid");
+        assert_eq!(config.raft, RaftTuning::default());
+        assert_eq!(config.advertised_address(), "127.0.0.1:7402");
+        config.raft_config().expect("a valid raft config");
+        let text = toml::to_string(&config).expect("serialises");
+        let back: CoordinatorConfig = toml::from_str(&text).expect("parses back");
+        assert_eq!(back, config);
+    }
+}

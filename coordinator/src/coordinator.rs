@@ -1,0 +1,227 @@
+//! One coordinator process, wired up: the TLS identity, the Raft storage in the data
+//! directory, the Raft node with its QUIC network, and one QUIC endpoint that serves both the
+//! client API (`quotient-api/1`) and Raft (`quotient-raft/1`).
+//!
+//! [`Coordinator::start`] returns once the endpoint is bound, so tests can run a coordinator
+//! in-process and read its address; [`run`] is start, wait for `shutdown`, stop (the shape
+//! the binary uses). On first start the coordinator with the lowest id among the initial
+//! peers bootstraps the cluster, once, and only if its Raft log and vote are empty; the others
+//! wait to be contacted. A restart finds the log and snapshot on disk and just rejoins.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InitializeError, RaftError};
+use openraft::BasicNode;
+use quotient_common::certs::Role;
+use quotient_common::tls::{TlsError, TlsIdentity};
+use quotient_common::transport::{Client, Server, TransportError, ALPN_API, ALPN_RAFT};
+use tokio::task::JoinHandle;
+
+use crate::api::ApiService;
+use crate::config::{ConfigError, CoordinatorConfig};
+use crate::network::PeerConnections;
+use crate::raft_service;
+use crate::store::type_config::Raft;
+use crate::store::{self, NodeId, QuotientStateMachine};
+
+/// How long shutdown waits for connections to close cleanly (milliseconds).
+pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
+
+/// Why a coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("the certificate names {0}, but a coordinator needs a coordinator certificate; issue one with `quotient certs issue --role coordinator --name NAME`")]
+    WrongRole(String),
+    #[error("cannot open the raft storage: {0}; check the data directory (is another coordinator using it?)")]
+    Storage(String),
+    #[error("cannot start raft: {0}")]
+    Raft(String),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// A running coordinator.
+pub struct Coordinator {
+    id: NodeId,
+    raft: Raft,
+    state_machine: QuotientStateMachine,
+    server: Arc<Server>,
+    client: Arc<Client>,
+    local_addr: SocketAddr,
+    accept_task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("id", &self.id)
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl Coordinator {
+    /// Opens the storage, starts Raft, binds the endpoint and, on a pristine first start of
+    /// the lowest-id peer, bootstraps the cluster in the background.
+    pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
+        config.validate()?;
+        let tls = TlsIdentity::load(&config.tls_files())?;
+        if tls.identity().role != Role::Coordinator {
+            return Err(CoordinatorError::WrongRole(tls.identity().to_string()));
+        }
+        let data_dir = config.data_dir.clone();
+        let (log_store, state_machine) =
+            tokio::task::spawn_blocking(move || store::open(&data_dir).map_err(|e| e.to_string()))
+                .await
+                .map_err(|error| CoordinatorError::Storage(error.to_string()))?
+                .map_err(CoordinatorError::Storage)?;
+        let raft_config = config.raft_config()?;
+        let client = Arc::new(Client::new(tls.clone()));
+        let peers = PeerConnections::new(client.clone());
+        let raft = Raft::new(
+            config.id,
+            raft_config,
+            peers.clone(),
+            log_store,
+            state_machine.clone(),
+        )
+        .await
+        .map_err(|error| CoordinatorError::Raft(error.to_string()))?;
+
+        let server = Arc::new(Server::bind(config.listen, &tls, &[ALPN_API, ALPN_RAFT])?);
+        let local_addr = server.local_addr()?;
+        let api = ApiService::new(config.id, raft.clone(), state_machine.clone(), peers);
+        let accept_task = tokio::spawn(accept_loop(server.clone(), raft.clone(), api));
+        tracing::info!(
+            id = config.id,
+            %local_addr,
+            data_dir = %config.data_dir.display(),
+            identity = %tls.identity(),
+            "coordinator listening"
+        );
+
+        let lowest = config.peers.keys().next().copied();
+        if lowest == Some(config.id) {
+            let raft = raft.clone();
+            let members = config
+                .peers
+                .iter()
+                .map(|(id, address)| (*id, BasicNode::new(address.clone())))
+                .collect::<std::collections::BTreeMap<_, _>>();
+            tokio::spawn(async move { bootstrap(raft, members).await });
+        }
+        Ok(Coordinator {
+            id: config.id,
+            raft,
+            state_machine,
+            server,
+            client,
+            local_addr,
+            accept_task,
+        })
+    }
+
+    /// This coordinator's Raft id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The address the endpoint is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The Raft handle (metrics, tests).
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The state machine (reads without Raft, for tests).
+    pub fn state_machine(&self) -> &QuotientStateMachine {
+        &self.state_machine
+    }
+
+    /// Stops Raft and closes the endpoint.
+    pub async fn shutdown(self) {
+        tracing::info!(id = self.id, "coordinator shutting down");
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!(error = %error, "raft did not shut down cleanly");
+        }
+        self.server.close();
+        self.client.close();
+        let _ = tokio::time::timeout(
+            Duration::from_millis(SHUTDOWN_GRACE_MS),
+            self.server.wait_idle(),
+        )
+        .await;
+        self.accept_task.abort();
+    }
+}
+
+/// Starts a coordinator, serves until `shutdown` completes, then stops it.
+pub async fn run(
+    config: CoordinatorConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), CoordinatorError> {
+    let coordinator = Coordinator::start(config).await?;
+    shutdown.await;
+    coordinator.shutdown().await;
+    Ok(())
+}
+
+/// Initialises a pristine cluster with its first members. Safe to call on a restart: it does
+/// nothing when the log or vote already hold anything.
+async fn bootstrap(raft: Raft, members: std::collections::BTreeMap<NodeId, BasicNode>) {
+    match raft.is_initialized().await {
+        Ok(true) => {
+            tracing::info!("raft state found on disk; rejoining the cluster");
+            return;
+        }
+        Ok(false) => {}
+        Err(error) => {
+            tracing::error!(error = %error, "cannot read the raft state to decide on bootstrap");
+            return;
+        }
+    }
+    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "bootstrapping a new cluster");
+    match raft.initialize(members).await {
+        Ok(()) => tracing::info!("cluster bootstrapped"),
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+            tracing::info!("cluster already initialised; nothing to bootstrap");
+        }
+        Err(error) => tracing::error!(error = %error, "bootstrap failed"),
+    }
+}
+
+/// Accepts connections and hands each to the service of its ALPN.
+async fn accept_loop(server: Arc<Server>, raft: Raft, api: ApiService) {
+    while let Some(incoming) = server.accept().await {
+        let raft = raft.clone();
+        let api = api.clone();
+        tokio::spawn(async move {
+            let address = incoming.remote_address();
+            let connection = match incoming.handshake().await {
+                Ok(connection) => connection,
+                Err(error) => {
+                    tracing::warn!(%address, error = %error, "refused a connection");
+                    return;
+                }
+            };
+            if connection.alpn() == ALPN_RAFT {
+                raft_service::serve_connection(raft, connection).await;
+            } else if connection.alpn() == ALPN_API {
+                api.serve_connection(connection).await;
+            } else {
+                tracing::warn!(%address, "refused a connection with an unknown protocol");
+                connection.close();
+            }
+        });
+    }
+}

@@ -1,0 +1,347 @@
+//! The Raft network between coordinators: openraft's [`RaftNetworkFactory`] and
+//! [`RaftNetwork`] over QUIC with mutual TLS (ALPN `quotient-raft/1`).
+//!
+//! Each Raft RPC is one request on its own QUIC stream ([`quotient_common::transport`]): a
+//! [`RaftRequest`] frame out, a [`RaftResponse`] frame back, within the deadline openraft
+//! gives (`RPCOption::soft_ttl`, capped by [`RAFT_RPC_TIMEOUT_MAX_MS`]). All RPCs to one peer
+//! share one connection, kept in a [`PeerConnections`] pool and replaced when it fails;
+//! openraft's own backoff spaces out reconnects to a peer that is down. Snapshots go in
+//! chunks of `config::SNAPSHOT_CHUNK_BYTES` through openraft's default `full_snapshot`, so
+//! every frame stays under the frame limit. The peer must present a coordinator certificate,
+//! or the connection is dropped as unreachable.
+//!
+//! The pool also records when each peer last answered, which `quotient cluster status`
+//! reports as `reachable`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, RPCTypes};
+use quotient_common::certs::Role;
+use quotient_common::frame::FrameError;
+use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_RAFT};
+use serde::{Deserialize, Serialize};
+
+use crate::store::{NodeId, TypeConfig};
+
+/// The longest any single Raft RPC may take, whatever openraft asks (milliseconds).
+pub const RAFT_RPC_TIMEOUT_MAX_MS: u64 = 30_000;
+/// A peer that answered within this long counts as reachable (milliseconds).
+pub const REACHABLE_WINDOW_MS: u64 = 3_000;
+/// Consecutive timed-out RPCs after which a peer's connection is presumed dead and
+/// replaced. One timeout alone may be a slow disk on a healthy connection (openraft gives
+/// an AppendEntries only a heartbeat interval), and reconnecting then would only add a
+/// handshake to the delay; a connection to a peer that restarted never answers again.
+pub const RECONNECT_AFTER_TIMEOUTS: u32 = 3;
+
+/// One Raft RPC on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RaftRequest {
+    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// The answer to a [`RaftRequest`]: the receiving Raft's result, error included.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RaftResponse {
+    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
+}
+
+/// A pooled connection to one peer: the address it was made to, and the connection.
+#[derive(Debug, Clone)]
+struct Pooled {
+    address: String,
+    connection: PeerConnection,
+}
+
+#[derive(Debug, Default)]
+struct PoolInner {
+    connections: BTreeMap<NodeId, Pooled>,
+    last_answer: BTreeMap<NodeId, Instant>,
+    timeouts_in_a_row: BTreeMap<NodeId, u32>,
+}
+
+/// Connections to the other coordinators, one per peer, shared by every Raft RPC; cheap to
+/// clone.
+#[derive(Debug, Clone)]
+pub struct PeerConnections {
+    client: Arc<Client>,
+    inner: Arc<Mutex<PoolInner>>,
+}
+
+impl PeerConnections {
+    /// A pool that connects with `client` (this coordinator's certificate).
+    pub fn new(client: Arc<Client>) -> Self {
+        PeerConnections {
+            client,
+            inner: Arc::new(Mutex::new(PoolInner::default())),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        // The pool holds no invariant a panic could break; keep using it.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `peer` answered a Raft RPC within [`REACHABLE_WINDOW_MS`].
+    pub fn is_reachable(&self, peer: NodeId) -> bool {
+        self.lock()
+            .last_answer
+            .get(&peer)
+            .is_some_and(|at| at.elapsed() < Duration::from_millis(REACHABLE_WINDOW_MS))
+    }
+
+    fn record_answer(&self, peer: NodeId) {
+        let mut inner = self.lock();
+        inner.last_answer.insert(peer, Instant::now());
+        inner.timeouts_in_a_row.remove(&peer);
+    }
+
+    /// Counts a timed-out RPC; whether the connection should now be replaced.
+    fn record_timeout(&self, peer: NodeId) -> bool {
+        let mut inner = self.lock();
+        let count = inner.timeouts_in_a_row.entry(peer).or_insert(0);
+        *count += 1;
+        if *count >= RECONNECT_AFTER_TIMEOUTS {
+            *count = 0;
+            return true;
+        }
+        false
+    }
+
+    /// The pooled connection to `peer` at `address`, or a new one.
+    async fn connection(&self, peer: NodeId, address: &str) -> Result<PeerConnection, String> {
+        if let Some(pooled) = self.lock().connections.get(&peer) {
+            if pooled.address == address && pooled.connection.connection().close_reason().is_none()
+            {
+                return Ok(pooled.connection.clone());
+            }
+        }
+        let connection = self
+            .client
+            .connect_to(address, ALPN_RAFT)
+            .await
+            .map_err(|error| format!("{error:#}"))?;
+        if connection.peer().role != Role::Coordinator {
+            connection.close();
+            return Err(format!(
+                "{address} presented {} instead of a coordinator certificate",
+                connection.peer()
+            ));
+        }
+        tracing::debug!(peer, %address, "connected to raft peer");
+        self.lock().connections.insert(
+            peer,
+            Pooled {
+                address: address.to_string(),
+                connection: connection.clone(),
+            },
+        );
+        Ok(connection)
+    }
+
+    /// Drops `connection` from the pool if it is still the pooled one, so the next RPC
+    /// reconnects.
+    fn discard(&self, peer: NodeId, connection: &PeerConnection) {
+        let mut inner = self.lock();
+        let same = inner.connections.get(&peer).is_some_and(|pooled| {
+            pooled.connection.connection().stable_id() == connection.connection().stable_id()
+        });
+        if same {
+            inner.connections.remove(&peer);
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerConnections {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerNetwork {
+        PeerNetwork {
+            pool: self.clone(),
+            target,
+            address: node.addr.clone(),
+        }
+    }
+}
+
+/// The Raft network to one peer.
+#[derive(Debug)]
+pub struct PeerNetwork {
+    pool: PeerConnections,
+    target: NodeId,
+    address: String,
+}
+
+/// What went wrong with one RPC, before it is shaped into openraft's error for the caller.
+enum SendError {
+    Unreachable(String),
+    Timeout(Duration),
+    TooLarge,
+    Network(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Message(String);
+
+impl PeerNetwork {
+    async fn send(
+        &self,
+        request: &RaftRequest,
+        option: &RPCOption,
+    ) -> Result<RaftResponse, SendError> {
+        // The soft deadline, so that this side sees the timeout (and counts it) before
+        // openraft's own hard deadline cancels the call.
+        let deadline = option
+            .soft_ttl()
+            .min(Duration::from_millis(RAFT_RPC_TIMEOUT_MAX_MS));
+        let connection = self
+            .pool
+            .connection(self.target, &self.address)
+            .await
+            .map_err(SendError::Unreachable)?;
+        match connection
+            .request::<_, RaftResponse>(request, deadline)
+            .await
+        {
+            Ok(response) => {
+                self.pool.record_answer(self.target);
+                Ok(response)
+            }
+            Err(RequestError::Frame(FrameError::TooLarge { .. })) => Err(SendError::TooLarge),
+            Err(RequestError::Timeout { after }) => {
+                if self.pool.record_timeout(self.target) {
+                    tracing::debug!(
+                        peer = self.target,
+                        "replacing a connection that keeps timing out"
+                    );
+                    self.pool.discard(self.target, &connection);
+                }
+                Err(SendError::Timeout(after))
+            }
+            Err(error) => {
+                self.pool.discard(self.target, &connection);
+                Err(match error {
+                    RequestError::ConnectionLost(lost) => {
+                        SendError::Unreachable(format!("connection lost: {lost}"))
+                    }
+                    other => SendError::Network(format!("{other:#}")),
+                })
+            }
+        }
+    }
+
+    fn rpc_error<E: std::error::Error>(
+        &self,
+        error: SendError,
+        action: RPCTypes,
+        vote_from: NodeId,
+    ) -> RPCError<NodeId, BasicNode, E> {
+        match error {
+            SendError::Unreachable(text) => RPCError::Unreachable(Unreachable::new(&Message(
+                format!("coordinator {} at {}: {text}", self.target, self.address),
+            ))),
+            SendError::Timeout(after) => RPCError::Timeout(Timeout {
+                action,
+                id: vote_from,
+                target: self.target,
+                timeout: after,
+            }),
+            // Halving is what openraft does with no better hint; it retries with fewer entries.
+            SendError::TooLarge => RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(1)),
+            SendError::Network(text) => RPCError::Network(NetworkError::new(&Message(format!(
+                "coordinator {} at {}: {text}",
+                self.target, self.address
+            )))),
+        }
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
+        RPCError::Network(NetworkError::new(&Message(format!(
+            "coordinator {} answered with a response of the wrong kind",
+            self.target
+        ))))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
+        let entries = rpc.entries.len() as u64;
+        tracing::trace!(target = self.target, entries, "append entries");
+        let response = self
+            .send(&RaftRequest::AppendEntries(rpc), &option)
+            .await
+            .map_err(|error| match error {
+                SendError::TooLarge if entries > 1 => {
+                    RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2))
+                }
+                other => self.rpc_error(other, RPCTypes::AppendEntries, from),
+            })?;
+        match response {
+            RaftResponse::AppendEntries(result) => {
+                result.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
+        let response = self
+            .send(&RaftRequest::InstallSnapshot(rpc), &option)
+            .await
+            .map_err(|error| self.rpc_error(error, RPCTypes::InstallSnapshot, from))?;
+        match response {
+            RaftResponse::InstallSnapshot(result) => {
+                result.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
+        let response = self
+            .send(&RaftRequest::Vote(rpc), &option)
+            .await
+            .map_err(|error| self.rpc_error(error, RPCTypes::Vote, from))?;
+        match response {
+            RaftResponse::Vote(result) => {
+                result.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            _ => Err(self.unexpected()),
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The client API's views, built from the replicated state and Raft's metrics: what
+//! `quotient share/job/node list` and `quotient cluster status` show. Pure functions of their
+//! inputs, so the same state gives the same view on every coordinator.
+
+use std::collections::BTreeMap;
+
+use openraft::{RaftMetrics, ServerState};
+use quotient_common::api::{ClusterView, GpuView, JobView, MemberView, NodeView, ShareView};
+use quotient_common::{JobId, JobState};
+use quotient_core::{share_accounts, JobRecord, NodeRecord, ShareAccount, ShareRecord, State};
+
+use crate::store::NodeId;
+
+/// A share with its accounts (usage, borrowed, lent, runnable, running).
+pub fn share_view(share: &ShareRecord, account: Option<&ShareAccount>) -> ShareView {
+    let spec = &share.spec;
+    let by_name =
+        |map: Option<&BTreeMap<quotient_common::GpuClass, u64>>| -> BTreeMap<String, u64> {
+            map.map(|m| m.iter().map(|(c, n)| (c.to_string(), *n)).collect())
+                .unwrap_or_default()
+        };
+    ShareView {
+        name: spec.name.clone(),
+        strategy: spec.strategy.as_str().to_string(),
+        limits: spec
+            .limits
+            .iter()
+            .map(|(class, limit)| (class.to_string(), *limit))
+            .collect(),
+        borrow_limit_percent: spec.borrow_limit_percent,
+        in_share_preemption: spec.in_share_preemption,
+        state: spec.state.as_str().to_string(),
+        usage: by_name(account.map(|a| &a.usage)),
+        borrowed: by_name(account.map(|a| &a.borrowed)),
+        lent: by_name(account.map(|a| &a.lent)),
+        runnable: account.map_or(0, |a| a.runnable),
+        running: account.map_or(0, |a| a.running),
+    }
+}
+
+/// Every share, by name.
+pub fn share_views(state: &State) -> Vec<ShareView> {
+    let accounts = share_accounts(state);
+    state
+        .shares()
+        .map(|share| share_view(share, accounts.get(&share.spec.name)))
+        .collect()
+}
+
+/// One share, or `None` when there is none by that name.
+pub fn share_view_named(state: &State, name: &str) -> Option<ShareView> {
+    let share = state.share(name)?;
+    let accounts = share_accounts(state);
+    Some(share_view(share, accounts.get(name)))
+}
+
+/// A job as the CLI prints it.
+pub fn job_view(state: &State, job: &JobRecord) -> JobView {
+    let node = job
+        .allocation
+        .and_then(|alloc| state.node(alloc.node))
+        .map(|node| node.name.clone());
+    let (last_preemption, preempted_for) = match &job.last_preemption {
+        Some(p) => (
+            Some(p.kind.as_str().to_string()),
+            match (p.for_job, &p.for_share) {
+                (Some(for_job), Some(share)) => Some(format!("{for_job} of share {share}")),
+                (Some(for_job), None) => Some(for_job.to_string()),
+                _ => None,
+            },
+        ),
+        None => (None, None),
+    };
+    JobView {
+        id: job.id.to_string(),
+        name: job.spec.name.clone(),
+        share: job.spec.share.clone(),
+        priority: job.spec.priority,
+        state: job.state.as_str().to_string(),
+        gpus: job.spec.gpus,
+        gpu_class: job.class().to_string(),
+        node,
+        attempts: job.attempts,
+        preemptions: job.preemptions,
+        reason: job.reason.as_ref().map(|r| r.to_string()),
+        last_preemption,
+        preempted_for,
+        gpu_indices: job
+            .allocation
+            .map(|alloc| alloc.gpu_indices())
+            .unwrap_or_default(),
+        submitted_ms: job.submitted_ms,
+    }
+}
+
+/// One job, or `None` when there is no such job.
+pub fn job_view_by_id(state: &State, id: JobId) -> Option<JobView> {
+    state.job(id).map(|job| job_view(state, job))
+}
+
+/// The jobs matching the filters, in id order.
+pub fn job_views(state: &State, share: Option<&str>, job_state: Option<JobState>) -> Vec<JobView> {
+    state
+        .jobs()
+        .filter(|job| share.is_none_or(|s| job.spec.share == s))
+        .filter(|job| job_state.is_none_or(|s| job.state == s))
+        .map(|job| job_view(state, job))
+        .collect()
+}
+
+/// A node with its GPUs and which job holds each.
+pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
+    let holders = state.gpu_holders(node.id);
+    NodeView {
+        name: node.name.clone(),
+        state: node.state.as_str().to_string(),
+        gpus: node
+            .gpus
+            .iter()
+            .map(|gpu| GpuView {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                class: gpu.class.to_string(),
+                healthy: gpu.healthy,
+                job: holders.get(&gpu.index).map(|job| job.to_string()),
+            })
+            .collect(),
+    }
+}
+
+/// Every node, in registration order.
+pub fn node_views(state: &State) -> Vec<NodeView> {
+    state.nodes().map(|node| node_view(state, node)).collect()
+}
+
+/// The cluster as this coordinator's Raft sees it. `reachable` says, per member, whether
+/// this coordinator heard from it recently (itself always).
+pub fn cluster_view(
+    metrics: &RaftMetrics<NodeId, openraft::BasicNode>,
+    reachable: impl Fn(NodeId) -> bool,
+) -> ClusterView {
+    let membership = metrics.membership_config.membership();
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    let members = membership
+        .nodes()
+        .map(|(id, node)| {
+            let role = if metrics.current_leader == Some(*id) {
+                "leader"
+            } else if voters.contains(id) {
+                "follower"
+            } else {
+                "learner"
+            };
+            MemberView {
+                id: *id,
+                address: node.addr.clone(),
+                role: role.to_string(),
+                reachable: *id == metrics.id || reachable(*id),
+            }
+        })
+        .collect();
+    ClusterView {
+        leader: metrics.current_leader,
+        term: metrics.current_term,
+        members,
+        last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
+    }
+}
+
+/// Whether this coordinator's Raft considers itself the leader.
+pub fn is_leader(metrics: &RaftMetrics<NodeId, openraft::BasicNode>) -> bool {
+    metrics.state == ServerState::Leader
+}
+
+/// FNV-1a offset basis (64 bits).
+const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a prime (64 bits).
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// A 64-bit FNV-1a hash of the state's canonical (snapshot) bytes. Equal states give equal
+/// digests on every replica. Costs one encoding of the state, so it is for health checks
+/// and tests, not hot paths.
+pub fn state_digest(state: &State) -> u64 {
+    state
+        .to_snapshot_bytes()
+        .iter()
+        .fold(FNV_OFFSET_BASIS, |hash, byte| {
+            (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
+        })
+}

@@ -1,0 +1,191 @@
+//! A three-coordinator cluster of real processes on loopback: it elects a leader, takes
+//! writes through any coordinator, keeps every acknowledged write across the loss of its
+//! leader, and comes back intact after every process is killed.
+
+mod support;
+
+use quotient_common::api::{ApiRequest, ApiResponse};
+use support::{create_share, job, jobs, shares, submit, Cluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_node_cluster_takes_writes_through_any_node_and_every_node_agrees() {
+    // Proves leader election, redirects from followers, idempotent submit and replication.
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    eprintln!("--- coordinator {leader} leads");
+
+    eprintln!("--- a share and a job through each coordinator alone");
+    let mut submitted = Vec::new();
+    for id in cluster.ids() {
+        let admin = cluster.client_of("alice", vec![cluster.address(id)]);
+        let user = cluster.client_of("bob", vec![cluster.address(id)]);
+        let name = format!("team-{id}");
+        create_share(&admin, &name).await;
+        submitted.push(submit(&user, job(&name, 5)).await);
+    }
+
+    eprintln!("--- the same idempotency key through two coordinators gives one job");
+    let mut spec = job("team-1", 7);
+    spec.idempotency_key = Some("retry-me".to_string());
+    let first = submit(
+        &cluster.client_of("bob", vec![cluster.address(2)]),
+        spec.clone(),
+    )
+    .await;
+    let again = cluster
+        .client_of("bob", vec![cluster.address(3)])
+        .call(ApiRequest::SubmitJob(spec))
+        .await;
+    match again {
+        Ok(ApiResponse::JobSubmitted { job, duplicate }) => {
+            assert_eq!(job, first);
+            assert!(duplicate, "a retried submit must say it is a duplicate");
+        }
+        other => panic!("the retried submit failed: {other:?}"),
+    }
+    submitted.push(first);
+
+    eprintln!("--- every coordinator holds the same state");
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let mut views = Vec::new();
+    for id in cluster.ids() {
+        let client = cluster.client_of("bob", vec![cluster.address(id)]);
+        views.push((shares(&client).await, jobs(&client).await));
+    }
+    assert!(views.windows(2).all(|pair| pair[0] == pair[1]));
+    let (share_views, job_views) = &views[0];
+    assert_eq!(share_views.len(), 3);
+    let ids: Vec<String> = job_views.iter().map(|j| j.id.clone()).collect();
+    let expected: Vec<String> = submitted.iter().map(|j| j.to_string()).collect();
+    assert_eq!(ids, expected);
+
+    eprintln!("--- cluster status names the leader and three voters");
+    let status = cluster.status(&cluster.admin()).await;
+    assert_eq!(status.leader, Some(leader));
+    assert_eq!(status.members.len(), 3);
+    for member in &status.members {
+        let role = if member.id == leader {
+            "leader"
+        } else {
+            "follower"
+        };
+        assert_eq!(member.role, role, "{status:?}");
+        assert!(member.reachable, "{status:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_loses_no_acknowledged_submit_and_it_catches_up_on_restart() {
+    // Proves failover: a new leader, every acked submit kept, new writes served, and the
+    // old leader recovering from its own disk.
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    let mut acknowledged = Vec::new();
+    for n in 0..20 {
+        let mut spec = job("team", n % 10);
+        spec.idempotency_key = Some(format!("before-{n}"));
+        acknowledged.push(submit(&admin, spec).await);
+    }
+
+    eprintln!("--- kill -9 coordinator {leader}, the leader");
+    cluster.kill(leader);
+    let survivors: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    let new_leader = cluster.wait_for_leader(&survivors).await;
+    assert_ne!(new_leader, leader);
+    eprintln!("--- coordinator {new_leader} leads now");
+
+    let admin = cluster.admin();
+    let listed: Vec<String> = jobs(&admin).await.into_iter().map(|j| j.id).collect();
+    for job_id in &acknowledged {
+        assert!(listed.contains(&job_id.to_string()), "{job_id} was lost");
+    }
+    for n in 0..5 {
+        let mut spec = job("team", 3);
+        spec.idempotency_key = Some(format!("after-{n}"));
+        acknowledged.push(submit(&admin, spec).await);
+    }
+
+    eprintln!("--- coordinator {leader} restarts from its disk and catches up");
+    cluster.start_member(leader);
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let health = cluster
+        .health(leader)
+        .await
+        .expect("the restarted coordinator answers");
+    assert_eq!(health.leader, Some(new_leader));
+    let listed: Vec<String> = jobs(&admin).await.into_iter().map(|j| j.id).collect();
+    assert_eq!(listed.len(), acknowledged.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_every_coordinator_and_restarting_them_keeps_the_state() {
+    // Proves durability: the redb log (fsynced) brings back exactly the state acknowledged.
+    let mut cluster = Cluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team-a").await;
+    create_share(&admin, "team-b").await;
+    for n in 0..10 {
+        submit(&admin, job(if n % 2 == 0 { "team-a" } else { "team-b" }, n)).await;
+    }
+    let digest = cluster.wait_converged(&[1, 2, 3]).await;
+    let before = (shares(&admin).await, jobs(&admin).await);
+    admin.close();
+
+    eprintln!("--- kill -9 all three");
+    for id in cluster.ids() {
+        cluster.kill(id);
+    }
+    eprintln!("--- restart all three");
+    for id in cluster.ids() {
+        cluster.start_member(id);
+    }
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    assert_eq!(cluster.wait_converged(&[1, 2, 3]).await, digest);
+    let admin = cluster.admin();
+    let after = (shares(&admin).await, jobs(&admin).await);
+    assert_eq!(after, before);
+    // And it still takes writes.
+    submit(&admin, job("team-a", 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_joins_as_learner_then_voter_and_can_be_removed() {
+    // Proves AddMember (learner, catch up, voter) and RemoveMember through the API.
+    let mut cluster = Cluster::start_partial(4, 3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    submit(&admin, job("team", 1)).await;
+
+    eprintln!("--- coordinator 4 starts empty and is added");
+    cluster.start_member(4);
+    let added = admin
+        .call(ApiRequest::AddMember {
+            id: 4,
+            address: cluster.address(4),
+        })
+        .await;
+    assert!(matches!(added, Ok(ApiResponse::Done)), "{added:?}");
+    let status = cluster.status(&admin).await;
+    assert_eq!(status.members.len(), 4, "{status:?}");
+    let fourth = status.members.iter().find(|m| m.id == 4).expect("member 4");
+    assert_eq!(fourth.role, "follower", "{status:?}");
+    cluster.wait_converged(&[1, 2, 3, 4]).await;
+
+    eprintln!("--- coordinator 4 is removed");
+    let removed = admin.call(ApiRequest::RemoveMember { id: 4 }).await;
+    assert!(matches!(removed, Ok(ApiResponse::Done)), "{removed:?}");
+    let status = cluster.status(&admin).await;
+    assert_eq!(
+        status.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    submit(&admin, job("team", 2)).await;
+}

@@ -1,0 +1,322 @@
+//! What a running cluster refuses, and that refusing costs nothing: bad certificates, roles
+//! that overreach, Raft messages from non-coordinators, malformed frames, and commands the
+//! state machine rejects. After each, the cluster still serves and its state is unchanged.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::raft::VoteRequest;
+use openraft::Vote;
+use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
+use quotient_common::certs::{self, PeerIdentity};
+use quotient_common::frame::MAX_FRAME_BYTES;
+use quotient_common::tls::{crypto_provider, TlsFiles, TlsIdentity, PROTOCOL_VERSIONS};
+use quotient_common::transport::{
+    self, quinn, rustls, Client, RequestError, ALPN_API, ALPN_RAFT, CLOSE_CODE_UNAUTHORISED,
+    STREAM_CODE_BAD_FRAME, STREAM_CODE_FRAME_TOO_LARGE,
+};
+use quotient_common::{JobId, ShareUpdate};
+use quotient_coordinator::network::{RaftRequest, RaftResponse};
+use quotient_coordinator::ClientError;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use support::{create_share, job, jobs, share, shares, submit, Cluster};
+
+/// How long anything that should happen promptly on loopback may take.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// A rustls client config made by hand, for clients `TlsIdentity` would refuse to build.
+fn raw_client_config(ca: &Path, certificate: Option<(&Path, &Path)>) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(ca).expect("a CA PEM"))
+        .expect("a usable CA");
+    let builder = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_protocol_versions(PROTOCOL_VERSIONS)
+        .expect("TLS 1.3")
+        .with_root_certificates(roots);
+    let mut config = match certificate {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_file(cert).expect("a cert PEM")],
+                PrivateKeyDer::from_pem_file(key).expect("a key PEM"),
+            )
+            .expect("a matching key"),
+    };
+    config.alpn_protocols = vec![ALPN_API.to_vec()];
+    config
+}
+
+/// Connects with a hand-made config and asks for the share list; the first error.
+async fn raw_list_shares(address: SocketAddr, config: rustls::ClientConfig) -> Result<(), String> {
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(config)
+        .map_err(|error| error.to_string())?;
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().expect("an address"))
+        .map_err(|error| error.to_string())?;
+    let connecting = endpoint
+        .connect_with(
+            quinn::ClientConfig::new(Arc::new(crypto)),
+            address,
+            "localhost",
+        )
+        .map_err(|error| error.to_string())?;
+    // In TLS 1.3 the client may finish its handshake before the server judges its
+    // certificate, so the refusal shows at connect or at the first request.
+    let connection = tokio::time::timeout(PROMPT, connecting)
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|error| error.to_string())?;
+    let answer: ApiResponse = transport::request(&connection, &ApiRequest::ListShares, PROMPT)
+        .await
+        .map_err(|error| error.to_string())?;
+    Err(format!(
+        "an unauthenticated client got an answer: {answer:?}"
+    ))
+}
+
+/// Writes `bytes` on a fresh stream of an admin connection and returns the reset code.
+async fn raw_stream(client: &Client, address: &str, bytes: &[u8]) -> u64 {
+    let connection = client
+        .connect_to(address, ALPN_API)
+        .await
+        .expect("an admin connection");
+    let (mut send, mut recv) = connection.connection().open_bi().await.expect("a stream");
+    // The server may reset the stream before everything is written; that is the point.
+    let _ = send.write_all(bytes).await;
+    let _ = send.finish();
+    let read = tokio::time::timeout(PROMPT, recv.read_to_end(1024))
+        .await
+        .expect("the server answers within its deadline");
+    match read {
+        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => code.into_inner(),
+        other => panic!("expected a reset stream, got {other:?}"),
+    }
+}
+
+fn rejected(result: Result<ApiResponse, ClientError>) -> String {
+    match result {
+        Err(ClientError::Api(ApiError::Rejected(text))) => text,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_clients_and_bad_frames_are_refused_and_change_nothing() {
+    // Proves authentication, per-request authorisation and frame checks on a live cluster.
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    let before = cluster.wait_converged(&[1, 2, 3]).await;
+    let term_before = cluster.health(leader).await.expect("health").term;
+    let leader_address = cluster.address(leader);
+    let socket: SocketAddr = leader_address.parse().expect("a socket address");
+    let ca = cluster.certs.dir.join(certs::CA_CERT_FILE);
+
+    eprintln!("--- a client with no certificate");
+    let error = raw_list_shares(socket, raw_client_config(&ca, None))
+        .await
+        .expect_err("refused");
+    eprintln!("refused: {error}");
+
+    eprintln!("--- a client with a certificate from another CA");
+    let mallory = certs::issued_files(&cluster.certs.other_dir, "mallory");
+    let error = raw_list_shares(
+        socket,
+        raw_client_config(&ca, Some((&mallory.cert, &mallory.key))),
+    )
+    .await
+    .expect_err("refused");
+    eprintln!("refused: {error}");
+
+    eprintln!("--- a user certificate trying admin commands");
+    let user = cluster.client_of("bob", cluster.addresses());
+    for request in [
+        ApiRequest::CreateShare(share("sneaky")),
+        ApiRequest::UpdateShare {
+            name: "team".to_string(),
+            update: ShareUpdate::default(),
+        },
+        ApiRequest::DeleteShare {
+            name: "team".to_string(),
+        },
+        ApiRequest::CordonNode {
+            node: "node-1".to_string(),
+        },
+        ApiRequest::AddMember {
+            id: 7,
+            address: "127.0.0.1:1".to_string(),
+        },
+        ApiRequest::RemoveMember { id: 1 },
+    ] {
+        match user.call(request.clone()).await {
+            Err(ClientError::Api(ApiError::Unauthorized(text))) => {
+                assert!(text.contains("bob") && text.contains("admin"), "{text}")
+            }
+            other => panic!("{request:?} by a user: expected a refusal, got {other:?}"),
+        }
+    }
+    // A user may read and submit, though.
+    assert_eq!(shares(&user).await.len(), 1);
+
+    eprintln!("--- an agent certificate on the API and on Raft");
+    let agent = cluster.client_of("node-1", cluster.addresses());
+    match agent.call(ApiRequest::ListShares).await {
+        Err(ClientError::Api(ApiError::Unauthorized(_))) => {}
+        other => panic!("an agent listed shares: {other:?}"),
+    }
+    for name in ["node-1", "bob", "alice"] {
+        let identity = TlsIdentity::load(&TlsFiles::in_dir(&cluster.certs.dir, name))
+            .expect("loadable TLS files");
+        let client = Client::new(identity);
+        let vote = RaftRequest::Vote(VoteRequest::new(Vote::new(term_before + 100, 9), None));
+        let outcome = match client.connect_to(&leader_address, ALPN_RAFT).await {
+            Ok(connection) => connection.request::<_, RaftResponse>(&vote, PROMPT).await,
+            Err(error) => panic!("{name}: the handshake itself should succeed: {error:#}"),
+        };
+        match outcome {
+            Err(RequestError::ConnectionLost(quinn::ConnectionError::ApplicationClosed(close))) => {
+                assert_eq!(
+                    close.error_code.into_inner(),
+                    u64::from(CLOSE_CODE_UNAUTHORISED)
+                );
+            }
+            other => panic!("{name} sent a raft vote and got {other:?}"),
+        }
+    }
+
+    eprintln!("--- a frame over the size limit, garbage bytes, a truncated frame");
+    let identity = TlsIdentity::load(&cluster.certs.files("alice")).expect("alice's files");
+    let raw = Client::new(identity);
+    let announced = u32::try_from(MAX_FRAME_BYTES + 1).expect("fits");
+    let mut oversized = announced.to_be_bytes().to_vec();
+    oversized.extend_from_slice(&[0u8; 1024]);
+    assert_eq!(
+        raw_stream(&raw, &leader_address, &oversized).await,
+        u64::from(STREAM_CODE_FRAME_TOO_LARGE)
+    );
+    let mut garbage = 16u32.to_be_bytes().to_vec();
+    garbage.extend_from_slice(&[0xff; 16]);
+    assert_eq!(
+        raw_stream(&raw, &leader_address, &garbage).await,
+        u64::from(STREAM_CODE_BAD_FRAME)
+    );
+    let mut truncated = 100u32.to_be_bytes().to_vec();
+    truncated.extend_from_slice(&[0u8; 10]);
+    assert_eq!(
+        raw_stream(&raw, &leader_address, &truncated).await,
+        u64::from(STREAM_CODE_BAD_FRAME)
+    );
+    assert_eq!(
+        raw_stream(&raw, &leader_address, &[0, 0]).await,
+        u64::from(STREAM_CODE_BAD_FRAME)
+    );
+
+    eprintln!("--- the cluster still serves, under the same leader and term, with the same state");
+    assert_eq!(shares(&admin).await.len(), 1);
+    let after = cluster.wait_converged(&[1, 2, 3]).await;
+    assert_eq!(after, before, "a refused request changed the state");
+    let health = cluster.health(leader).await.expect("health");
+    assert_eq!(
+        health.term, term_before,
+        "a refused vote disturbed the leader"
+    );
+    assert_eq!(health.leader, Some(leader));
+    let identity_seen: PeerIdentity = raw.identity().clone();
+    assert_eq!(identity_seen.name, "alice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
+    // Proves the state machine's rejections reach the client in words and leave the state.
+    let cluster = Cluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    let kept = submit(&admin, job("team", 5)).await;
+    let before = (shares(&admin).await, jobs(&admin).await);
+
+    eprintln!("--- unknown share");
+    let text = rejected(admin.call(ApiRequest::SubmitJob(job("nobody", 5))).await);
+    assert!(
+        text.contains("no share named nobody") && text.contains("quotient share list"),
+        "{text}"
+    );
+    let text = rejected(
+        admin
+            .call(ApiRequest::UpdateShare {
+                name: "nobody".to_string(),
+                update: ShareUpdate::default(),
+            })
+            .await,
+    );
+    assert!(text.contains("no share named nobody"), "{text}");
+
+    eprintln!("--- priority out of range");
+    let text = rejected(admin.call(ApiRequest::SubmitJob(job("team", 10_000))).await);
+    assert!(text.contains("priority"), "{text}");
+    let text = rejected(
+        admin
+            .call(ApiRequest::UpdateJobPriority {
+                job: kept,
+                priority: 10_000,
+            })
+            .await,
+    );
+    assert!(text.contains("priority"), "{text}");
+
+    eprintln!("--- duplicate share name");
+    let text = rejected(admin.call(ApiRequest::CreateShare(share("team"))).await);
+    assert!(text.contains("already exists"), "{text}");
+
+    eprintln!("--- deleting an enabled share");
+    let text = rejected(
+        admin
+            .call(ApiRequest::DeleteShare {
+                name: "team".to_string(),
+            })
+            .await,
+    );
+    assert!(
+        text.contains("is enabled") && text.contains("--state disabled"),
+        "{text}"
+    );
+
+    eprintln!("--- unknown node");
+    for request in [
+        ApiRequest::CordonNode {
+            node: "node-9".to_string(),
+        },
+        ApiRequest::UncordonNode {
+            node: "node-9".to_string(),
+        },
+        ApiRequest::DrainNode {
+            node: "node-9".to_string(),
+        },
+    ] {
+        let text = rejected(admin.call(request).await);
+        assert!(text.contains("no node named node-9"), "{text}");
+    }
+    match admin.call(ApiRequest::ListNodes).await {
+        Ok(ApiResponse::Nodes(nodes)) => assert!(nodes.is_empty(), "{nodes:?}"),
+        other => panic!("listing nodes failed: {other:?}"),
+    }
+
+    eprintln!("--- unknown job");
+    match admin.call(ApiRequest::GetJob { job: JobId(999) }).await {
+        Err(ClientError::Api(ApiError::NotFound(text))) => {
+            assert!(text.contains("j-999"), "{text}")
+        }
+        other => panic!("expected not found, got {other:?}"),
+    }
+
+    eprintln!("--- nothing changed, and the cluster still takes writes");
+    let after = (shares(&admin).await, jobs(&admin).await);
+    assert_eq!(after, before);
+    submit(&admin, job("team", 1)).await;
+}

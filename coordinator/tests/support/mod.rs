@@ -1,0 +1,397 @@
+//! Shared scaffolding of the cluster tests: certificates, a cluster of real
+//! `quotient-coordinator` processes on loopback (killed when the test ends, pass or fail),
+//! API clients, and deadline-bounded polling.
+
+#![allow(dead_code)] // Each test binary uses a different part of this module.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::future::Future;
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use quotient_common::api::{ApiRequest, ApiResponse, ClusterView, HealthView};
+use quotient_common::certs::{self, Role};
+use quotient_common::tls::TlsFiles;
+use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
+use quotient_coordinator::ApiClient;
+
+/// How long a cluster may take to elect a leader or converge, on a slow CI machine.
+pub const CONVERGE: Duration = Duration::from_secs(60);
+/// Pause between two polls.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Deadline of a call through a health client (one address, no redirects).
+pub const HEALTH_CALL: Duration = Duration::from_secs(2);
+/// The coordinator binary built by cargo for these tests.
+pub const BINARY: &str = env!("CARGO_BIN_EXE_quotient-coordinator");
+
+/// A certificate directory: the CA, coordinators coord-1..5, admin `alice`, user `bob`,
+/// agent `node-1`; and a second CA with its own admin `mallory`.
+pub struct Certs {
+    pub dir: PathBuf,
+    pub other_dir: PathBuf,
+}
+
+impl Certs {
+    pub fn create(root: &Path) -> Certs {
+        let dir = root.join("certs");
+        let other_dir = root.join("other-certs");
+        certs::init_ca(&dir).expect("a CA");
+        for id in 1..=5 {
+            certs::issue(&dir, Role::Coordinator, &format!("coord-{id}"), &[])
+                .expect("a coordinator certificate");
+        }
+        certs::issue(&dir, Role::Admin, "alice", &[]).expect("an admin certificate");
+        certs::issue(&dir, Role::User, "bob", &[]).expect("a user certificate");
+        certs::issue(&dir, Role::Agent, "node-1", &[]).expect("an agent certificate");
+        certs::init_ca(&other_dir).expect("another CA");
+        certs::issue(&other_dir, Role::Admin, "mallory", &[]).expect("a foreign admin");
+        certs::issue(&other_dir, Role::Coordinator, "coord-9", &[]).expect("a foreign coordinator");
+        Certs { dir, other_dir }
+    }
+
+    pub fn files(&self, name: &str) -> TlsFiles {
+        TlsFiles::in_dir(&self.dir, name)
+    }
+}
+
+/// Free UDP ports on loopback: bound together (so they differ), then released.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let sockets: Vec<UdpSocket> = (0..count)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").expect("a free UDP port"))
+        .collect();
+    sockets
+        .iter()
+        .map(|socket| socket.local_addr().expect("a bound address").port())
+        .collect()
+}
+
+/// One coordinator process.
+struct Member {
+    address: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    /// How many times it was started, to keep each start's log.
+    starts: u32,
+}
+
+/// A cluster of coordinator processes; every process is killed when this is dropped.
+pub struct Cluster {
+    pub root: tempfile::TempDir,
+    pub certs: Certs,
+    members: BTreeMap<u64, Member>,
+    /// The ids that bootstrap the cluster; the others join later with `AddMember`.
+    initial: u64,
+    extra_args: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts `size` coordinators (ids 1..=size) with `extra_args` each, and waits for none.
+    pub fn start(size: u64, extra_args: &[&str]) -> Cluster {
+        Cluster::start_partial(size, size, extra_args)
+    }
+
+    /// Makes room for `size` coordinators but starts only ids 1..=`initial`, which form the
+    /// cluster; start the others with [`Cluster::start_member`] and add them with
+    /// `ApiRequest::AddMember`.
+    pub fn start_partial(size: u64, initial: u64, extra_args: &[&str]) -> Cluster {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let certs = Certs::create(root.path());
+        let ports = free_ports(size as usize);
+        let members = (1..=size)
+            .zip(ports)
+            .map(|(id, port)| {
+                (
+                    id,
+                    Member {
+                        address: format!("127.0.0.1:{port}"),
+                        data_dir: root.path().join(format!("data-{id}")),
+                        log: root.path().join(format!("coord-{id}.log")),
+                        child: None,
+                        starts: 0,
+                    },
+                )
+            })
+            .collect();
+        let mut cluster = Cluster {
+            root,
+            certs,
+            members,
+            initial,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+        };
+        for id in 1..=initial {
+            cluster.start_member(id);
+        }
+        eprintln!("cluster of {size} under {}", cluster.root.path().display());
+        cluster
+    }
+
+    /// The initial members, plus `id` itself when it joins later.
+    fn peers_flag(&self, id: u64) -> String {
+        self.members
+            .iter()
+            .filter(|(member, _)| **member <= self.initial || **member == id)
+            .map(|(id, member)| format!("{id}={}", member.address))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Starts (or restarts) coordinator `id` on its data directory.
+    pub fn start_member(&mut self, id: u64) {
+        let peers = self.peers_flag(id);
+        let certs_dir = self.certs.dir.clone();
+        let extra = self.extra_args.clone();
+        let member = self.members.get_mut(&id).expect("a member of the cluster");
+        assert!(
+            member.child.is_none(),
+            "coordinator {id} is already running"
+        );
+        member.starts += 1;
+        let log_path = member.log.with_extension(format!("{}.log", member.starts));
+        let log = File::create(&log_path).expect("a log file");
+        let files = TlsFiles::in_dir(&certs_dir, &format!("coord-{id}"));
+        let child = Command::new(BINARY)
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(&member.address)
+            .arg("--data-dir")
+            .arg(&member.data_dir)
+            .arg("--peers")
+            .arg(&peers)
+            .arg("--ca")
+            .arg(&files.ca)
+            .arg("--cert")
+            .arg(&files.cert)
+            .arg("--key")
+            .arg(&files.key)
+            .args(&extra)
+            .env("RUST_LOG", "info,openraft=warn,quinn=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the coordinator binary starts");
+        member.child = Some(child);
+    }
+
+    /// Kills coordinator `id` with SIGKILL and reaps it.
+    pub fn kill(&mut self, id: u64) {
+        let member = self.members.get_mut(&id).expect("a member of the cluster");
+        if let Some(mut child) = member.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn address(&self, id: u64) -> String {
+        self.members[&id].address.clone()
+    }
+
+    /// The addresses of the initial members.
+    pub fn addresses(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|(id, _)| **id <= self.initial)
+            .map(|(_, m)| m.address.clone())
+            .collect()
+    }
+
+    /// The ids of the initial members.
+    pub fn ids(&self) -> Vec<u64> {
+        (1..=self.initial).collect()
+    }
+
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.members[&id].data_dir.clone()
+    }
+
+    /// A client of `addresses` with the certificate of `name`.
+    pub fn client_of(&self, name: &str, addresses: Vec<String>) -> ApiClient {
+        ApiClient::connect(addresses, &self.certs.files(name)).expect("a client")
+    }
+
+    /// An admin client of every coordinator.
+    pub fn admin(&self) -> ApiClient {
+        self.client_of("alice", self.addresses())
+    }
+
+    /// Asks coordinator `id` alone about itself.
+    pub async fn health(&self, id: u64) -> Option<HealthView> {
+        let client = self
+            .client_of("alice", vec![self.address(id)])
+            .with_call_timeout(HEALTH_CALL);
+        let answer = client.call(ApiRequest::Health).await;
+        client.close();
+        match answer {
+            Ok(ApiResponse::Health(view)) => Some(view),
+            _ => None,
+        }
+    }
+
+    /// Waits until a leader is elected among `ids` and every one of them knows it.
+    pub async fn wait_for_leader(&self, ids: &[u64]) -> u64 {
+        poll_until(
+            "a leader known to every live coordinator",
+            CONVERGE,
+            || async {
+                let mut leaders = BTreeSet::new();
+                for id in ids {
+                    let health = self.health(*id).await?;
+                    leaders.insert(health.leader?);
+                }
+                let leader = *leaders.iter().next()?;
+                (leaders.len() == 1 && ids.contains(&leader)).then_some(leader)
+            },
+        )
+        .await
+    }
+
+    /// Waits until `ids` have applied the same log and hold the same state; returns the
+    /// digest.
+    pub async fn wait_converged(&self, ids: &[u64]) -> u64 {
+        poll_until(
+            "every live coordinator holding the same state",
+            CONVERGE,
+            || async {
+                let mut seen = BTreeSet::new();
+                for id in ids {
+                    let health = self.health(*id).await?;
+                    seen.insert((health.last_applied, health.state_digest));
+                }
+                (seen.len() == 1)
+                    .then(|| seen.iter().next().map(|(_, d)| *d))
+                    .flatten()
+            },
+        )
+        .await
+    }
+
+    /// The cluster as the leader sees it.
+    pub async fn status(&self, client: &ApiClient) -> ClusterView {
+        match client.call(ApiRequest::ClusterStatus).await {
+            Ok(ApiResponse::Cluster(view)) => view,
+            other => panic!("cluster status failed: {other:?}"),
+        }
+    }
+
+    /// Prints the end of every coordinator log (call before panicking to help debugging).
+    pub fn dump_logs(&self) {
+        for entry in std::fs::read_dir(self.root.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                eprintln!("==== {} (last lines)", path.display());
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for member in self.members.values_mut() {
+            if let Some(mut child) = member.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Calls `check` every [`POLL_INTERVAL`] until it gives `Some`, or panics after `timeout`
+/// saying what it waited for.
+pub async fn poll_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if started.elapsed() > timeout {
+            panic!("gave up after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+pub fn class() -> GpuClass {
+    GpuClass::parse("a10g").expect("a GPU class")
+}
+
+/// A lend-and-borrow share with 4 a10g GPUs.
+pub fn share(name: &str) -> ShareSpec {
+    ShareSpec {
+        name: name.to_string(),
+        limits: BTreeMap::from([(class(), 4)]),
+        strategy: Strategy::LendAndBorrow,
+        borrow_limit_percent: Some(100),
+        in_share_preemption: true,
+        state: ShareState::Enabled,
+    }
+}
+
+/// A one-GPU job of `share`.
+pub fn job(share: &str, priority: u32) -> JobSpec {
+    JobSpec::new(
+        share,
+        priority,
+        1,
+        vec!["sleep".to_string(), "60".to_string()],
+    )
+}
+
+/// Creates a share through `client`, which must succeed.
+pub async fn create_share(client: &ApiClient, name: &str) {
+    match client.call(ApiRequest::CreateShare(share(name))).await {
+        Ok(ApiResponse::Done) => {}
+        other => panic!("creating share {name} failed: {other:?}"),
+    }
+}
+
+/// Submits a job through `client`, which must succeed; returns its id.
+pub async fn submit(client: &ApiClient, spec: JobSpec) -> quotient_common::JobId {
+    match client.call(ApiRequest::SubmitJob(spec)).await {
+        Ok(ApiResponse::JobSubmitted { job, .. }) => job,
+        other => panic!("submitting a job failed: {other:?}"),
+    }
+}
+
+/// Every job as the leader sees it.
+pub async fn jobs(client: &ApiClient) -> Vec<quotient_common::api::JobView> {
+    match client
+        .call(ApiRequest::ListJobs {
+            share: None,
+            state: None,
+        })
+        .await
+    {
+        Ok(ApiResponse::Jobs(jobs)) => jobs,
+        other => panic!("listing jobs failed: {other:?}"),
+    }
+}
+
+/// Every share as the leader sees it.
+pub async fn shares(client: &ApiClient) -> Vec<quotient_common::api::ShareView> {
+    match client.call(ApiRequest::ListShares).await {
+        Ok(ApiResponse::Shares(shares)) => shares,
+        other => panic!("listing shares failed: {other:?}"),
+    }
+}
