@@ -1,0 +1,518 @@
+//! `cargo bench -p quotient-coordinator --bench submit`: job submits per second and their
+//! acknowledgement latency on a three-coordinator cluster of real processes on loopback
+//! (redb fsyncs every log write), at 1, 16 and 256 concurrent clients, each client with its
+//! own QUIC connection and one request in flight. Side by side, the same load of puts on a
+//! three-member etcd cluster (the `etcd` binary, 3.4 from Debian's etcd-server), sent
+//! through etcd's HTTP/JSON gateway by a minimal keep-alive HTTP/1.1 client; skipped with a
+//! message when `etcd` is not installed.
+//!
+//! Prints one JSON line on stdout:
+//! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors"}],"etcd":[...]|null,"etcd_note":...}`.
+//! `QUOTIENT_BENCH_SECONDS` sets the measured seconds per concurrency (default 5);
+//! `QUOTIENT_BENCH_LOG` the coordinators' `RUST_LOG` (default `warn`); `QUOTIENT_BENCH_KEEP`
+//! keeps the cluster's directory (logs, data) and prints where it is.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::{TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::certs::{self, Role};
+use quotient_common::tls::{TlsFiles, TlsIdentity};
+use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
+use quotient_coordinator::ApiClient;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// The concurrencies measured.
+const CONCURRENCIES: [usize; 3] = [1, 16, 256];
+/// Measured seconds per concurrency, unless `QUOTIENT_BENCH_SECONDS` says otherwise.
+const SECONDS_DEFAULT: u64 = 5;
+/// Unmeasured seconds before each measurement.
+const WARMUP: Duration = Duration::from_secs(1);
+/// How long a cluster may take to come up.
+const STARTUP: Duration = Duration::from_secs(60);
+/// Size of each etcd value: about a submit's size on the wire.
+const ETCD_VALUE_BYTES: usize = 160;
+/// Longest HTTP header line or body the etcd client accepts.
+const HTTP_BYTES_MAX: usize = 1 << 20;
+
+/// Kills its processes when dropped.
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What one concurrency level measured.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Measurement {
+    clients: usize,
+    submits_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+fn measurement(
+    clients: usize,
+    elapsed: Duration,
+    mut latencies: Vec<Duration>,
+    errors: u64,
+) -> Measurement {
+    latencies.sort_unstable();
+    let percentile = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let rank = ((latencies.len() as f64) * p).ceil() as usize;
+        latencies[rank.clamp(1, latencies.len()) - 1].as_secs_f64() * 1_000.0
+    };
+    Measurement {
+        clients,
+        submits_per_sec: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile(0.50),
+        p99_ms: percentile(0.99),
+        errors,
+    }
+}
+
+/// Runs `clients` loops of `operation` for warm-up plus `seconds`; the latencies of the
+/// operations that started within the measured window.
+async fn drive<F, Fut>(clients: usize, seconds: u64, operation: F) -> Measurement
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let operation = Arc::new(operation);
+    let start = Instant::now() + WARMUP;
+    let end = start + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for client in 0..clients {
+        let operation = operation.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            let mut sequence = 0u64;
+            loop {
+                let began = Instant::now();
+                if began >= end {
+                    break;
+                }
+                sequence += 1;
+                let ok = operation(client, sequence).await;
+                if began >= start {
+                    if ok {
+                        latencies.push(began.elapsed());
+                    } else {
+                        errors += 1;
+                    }
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        if let Ok((mut task_latencies, task_errors)) = task.await {
+            latencies.append(&mut task_latencies);
+            errors += task_errors;
+        }
+    }
+    measurement(clients, Duration::from_secs(seconds), latencies, errors)
+}
+
+fn free_udp_ports(count: usize) -> Vec<u16> {
+    let sockets: Vec<UdpSocket> = (0..count)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").expect("a free UDP port"))
+        .collect();
+    sockets
+        .iter()
+        .map(|s| s.local_addr().expect("bound").port())
+        .collect()
+}
+
+fn free_tcp_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free TCP port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("bound").port())
+        .collect()
+}
+
+fn class() -> GpuClass {
+    GpuClass::parse("a10g").expect("a GPU class")
+}
+
+/// Starts three coordinators; returns them and their addresses.
+fn start_quotient(root: &Path) -> (Processes, Vec<String>) {
+    let certs_dir = root.join("certs");
+    certs::init_ca(&certs_dir).expect("a CA");
+    for id in 1..=3 {
+        certs::issue(&certs_dir, Role::Coordinator, &format!("coord-{id}"), &[]).expect("a cert");
+    }
+    certs::issue(&certs_dir, Role::Admin, "bench", &[]).expect("an admin cert");
+    let addresses: Vec<String> = free_udp_ports(3)
+        .into_iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    let peers = addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut children = Vec::new();
+    for (index, address) in addresses.iter().enumerate() {
+        let id = index + 1;
+        let files = TlsFiles::in_dir(&certs_dir, &format!("coord-{id}"));
+        let log = File::create(root.join(format!("coord-{id}.log"))).expect("a log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_quotient-coordinator"))
+            .args([
+                "--id",
+                &id.to_string(),
+                "--listen",
+                address,
+                "--peers",
+                &peers,
+            ])
+            .arg("--data-dir")
+            .arg(root.join(format!("data-{id}")))
+            .arg("--ca")
+            .arg(&files.ca)
+            .arg("--cert")
+            .arg(&files.cert)
+            .arg("--key")
+            .arg(&files.key)
+            .env(
+                "RUST_LOG",
+                std::env::var("QUOTIENT_BENCH_LOG").unwrap_or_else(|_| "warn".to_string()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the coordinator starts");
+        children.push(child);
+    }
+    (Processes(children), addresses)
+}
+
+async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
+    let (_processes, addresses) = start_quotient(root);
+    let tls = TlsIdentity::load(&TlsFiles::in_dir(&root.join("certs"), "bench")).expect("tls");
+    let admin = ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client");
+    let share = ShareSpec {
+        name: "bench".to_string(),
+        limits: BTreeMap::from([(class(), 1_000)]),
+        strategy: Strategy::Reserve,
+        borrow_limit_percent: None,
+        in_share_preemption: false,
+        state: ShareState::Enabled,
+    };
+    let started = Instant::now();
+    loop {
+        match admin.call(ApiRequest::CreateShare(share.clone())).await {
+            Ok(ApiResponse::Done) => break,
+            other if started.elapsed() > STARTUP => panic!("the cluster did not start: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let mut results = Vec::new();
+    for clients in CONCURRENCIES {
+        let pool: Arc<Vec<ApiClient>> = Arc::new(
+            (0..clients)
+                .map(|_| {
+                    ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client")
+                })
+                .collect(),
+        );
+        let result = drive(clients, seconds, move |client, _sequence| {
+            let pool = pool.clone();
+            async move {
+                let spec = JobSpec::new(
+                    "bench",
+                    5,
+                    1,
+                    vec!["train".to_string(), "--epochs=10".to_string()],
+                );
+                matches!(
+                    pool[client].call(ApiRequest::SubmitJob(spec)).await,
+                    Ok(ApiResponse::JobSubmitted { .. })
+                )
+            }
+        })
+        .await;
+        eprintln!("quotient {clients:>3} clients: {result:?}");
+        results.push(result);
+    }
+    results
+}
+
+/// A keep-alive HTTP/1.1 connection to etcd's JSON gateway.
+struct Http {
+    reader: BufReader<TcpStream>,
+    host: String,
+}
+
+impl Http {
+    async fn connect(host: &str) -> std::io::Result<Http> {
+        let stream = TcpStream::connect(host).await?;
+        stream.set_nodelay(true)?;
+        Ok(Http {
+            reader: BufReader::new(stream),
+            host: host.to_string(),
+        })
+    }
+
+    /// POSTs `body` to `path`; the status code and the response body.
+    async fn post(&mut self, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.host,
+            body.len()
+        );
+        self.reader.get_mut().write_all(request.as_bytes()).await?;
+        let invalid =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut line = String::new();
+        self.reader.read_line(&mut line).await?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| invalid("no HTTP status"))?;
+        let mut length = None;
+        let mut chunked = false;
+        loop {
+            line.clear();
+            if self.reader.read_line(&mut line).await? == 0 {
+                return Err(invalid("connection closed in the headers"));
+            }
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let lower = header.to_ascii_lowercase();
+            if let Some(value) = lower.strip_prefix("content-length:") {
+                length = value.trim().parse::<usize>().ok();
+            } else if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+                chunked = true;
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                self.reader.read_line(&mut line).await?;
+                let size =
+                    usize::from_str_radix(line.trim(), 16).map_err(|_| invalid("bad chunk"))?;
+                if size > HTTP_BYTES_MAX {
+                    return Err(invalid("chunk too large"));
+                }
+                let mut chunk = vec![0; size + 2];
+                self.reader.read_exact(&mut chunk).await?;
+                if size == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..size]);
+            }
+        } else {
+            let length = length.ok_or_else(|| invalid("no content length"))?;
+            if length > HTTP_BYTES_MAX {
+                return Err(invalid("body too large"));
+            }
+            body.resize(length, 0);
+            self.reader.read_exact(&mut body).await?;
+        }
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// Standard base64 without a crate: enough for keys and values.
+fn base64(bytes: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn etcd_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Starts three etcd members; returns them and their client addresses.
+fn start_etcd(binary: &Path, root: &Path) -> (Processes, Vec<String>) {
+    std::fs::create_dir_all(root).expect("a directory for etcd");
+    let ports = free_tcp_ports(6);
+    let peer_url = |i: usize| format!("http://127.0.0.1:{}", ports[3 + i]);
+    let cluster = (0..3)
+        .map(|i| format!("e{i}={}", peer_url(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut children = Vec::new();
+    let mut addresses = Vec::new();
+    for i in 0..3 {
+        let client_url = format!("http://127.0.0.1:{}", ports[i]);
+        let log = File::create(root.join(format!("etcd-{i}.log"))).expect("a log file");
+        let child = Command::new(binary)
+            .args(["--name", &format!("e{i}")])
+            .arg("--data-dir")
+            .arg(root.join(format!("etcd-{i}")))
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url(i),
+                "--initial-advertise-peer-urls",
+                &peer_url(i),
+            ])
+            .args([
+                "--initial-cluster",
+                &cluster,
+                "--initial-cluster-state",
+                "new",
+            ])
+            .args([
+                "--initial-cluster-token",
+                "quotient-bench",
+                "--log-level",
+                "warn",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd starts");
+        children.push(child);
+        addresses.push(format!("127.0.0.1:{}", ports[i]));
+    }
+    (Processes(children), addresses)
+}
+
+/// The client address of the etcd leader, once there is one.
+async fn etcd_leader(addresses: &[String]) -> String {
+    let started = Instant::now();
+    loop {
+        for address in addresses {
+            let Ok(mut http) = Http::connect(address).await else {
+                continue;
+            };
+            let Ok((200, body)) = http.post("/v3/maintenance/status", "{}").await else {
+                continue;
+            };
+            let Ok(status) = serde_json::from_str::<serde_json::Value>(&body) else {
+                continue;
+            };
+            let member = status["header"]["member_id"].as_str().map(str::to_string);
+            let leader = status["leader"].as_str().map(str::to_string);
+            if member.is_some() && member == leader {
+                return address.clone();
+            }
+        }
+        assert!(started.elapsed() < STARTUP, "etcd elected no leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement> {
+    let (_processes, addresses) = start_etcd(binary, root);
+    let leader = etcd_leader(&addresses).await;
+    let value = base64(&vec![b'x'; ETCD_VALUE_BYTES]);
+    let mut results = Vec::new();
+    for clients in CONCURRENCIES {
+        let mut connections = Vec::new();
+        for _ in 0..clients {
+            connections.push(tokio::sync::Mutex::new(
+                Http::connect(&leader).await.expect("an etcd connection"),
+            ));
+        }
+        let connections = Arc::new(connections);
+        let value = value.clone();
+        let result = drive(clients, seconds, move |client, sequence| {
+            let connections = connections.clone();
+            let body = format!(
+                "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
+                base64(format!("job/{clients}/{client}/{sequence}").as_bytes())
+            );
+            async move {
+                let mut http = connections[client].lock().await;
+                matches!(http.post("/v3/kv/put", &body).await, Ok((200, _)))
+            }
+        })
+        .await;
+        eprintln!("etcd     {clients:>3} clients: {result:?}");
+        results.push(result);
+    }
+    results
+}
+
+fn main() {
+    let seconds = std::env::var("QUOTIENT_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SECONDS_DEFAULT);
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let root = tempfile::tempdir().expect("a temporary directory");
+    if std::env::var_os("QUOTIENT_BENCH_KEEP").is_some() {
+        eprintln!("keeping {}", root.path().display());
+    }
+    let quotient = runtime.block_on(bench_quotient(&root.path().join("quotient"), seconds));
+    let (etcd, etcd_note) = match etcd_binary() {
+        Some(binary) => {
+            let results = runtime.block_on(bench_etcd(&binary, &root.path().join("etcd"), seconds));
+            (
+                Some(results),
+                format!("{} via the HTTP/JSON gateway", binary.display()),
+            )
+        }
+        None => {
+            eprintln!("etcd not found on PATH: skipping the etcd side (apt-get install -y etcd-server etcd-client)");
+            (None, "skipped: etcd not installed".to_string())
+        }
+    };
+    let line = serde_json::json!({
+        "bench": "submit",
+        "seconds": seconds,
+        "quotient": quotient,
+        "etcd": etcd,
+        "etcd_note": etcd_note,
+    });
+    println!("{line}");
+    if std::env::var_os("QUOTIENT_BENCH_KEEP").is_some() {
+        let _ = root.keep();
+    }
+}
