@@ -381,8 +381,8 @@ fn start_etcd(binary: &Path, root: &Path) -> (Processes, Vec<String>) {
         .join(",");
     let mut children = Vec::new();
     let mut addresses = Vec::new();
-    for i in 0..3 {
-        let client_url = format!("http://127.0.0.1:{}", ports[i]);
+    for (i, client_port) in ports.iter().take(3).enumerate() {
+        let client_url = format!("http://127.0.0.1:{client_port}");
         let log = File::create(root.join(format!("etcd-{i}.log"))).expect("a log file");
         let child = Command::new(binary)
             .args(["--name", &format!("e{i}")])
@@ -418,7 +418,7 @@ fn start_etcd(binary: &Path, root: &Path) -> (Processes, Vec<String>) {
             .spawn()
             .expect("etcd starts");
         children.push(child);
-        addresses.push(format!("127.0.0.1:{}", ports[i]));
+        addresses.push(format!("127.0.0.1:{client_port}"));
     }
     (Processes(children), addresses)
 }
@@ -451,7 +451,7 @@ async fn etcd_leader(addresses: &[String]) -> String {
 async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement> {
     let (_processes, addresses) = start_etcd(binary, root);
     let leader = etcd_leader(&addresses).await;
-    let value = base64(&vec![b'x'; ETCD_VALUE_BYTES]);
+    let value = base64(&[b'x'; ETCD_VALUE_BYTES]);
     let mut results = Vec::new();
     for clients in CONCURRENCIES {
         let mut connections = Vec::new();

@@ -5,8 +5,8 @@
 //!   share, node and membership management need `admin`; jobs and reads need `user` or
 //!   `admin`; `Health` is open to every certificate of the cluster. Anything else gets
 //!   [`ApiError::Unauthorized`].
-//! - **Writes** go through `raft.client_write` and are acknowledged once committed and
-//!   applied; a rejection by the state machine comes back as [`ApiError::Rejected`] with the
+//! - **Writes** go through the [`Proposer`] (several commands per Raft entry) and are
+//!   acknowledged once committed and applied; a rejection by the state machine comes back as [`ApiError::Rejected`] with the
 //!   core's words. Specs are also checked before proposing, so a malformed one never reaches
 //!   the log.
 //! - **Reads** are linearizable: `ensure_linearizable` on the leader, then the state machine.
@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use openraft::{BasicNode, ChangeMembers};
@@ -31,8 +31,9 @@ use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
 use crate::network::PeerConnections;
+use crate::proposer::Proposer;
 use crate::store::type_config::Raft;
-use crate::store::{NodeId, QuotientStateMachine, Request};
+use crate::store::{NodeId, QuotientStateMachine};
 use crate::views;
 
 /// Deadline for a client to deliver its request once it opened the stream (milliseconds).
@@ -53,6 +54,7 @@ struct Inner {
     raft: Raft,
     state_machine: QuotientStateMachine,
     peers: PeerConnections,
+    proposer: Proposer,
 }
 
 impl std::fmt::Debug for ApiService {
@@ -85,15 +87,6 @@ pub fn authorise(peer: &PeerIdentity, request: &ApiRequest) -> Result<(), ApiErr
     )))
 }
 
-/// Milliseconds since the Unix epoch: the time the leader stamps on a command.
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
-}
-
 fn not_leader(forward: &ForwardToLeader<NodeId, BasicNode>) -> ApiError {
     ApiError::NotLeader {
         leader_id: forward.leader_id,
@@ -115,6 +108,7 @@ impl ApiService {
         ApiService {
             inner: Arc::new(Inner {
                 id,
+                proposer: Proposer::start(raft.clone()),
                 raft,
                 state_machine,
                 peers,
@@ -306,16 +300,11 @@ impl ApiService {
     /// Proposes `command` and waits until it is committed and applied; a rejection is an
     /// error.
     async fn write(&self, command: Command) -> Result<Outcome, ApiError> {
-        let request = Request {
-            command,
-            time_ms: now_ms(),
-        };
-        match self.inner.raft.client_write(request).await {
-            Ok(response) => match response.data {
-                Outcome::Rejected(rejection) => Err(ApiError::Rejected(rejection.to_string())),
-                outcome => Ok(outcome),
-            },
-            Err(error) => Err(write_error(error)),
+        match self.inner.proposer.propose(command).await {
+            Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection.to_string())),
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(error)) => Err(write_error(error)),
+            Err(stopped) => Err(ApiError::Unavailable(stopped.to_string())),
         }
     }
 

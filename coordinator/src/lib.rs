@@ -9,6 +9,7 @@
 //! - [`raft_service`]: the Raft network's server side; only coordinators may speak Raft.
 //! - [`api`]: the client API's server side: authorisation, writes through Raft,
 //!   linearizable reads, redirects to the leader, membership changes.
+//! - [`proposer`]: batches client commands into Raft entries (one fsync for many writes).
 //! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
 //! - [`client`]: a small Rust client of the API that follows redirects (tests, benchmarks).
 //! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
@@ -18,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod network;
+pub mod proposer;
 pub mod raft_service;
 pub mod store;
 pub mod views;

@@ -189,3 +189,39 @@ async fn a_coordinator_joins_as_learner_then_voter_and_can_be_removed() {
     );
     submit(&admin, job("team", 2)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submits_each_get_their_own_job_and_one_key_gives_one_job() {
+    // Proves the proposer's batching: many commands per entry, one outcome each, idempotency
+    // kept even for two submits with one key in the same entry.
+    const SUBMITS: usize = 64;
+    let cluster = Cluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    let mut tasks = Vec::new();
+    for n in 0..SUBMITS {
+        let client = cluster.client_of("bob", cluster.addresses());
+        tasks.push(tokio::spawn(async move {
+            let mut spec = job("team", 1);
+            // The last two share a key.
+            let key = if n >= SUBMITS - 2 {
+                "same".to_string()
+            } else {
+                format!("k-{n}")
+            };
+            spec.idempotency_key = Some(key);
+            submit(&client, spec).await
+        }));
+    }
+    let mut ids = Vec::new();
+    for task in tasks {
+        ids.push(task.await.expect("the submit task runs"));
+    }
+    assert_eq!(ids[SUBMITS - 1], ids[SUBMITS - 2], "one key, one job");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), SUBMITS - 1);
+    assert_eq!(jobs(&admin).await.len(), SUBMITS - 1);
+    cluster.wait_converged(&[1, 2, 3]).await;
+}

@@ -45,10 +45,7 @@ fn inventory(name: &str) -> NodeInventory {
 }
 
 fn register(name: &str, time_ms: u64) -> Request {
-    Request {
-        command: Command::RegisterNode(inventory(name)),
-        time_ms,
-    }
+    Request::one(Command::RegisterNode(inventory(name)), time_ms)
 }
 
 fn normal(index: u64, request: Request) -> Entry {
@@ -96,25 +93,25 @@ async fn apply_yields_outcomes_and_tracks_applied_state() {
             normal(3, register("gpu-a", 1_000)),
             normal(
                 4,
-                Request {
-                    command: Command::CordonNode {
+                Request::one(
+                    Command::CordonNode {
                         node: "no-such-node".to_string(),
                     },
-                    time_ms: 2_000,
-                },
+                    2_000,
+                ),
             ),
         ])
         .await
         .expect("apply");
     assert_eq!(outcomes.len(), 4);
-    assert_eq!(outcomes[0], Outcome::Done);
-    assert_eq!(outcomes[1], Outcome::Done);
+    assert_eq!(outcomes[0], vec![Outcome::Done]);
+    assert_eq!(outcomes[1], vec![Outcome::Done]);
     assert!(
-        matches!(outcomes[2], Outcome::NodeRegistered { .. }),
+        matches!(outcomes[2][..], [Outcome::NodeRegistered { .. }]),
         "{:?}",
         outcomes[2]
     );
-    assert!(outcomes[3].is_rejected(), "{:?}", outcomes[3]);
+    assert!(outcomes[3][0].is_rejected(), "{:?}", outcomes[3]);
 
     let (last_applied, last_membership) = sm.applied_state().await.expect("state");
     assert_eq!(last_applied, Some(log_id(1, 4)));
@@ -407,7 +404,9 @@ async fn start_node(dir: &Path) -> (Raft, QuotientStateMachine) {
 }
 
 async fn write(raft: &Raft, request: Request) -> Outcome {
-    raft.client_write(request).await.expect("client write").data
+    let mut outcomes = raft.client_write(request).await.expect("client write").data;
+    assert_eq!(outcomes.len(), 1, "one outcome per command");
+    outcomes.remove(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,4 +463,38 @@ async fn single_node_restart_recovers_from_snapshot_plus_log() {
         "{outcome:?}"
     );
     raft.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn an_entry_of_several_commands_applies_them_in_order_with_one_outcome_each() {
+    // Proves a batched entry (the proposer's) gives each command its own outcome, in order.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+    let request = Request {
+        commands: vec![
+            Command::RegisterNode(inventory("gpu-a")),
+            Command::CordonNode {
+                node: "no-such-node".to_string(),
+            },
+            Command::CordonNode {
+                node: "gpu-a".to_string(),
+            },
+        ],
+        time_ms: 1_000,
+    };
+    let outcomes = sm.apply([normal(1, request)]).await.expect("apply");
+    assert_eq!(outcomes.len(), 1);
+    let outcomes = &outcomes[0];
+    assert!(
+        matches!(
+            outcomes[..],
+            [
+                Outcome::NodeRegistered { .. },
+                Outcome::Rejected(_),
+                Outcome::Done
+            ]
+        ),
+        "{outcomes:?}"
+    );
+    assert!(has_node(&sm, "gpu-a"));
 }

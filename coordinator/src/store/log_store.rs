@@ -1,32 +1,19 @@
 //! The durable Raft log: openraft's storage-v2 [`RaftLogStorage`] and [`RaftLogReader`] over one
 //! redb database file, `DATA_DIR/raft.redb`. It holds the log entries (keyed by index), the vote,
-//! the last committed log id and the last purged log id.
-//!
-//! Writes go through one writer thread that commits them in groups: it takes every write
-//! waiting in its queue (up to [`GROUP_COMMIT_OPS_MAX`]), applies them in order in one redb
-//! write transaction committed with [`Durability::Immediate`] (fsynced), and only then
-//! acknowledges each of them. `append` returns as soon as its entries are queued and readable
-//! (openraft's storage-v2 contract) and calls openraft's [`LogFlushed`] callback once they are
-//! durable; vote, committed, truncate and purge wait for their commit before returning. This
-//! is what lets many client writes share one fsync: openraft 0.9 hands the store one
-//! `append` per client write, and a store that fsynced inside `append` would cap the cluster
-//! at one write per fsync.
-//!
-//! Entries that are queued but not yet committed are kept in memory ("pending") and readers
-//! see them over the database's contents, so a reader handle never sees stale state. redb
-//! reads block, so they run on tokio's blocking pool.
+//! the last committed log id and the last purged log id. Every write (append, vote, committed,
+//! truncate, purge) is one redb write transaction committed with [`Durability::Immediate`], that
+//! is fsynced, before it is acknowledged; `append` calls openraft's [`LogFlushed`] callback only
+//! after its transaction committed. Nothing is cached: every read goes to the database, so a
+//! reader handle never sees stale state. redb calls block, so they run on tokio's blocking pool.
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
@@ -41,12 +28,6 @@ use super::codec::{decode_value, encode_value};
 
 /// The database file name inside the data directory.
 pub const DB_FILE_NAME: &str = "raft.redb";
-
-/// The most queued writes one group commit takes: bounds one transaction's size.
-pub const GROUP_COMMIT_OPS_MAX: usize = 4_096;
-
-/// Capacity of the queue of writes waiting for the writer thread; `append` waits for room.
-pub const WRITE_QUEUE_MAX: usize = 16_384;
 
 /// The table of log entries: log index to encoded entry.
 pub const LOGS_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -85,148 +66,13 @@ impl std::error::Error for DbError {
 
 type DbResult<T> = Result<T, DbError>;
 
-/// Entries queued for the writer but not yet committed: index to (append generation, bytes).
-type PendingEntries = BTreeMap<u64, (u64, Arc<[u8]>)>;
-
-/// The database and where it lives, shared by the store, its reader handles and the writer.
+/// The database and where it lives, shared by the store and its reader handles.
 struct Inner {
     db: Database,
     path: PathBuf,
-    /// Entries appended but not yet durable; readers see them over the database.
-    pending: Mutex<PendingEntries>,
-    /// Numbers appends, so that committing one never drops a later append's pending entry
-    /// at the same index (after a truncation).
-    generation: AtomicU64,
-}
-
-/// What the writer thread calls once a write committed (or failed).
-type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
-
-/// One write for the writer thread.
-enum WriteOp {
-    Append {
-        entries: Vec<(u64, Arc<[u8]>)>,
-        generation: u64,
-    },
-    Meta {
-        key: &'static str,
-        value: Option<Vec<u8>>,
-    },
-    Truncate {
-        since: u64,
-    },
-    Purge {
-        upto: u64,
-        purged: Vec<u8>,
-    },
-}
-
-struct WriteJob {
-    op: WriteOp,
-    done: Completion,
-}
-
-/// The writer thread and the sending end of its queue; dropping it (with the last store
-/// clone) closes the queue and waits for the thread to finish what was queued, so the
-/// database file is closed when the store is gone.
-struct Writer {
-    sender: Option<tokio::sync::mpsc::Sender<WriteJob>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.sender.take();
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("the raft log writer thread panicked");
-            }
-        }
-    }
-}
-
-/// The writer thread failed or stopped.
-#[derive(Debug, thiserror::Error)]
-#[error("raft log writer: {0}")]
-struct WriterError(String);
-
-/// The writer thread: group-commits everything queued, in order, then acknowledges it.
-fn run_writer(inner: Arc<Inner>, mut queue: tokio::sync::mpsc::Receiver<WriteJob>) {
-    while let Some(first) = queue.blocking_recv() {
-        let mut batch = vec![first];
-        while batch.len() < GROUP_COMMIT_OPS_MAX {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        let started = std::time::Instant::now();
-        let result = inner.write(|txn| {
-            let mut logs = txn.open_table(LOGS_TABLE)?;
-            let mut meta = txn.open_table(META_TABLE)?;
-            for job in &batch {
-                match &job.op {
-                    WriteOp::Append { entries, .. } => {
-                        for (index, bytes) in entries {
-                            logs.insert(*index, &bytes[..])?;
-                        }
-                    }
-                    WriteOp::Meta { key, value } => match value {
-                        Some(bytes) => {
-                            meta.insert(*key, bytes.as_slice())?;
-                        }
-                        None => {
-                            meta.remove(*key)?;
-                        }
-                    },
-                    WriteOp::Truncate { since } => {
-                        logs.retain_in::<u64, _>(*since.., |_, _| false)?;
-                    }
-                    WriteOp::Purge { upto, purged } => {
-                        meta.insert(KEY_LAST_PURGED, purged.as_slice())?;
-                        logs.retain_in::<u64, _>(..=*upto, |_, _| false)?;
-                    }
-                }
-            }
-            Ok(())
-        });
-        let outcome = result.map_err(|error| error.to_string());
-        tracing::trace!(
-            ops = batch.len(),
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "raft log group commit"
-        );
-        if outcome.is_ok() {
-            let mut pending = inner.lock_pending();
-            for job in &batch {
-                if let WriteOp::Append {
-                    entries,
-                    generation,
-                } = &job.op
-                {
-                    for (index, _) in entries {
-                        if pending.get(index).is_some_and(|(g, _)| g == generation) {
-                            pending.remove(index);
-                        }
-                    }
-                }
-            }
-        } else {
-            tracing::error!(path = %inner.path.display(), error = ?outcome, "raft log group commit failed");
-        }
-        for job in batch {
-            (job.done)(outcome.clone());
-        }
-    }
 }
 
 impl Inner {
-    fn lock_pending(&self) -> MutexGuard<'_, PendingEntries> {
-        // The map is only ever changed by whole inserts and removals; a panic cannot leave it
-        // half-updated.
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Runs `f` in a write transaction and commits it with fsync before returning.
     fn write<R>(&self, f: impl FnOnce(&WriteTransaction) -> DbResult<R>) -> DbResult<R> {
         let mut txn = self.db.begin_write()?;
@@ -258,6 +104,21 @@ impl Inner {
             Ok(value)
         })
     }
+
+    fn write_meta(&self, key: &str, value: Option<&[u8]>) -> DbResult<()> {
+        self.write(|txn| {
+            let mut table = txn.open_table(META_TABLE)?;
+            match value {
+                Some(bytes) => {
+                    table.insert(key, bytes)?;
+                }
+                None => {
+                    table.remove(key)?;
+                }
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The redb-backed Raft log store; cheap to clone, and each clone is also its log reader.
@@ -265,10 +126,7 @@ impl Inner {
 /// Generic over the type config `C`; its entries are encoded with the store's codec
 /// (bincode 2 through serde, with a size limit).
 pub struct RedbLogStore<C: RaftTypeConfig> {
-    // Field order matters on drop: this handle's `inner` goes first, then (with the last
-    // clone) the writer, which joins its thread, which holds the last `inner`.
     inner: Arc<Inner>,
-    writer: Arc<Writer>,
     _config: PhantomData<fn() -> C>,
 }
 
@@ -276,7 +134,6 @@ impl<C: RaftTypeConfig> Clone for RedbLogStore<C> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
-            writer: Arc::clone(&self.writer),
             _config: PhantomData,
         }
     }
@@ -308,12 +165,7 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
                 .add_context(|| format!("opening raft log database {}", path.display()));
             StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, source)
         })?;
-        let inner = Inner {
-            db,
-            path,
-            pending: Mutex::new(BTreeMap::new()),
-            generation: AtomicU64::new(0),
-        };
+        let inner = Inner { db, path };
         // Create both tables up front so that read transactions always find them.
         inner
             .write(|txn| {
@@ -323,22 +175,8 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
             })
             .map_err(|e| store_error(&inner.path, ErrorSubject::Store, ErrorVerb::Write, e))?;
         tracing::debug!(path = %inner.path.display(), "opened raft log store");
-        let inner = Arc::new(inner);
-        let (sender, queue) = tokio::sync::mpsc::channel(WRITE_QUEUE_MAX);
-        let writer_inner = Arc::clone(&inner);
-        let thread = std::thread::Builder::new()
-            .name("raft-log-writer".to_string())
-            .spawn(move || run_writer(writer_inner, queue))
-            .map_err(|e| {
-                let source = AnyError::new(&e).add_context(|| "starting the raft log writer");
-                StorageIOError::new(ErrorSubject::Store, ErrorVerb::Write, source)
-            })?;
         Ok(Self {
-            inner,
-            writer: Arc::new(Writer {
-                sender: Some(sender),
-                thread: Some(thread),
-            }),
+            inner: Arc::new(inner),
             _config: PhantomData,
         })
     }
@@ -405,44 +243,10 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
                 store_error(&self.inner.path, subject.clone(), ErrorVerb::Write, e)
             })?),
         };
-        self.write_and_wait(WriteOp::Meta { key, value: bytes }, subject)
-            .await
-    }
-
-    /// Queues `op` for the writer; `done` runs once it committed or failed.
-    async fn queue(&self, op: WriteOp, done: Completion) -> Result<(), WriterError> {
-        let sender = self
-            .writer
-            .sender
-            .as_ref()
-            .ok_or_else(|| WriterError("the writer is closed".to_string()))?;
-        sender
-            .send(WriteJob { op, done })
-            .await
-            .map_err(|_| WriterError("the writer thread stopped".to_string()))
-    }
-
-    /// Queues `op` and waits until it is committed (fsynced).
-    async fn write_and_wait(
-        &self,
-        op: WriteOp,
-        subject: ErrorSubject<C::NodeId>,
-    ) -> Result<(), StorageError<C::NodeId>> {
-        let (sender, receiver) = tokio::sync::oneshot::channel();
-        let done: Completion = Box::new(move |result| {
-            let _ = sender.send(result);
-        });
-        let fail = |error: WriterError| {
-            store_error(&self.inner.path, subject.clone(), ErrorVerb::Write, error)
-        };
-        self.queue(op, done).await.map_err(fail)?;
-        match receiver.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(text)) => Err(fail(WriterError(text))),
-            Err(_) => Err(fail(WriterError(
-                "the writer dropped the write unanswered".to_string(),
-            ))),
-        }
+        self.blocking(subject, ErrorVerb::Write, move |inner| {
+            inner.write_meta(key, bytes.as_deref())
+        })
+        .await
     }
 
     fn decode_entry(&self, index: u64, bytes: &[u8]) -> Result<C::Entry, StorageError<C::NodeId>> {
@@ -500,14 +304,6 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
         let Some(bounds) = owned_bounds(&range) else {
             return Ok(Vec::new());
         };
-        // Pending first, then the database: an entry committed in between is then seen
-        // twice (and merged), never missed.
-        let pending: Vec<(u64, Arc<[u8]>)> = self
-            .inner
-            .lock_pending()
-            .range(bounds)
-            .map(|(index, (_, bytes))| (*index, Arc::clone(bytes)))
-            .collect();
         let raw = self
             .blocking(ErrorSubject::Logs, ErrorVerb::Read, move |inner| {
                 inner.read(|txn| {
@@ -521,13 +317,7 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
                 })
             })
             .await?;
-        let mut merged: BTreeMap<u64, Arc<[u8]>> = raw
-            .into_iter()
-            .map(|(index, bytes)| (index, Arc::from(bytes)))
-            .collect();
-        merged.extend(pending);
-        merged
-            .iter()
+        raw.iter()
             .map(|(index, bytes)| self.decode_entry(*index, bytes))
             .collect()
     }
@@ -537,13 +327,6 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
-        // Pending entries are always after the committed ones (a truncation is committed
-        // before it returns), so the last pending entry, if any, is the last entry.
-        let last_pending = self
-            .inner
-            .lock_pending()
-            .last_key_value()
-            .map(|(index, (_, bytes))| (*index, bytes.to_vec()));
         let (last, purged) = self
             .blocking(ErrorSubject::Logs, ErrorVerb::Read, |inner| {
                 inner.read(|txn| {
@@ -561,7 +344,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
                 store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Read, e)
             })?),
         };
-        let last_log_id = match last_pending.or(last) {
+        let last_log_id = match last {
             Some((index, bytes)) => Some(self.decode_entry(index, &bytes)?.get_log_id().clone()),
             None => last_purged_log_id.clone(),
         };
@@ -619,43 +402,36 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
                     e,
                 )
             })?;
-            encoded.push((log_id.index, Arc::<[u8]>::from(bytes)));
+            encoded.push((log_id.index, bytes));
         }
-        if encoded.is_empty() {
-            callback.log_io_completed(Ok(()));
-            return Ok(());
+        if !encoded.is_empty() {
+            self.blocking(ErrorSubject::Logs, ErrorVerb::Write, move |inner| {
+                inner.write(|txn| {
+                    let mut table = txn.open_table(LOGS_TABLE)?;
+                    for (index, bytes) in &encoded {
+                        table.insert(*index, bytes.as_slice())?;
+                    }
+                    Ok(())
+                })
+            })
+            .await?;
         }
-        let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut pending = self.inner.lock_pending();
-            for (index, bytes) in &encoded {
-                pending.insert(*index, (generation, Arc::clone(bytes)));
-            }
-        }
-        // openraft hears of durability only once the group commit holding these entries
-        // is fsynced.
-        let done: Completion = Box::new(move |result| {
-            callback.log_io_completed(result.map_err(std::io::Error::other));
-        });
-        self.queue(
-            WriteOp::Append {
-                entries: encoded,
-                generation,
-            },
-            done,
-        )
-        .await
-        .map_err(|e| store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Write, e))
+        // The transaction is committed and fsynced: only now tell openraft.
+        callback.log_io_completed(Ok(()));
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         tracing::debug!(%log_id, "truncating raft log from this id on");
         let since = log_id.index;
-        // Readers stop seeing the truncated entries now; the database follows in order,
-        // after any append still queued.
-        drop(self.inner.lock_pending().split_off(&since));
-        self.write_and_wait(WriteOp::Truncate { since }, ErrorSubject::Logs)
-            .await
+        self.blocking(ErrorSubject::Logs, ErrorVerb::Delete, move |inner| {
+            inner.write(|txn| {
+                let mut table = txn.open_table(LOGS_TABLE)?;
+                table.retain_in::<u64, _>(since.., |_, _| false)?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
@@ -663,9 +439,16 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
         let upto = log_id.index;
         let purged = encode_value(&log_id)
             .map_err(|e| store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-        self.inner.lock_pending().retain(|index, _| *index > upto);
-        self.write_and_wait(WriteOp::Purge { upto, purged }, ErrorSubject::Logs)
-            .await
+        self.blocking(ErrorSubject::Logs, ErrorVerb::Delete, move |inner| {
+            inner.write(|txn| {
+                let mut meta = txn.open_table(META_TABLE)?;
+                meta.insert(KEY_LAST_PURGED, purged.as_slice())?;
+                let mut logs = txn.open_table(LOGS_TABLE)?;
+                logs.retain_in::<u64, _>(..=upto, |_, _| false)?;
+                Ok(())
+            })
+        })
+        .await
     }
 }
 

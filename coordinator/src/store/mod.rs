@@ -9,8 +9,8 @@
 //! - [`log_store`]: [`RedbLogStore`], openraft's storage-v2 log store and log reader.
 //! - [`state_machine`]: [`QuotientStateMachine`], openraft's storage-v2 state machine, and the
 //!   snapshot file.
-//! - [`type_config`]: [`TypeConfig`], with [`Request`] as the entry data and
-//!   `quotient_core::Outcome` as the response.
+//! - [`type_config`]: [`TypeConfig`], with [`Request`] (a batch of commands) as the entry
+//!   data and [`Outcomes`] (one `quotient_core::Outcome` per command) as the response.
 
 pub mod codec;
 pub mod log_store;
@@ -23,7 +23,7 @@ use openraft::StorageError;
 
 pub use log_store::RedbLogStore;
 pub use state_machine::QuotientStateMachine;
-pub use type_config::{LogStore, NodeId, Request, TypeConfig};
+pub use type_config::{LogStore, NodeId, Outcomes, Request, TypeConfig};
 
 /// Opens (or creates) both halves of a coordinator's Raft storage in `data_dir`.
 ///

@@ -1,8 +1,9 @@
 //! The Raft state machine: openraft's storage-v2 [`RaftStateMachine`] around the pure
-//! `quotient_core::State`. Each Normal entry is applied with `quotient_core::apply` and
-//! `ApplyCtx { log_index, time_ms }` (the time the leader stamped on the [`Request`]); Blank and
-//! Membership entries yield [`Outcome::Done`], and a Membership entry also becomes the last
-//! membership. The state itself lives in memory; what makes it durable is the snapshot, the
+//! `quotient_core::State`. Each command of a Normal entry is applied in order with
+//! `quotient_core::apply` and `ApplyCtx { log_index, time_ms }` (the entry's index and the time
+//! the leader stamped on the [`Request`]), giving one outcome per command; Blank and
+//! Membership entries yield a single [`Outcome::Done`], and a Membership entry also becomes
+//! the last membership. The state itself lives in memory; what makes it durable is the snapshot, the
 //! serialized `State` plus its [`SnapshotMeta`], persisted to `DATA_DIR/snapshot.bin` (written to
 //! a temporary file, fsynced, renamed over the old one, directory fsynced). On restart the state
 //! is loaded from that snapshot and openraft re-applies the committed log after it.
@@ -29,7 +30,7 @@ use quotient_core::limits::SNAPSHOT_BYTES_MAX;
 use quotient_core::{ApplyCtx, Outcome, SnapshotError, State};
 
 use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
-use super::type_config::{Entry, NodeId, Request, TypeConfig};
+use super::type_config::{Entry, NodeId, Outcomes, Request, TypeConfig};
 
 /// The snapshot file name inside the data directory.
 pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
@@ -287,7 +288,7 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
         Ok((applied.last_applied, applied.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcomes>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -297,18 +298,20 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
         for entry in entries {
             let log_id = entry.log_id;
             let outcome = match entry.payload {
-                EntryPayload::Blank => Outcome::Done,
-                EntryPayload::Normal(Request { command, time_ms }) => quotient_core::apply(
-                    &mut applied.state,
-                    command,
-                    ApplyCtx {
+                EntryPayload::Blank => vec![Outcome::Done],
+                EntryPayload::Normal(Request { commands, time_ms }) => {
+                    let ctx = ApplyCtx {
                         log_index: log_id.index,
                         time_ms,
-                    },
-                ),
+                    };
+                    commands
+                        .into_iter()
+                        .map(|command| quotient_core::apply(&mut applied.state, command, ctx))
+                        .collect()
+                }
                 EntryPayload::Membership(membership) => {
                     applied.last_membership = Membership::new(Some(log_id), membership);
-                    Outcome::Done
+                    vec![Outcome::Done]
                 }
             };
             applied.last_applied = Some(log_id);

@@ -1,6 +1,6 @@
 //! The openraft type config of the real system: log entries carry a [`Request`] (a
-//! `quotient_core::Command` stamped with the leader's clock), applying one yields a
-//! `quotient_core::Outcome`, nodes are `u64` ids with a [`BasicNode`] address, and snapshots are
+//! batch of `quotient_core::Command`s stamped with the leader's clock), applying one yields
+//! their `quotient_core::Outcome`s, nodes are `u64` ids with a [`BasicNode`] address, and snapshots are
 //! the serialized `State` in memory (`Cursor<Vec<u8>>`).
 
 use std::io::Cursor;
@@ -9,23 +9,41 @@ use openraft::{BasicNode, TokioRuntime};
 use quotient_core::{Command, Outcome};
 use serde::{Deserialize, Serialize};
 
-/// What one Normal log entry holds: a command and the leader's time when it proposed it.
+/// What one Normal log entry holds: commands, applied in order, and the leader's time when
+/// it proposed them.
 ///
-/// `apply` never reads a clock; it gets `time_ms` from here through `ApplyCtx`, so every
-/// replica applies the same command at the same time.
+/// Several client commands travel in one entry when they arrive together (see
+/// `crate::proposer`): openraft 0.9 flushes the log once per entry on the leader, so one
+/// entry per command would cap the cluster at one command per fsync. `apply` never reads a
+/// clock; every command of the entry gets `time_ms` and the entry's log index through
+/// `ApplyCtx`, so every replica applies them identically.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
-    /// The command to apply.
-    pub command: Command,
-    /// Milliseconds since the Unix epoch on the leader when it proposed the command.
+    /// The commands to apply, in order.
+    pub commands: Vec<Command>,
+    /// Milliseconds since the Unix epoch on the leader when it proposed the commands.
     pub time_ms: u64,
 }
+
+impl Request {
+    /// An entry holding one command.
+    pub fn one(command: Command, time_ms: u64) -> Request {
+        Request {
+            commands: vec![command],
+            time_ms,
+        }
+    }
+}
+
+/// What applying one entry yields: one outcome per command of a Normal entry, in order; a
+/// single `Outcome::Done` for a Blank or Membership entry.
+pub type Outcomes = Vec<Outcome>;
 
 openraft::declare_raft_types!(
     /// The openraft type config of Quotient's coordinators.
     pub TypeConfig:
         D = Request,
-        R = Outcome,
+        R = Outcomes,
         NodeId = NodeId,
         Node = BasicNode,
         Entry = openraft::Entry<TypeConfig>,
