@@ -1,10 +1,9 @@
 //! The command line of `quotient-agent`, parsed with clap and checked into plain config.
 //!
 //! `quotient-agent inventory` prints the host's GPUs (NVML, or `--simulated-gpus`). Without a
-//! subcommand the flags describe the long-running agent: its node name, the coordinators and
-//! its certificate, its state dir, its runtime and its self-fencing lease. They are parsed and
-//! checked here already; the session with the coordinators that would use them is not built
-//! yet, and the binary says so rather than pretend.
+//! subcommand, or with `run`, the flags describe the long-running agent: its node name, the
+//! coordinators and its certificate, its state dir, its runtime and its self-fencing lease
+//! (before the first registration; then the leader's `agent_lease_ms` applies).
 
 use std::path::PathBuf;
 
@@ -40,6 +39,8 @@ pub struct AgentFlags {
 pub enum AgentCommand {
     /// Print this host's GPUs as the agent would report them.
     Inventory(InventoryFlags),
+    /// Run the agent (the same as giving no subcommand).
+    Run(Box<RunFlags>),
 }
 
 /// Output formats: `table` for people, `json` for machines (one document on stdout).
@@ -201,7 +202,7 @@ mod tests {
                 assert_eq!(inventory.simulated_gpus.as_deref(), Some("8xa10g"));
                 assert_eq!(inventory.output, OutputFormat::Json);
             }
-            None => panic!("inventory expected"),
+            _ => panic!("inventory expected"),
         }
     }
 

@@ -17,10 +17,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use quotient_common::JobId;
+use quotient_common::{JobId, JobSpec};
 use quotient_core::{JobEvent, JobReport};
 
-use crate::reconcile::{self, Action, Desired, Input, LocalJob, LocalPhase};
+use crate::reconcile::{
+    self, Action, Desired, DesiredAllocation, Input, Intent, LocalJob, LocalPhase,
+};
 use crate::runtime::{
     checkpoint_dir, log_path, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError,
 };
@@ -52,6 +54,9 @@ pub struct Executor<R: Runtime> {
     finished: BTreeSet<(JobId, u32)>,
     fence_epoch: Option<u64>,
     epoch_start: Instant,
+    /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
+    /// when the caller says so.
+    deferred_removals: Option<Vec<JobHandle>>,
 }
 
 impl<R: Runtime> Executor<R> {
@@ -71,6 +76,29 @@ impl<R: Runtime> Executor<R> {
             finished: BTreeSet::new(),
             fence_epoch: None,
             epoch_start: Instant::now(),
+            deferred_removals: None,
+        }
+    }
+
+    /// Keeps the runtime record (pid file, container) of a reported attempt until
+    /// [`Executor::remove_forgotten`], so that the caller can first make the report durable:
+    /// an agent that dies in between finds the attempt again and reports its exit once more,
+    /// rather than never.
+    pub fn defer_removals(mut self) -> Executor<R> {
+        self.deferred_removals = Some(Vec::new());
+        self
+    }
+
+    /// Removes the runtime records held back by [`Executor::defer_removals`].
+    pub async fn remove_forgotten(&mut self) {
+        let handles = match self.deferred_removals.as_mut() {
+            Some(handles) => std::mem::take(handles),
+            None => return,
+        };
+        for handle in handles {
+            if let Err(error) = self.runtime.remove(&handle).await {
+                tracing::warn!(job = %handle.job, attempt = handle.attempt, "cannot remove the exited attempt's record: {error}");
+            }
         }
     }
 
@@ -177,23 +205,69 @@ impl<R: Runtime> Executor<R> {
 
     /// One round: observe, reconcile against `desired`, act. Returns the reports to send.
     pub async fn step(&mut self, desired: &Desired) -> Vec<JobReport> {
+        self.step_with(Some(desired)).await
+    }
+
+    /// A round without a desired state (none received yet, or the last one was dropped):
+    /// exits are reported and due kills done, but nothing is started, adopted or stopped.
+    pub async fn step_idle(&mut self) -> Vec<JobReport> {
+        self.step_with(None).await
+    }
+
+    /// A round that stops every attempt here, as the self-fencing lease demands: the
+    /// checkpoint signal, then a kill once the grace period has passed (found attempts are
+    /// adopted first so that they get their signal too). Starts nothing.
+    pub async fn stop_all(&mut self) -> Vec<JobReport> {
+        let allocations = self
+            .jobs
+            .values()
+            .filter(|tracked| !matches!(tracked.local.phase, LocalPhase::Exited { .. }))
+            .map(|tracked| DesiredAllocation {
+                job: tracked.local.job,
+                attempt: tracked.local.attempt,
+                gpu_indices: Vec::new(),
+                // Never read for a stop: reconcile only starts `Run` allocations.
+                spec: JobSpec::new("self-fencing", 0, 0, Vec::new()),
+                intent: Intent::Stop,
+            })
+            .collect();
+        let desired = Desired {
+            epoch: self.fence_epoch.unwrap_or(0),
+            allocations,
+        };
+        self.step_with(Some(&desired)).await
+    }
+
+    async fn step_with(&mut self, desired: Option<&Desired>) -> Vec<JobReport> {
         self.observe().await;
         let local: Vec<LocalJob> = self.jobs.values().map(|t| t.local.clone()).collect();
+        // Without a desired state, reconcile sees one older than any it acted on, which it
+        // ignores: only exits and due kills are handled.
+        let stale = Desired {
+            epoch: 0,
+            allocations: Vec::new(),
+        };
+        let (desired_now, fence_epoch) = match desired {
+            Some(desired) => (desired, self.fence_epoch),
+            None => (&stale, Some(1)),
+        };
         let decision = reconcile::reconcile(Input {
-            desired,
-            fence_epoch: self.fence_epoch,
+            desired: desired_now,
+            fence_epoch,
             local: &local,
             finished: &self.finished,
             now_ms: self.now_ms(),
         });
-        if !decision.accepted {
-            tracing::warn!(
-                epoch = desired.epoch,
-                fence = ?self.fence_epoch,
-                "ignoring a desired state from an older epoch"
-            );
+        if let Some(desired) = desired {
+            if !decision.accepted {
+                tracing::warn!(
+                    epoch = desired.epoch,
+                    fence = ?self.fence_epoch,
+                    "ignoring a desired state from an older epoch"
+                );
+            }
+            self.fence_epoch = decision.fence_epoch;
         }
-        self.fence_epoch = decision.fence_epoch;
         let mut reports = Vec::new();
         for action in decision.actions {
             self.act(action, &mut reports).await;
@@ -210,7 +284,9 @@ impl<R: Runtime> Executor<R> {
         });
     }
 
-    fn remember_finished(&mut self, job: JobId, attempt: u32) {
+    /// Records that an attempt ran here and exited: it is never started again. The session
+    /// seeds this from its journal after a restart.
+    pub fn remember_finished(&mut self, job: JobId, attempt: u32) {
         self.finished.insert((job, attempt));
         while self.finished.len() > FINISHED_ATTEMPTS_MAX {
             self.finished.pop_first();
@@ -346,6 +422,10 @@ impl<R: Runtime> Executor<R> {
                 // Its exit is reported: stop tracking it even if the runtime cannot remove its
                 // record now, so that it is never reported twice in this life.
                 if let Some(tracked) = self.jobs.remove(&(job, attempt)) {
+                    if let Some(deferred) = self.deferred_removals.as_mut() {
+                        deferred.push(tracked.handle);
+                        return;
+                    }
                     if let Err(error) = self.runtime.remove(&tracked.handle).await {
                         tracing::warn!(%job, attempt, "cannot remove the exited attempt's record: {error}");
                     }

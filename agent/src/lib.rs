@@ -14,12 +14,21 @@
 //! - [`reconcile`]: the pure diff of desired allocations against local jobs.
 //! - [`executor`]: carries reconcile's actions out, tracks grace-period deadlines.
 //! - [`config`]: the command line of `quotient-agent`.
-//!
-//! Not built yet: the session with the coordinators (ALPN `quotient-agent/1`): registration,
-//! heartbeats, desired-state push, reports, and the self-fencing lease.
+//! - [`session`]: the session with the coordinators (ALPN `quotient-agent/1`): leader
+//!   finding, registration, heartbeats, the desired-state long poll, reports; and the
+//!   self-fencing timing contract.
+//! - [`lease`]: the self-fencing lease clock.
+//! - [`journal`]: unacknowledged reports, finished attempts and the last heartbeat answer,
+//!   kept across restarts in the state dir.
+//! - [`run`]: the long-running agent, `run(config, shutdown)`: the executor loop and the
+//!   session.
 
 pub mod config;
 pub mod executor;
 pub mod gpu;
+pub mod journal;
+pub mod lease;
 pub mod reconcile;
+pub mod run;
 pub mod runtime;
+pub mod session;

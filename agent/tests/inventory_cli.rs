@@ -1,5 +1,6 @@
 //! The `quotient-agent` binary as a person or a script runs it: the inventory print (simulated
-//! and, on this driverless machine, NVML's clear error) and the not-yet-built agent session.
+//! and, on this driverless machine, NVML's clear error) and the long-running agent's checks of
+//! its flags and certificate files.
 
 use std::process::{Command, Output};
 
@@ -86,9 +87,9 @@ fn a_bad_simulated_spec_is_refused() {
     assert!(stderr.contains("COUNTxCLASS"), "{stderr}");
 }
 
-/// The long-running agent checks its flags, then says plainly that its session is not built.
+/// The long-running agent checks its flags and refuses missing certificate files by name.
 #[test]
-fn running_the_agent_says_the_session_is_not_built_yet() {
+fn running_the_agent_checks_its_flags_and_certificate_files() {
     let output = agent(&[
         "--name",
         "node-1",
@@ -103,7 +104,10 @@ fn running_the_agent_says_the_session_is_not_built_yet() {
     ]);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("not built yet"), "{stderr}");
+    assert!(
+        stderr.contains("cannot read the cluster CA certificate ca.pem"),
+        "{stderr}"
+    );
 
     let output = agent(&["--name", "node-1"]);
     let stderr = String::from_utf8_lossy(&output.stderr);

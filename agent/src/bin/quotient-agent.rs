@@ -1,13 +1,15 @@
 //! `quotient-agent`: parses flags, sets up logging and runs one command. Everything else lives
 //! in the library.
 //!
-//! `quotient-agent inventory [--simulated-gpus SPEC] [-o json]` prints the host's GPUs. The
-//! long-running agent (no subcommand) needs the session with the coordinators, which is not
-//! built yet: it checks its flags and then says so.
+//! `quotient-agent inventory [--simulated-gpus SPEC] [-o json]` prints the host's GPUs. Without
+//! a subcommand (or with `run`) it is the long-running agent: `quotient_agent::run::run` until
+//! SIGTERM or SIGINT, which stop the agent and leave its jobs running.
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use quotient_agent::config::{node_name, AgentCommand, AgentFlags, InventoryFlags, OutputFormat};
+use quotient_agent::config::{
+    node_name, AgentCommand, AgentFlags, InventoryFlags, OutputFormat, RunFlags,
+};
 use quotient_agent::gpu::nvml::NvmlBackend;
 use quotient_agent::gpu::simulated::SimulatedBackend;
 use quotient_agent::gpu::{DeviceStatus, GpuBackend};
@@ -15,11 +17,15 @@ use tracing_subscriber::EnvFilter;
 
 fn main() {
     let flags = AgentFlags::parse();
-    let json_logs = flags.run.log_json;
+    let json_logs = match &flags.command {
+        Some(AgentCommand::Run(run_flags)) => run_flags.log_json,
+        _ => flags.run.log_json,
+    };
     init_tracing(json_logs);
     let result = match flags.command {
         Some(AgentCommand::Inventory(inventory)) => print_inventory(inventory),
-        None => run(flags),
+        Some(AgentCommand::Run(run_flags)) => run(*run_flags),
+        None => run(flags.run),
     };
     if let Err(error) = result {
         eprintln!("quotient-agent: {error:#}");
@@ -39,13 +45,31 @@ fn init_tracing(json: bool) {
     }
 }
 
-fn run(flags: AgentFlags) -> Result<()> {
-    let config = flags.run.into_config().context("invalid agent flags")?;
-    anyhow::bail!(
-        "the agent's session with the coordinators (ALPN quotient-agent/1) is not built yet, so \
-         node {} cannot join the cluster; `quotient-agent inventory` works today",
-        config.name
-    )
+fn run(flags: RunFlags) -> Result<()> {
+    let config = flags.into_config().context("invalid agent flags")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = shutdown_signal().context("cannot listen for SIGTERM and SIGINT")?;
+        quotient_agent::run::run(config, shutdown)
+            .await
+            .context("the agent stopped")
+    })
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        }
+    })
 }
 
 fn print_inventory(flags: InventoryFlags) -> Result<()> {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_leader;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::Path;

@@ -1,0 +1,324 @@
+//! The long-running agent: [`run`] checks the certificate, builds the GPU backend, the runtime
+//! and the executor, re-finds this agent's jobs, and runs two tasks until shutdown.
+//!
+//! - The **executor loop** owns the [`Executor`]. It steps at once on every new desired state
+//!   and every [`CORE_TICK_MS`] otherwise (to see exits and carry out kills whose grace period
+//!   ran out); it checks the self-fencing lease before each step and, once the lease has run
+//!   out, stops every job (checkpoint signal, grace period, kill) and drops the desired state
+//!   until a leader answers again. Its reports go to the [`Journal`] before the runtime forgets
+//!   an attempt, so an exit is reported at least once across a crash.
+//! - The **session** ([`crate::session`]) talks to the leader and never touches a job.
+//!
+//! Shutdown (SIGTERM, SIGINT) ends both and leaves every job running: an agent restart must
+//! not kill jobs. The restarted agent re-finds them (pid files, Docker labels), reports them in
+//! `Register`, and keeps or kills each as the first desired state says.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use quotient_common::agent_api::{ActualAttempt, ActualPhase};
+use quotient_common::certs::Role;
+use quotient_common::tls::{TlsError, TlsFiles, TlsIdentity};
+use quotient_common::transport::Client;
+use tokio::sync::{watch, Notify};
+
+use crate::config::{AgentConfig, RuntimeKind, LEASE_MIN_MS};
+use crate::executor::Executor;
+use crate::gpu::nvml::NvmlBackend;
+use crate::gpu::simulated::SimulatedBackend;
+use crate::gpu::{GpuBackend, GpuError};
+use crate::journal::{Journal, JournalError};
+use crate::lease::LeaseClock;
+use crate::reconcile::{Desired, LocalPhase};
+use crate::runtime::docker::DockerRuntime;
+use crate::runtime::process::ProcessRuntime;
+use crate::runtime::{Runtime, RuntimeError};
+use crate::session::{Session, Shared};
+
+/// How often the executor loop steps without news: the delay in seeing an exit, in killing
+/// after a grace period, and in noticing that the lease ran out.
+pub const CORE_TICK_MS: u64 = 100;
+
+/// Why the agent could not start. Every message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("the certificate {} names {found}, but an agent needs role agent: issue one with `quotient certs issue --role agent --name {name}`", cert.display())]
+    NotAnAgent {
+        cert: PathBuf,
+        found: String,
+        name: String,
+    },
+    #[error("the certificate {} names node {found:?}, but this agent runs as --name {name:?}: use that node's certificate, or issue one with `quotient certs issue --role agent --name {name}`", cert.display())]
+    WrongNode {
+        cert: PathBuf,
+        found: String,
+        name: String,
+    },
+    #[error("cannot create the state dir {}: {source}", path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// Loads the agent's certificate and checks that it names an agent called `name`.
+pub fn load_identity(config: &AgentConfig) -> Result<TlsIdentity, RunError> {
+    let tls = TlsIdentity::load(&TlsFiles {
+        ca: config.ca.clone(),
+        cert: config.cert.clone(),
+        key: config.key.clone(),
+    })?;
+    let identity = tls.identity();
+    if identity.role != Role::Agent {
+        return Err(RunError::NotAnAgent {
+            cert: config.cert.clone(),
+            found: identity.to_string(),
+            name: config.name.clone(),
+        });
+    }
+    if identity.name != config.name {
+        return Err(RunError::WrongNode {
+            cert: config.cert.clone(),
+            found: identity.name.clone(),
+            name: config.name.clone(),
+        });
+    }
+    Ok(tls)
+}
+
+/// Runs the agent until `shutdown` completes; jobs are left running then.
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let tls = load_identity(&config)?;
+    std::fs::create_dir_all(&config.state_dir).map_err(|source| RunError::StateDir {
+        path: config.state_dir.clone(),
+        source,
+    })?;
+    let backend: Arc<dyn GpuBackend> = match &config.simulated_gpus {
+        Some(spec) => Arc::new(SimulatedBackend::new(
+            &config.name,
+            spec,
+            Some(&config.state_dir),
+        )?),
+        None => Arc::new(NvmlBackend::new()?),
+    };
+    let inventory = backend.inventory()?;
+    tracing::info!(node = %config.name, gpus = inventory.len(), simulated = backend.is_simulated(), runtime = ?config.runtime, "agent starting");
+    let gpu_uuids: BTreeMap<u32, String> = inventory
+        .iter()
+        .map(|gpu| (gpu.index, gpu.uuid.clone()))
+        .collect();
+    match config.runtime {
+        RuntimeKind::Process => {
+            let runtime = ProcessRuntime::new(&config.state_dir);
+            drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
+        }
+        RuntimeKind::Docker => {
+            let runtime = DockerRuntime::connect(&config.name, !backend.is_simulated()).await?;
+            drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
+        }
+    }
+}
+
+async fn drive<R: Runtime + 'static>(
+    config: AgentConfig,
+    tls: TlsIdentity,
+    backend: Arc<dyn GpuBackend>,
+    gpu_uuids: BTreeMap<u32, String>,
+    runtime: R,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let journal = Journal::open(&config.state_dir)?;
+    let mut executor =
+        Executor::new(runtime, &config.name, &config.state_dir, gpu_uuids).defer_removals();
+    for (job, attempt) in journal.finished() {
+        executor.remember_finished(job, attempt);
+    }
+    let found = executor.recover().await?;
+    if found > 0 {
+        tracing::info!(
+            found,
+            "re-found attempts of this agent; waiting for the leader"
+        );
+    }
+    let lease = initial_lease(&journal, config.lease_ms);
+    let (actual_tx, actual_rx) = watch::channel(actual_of(&executor));
+    let (desired_tx, desired_rx) = watch::channel(None);
+    let shared = Arc::new(Shared {
+        node: config.name.clone(),
+        lease: Mutex::new(lease),
+        journal: Mutex::new(journal),
+        reports_ready: Notify::new(),
+        actual: actual_rx,
+        desired: desired_tx,
+        desired_wanted: AtomicBool::new(false),
+        backend,
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let session = Session::new(
+        shared.clone(),
+        Client::new(tls),
+        config.coordinators.clone(),
+        LEASE_MIN_MS,
+    );
+    let session_task = tokio::spawn(session.run(stop_rx.clone()));
+    let core_task = tokio::spawn(executor_loop(
+        executor,
+        shared.clone(),
+        desired_rx,
+        actual_tx,
+        stop_rx,
+    ));
+    shutdown.await;
+    tracing::info!("shutting down; jobs keep running");
+    let _ = stop_tx.send(true);
+    if let Err(error) = session_task.await {
+        tracing::error!("the session task failed: {error}");
+    }
+    if let Err(error) = core_task.await {
+        tracing::error!("the executor task failed: {error}");
+    }
+    Ok(())
+}
+
+/// The lease clock at start: counted from the last acknowledgement in the journal (so a
+/// restart does not extend the lease), or from now on a first start.
+fn initial_lease(journal: &Journal, lease_ms: u64) -> LeaseClock {
+    let now = Instant::now();
+    let basis = journal
+        .last_ack_unix_ms()
+        .and_then(|last_ack| {
+            let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
+            let since = now_unix.saturating_sub(Duration::from_millis(last_ack));
+            // Never further back than the lease itself: expired is expired.
+            now.checked_sub(since.min(Duration::from_millis(lease_ms + 1)))
+        })
+        .unwrap_or(now);
+    LeaseClock::new(basis, lease_ms)
+}
+
+/// The attempts running here, as the protocol reports them.
+pub fn actual_of<R: Runtime>(executor: &Executor<R>) -> Vec<ActualAttempt> {
+    executor
+        .jobs()
+        .filter_map(|tracked| {
+            let phase = match tracked.local.phase {
+                LocalPhase::Exited { .. } => return None,
+                _ if tracked.local.signalled_at_ms.is_some() => ActualPhase::Stopping,
+                LocalPhase::Found | LocalPhase::Running => ActualPhase::Running,
+            };
+            Some(ActualAttempt {
+                job: tracked.local.job,
+                attempt: tracked.local.attempt,
+                phase,
+            })
+        })
+        .collect()
+}
+
+async fn executor_loop<R: Runtime>(
+    mut executor: Executor<R>,
+    shared: Arc<Shared>,
+    mut desired_rx: watch::Receiver<Option<Desired>>,
+    actual_tx: watch::Sender<Vec<ActualAttempt>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(CORE_TICK_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut desired: Option<Desired> = None;
+    let mut fenced = false;
+    let mut desired_open = true;
+    loop {
+        let mut changed = false;
+        tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => break,
+            result = desired_rx.changed(), if desired_open => match result {
+                Ok(()) => changed = true,
+                Err(_) => desired_open = false,
+            },
+            _ = tick.tick() => {}
+        }
+        let (expired, since_ack, lease_ms) = {
+            let lease = shared.lease();
+            let now = Instant::now();
+            (lease.expired(now), lease.since_ack(now), lease.lease_ms())
+        };
+        if expired && !fenced {
+            tracing::warn!(
+                since_ack_ms = since_ack.as_millis() as u64,
+                lease_ms,
+                "no leader has answered for the whole lease: self-fencing, stopping every job"
+            );
+            fenced = true;
+            desired = None;
+        } else if !expired && fenced {
+            tracing::info!("a leader answered again; waiting for its desired state");
+            fenced = false;
+            shared
+                .desired_wanted
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        if changed {
+            let latest = desired_rx.borrow_and_update().clone();
+            if !fenced {
+                desired = latest;
+            }
+        }
+        let reports = if fenced {
+            executor.stop_all().await
+        } else if let Some(desired) = &desired {
+            executor.step(desired).await
+        } else {
+            executor.step_idle().await
+        };
+        shared.record_reports(reports);
+        executor.remove_forgotten().await;
+        let actual = actual_of(&executor);
+        actual_tx.send_if_modified(|current| {
+            if *current == actual {
+                false
+            } else {
+                *current = actual;
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restarted agent counts its lease from the last answer in its journal, so a long
+    /// downtime leaves it expired at once; a first start counts from now.
+    #[test]
+    fn the_lease_survives_a_restart_through_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        assert!(!initial_lease(&journal, 1_000).expired(Instant::now()));
+
+        let now_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        journal.record_ack(now_unix_ms - 60_000).unwrap();
+        assert!(initial_lease(&journal, 1_000).expired(Instant::now()));
+
+        journal.record_ack(now_unix_ms).unwrap();
+        let lease = initial_lease(&journal, 1_000);
+        assert!(!lease.expired(Instant::now()));
+        assert!(lease.expired(Instant::now() + Duration::from_millis(1_100)));
+    }
+}

@@ -1,0 +1,736 @@
+//! The session with the coordinators (ALPN `quotient-agent/1`, common/src/agent_api.rs): find
+//! the leader, register, heartbeat, long-poll the desired state, deliver reports.
+//!
+//! # Lifecycle
+//! The session tries each coordinator address in turn (a `NotLeader` answer that names the
+//! leader is followed first; with no leader it backs off, [`BACKOFF_MIN_MS`] doubling to
+//! [`BACKOFF_MAX_MS`]). `Register` is the first request on every connection and carries the
+//! inventory and the attempts running here (found after a restart, too). Once registered three
+//! loops share the connection, one request per QUIC stream, each with a deadline:
+//! - heartbeats every `heartbeat_ms` with device health and actual attempts; each answer renews
+//!   the self-fencing lease ([`crate::lease`]);
+//! - `WatchDesired`: each new [`DesiredState`] is checked (node name, size, GPU indices this
+//!   node has) and handed to the executor loop at once; bad ones are refused and logged;
+//! - `Report`: job events from the [`Journal`], retried until a leader acknowledges them.
+//!
+//! A `NotLeader` answer, a lost connection or [`HEARTBEAT_FAILURES_MAX`] unanswered heartbeats
+//! in a row end the connection, and the session finds the leader again. None of this touches
+//! a running job: only the executor loop does, from the desired state and the lease.
+//!
+//! # Self-fencing timing contract
+//! The agent stops all its jobs (checkpoint signal, grace period, kill) once no heartbeat has
+//! been acknowledged by a leader for `agent_lease_ms` (from `Registered`; `--lease-ms` before
+//! the first registration), counted from the *send* time of the last acknowledged heartbeat,
+//! which is never later than when the leader received it. A restarted agent counts from the
+//! last acknowledgement recorded in its journal, not from its own start. So a job of a node
+//! cut off from the leaders has exited by
+//! `last heartbeat received + agent_lease_ms + the job's grace period` (plus the executor's
+//! tick, [`crate::run::CORE_TICK_MS`]). The coordinators must requeue a lost node's jobs only
+//! after `agent_lease_ms + grace period + a margin` since the last heartbeat they received
+//! (the margin covers clock-rate drift and the tick), so a requeued job never runs twice at
+//! once. Exits caused by fencing are reported, as `ExitedAfterSignal`, once a leader answers
+//! again.
+//!
+//! A desired state whose fence is the default (term 0) is "none yet" and is not acted on: a
+//! real leader's term is at least 1, and acting on an empty state would kill re-found jobs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use quotient_common::agent_api::{
+    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireAllocation,
+    WireIntent, WireJobEvent, WireJobReport, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX,
+    WATCH_TIMEOUT_MS,
+};
+use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_AGENT};
+use quotient_common::{GpuDevice, NodeInventory};
+use quotient_core::{JobEvent, JobReport};
+use tokio::sync::{watch, Notify};
+
+use crate::gpu::{to_gpu_devices, GpuBackend};
+use crate::journal::Journal;
+use crate::lease::LeaseClock;
+use crate::reconcile::{Desired, DesiredAllocation, Intent};
+
+/// Deadline of a connect, handshake included.
+pub const CONNECT_DEADLINE_MS: u64 = 3_000;
+/// Deadline of a `Register`.
+pub const REGISTER_DEADLINE_MS: u64 = 5_000;
+/// Deadline of a heartbeat (at most half the lease, see [`heartbeat_deadline`]).
+pub const HEARTBEAT_DEADLINE_MS: u64 = 2_000;
+/// Deadline of a `Report` (answered once committed).
+pub const REPORT_DEADLINE_MS: u64 = 5_000;
+/// How much longer than the leader's hold a `WatchDesired` may take.
+pub const WATCH_DEADLINE_MARGIN_MS: u64 = 2_000;
+/// The pause before polling again when the leader answered with nothing new at once.
+pub const WATCH_REPOLL_MS: u64 = 200;
+/// Unanswered heartbeats in a row after which the connection is dropped and the leader found
+/// again.
+pub const HEARTBEAT_FAILURES_MAX: u32 = 3;
+/// The shortest heartbeat interval taken from a leader.
+pub const HEARTBEAT_MIN_MS: u64 = 50;
+/// Heartbeats per lease at least: a leader's `heartbeat_ms` is capped at lease / this.
+pub const HEARTBEATS_PER_LEASE_MIN: u64 = 3;
+/// Backoff between rounds over all coordinators, and between retries of a failed report.
+pub const BACKOFF_MIN_MS: u64 = 100;
+pub const BACKOFF_MAX_MS: u64 = 2_000;
+/// `NotLeader` redirects followed in one round.
+pub const REDIRECTS_MAX: usize = 8;
+/// The longest leader address taken from a `NotLeader` answer.
+pub const LEADER_ADDRESS_BYTES_MAX: usize = 256;
+/// The journal records a heartbeat acknowledgement at most this often.
+pub const ACK_RECORD_INTERVAL_MS: u64 = 1_000;
+/// The longest the report loop sleeps before looking at the journal again.
+pub const REPORT_RECHECK_MS: u64 = 1_000;
+
+/// What the session shares with the executor loop ([`crate::run`]).
+pub struct Shared {
+    pub node: String,
+    pub lease: Mutex<LeaseClock>,
+    pub journal: Mutex<Journal>,
+    /// Wakes the report loop when the journal has new reports.
+    pub reports_ready: Notify,
+    /// The attempts running here, as the executor loop last saw them.
+    pub actual: watch::Receiver<Vec<ActualAttempt>>,
+    /// Checked desired states for the executor loop.
+    pub desired: watch::Sender<Option<Desired>>,
+    /// Set by the executor loop when it dropped its desired state (self-fencing) and a leader
+    /// answers again: the next poll asks for the leader's state at once, even if not newer.
+    pub desired_wanted: AtomicBool,
+    pub backend: Arc<dyn GpuBackend>,
+}
+
+impl Shared {
+    pub fn lease(&self) -> MutexGuard<'_, LeaseClock> {
+        self.lease
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.journal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds the executor's reports to the journal and wakes the report loop.
+    pub fn record_reports(&self, reports: Vec<JobReport>) {
+        if reports.is_empty() {
+            return;
+        }
+        let wire: Vec<WireJobReport> = reports.into_iter().map(wire_report).collect();
+        if let Err(error) = self.journal().push(wire) {
+            // Kept in memory and retried on the next write; a restart before then loses them.
+            tracing::error!("cannot write the journal: {error}");
+        }
+        self.reports_ready.notify_one();
+    }
+}
+
+/// A job event as the protocol carries it.
+pub fn wire_report(report: JobReport) -> WireJobReport {
+    let event = match report.event {
+        JobEvent::Started => WireJobEvent::Started,
+        JobEvent::Running => WireJobEvent::Running,
+        JobEvent::Exited { code } => WireJobEvent::Exited { code },
+        JobEvent::ExitedAfterSignal { code } => WireJobEvent::ExitedAfterSignal { code },
+    };
+    WireJobReport {
+        job: report.job,
+        attempt: report.attempt,
+        event,
+    }
+}
+
+/// Why a connection to a leader ended.
+#[derive(Debug)]
+enum Ended {
+    /// Not (or no longer) the leader; maybe with the leader's address.
+    NotLeader(Option<String>),
+    /// The leader forgot this node: register again.
+    NotRegistered,
+    /// The connection is gone or unanswered.
+    Lost(String),
+}
+
+/// How often and how long: what `Registered` said, clamped to sane values.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    heartbeat_ms: u64,
+    lease_ms: u64,
+}
+
+/// The deadline of one heartbeat under a lease of `lease_ms`.
+pub fn heartbeat_deadline(lease_ms: u64) -> Duration {
+    Duration::from_millis(
+        HEARTBEAT_DEADLINE_MS
+            .min(lease_ms / 2)
+            .max(HEARTBEAT_MIN_MS),
+    )
+}
+
+/// The agent's session with whichever coordinator leads.
+pub struct Session {
+    shared: Arc<Shared>,
+    client: Client,
+    coordinators: Vec<String>,
+    /// Minimum lease accepted from a leader.
+    lease_min_ms: u64,
+    /// The newest fence handed to the executor loop.
+    last_fence: Mutex<Fence>,
+    /// The last inventory read, for checking desired states.
+    gpus: Mutex<Vec<GpuDevice>>,
+    last_ack_recorded: Mutex<Option<Instant>>,
+}
+
+impl Session {
+    pub fn new(
+        shared: Arc<Shared>,
+        client: Client,
+        coordinators: Vec<String>,
+        lease_min_ms: u64,
+    ) -> Session {
+        Session {
+            shared,
+            client,
+            coordinators,
+            lease_min_ms,
+            last_fence: Mutex::new(Fence::default()),
+            gpus: Mutex::new(Vec::new()),
+            last_ack_recorded: Mutex::new(None),
+        }
+    }
+
+    /// Runs until `shutdown` turns true; never touches a job.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut preferred: Option<String> = None;
+        let mut backoff_ms = BACKOFF_MIN_MS;
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let found = tokio::select! {
+                found = self.find_leader(preferred.take()) => found,
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            };
+            let Some((connection, address, timing)) = found else {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+                backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
+                continue;
+            };
+            let connected_at = Instant::now();
+            let ended = tokio::select! {
+                ended = self.heartbeat_loop(&connection, timing) => ended,
+                ended = self.watch_loop(&connection) => ended,
+                ended = self.report_loop(&connection) => ended,
+                _ = shutdown.wait_for(|stop| *stop) => {
+                    connection.close();
+                    break;
+                }
+            };
+            connection.close();
+            // A connection that ends soon after it was made backs off like a failed round, so
+            // a flapping leader is not hammered; one that lasted starts the backoff afresh.
+            if connected_at.elapsed() >= Duration::from_millis(BACKOFF_MAX_MS) {
+                backoff_ms = BACKOFF_MIN_MS;
+            }
+            let follow = matches!(&ended, Ended::NotLeader(Some(_)));
+            match ended {
+                Ended::NotLeader(hint) => {
+                    tracing::info!(coordinator = %address, leader = ?hint, "no longer the leader; finding the new one");
+                    preferred = hint;
+                }
+                Ended::NotRegistered => {
+                    tracing::info!(coordinator = %address, "the leader asks this node to register again");
+                    preferred = Some(address);
+                }
+                Ended::Lost(why) => {
+                    tracing::warn!(coordinator = %address, "lost the leader: {why}");
+                }
+            }
+            if !follow {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                }
+                backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
+            }
+        }
+        self.client.close();
+        tracing::info!("session with the coordinators closed; jobs left running");
+    }
+
+    /// One round over the coordinators (the preferred one first, redirects followed): the
+    /// first that registers this node, or `None`.
+    async fn find_leader(
+        &self,
+        preferred: Option<String>,
+    ) -> Option<(PeerConnection, String, Timing)> {
+        let mut candidates: Vec<String> = preferred.into_iter().collect();
+        candidates.extend(self.coordinators.iter().cloned());
+        let mut tried: BTreeSet<String> = BTreeSet::new();
+        let mut redirects = 0;
+        let mut index = 0;
+        while index < candidates.len() {
+            let address = candidates[index].clone();
+            index += 1;
+            if !tried.insert(address.clone()) {
+                continue;
+            }
+            let connection = match tokio::time::timeout(
+                Duration::from_millis(CONNECT_DEADLINE_MS),
+                self.client.connect_to(&address, ALPN_AGENT),
+            )
+            .await
+            {
+                Ok(Ok(connection)) => connection,
+                Ok(Err(error)) => {
+                    tracing::debug!(coordinator = %address, "cannot connect: {error}");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::debug!(coordinator = %address, "connect timed out");
+                    continue;
+                }
+            };
+            match self.register(&connection).await {
+                Ok(timing) => {
+                    tracing::info!(coordinator = %address, heartbeat_ms = timing.heartbeat_ms, lease_ms = timing.lease_ms, "registered with the leader");
+                    return Some((connection, address, timing));
+                }
+                Err(Ended::NotLeader(Some(leader))) => {
+                    connection.close();
+                    if redirects < REDIRECTS_MAX && !tried.contains(&leader) {
+                        redirects += 1;
+                        tracing::info!(coordinator = %address, %leader, "not the leader; following");
+                        candidates.insert(index, leader);
+                    }
+                }
+                Err(ended) => {
+                    connection.close();
+                    tracing::debug!(coordinator = %address, "cannot register: {ended:?}");
+                }
+            }
+        }
+        tracing::warn!(
+            coordinators = ?self.coordinators,
+            "no leader answered; retrying"
+        );
+        None
+    }
+
+    async fn register(&self, connection: &PeerConnection) -> Result<Timing, Ended> {
+        let gpus = self.read_gpus().await;
+        let inventory = NodeInventory {
+            name: self.shared.node.clone(),
+            gpus,
+        };
+        let actual = self.shared.actual.borrow().clone();
+        let sent_at = Instant::now();
+        let request = AgentRequest::Register { inventory, actual };
+        let response = connection
+            .request::<_, AgentResponse>(&request, Duration::from_millis(REGISTER_DEADLINE_MS))
+            .await
+            .map_err(|error| Ended::Lost(error.to_string()))?;
+        match response {
+            AgentResponse::Registered {
+                node_epoch,
+                agent_lease_ms,
+                heartbeat_ms,
+            } => {
+                let lease_ms = agent_lease_ms.max(self.lease_min_ms);
+                let heartbeat_ms = heartbeat_ms
+                    .min(lease_ms / HEARTBEATS_PER_LEASE_MIN)
+                    .max(HEARTBEAT_MIN_MS);
+                {
+                    let mut lease = self.shared.lease();
+                    lease.set_lease_ms(lease_ms);
+                    lease.renew(sent_at);
+                }
+                self.record_ack(sent_at);
+                tracing::debug!(node_epoch, "registration acknowledged");
+                Ok(Timing {
+                    heartbeat_ms,
+                    lease_ms,
+                })
+            }
+            AgentResponse::Error(error) => Err(ended_by(error)),
+            other => Err(Ended::Lost(format!(
+                "unexpected answer to Register: {}",
+                describe(&other)
+            ))),
+        }
+    }
+
+    /// The inventory now (NVML calls block, so off the async threads); the last one read if
+    /// the backend fails.
+    async fn read_gpus(&self) -> Vec<GpuDevice> {
+        let backend = self.shared.backend.clone();
+        let read = tokio::task::spawn_blocking(move || backend.inventory()).await;
+        let mut gpus = self.gpus.lock().unwrap_or_else(|p| p.into_inner());
+        match read {
+            Ok(Ok(statuses)) => *gpus = to_gpu_devices(&statuses),
+            Ok(Err(error)) => tracing::warn!("cannot read the GPUs: {error}"),
+            Err(error) => tracing::warn!("the GPU read failed: {error}"),
+        }
+        gpus.clone()
+    }
+
+    fn record_ack(&self, sent_at: Instant) {
+        let mut last = self
+            .last_ack_recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < Duration::from_millis(ACK_RECORD_INTERVAL_MS)) {
+            return;
+        }
+        let unix_ms = SystemTime::now()
+            .checked_sub(sent_at.elapsed())
+            .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+            .map(|since| since.as_millis() as u64);
+        if let Some(unix_ms) = unix_ms {
+            match self.shared.journal().record_ack(unix_ms) {
+                Ok(()) => *last = Some(Instant::now()),
+                Err(error) => tracing::warn!("cannot record the heartbeat answer: {error}"),
+            }
+        }
+    }
+
+    async fn heartbeat_loop(&self, connection: &PeerConnection, timing: Timing) -> Ended {
+        let mut interval = tokio::time::interval(Duration::from_millis(timing.heartbeat_ms));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let deadline = heartbeat_deadline(timing.lease_ms);
+        let mut failures = 0;
+        loop {
+            interval.tick().await;
+            let gpus = self.read_gpus().await;
+            let actual = self.shared.actual.borrow().clone();
+            let request = AgentRequest::Heartbeat {
+                node: self.shared.node.clone(),
+                gpus,
+                actual,
+            };
+            let sent_at = Instant::now();
+            match connection
+                .request::<_, AgentResponse>(&request, deadline)
+                .await
+            {
+                Ok(AgentResponse::HeartbeatAck) => {
+                    failures = 0;
+                    self.shared.lease().renew(sent_at);
+                    self.record_ack(sent_at);
+                    continue;
+                }
+                Ok(AgentResponse::Error(error)) => match ended_by(error) {
+                    ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
+                    Ended::Lost(why) => tracing::warn!("heartbeat refused: {why}"),
+                },
+                Ok(other) => {
+                    tracing::warn!("unexpected answer to a heartbeat: {}", describe(&other))
+                }
+                Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
+                Err(error) => tracing::warn!("heartbeat failed: {error}"),
+            }
+            failures += 1;
+            if failures >= HEARTBEAT_FAILURES_MAX {
+                return Ended::Lost(format!("{failures} heartbeats in a row unanswered"));
+            }
+        }
+    }
+
+    async fn watch_loop(&self, connection: &PeerConnection) -> Ended {
+        // The first poll on a connection asks for whatever the leader has, at once.
+        let mut after = Fence::default();
+        let deadline = Duration::from_millis(WATCH_TIMEOUT_MS + WATCH_DEADLINE_MARGIN_MS);
+        let mut backoff_ms = BACKOFF_MIN_MS;
+        loop {
+            if self.shared.desired_wanted.swap(false, Ordering::SeqCst) {
+                after = Fence::default();
+            }
+            let request = AgentRequest::WatchDesired {
+                node: self.shared.node.clone(),
+                after_fence: after,
+            };
+            match connection
+                .request::<_, AgentResponse>(&request, deadline)
+                .await
+            {
+                Ok(AgentResponse::Desired(state)) => {
+                    backoff_ms = BACKOFF_MIN_MS;
+                    let newer = state.fence > after;
+                    let first = after == Fence::default();
+                    after = after.max(state.fence);
+                    if newer || first {
+                        self.accept_desired(state).await;
+                    }
+                    if !newer {
+                        tokio::time::sleep(Duration::from_millis(WATCH_REPOLL_MS)).await;
+                    }
+                    continue;
+                }
+                Ok(AgentResponse::Error(error)) => match ended_by(error) {
+                    ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
+                    Ended::Lost(why) => tracing::warn!("desired-state poll refused: {why}"),
+                },
+                Ok(other) => tracing::warn!(
+                    "unexpected answer to a desired-state poll: {}",
+                    describe(&other)
+                ),
+                Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
+                Err(RequestError::Timeout { .. }) => {
+                    tracing::debug!("desired-state poll unanswered; polling again");
+                    continue;
+                }
+                Err(error) => tracing::warn!("refused a bad desired-state answer: {error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+            backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
+        }
+    }
+
+    /// Checks a desired state and hands it to the executor loop; refuses (and logs) a whole
+    /// state for another node, an older or empty fence, or too many allocations, and each
+    /// allocation that is malformed for this node. A refused allocation is absent from the
+    /// state the executor sees: nothing of it is started, and an attempt of it already running
+    /// here is stopped, the safe direction when the leader's view of this node is wrong.
+    async fn accept_desired(&self, state: DesiredState) {
+        if state.node != self.shared.node {
+            tracing::error!(node = %state.node, "refused a desired state for another node");
+            return;
+        }
+        if state.fence == Fence::default() {
+            tracing::debug!("the leader has no desired state for this node yet");
+            return;
+        }
+        if state.allocations.len() > DESIRED_ALLOCATIONS_MAX {
+            tracing::error!(
+                allocations = state.allocations.len(),
+                "refused a desired state with more than {DESIRED_ALLOCATIONS_MAX} allocations"
+            );
+            return;
+        }
+        {
+            let mut last = self.last_fence.lock().unwrap_or_else(|p| p.into_inner());
+            if state.fence < *last {
+                tracing::warn!(fence = ?state.fence, last = ?*last, "ignored a desired state older than the last one");
+                return;
+            }
+            *last = state.fence;
+        }
+        let gpus = {
+            let gpus = self.gpus.lock().unwrap_or_else(|p| p.into_inner());
+            gpus.iter()
+                .map(|gpu| (gpu.index, gpu.uuid.clone()))
+                .collect::<BTreeMap<u32, String>>()
+        };
+        let gpus = if gpus.is_empty() {
+            self.read_gpus()
+                .await
+                .into_iter()
+                .map(|gpu| (gpu.index, gpu.uuid))
+                .collect()
+        } else {
+            gpus
+        };
+        let actual: BTreeSet<(quotient_common::JobId, u32)> = self
+            .shared
+            .actual
+            .borrow()
+            .iter()
+            .map(|attempt| (attempt.job, attempt.attempt))
+            .collect();
+        let mut allocations = Vec::new();
+        for allocation in state.allocations {
+            if let Err(problem) = check_allocation(&allocation, &gpus) {
+                tracing::error!(job = %allocation.job, attempt = allocation.attempt, fence = ?state.fence,
+                    "refused an allocation: {problem}; nothing started");
+                continue;
+            }
+            if allocation.intent == WireIntent::Stop
+                && !actual.contains(&(allocation.job, allocation.attempt))
+            {
+                tracing::warn!(job = %allocation.job, attempt = allocation.attempt,
+                    "asked to stop an attempt that is not running here; reporting it stopped");
+            }
+            allocations.push(desired_allocation(allocation));
+        }
+        tracing::info!(fence = ?state.fence, allocations = allocations.len(), "new desired state");
+        self.shared.desired.send_replace(Some(Desired {
+            epoch: state.fence.as_u64(),
+            allocations,
+        }));
+    }
+
+    async fn report_loop(&self, connection: &PeerConnection) -> Ended {
+        let mut backoff_ms = BACKOFF_MIN_MS;
+        loop {
+            let batch = self.shared.journal().pending(REPORTS_PER_REQUEST_MAX);
+            if batch.is_empty() {
+                tokio::select! {
+                    _ = self.shared.reports_ready.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(REPORT_RECHECK_MS)) => {}
+                }
+                continue;
+            }
+            let sequences: Vec<u64> = batch.iter().map(|pending| pending.sequence).collect();
+            let request = AgentRequest::Report {
+                node: self.shared.node.clone(),
+                reports: batch.into_iter().map(|pending| pending.report).collect(),
+            };
+            let failure = match connection
+                .request::<_, AgentResponse>(&request, Duration::from_millis(REPORT_DEADLINE_MS))
+                .await
+            {
+                Ok(AgentResponse::Reported { rejected }) => {
+                    for (job, attempt, why) in rejected.iter().take(REPORTS_PER_REQUEST_MAX) {
+                        tracing::info!(%job, attempt, "the leader rejected a report: {why}");
+                    }
+                    if let Err(error) = self.shared.journal().acknowledge(&sequences) {
+                        tracing::error!("cannot write the journal: {error}");
+                    }
+                    tracing::debug!(reports = sequences.len(), "reports acknowledged");
+                    backoff_ms = BACKOFF_MIN_MS;
+                    continue;
+                }
+                Ok(AgentResponse::Error(AgentError::BadRequest(why))) => {
+                    // A refusal for good: retrying the same batch would block every later one.
+                    tracing::error!(
+                        "the leader refused {} reports for good: {why}; dropping them",
+                        sequences.len()
+                    );
+                    if let Err(error) = self.shared.journal().acknowledge(&sequences) {
+                        tracing::error!("cannot write the journal: {error}");
+                    }
+                    continue;
+                }
+                Ok(AgentResponse::Error(error)) => match ended_by(error) {
+                    ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
+                    Ended::Lost(why) => why,
+                },
+                Ok(other) => format!("unexpected answer: {}", describe(&other)),
+                Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
+                Err(error) => error.to_string(),
+            };
+            tracing::warn!("reports not delivered, retrying: {failure}");
+            tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+            backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
+        }
+    }
+}
+
+fn ended_by(error: AgentError) -> Ended {
+    match error {
+        AgentError::NotLeader { leader_address, .. } => Ended::NotLeader(
+            leader_address
+                .filter(|address| !address.is_empty() && address.len() <= LEADER_ADDRESS_BYTES_MAX),
+        ),
+        AgentError::NotRegistered => Ended::NotRegistered,
+        other => Ended::Lost(other.to_string()),
+    }
+}
+
+fn describe(response: &AgentResponse) -> &'static str {
+    match response {
+        AgentResponse::Registered { .. } => "Registered",
+        AgentResponse::HeartbeatAck => "HeartbeatAck",
+        AgentResponse::Desired(_) => "Desired",
+        AgentResponse::Reported { .. } => "Reported",
+        AgentResponse::Error(_) => "Error",
+    }
+}
+
+/// Whether one allocation fits this node: GPU indices it has, each once, UUIDs (when given)
+/// that match them.
+pub fn check_allocation(
+    allocation: &WireAllocation,
+    gpus: &BTreeMap<u32, String>,
+) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for index in &allocation.gpu_indices {
+        if !gpus.contains_key(index) {
+            return Err(format!(
+                "GPU index {index} does not exist on this node (it has {})",
+                gpus.len()
+            ));
+        }
+        if !seen.insert(*index) {
+            return Err(format!("GPU index {index} is named twice"));
+        }
+    }
+    if !allocation.gpu_uuids.is_empty() {
+        if allocation.gpu_uuids.len() != allocation.gpu_indices.len() {
+            return Err("GPU UUIDs and indices differ in number".to_string());
+        }
+        for (index, uuid) in allocation.gpu_indices.iter().zip(&allocation.gpu_uuids) {
+            if gpus.get(index) != Some(uuid) {
+                return Err(format!("GPU {index} is not {uuid:?} on this node"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The reconcile form of a wire allocation.
+pub fn desired_allocation(allocation: WireAllocation) -> DesiredAllocation {
+    DesiredAllocation {
+        job: allocation.job,
+        attempt: allocation.attempt,
+        gpu_indices: allocation.gpu_indices,
+        spec: allocation.spec,
+        intent: match allocation.intent {
+            WireIntent::Run => Intent::Run,
+            WireIntent::Stop => Intent::Stop,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quotient_common::{JobId, JobSpec};
+
+    fn allocation(indices: Vec<u32>, uuids: Vec<&str>) -> WireAllocation {
+        WireAllocation {
+            job: JobId(1),
+            attempt: 1,
+            gpu_indices: indices,
+            gpu_uuids: uuids.into_iter().map(str::to_string).collect(),
+            spec: JobSpec::new("qs1", 1, 1, vec!["true".into()]),
+            intent: WireIntent::Run,
+        }
+    }
+
+    /// Allocations naming GPUs the node lacks, twice, or with the wrong UUID are refused.
+    #[test]
+    fn allocations_must_name_this_nodes_gpus() {
+        let gpus = BTreeMap::from([(0, "GPU-a".to_string()), (1, "GPU-b".to_string())]);
+        assert_eq!(
+            check_allocation(&allocation(vec![1], vec![]), &gpus),
+            Ok(())
+        );
+        assert_eq!(
+            check_allocation(&allocation(vec![0, 1], vec!["GPU-a", "GPU-b"]), &gpus),
+            Ok(())
+        );
+        assert!(check_allocation(&allocation(vec![5], vec![]), &gpus)
+            .unwrap_err()
+            .contains("does not exist"));
+        assert!(check_allocation(&allocation(vec![0, 0], vec![]), &gpus).is_err());
+        assert!(check_allocation(&allocation(vec![0], vec!["GPU-b"]), &gpus).is_err());
+    }
+
+    /// Heartbeat deadlines stay under half the lease.
+    #[test]
+    fn heartbeat_deadline_fits_the_lease() {
+        assert_eq!(heartbeat_deadline(1_000), Duration::from_millis(500));
+        assert_eq!(
+            heartbeat_deadline(60_000),
+            Duration::from_millis(HEARTBEAT_DEADLINE_MS)
+        );
+    }
+}

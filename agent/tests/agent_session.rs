@@ -1,0 +1,601 @@
+//! The real `quotient-agent` binary against a fake leader (support/fake_leader.rs), on the
+//! process runtime with simulated GPUs: registration and heartbeats, starting and stopping a
+//! job, a restart mid-job, self-fencing when cut off, failover, and bad input.
+
+mod support;
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use quotient_agent::gpu::simulated::simulated_uuid;
+use quotient_agent::runtime::process::{process_state, PidRecord, JOBS_DIR};
+use quotient_common::agent_api::{
+    ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, WireJobEvent,
+};
+use quotient_common::JobId;
+use support::fake_leader::{make_certs, FakeLeader, Mode};
+use support::*;
+
+const NODE: &str = "node-1";
+/// A job that counts its starts, records its environment, and checkpoints on SIGUSR1.
+const COUNTING_JOB: &str = r#"trap 'echo checkpointed > "$QUOTIENT_CHECKPOINT_DIR/checkpoint"; exit 0' USR1
+echo start >> "$QUOTIENT_CHECKPOINT_DIR/starts"
+env > "$QUOTIENT_CHECKPOINT_DIR/env.txt"
+while :; do sleep 0.05; done"#;
+/// A lease long enough that no test trips it by accident.
+const LONG_LEASE_MS: u64 = 10_000;
+const HEARTBEAT_MS: u64 = 100;
+
+/// One agent's files: certificates, state dir, log.
+struct Node {
+    _dir: tempfile::TempDir,
+    certs: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        make_certs(&certs, &[NODE, "node-2"]);
+        let state = dir.path().join("state");
+        let log = dir.path().join("agent.log");
+        Node {
+            certs,
+            state,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn checkpoint_dir(&self, job: u64) -> PathBuf {
+        self.state.join("checkpoints").join(format!("j-{job}"))
+    }
+
+    fn starts(&self, job: u64) -> usize {
+        std::fs::read_to_string(self.checkpoint_dir(job).join("starts"))
+            .map(|text| text.lines().count())
+            .unwrap_or(0)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    /// A failing test shows the agent's log.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- agent log\n{}", self.log_text());
+        }
+    }
+}
+
+/// The agent process, killed when dropped; its jobs too (see [`JobsGuard`]).
+struct Agent {
+    child: Child,
+}
+
+impl Agent {
+    fn start(node: &Node, cert_name: &str, coordinators: &[String], lease_ms: u64) -> Agent {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_quotient-agent"))
+            .args([
+                "--name",
+                NODE,
+                "--coordinators",
+                &coordinators.join(","),
+                "--ca",
+                node.certs.join("ca.pem").to_str().unwrap(),
+                "--cert",
+                node.certs
+                    .join(format!("{cert_name}.pem"))
+                    .to_str()
+                    .unwrap(),
+                "--key",
+                node.certs
+                    .join(format!("{cert_name}-key.pem"))
+                    .to_str()
+                    .unwrap(),
+                "--state-dir",
+                node.state.to_str().unwrap(),
+                "--runtime",
+                "process",
+                "--simulated-gpus",
+                "2xa10g",
+                "--lease-ms",
+                &lease_ms.to_string(),
+            ])
+            .env_remove("QUOTIENT_SIMULATED_GPUS")
+            .env_remove("QUOTIENT_COORDINATORS")
+            .env("RUST_LOG", "info,quotient_agent=debug")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start quotient-agent");
+        Agent { child }
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Kills, when dropped, every job process group the agent's pid files name (checked against
+/// the recorded start time, so nothing else is touched).
+struct JobsGuard(PathBuf);
+
+impl Drop for JobsGuard {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.0.join(JOBS_DIR)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            let Ok(record) = serde_json::from_str::<PidRecord>(&text) else {
+                continue;
+            };
+            if process_state(record.pid).map(|(_, start)| start) == Some(record.start_time_ticks) {
+                // SAFETY: kill(2) on a process group this test's agent started.
+                unsafe {
+                    libc::kill(-record.pgid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+fn allocation(node: &str, job: u64, gpu_indices: Vec<u32>, intent: WireIntent) -> WireAllocation {
+    WireAllocation {
+        job: JobId(job),
+        attempt: 1,
+        gpu_uuids: gpu_indices
+            .iter()
+            .map(|index| simulated_uuid(node, *index))
+            .collect(),
+        gpu_indices,
+        spec: job_spec(None, shell(COUNTING_JOB)),
+        intent,
+    }
+}
+
+fn desired(term: u64, index: u64, allocations: Vec<WireAllocation>) -> DesiredState {
+    DesiredState {
+        node: NODE.to_string(),
+        fence: Fence { term, index },
+        allocations,
+    }
+}
+
+/// Polls a plain condition until it holds, or panics at the deadline.
+async fn wait_until(what: &str, check: impl Fn() -> bool) {
+    wait_for(what, || {
+        let done = check();
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
+fn reported(leader: &FakeLeader, job: u64, event: WireJobEvent) -> bool {
+    leader
+        .state()
+        .reports
+        .iter()
+        .any(|report| report.job == JobId(job) && report.event == event)
+}
+
+fn report_count(leader: &FakeLeader, job: u64, event: WireJobEvent) -> usize {
+    leader
+        .state()
+        .reports
+        .iter()
+        .filter(|report| report.job == JobId(job) && report.event == event)
+        .count()
+}
+
+fn exit_reported(leader: &FakeLeader, job: u64) -> bool {
+    leader.state().reports.iter().any(|report| {
+        report.job == JobId(job)
+            && matches!(
+                report.event,
+                WireJobEvent::Exited { .. } | WireJobEvent::ExitedAfterSignal { .. }
+            )
+    })
+}
+
+fn job_pid_alive(state: &Path, job: u64) -> bool {
+    let path = state.join(JOBS_DIR).join(format!("j-{job}-1.json"));
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    let Ok(record) = serde_json::from_str::<PidRecord>(&text) else {
+        return false;
+    };
+    matches!(process_state(record.pid), Some((state, start)) if start == record.start_time_ticks && state != 'Z')
+}
+
+/// Registration carries the inventory, heartbeats carry GPU health, a desired allocation
+/// starts a real process with the right environment, and a Stop intent leads to the
+/// checkpoint signal and an ExitedAfterSignal report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_registers_runs_a_job_and_stops_it_with_its_checkpoint_signal() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+
+    wait_until("the agent registers", || {
+        !leader.state().registrations.is_empty()
+    })
+    .await;
+    {
+        let state = leader.state();
+        let (inventory, actual) = &state.registrations[0];
+        assert_eq!(inventory.name, NODE);
+        assert_eq!(inventory.gpus.len(), 2);
+        for (index, gpu) in inventory.gpus.iter().enumerate() {
+            assert_eq!(gpu.index, index as u32);
+            assert_eq!(gpu.uuid, simulated_uuid(NODE, index as u32));
+            assert_eq!(gpu.class.as_str(), "a10g");
+            assert!(gpu.healthy);
+        }
+        assert!(actual.is_empty());
+    }
+
+    // An unhealthy GPU is reported so in heartbeats.
+    std::fs::write(node.state.join("unhealthy-gpus"), "1\n").unwrap();
+    wait_until("a heartbeat reports GPU 1 unhealthy", || {
+        leader
+            .state()
+            .last_heartbeat
+            .as_ref()
+            .is_some_and(|(gpus, _)| gpus.len() == 2 && gpus[0].healthy && !gpus[1].healthy)
+    })
+    .await;
+
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 1, vec![1], WireIntent::Run)],
+    ));
+    let env_file = node.checkpoint_dir(1).join("env.txt");
+    wait_until("the job starts", || env_file.exists()).await;
+    wait_until("the job's environment is written", || {
+        std::fs::read_to_string(&env_file).is_ok_and(|env| env.contains("QUOTIENT_JOB_ID"))
+    })
+    .await;
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    for line in [
+        "QUOTIENT_JOB_ID=j-1".to_string(),
+        "QUOTIENT_ATTEMPT=1".to_string(),
+        "CUDA_VISIBLE_DEVICES=1".to_string(),
+        format!("NVIDIA_VISIBLE_DEVICES={}", simulated_uuid(NODE, 1)),
+        format!(
+            "QUOTIENT_CHECKPOINT_DIR={}",
+            node.checkpoint_dir(1).display()
+        ),
+    ] {
+        assert!(
+            env.lines().any(|l| l == line),
+            "{line} missing from:\n{env}"
+        );
+    }
+    wait_until("the job is reported running", || {
+        reported(&leader, 1, WireJobEvent::Running)
+    })
+    .await;
+    wait_until("a heartbeat lists the job running", || {
+        leader
+            .state()
+            .last_heartbeat
+            .as_ref()
+            .is_some_and(|(_, actual)| {
+                actual
+                    .iter()
+                    .any(|a| a.job == JobId(1) && a.phase == ActualPhase::Running)
+            })
+    })
+    .await;
+
+    leader.set_desired(desired(
+        1,
+        2,
+        vec![allocation(NODE, 1, vec![1], WireIntent::Stop)],
+    ));
+    let checkpoint = node.checkpoint_dir(1).join("checkpoint");
+    wait_until("the job gets its checkpoint signal", || checkpoint.exists()).await;
+    wait_until("the stop is reported as ExitedAfterSignal", || {
+        reported(
+            &leader,
+            1,
+            WireJobEvent::ExitedAfterSignal { code: Some(0) },
+        )
+    })
+    .await;
+    assert_eq!(node.starts(1), 1);
+    assert!(agent.is_running());
+}
+
+/// An agent stopped mid-job (SIGTERM leaves jobs running) and started again re-adopts the
+/// running job and reports it running, and never starts it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restart_mid_job_readopts_it_without_starting_it_again() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 3, vec![0], WireIntent::Run)],
+    ));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the job starts", || node.starts(3) == 1).await;
+    wait_until("the job is reported running", || {
+        reported(&leader, 3, WireJobEvent::Running)
+    })
+    .await;
+
+    // --- the agent is stopped with SIGTERM (jobs keep running) and comes back
+    // SAFETY: kill(2) on the agent process this test started and still owns.
+    unsafe {
+        libc::kill(agent.child.id() as i32, libc::SIGTERM);
+    }
+    let status = wait_for("the agent to exit on SIGTERM", || {
+        let status = agent.child.try_wait().ok().flatten();
+        async move { status }
+    })
+    .await;
+    assert!(status.success(), "SIGTERM is an orderly stop: {status:?}");
+    assert!(job_pid_alive(&node.state, 3), "the job outlives its agent");
+    let registrations_before = leader.state().registrations.len();
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the restarted agent registers", || {
+        leader.state().registrations.len() > registrations_before
+    })
+    .await;
+    {
+        let state = leader.state();
+        let (_, actual) = state.registrations.last().unwrap();
+        assert!(
+            actual
+                .iter()
+                .any(|a| a.job == JobId(3) && a.attempt == 1 && a.phase == ActualPhase::Running),
+            "registration after the restart lists the running job: {actual:?}"
+        );
+    }
+    wait_until("the job is re-adopted and reported running again", || {
+        report_count(&leader, 3, WireJobEvent::Running) >= 2
+    })
+    .await;
+    let heartbeats = leader.state().heartbeat_count;
+    wait_until("a few more heartbeats", || {
+        leader.state().heartbeat_count >= heartbeats + 3
+    })
+    .await;
+    assert_eq!(node.starts(3), 1, "the job was started a second time");
+    assert!(job_pid_alive(&node.state, 3));
+    assert!(!exit_reported(&leader, 3));
+}
+
+/// Cut off from the leader (it stops answering), the agent stops its jobs within its lease
+/// plus the grace period, reports them once the leader answers again, and never restarts
+/// the finished attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
+    const LEASE_MS: u64 = 1_500;
+    /// Slack for the executor tick, process start-up and a loaded test machine.
+    const SLACK_MS: u64 = 1_500;
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 5, vec![0], WireIntent::Run)],
+    ));
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, 5, WireJobEvent::Running)
+    })
+    .await;
+
+    // --- the leader goes silent
+    leader.set_mode(Mode::Silent);
+    let cut_at = Instant::now();
+    let checkpoint = node.checkpoint_dir(5).join("checkpoint");
+    wait_until("the agent fences itself and signals the job", || {
+        checkpoint.exists()
+    })
+    .await;
+    let took = cut_at.elapsed();
+    assert!(
+        took <= Duration::from_millis(LEASE_MS + SHORT_GRACE_MS + SLACK_MS),
+        "the job was stopped only after {took:?}"
+    );
+    wait_until("the job has exited", || !job_pid_alive(&node.state, 5)).await;
+    assert!(
+        !exit_reported(&leader, 5),
+        "nothing reaches a silent leader"
+    );
+
+    // --- the leader answers again
+    leader.set_mode(Mode::Serve);
+    wait_until("the stop is reported once the leader answers", || {
+        reported(
+            &leader,
+            5,
+            WireJobEvent::ExitedAfterSignal { code: Some(0) },
+        )
+    })
+    .await;
+    wait_until("the agent takes the leader's desired state again", || {
+        node.log_text().matches("new desired state").count() >= 2
+    })
+    .await;
+    let heartbeats = leader.state().heartbeat_count;
+    wait_until("a few more heartbeats", || {
+        leader.state().heartbeat_count >= heartbeats + 3
+    })
+    .await;
+    assert_eq!(
+        node.starts(5),
+        1,
+        "a finished attempt was started again from a stale desired state"
+    );
+}
+
+/// The first coordinator answers NotLeader naming the second; the agent follows and its
+/// running job is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_follows_not_leader_to_the_new_leader_without_touching_jobs() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let first = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let second = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
+    first.set_desired(desired(1, 1, running.clone()));
+    let mut agent = Agent::start(&node, NODE, &[first.address()], LONG_LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&first, 7, WireJobEvent::Running)
+    })
+    .await;
+
+    // --- leadership moves to the second coordinator
+    second.set_desired(desired(2, 1, running));
+    first.set_mode(Mode::NotLeader(second.address()));
+    wait_until("the agent registers with the new leader", || {
+        !second.state().registrations.is_empty()
+    })
+    .await;
+    {
+        let state = second.state();
+        let (_, actual) = &state.registrations[0];
+        assert!(
+            actual.iter().any(|a| a.job == JobId(7)),
+            "the new leader learns of the running job: {actual:?}"
+        );
+    }
+    wait_until("heartbeats reach the new leader", || {
+        second.state().heartbeat_count >= 3
+    })
+    .await;
+    assert_eq!(node.starts(7), 1);
+    assert!(job_pid_alive(&node.state, 7));
+    assert!(!node.checkpoint_dir(7).join("checkpoint").exists());
+    assert!(!exit_reported(&first, 7) && !exit_reported(&second, 7));
+    assert!(agent.is_running());
+}
+
+/// An agent whose certificate names another node, or is not an agent's, refuses to start
+/// and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_refuses_a_certificate_naming_another_node() {
+    let node = Node::new();
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    for (cert, expected) in [
+        ("node-2", "names node \"node-2\""),
+        ("coord-1", "role agent"),
+    ] {
+        let mut agent = Agent::start(&node, cert, &[leader.address()], LONG_LEASE_MS);
+        let status = wait_for("the agent to exit", || {
+            let status = agent.child.try_wait().ok().flatten();
+            async move { status }
+        })
+        .await;
+        assert!(!status.success());
+        let log = node.log_text();
+        assert!(log.contains(expected), "{expected:?} missing from:\n{log}");
+    }
+    assert!(leader.state().registrations.is_empty());
+}
+
+/// An allocation naming GPU indices the node lacks is refused and logged, and nothing of it
+/// starts; a stop of a job not here is logged and starts nothing; a good allocation in a
+/// later state still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_refuses_an_allocation_for_gpus_it_lacks() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let mut bad = allocation(NODE, 9, vec![5], WireIntent::Run);
+    bad.gpu_uuids.clear();
+    leader.set_desired(desired(1, 1, vec![bad.clone()]));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the refusal is logged", || {
+        node.log_text().contains("refused an allocation")
+    })
+    .await;
+    assert!(node.log_text().contains("GPU index 5 does not exist"));
+
+    leader.set_desired(desired(
+        1,
+        2,
+        vec![
+            bad,
+            allocation(NODE, 10, vec![0], WireIntent::Run),
+            allocation(NODE, 12, vec![1], WireIntent::Stop),
+        ],
+    ));
+    wait_until("the good job starts", || node.starts(10) == 1).await;
+    wait_until("the good job is reported running", || {
+        reported(&leader, 10, WireJobEvent::Running)
+    })
+    .await;
+    assert_eq!(node.starts(9), 0, "the refused job started");
+    assert_eq!(node.starts(12), 0, "a stop of an unknown job started it");
+    assert!(node.log_text().contains("not running here"));
+    assert!(!node.checkpoint_dir(9).exists());
+    assert!(!leader.state().reports.iter().any(|r| r.job == JobId(9)));
+    assert!(agent.is_running());
+}
+
+/// A frame over the size limit from the leader is refused and logged; the agent keeps
+/// running and works once the leader behaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_survives_an_oversized_frame_from_the_leader() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    leader.set_mode(Mode::OversizedDesired);
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the oversized frame is refused and logged", || {
+        node.log_text().contains("over the limit")
+    })
+    .await;
+    assert!(agent.is_running());
+
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 11, vec![0], WireIntent::Run)],
+    ));
+    leader.set_mode(Mode::Serve);
+    wait_until("a job starts once the leader behaves", || {
+        reported(&leader, 11, WireJobEvent::Running)
+    })
+    .await;
+    assert!(agent.is_running());
+}
