@@ -94,6 +94,10 @@ pub struct RunFlags {
     /// Where pid files, checkpoints and logs live.
     #[arg(long, default_value = STATE_DIR_DEFAULT)]
     pub state_dir: PathBuf,
+    /// Where jobs' checkpoint dirs live [default: STATE_DIR/checkpoints]. Point every agent at
+    /// the same shared storage so that a job preempted on one host resumes on another.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_root: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "process")]
     pub runtime: RuntimeKind,
     /// Self-fencing lease in milliseconds; keep it below the coordinators' node lease.
@@ -116,6 +120,8 @@ pub struct AgentConfig {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub state_dir: PathBuf,
+    /// Where jobs' checkpoint dirs live (one per job, kept across attempts).
+    pub checkpoint_root: PathBuf,
     pub runtime: RuntimeKind,
     pub lease_ms: u64,
     pub simulated_gpus: Option<String>,
@@ -155,6 +161,9 @@ impl RunFlags {
             ca: self.ca.ok_or(ConfigError::Missing("ca"))?,
             cert: self.cert.ok_or(ConfigError::Missing("cert"))?,
             key: self.key.ok_or(ConfigError::Missing("key"))?,
+            checkpoint_root: self
+                .checkpoint_root
+                .unwrap_or_else(|| self.state_dir.join("checkpoints")),
             state_dir: self.state_dir,
             runtime: self.runtime,
             lease_ms: self.lease_ms,

@@ -48,6 +48,8 @@ pub struct Executor<R: Runtime> {
     runtime: R,
     node: String,
     state_dir: PathBuf,
+    /// Where jobs' checkpoint dirs live; `state_dir/checkpoints` unless shared storage is set.
+    checkpoint_root: PathBuf,
     /// GPU index -> UUID, from the node's inventory.
     gpu_uuids: BTreeMap<u32, String>,
     jobs: BTreeMap<(JobId, u32), Tracked>,
@@ -60,6 +62,13 @@ pub struct Executor<R: Runtime> {
 }
 
 impl<R: Runtime> Executor<R> {
+    /// Keeps jobs' checkpoint dirs under `root` (shared storage, so that a job resumes on
+    /// whichever host its next attempt lands on).
+    pub fn with_checkpoint_root(mut self, root: &Path) -> Executor<R> {
+        self.checkpoint_root = root.to_path_buf();
+        self
+    }
+
     /// An executor for `node`, keeping checkpoints and logs under `state_dir`.
     pub fn new(
         runtime: R,
@@ -71,6 +80,7 @@ impl<R: Runtime> Executor<R> {
             runtime,
             node: node.to_string(),
             state_dir: state_dir.to_path_buf(),
+            checkpoint_root: state_dir.join("checkpoints"),
             gpu_uuids,
             jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
@@ -321,7 +331,7 @@ impl<R: Runtime> Executor<R> {
                     env: spec.env.clone(),
                     gpu_indices,
                     gpu_uuids,
-                    checkpoint_dir: checkpoint_dir(&self.state_dir, job),
+                    checkpoint_dir: checkpoint_dir(&self.checkpoint_root, job),
                     log_path: log_path(&self.state_dir, job, attempt),
                     checkpoint_signal: spec.checkpoint_signal,
                     grace_period_ms: spec.grace_period_ms,

@@ -141,8 +141,9 @@ async fn drive<R: Runtime + 'static>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let journal = Journal::open(&config.state_dir)?;
-    let mut executor =
-        Executor::new(runtime, &config.name, &config.state_dir, gpu_uuids).defer_removals();
+    let mut executor = Executor::new(runtime, &config.name, &config.state_dir, gpu_uuids)
+        .with_checkpoint_root(&config.checkpoint_root)
+        .defer_removals();
     for (job, attempt) in journal.finished() {
         executor.remember_finished(job, attempt);
     }

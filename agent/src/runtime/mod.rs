@@ -183,9 +183,9 @@ pub enum GpuNumbering {
     ContainerLocal,
 }
 
-/// The job's checkpoint dir: one per job, kept across attempts, under the agent's state dir.
-pub fn checkpoint_dir(state_dir: &Path, job: JobId) -> PathBuf {
-    state_dir.join("checkpoints").join(job.to_string())
+/// The job's checkpoint dir: one per job under the checkpoint root, kept across attempts.
+pub fn checkpoint_dir(checkpoint_root: &Path, job: JobId) -> PathBuf {
+    checkpoint_root.join(job.to_string())
 }
 
 /// The attempt's log file under the agent's state dir.

@@ -65,7 +65,7 @@ pub fn launch(
         env: BTreeMap::from([("TRAIN_EPOCHS".to_string(), "3".to_string())]),
         gpu_indices: vec![1, 3],
         gpu_uuids: vec!["GPU-one".into(), "GPU-three".into()],
-        checkpoint_dir: checkpoint_dir(state_dir, JobId(job)),
+        checkpoint_dir: checkpoint_dir(&state_dir.join("checkpoints"), JobId(job)),
         log_path: log_path(state_dir, JobId(job), attempt),
         checkpoint_signal: Signal::Sigusr1,
         grace_period_ms: SHORT_GRACE_MS,
