@@ -4,6 +4,8 @@
 //! Layout of DIR:
 //! - `certs/`: the cluster CA, `coord-N.pem` per coordinator and `admin.pem` for the CLI;
 //! - `coord-N/data/` (the coordinator's `--data-dir`) and `coord-N/coordinator.log`;
+//! - `node-N/state/` (the agent's `--state-dir`: pid files, checkpoints, job logs) and
+//!   `node-N/agent.log`, with the agent certificate `certs/node-N.pem`;
 //! - `client.toml`: an admin client config (spec/cli.md);
 //! - `cluster.json`: each process's id, pid, address and data dir (spec/cli.md's shape; the
 //!   pid is `null` while it is stopped, and a `log` path is added).
@@ -54,6 +56,11 @@ pub struct AgentEntry {
     pub name: String,
     /// `null` while stopped.
     pub pid: Option<u32>,
+    /// The agent's `--state-dir`; also what recognises its process.
+    #[serde(default)]
+    pub state_dir: PathBuf,
+    #[serde(default)]
+    pub log: PathBuf,
 }
 
 /// `DIR/cluster.json`.
@@ -186,6 +193,8 @@ mod tests {
             agents: vec![AgentEntry {
                 name: "node-1".into(),
                 pid: None,
+                state_dir: "/d/node-1/state".into(),
+                log: "/d/node-1/agent.log".into(),
             }],
         };
         let json = serde_json::to_value(&cluster).unwrap();

@@ -9,10 +9,12 @@
 //! Run again on the same DIR, it starts only the processes that are not running, on their old
 //! data and ports (the layout is in [`crate::dev_cluster`]).
 //!
-//! Agents: `quotient-agent` does not exist yet. With `--nodes` above 0 (the default is 3, as
-//! the spec says), the coordinators are started and the files written, then the command fails
-//! (exit 1) saying that no agents run, so that nobody mistakes a cluster without GPUs for a
-//! working one; `--nodes 0` starts the coordinators only and succeeds.
+//! Agents: with `--nodes N` (default 3, as the spec says) it issues agent certificates
+//! node-1..node-N, starts one `quotient-agent` per node (next to this executable) with
+//! `--gpus-per-node` simulated GPUs of `--gpu-class` on the process runtime, its state dir and
+//! log under DIR/node-N, records them in cluster.json (`agents: [{name, pid, ...}]`) and waits
+//! until every node is ready in `node list`. A DIR that already has agents keeps its nodes.
+//! `--nodes 0` starts the coordinators only.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -30,8 +32,8 @@ use quotient_common::{GpuClass, GPUS_PER_NODE_MAX};
 use crate::client::{RetryPolicy, Session};
 use crate::client_config::ClientConfig;
 use crate::dev_cluster::{
-    self, ClusterFile, CoordinatorEntry, ADMIN_CERT_NAME, CERTS_DIR, CLIENT_CONFIG_FILE,
-    POLL_INTERVAL_MS,
+    self, AgentEntry, ClusterFile, CoordinatorEntry, ADMIN_CERT_NAME, CERTS_DIR,
+    CLIENT_CONFIG_FILE, POLL_INTERVAL_MS,
 };
 use crate::output::{self, OutputFormat};
 use crate::parse::{parse_gpu_class, UsageError};
@@ -39,6 +41,8 @@ use crate::GlobalArgs;
 
 /// The coordinator binary's name, looked for next to `quotient`.
 pub const COORDINATOR_BINARY: &str = "quotient-coordinator";
+/// The folder in DIR that every local agent keeps jobs' checkpoints in.
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
 /// The agent binary's name, looked for next to `quotient`.
 pub const AGENT_BINARY: &str = "quotient-agent";
 /// Coordinators when `--coordinators` is not given on a new DIR.
@@ -51,14 +55,17 @@ pub const NODES_MAX: u32 = 64;
 pub const READY_DEADLINE_MS: u64 = 60_000;
 /// Deadline of one readiness probe (milliseconds); the probes repeat until the deadline above.
 pub const PROBE_DEADLINE_MS: u64 = 2_000;
+/// How long to wait for every agent to register and its node to be ready (milliseconds).
+pub const AGENTS_READY_DEADLINE_MS: u64 = 60_000;
+/// The agents' self-fencing lease in a local cluster (milliseconds): the coordinators'
+/// default agent lease, so both sides agree.
+pub const AGENT_LEASE_MS: u64 = 10_000;
 
 /// Arguments of `quotient dev up`.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Agents are not available yet: quotient-agent is not built by this \
-    version. With --nodes above 0 (the default, 3), dev up starts the coordinators, writes \
-    DIR/client.toml and DIR/cluster.json, prints the export line, and then exits 1 saying that \
-    no agents run. Use --nodes 0 to start the coordinators only."
+    after_help = "Each node is a quotient-agent process with simulated GPUs on the process \
+    runtime: jobs run as local processes. Use --nodes 0 to start the coordinators only."
 )]
 pub struct DevUpArgs {
     /// The cluster's folder: certificates, data, logs, client.toml and cluster.json.
@@ -67,7 +74,7 @@ pub struct DevUpArgs {
     /// Coordinators to run, 1-9 (3 or 5 tolerate failures) [default: 3, or as DIR has them].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=COORDINATORS_MAX))]
     pub coordinators: Option<u64>,
-    /// GPU hosts to simulate, each an agent process (not available yet: see below).
+    /// GPU hosts to simulate, each an agent process [as DIR has them, if it has any].
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=NODES_MAX as i64))]
     pub nodes: u32,
     /// Simulated GPUs per node.
@@ -234,6 +241,135 @@ fn probe(session: &mut Session) -> anyhow::Result<u64> {
     Ok(leader)
 }
 
+/// Where node `index`'s files go.
+fn agent_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
+
+/// New agent entries node-1..node-`count`.
+fn new_agents(dir: &Path, count: u32) -> Vec<AgentEntry> {
+    (1..=count)
+        .map(|index| {
+            let name = format!("node-{index}");
+            let home = agent_dir(dir, &name);
+            AgentEntry {
+                name,
+                pid: None,
+                state_dir: home.join("state"),
+                log: home.join("agent.log"),
+            }
+        })
+        .collect()
+}
+
+/// One agent certificate per node; existing ones are kept.
+fn make_agent_certificates(certs_dir: &Path, agents: &[AgentEntry]) -> anyhow::Result<()> {
+    for agent in agents {
+        if certs::issued_files(certs_dir, &agent.name).cert.exists() {
+            continue;
+        }
+        certs::issue(certs_dir, Role::Agent, &agent.name, &[])
+            .with_context(|| format!("cannot issue the agent certificate {}", agent.name))?;
+    }
+    Ok(())
+}
+
+/// Starts one agent in the background, its output appended to its log.
+fn start_agent(
+    binary: &Path,
+    certs_dir: &Path,
+    entry: &AgentEntry,
+    coordinators: &str,
+    gpus: &str,
+) -> anyhow::Result<Child> {
+    fs::create_dir_all(&entry.state_dir)
+        .with_context(|| format!("cannot create {}", entry.state_dir.display()))?;
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&entry.log)
+        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
+    let log_for_stderr = log
+        .try_clone()
+        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
+    let tls = quotient_common::tls::TlsFiles::in_dir(certs_dir, &entry.name);
+    Command::new(binary)
+        .arg("run")
+        .arg("--name")
+        .arg(&entry.name)
+        .arg("--coordinators")
+        .arg(coordinators)
+        .arg("--ca")
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
+        .arg("--state-dir")
+        .arg(&entry.state_dir)
+        // Every node of a one-host cluster shares the checkpoints, as shared storage would:
+        // a job preempted on one node resumes from its checkpoint on another.
+        .arg("--checkpoint-root")
+        .arg(certs_dir.parent().unwrap_or(certs_dir).join(CHECKPOINTS_DIR))
+        .arg("--runtime")
+        .arg("process")
+        .arg("--simulated-gpus")
+        .arg(gpus)
+        .arg("--lease-ms")
+        .arg(AGENT_LEASE_MS.to_string())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_for_stderr)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))
+}
+
+/// Waits until every agent's node is ready in `node list`, while checking that the agents
+/// just started have not died.
+fn wait_until_nodes_ready(
+    session: &mut Session,
+    agents: &[AgentEntry],
+    started: &mut BTreeMap<String, (Child, PathBuf)>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_millis(AGENTS_READY_DEADLINE_MS);
+    loop {
+        for (name, (child, log)) in started.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!(
+                    "agent {name} exited at start ({status}); the end of its log {}:\n{}",
+                    log.display(),
+                    dev_cluster::log_tail(log)
+                );
+            }
+        }
+        let waiting: Vec<String> = match crate::node_list::fetch_all(session) {
+            Ok(nodes) => agents
+                .iter()
+                .filter(|agent| {
+                    !nodes
+                        .iter()
+                        .any(|node| node.name == agent.name && node.state == "ready")
+                })
+                .map(|agent| agent.name.clone())
+                .collect(),
+            Err(_) => agents.iter().map(|agent| agent.name.clone()).collect(),
+        };
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "nodes {} were not ready within {} s; see DIR/node-N/agent.log",
+                waiting.join(", "),
+                AGENTS_READY_DEADLINE_MS / 1_000
+            );
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+}
+
 pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
@@ -320,6 +456,45 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
     let leader = wait_until_ready(&mut session, &mut started)?;
     eprintln!("coordinator {leader} is the leader");
 
+    if cluster.agents.is_empty() && args.nodes > 0 {
+        cluster.agents = new_agents(&dir, args.nodes);
+    }
+    if !cluster.agents.is_empty() {
+        let agent_binary = dev_cluster::sibling_binary(AGENT_BINARY)?;
+        if !agent_binary.is_file() {
+            bail!(
+                "{AGENT_BINARY} is not next to quotient (looked for {}); build it with \
+                 `cargo build --release` (or `cargo build`), or use --nodes 0; the coordinators \
+                 run: stop them with `quotient dev down --dir {}`",
+                agent_binary.display(),
+                args.dir.display()
+            );
+        }
+        make_agent_certificates(&certs_dir, &cluster.agents)?;
+        let coordinators = client_config.coordinators.join(",");
+        let gpus = format!("{}x{}", args.gpus_per_node, args.gpu_class);
+        let mut agents_started: BTreeMap<String, (Child, PathBuf)> = BTreeMap::new();
+        for entry in &mut cluster.agents {
+            if entry
+                .pid
+                .is_some_and(|pid| dev_cluster::is_running(pid, &entry.state_dir))
+            {
+                continue;
+            }
+            let child = start_agent(&agent_binary, &certs_dir, entry, &coordinators, &gpus)?;
+            entry.pid = Some(child.id());
+            agents_started.insert(entry.name.clone(), (child, entry.log.clone()));
+        }
+        cluster.write(&dir)?;
+        eprintln!(
+            "started {} of {} agents; waiting for their nodes to be ready",
+            agents_started.len(),
+            cluster.agents.len()
+        );
+        wait_until_nodes_ready(&mut session, &cluster.agents, &mut agents_started)?;
+        eprintln!("{} nodes are ready", cluster.agents.len());
+    }
+
     let export = format!("export QUOTIENT_CONFIG={}", client_config_path.display());
     match global.output {
         OutputFormat::Table => output::print_text(&format!("{export}\n"))?,
@@ -328,29 +503,6 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
             "client_config": client_config_path,
             "cluster": cluster,
         }))?,
-    }
-    if args.nodes > 0 {
-        let agent = dev_cluster::sibling_binary(AGENT_BINARY)?;
-        let why = if agent.is_file() {
-            format!(
-                "this quotient cannot start {AGENT_BINARY} yet (found {})",
-                agent.display()
-            )
-        } else {
-            format!(
-                "{AGENT_BINARY} does not exist yet (looked for {})",
-                agent.display()
-            )
-        };
-        bail!(
-            "the coordinators are up, but none of the {} requested nodes ({} x {} GPUs each) \
-             runs: {why}; jobs will stay RUNNABLE. Use --nodes 0 to start coordinators only, \
-             and `quotient dev down --dir {}` to stop them",
-            args.nodes,
-            args.gpus_per_node,
-            args.gpu_class,
-            args.dir.display()
-        );
     }
     Ok(())
 }

@@ -45,6 +45,8 @@ enum Command {
     /// A local cluster of real processes on loopback, for trying Quotient out.
     #[command(subcommand)]
     Dev(DevCommand),
+    /// Run the walkthrough of the quota-share spec on a fresh local cluster, narrated.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -144,6 +146,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         }
         Command::Dev(DevCommand::Up(args)) => dev_up::run(global, &args),
         Command::Dev(DevCommand::Down(args)) => dev_down::run(global, &args),
+        Command::Demo(args) => demo::run(&args),
     }
 }
 

@@ -1,9 +1,10 @@
 //! End to end on real processes: `quotient dev up --nodes 0` starts three coordinators, the
 //! client commands create shares and jobs through them (also through a follower, whose
-//! redirect the user never sees), and `quotient dev down` stops them.
+//! redirect the user never sees), `dev up` with nodes adds three agents, and
+//! `quotient dev down` stops them all.
 //!
-//! The coordinator binary must sit next to `quotient` (both are in target/debug after
-//! `cargo build`); the test does not build it, it fails saying so.
+//! The coordinator and agent binaries must sit next to `quotient` (all are in target/debug
+//! after `cargo build`); the test does not build them, it fails saying so.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,15 +15,18 @@ fn quotient_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_quotient"))
 }
 
-/// Fails the test with a clear message unless quotient-coordinator is next to quotient.
+/// Fails the test with a clear message unless quotient-coordinator and quotient-agent are
+/// next to quotient.
 fn require_coordinator_binary() {
-    let coordinator = quotient_binary().with_file_name("quotient-coordinator");
-    assert!(
-        coordinator.is_file(),
-        "{} is missing: build the workspace first (`cargo build` at the workspace root, or \
-         `cargo build -p quotient-coordinator`), so that quotient-coordinator sits next to quotient",
-        coordinator.display()
-    );
+    for name in ["quotient-coordinator", "quotient-agent"] {
+        let binary = quotient_binary().with_file_name(name);
+        assert!(
+            binary.is_file(),
+            "{} is missing: build the workspace first (`cargo build` at the workspace root), \
+             so that {name} sits next to quotient",
+            binary.display()
+        );
+    }
 }
 
 /// Runs quotient with `config` as $QUOTIENT_CONFIG.
@@ -73,7 +77,13 @@ impl Drop for ClusterGuard {
         let Ok(cluster) = serde_json::from_str::<Value>(&cluster) else {
             return;
         };
-        for entry in cluster["coordinators"].as_array().into_iter().flatten() {
+        let agents = cluster["agents"].as_array().into_iter().flatten();
+        for entry in cluster["coordinators"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(agents)
+        {
             if let Some(pid) = entry["pid"].as_i64() {
                 // SAFETY: kill(2) on a pid this test started; no memory is involved.
                 unsafe {
@@ -379,7 +389,7 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     );
     assert!(submitted.starts_with("j-"), "{submitted}");
 
-    // --- dev up again starts nothing new; with nodes it says agents are not available
+    // --- dev up again starts nothing new; with nodes it starts three agents
     let output = quotient(
         &nowhere,
         &[
@@ -399,11 +409,29 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
         format!("export QUOTIENT_CONFIG={}", config.display())
     );
     let output = quotient(&nowhere, &["dev", "up", "--dir", &dir_text]);
-    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(
-        text(&output.stderr).contains("quotient-agent"),
+        text(&output.stderr).contains("3 nodes are ready"),
         "{}",
         text(&output.stderr)
+    );
+    let nodes = json(&config, &["node", "list", "-o", "json"]);
+    let mut ready: Vec<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|node| node["state"] == "ready")
+        .map(|node| node["name"].as_str().unwrap())
+        .collect();
+    ready.sort_unstable();
+    assert_eq!(ready, ["node-1", "node-2", "node-3"], "{nodes}");
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let agents = cluster["agents"].as_array().unwrap().clone();
+    assert_eq!(agents.len(), 3, "{cluster}");
+    assert!(
+        agents.iter().all(|agent| agent["pid"].is_u64()),
+        "{cluster}"
     );
     assert_eq!(
         json(&config, &["share", "list", "-o", "json"])
@@ -467,6 +495,12 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
         let pid = before["pid"].as_u64().unwrap();
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         assert!(cmdline.is_empty(), "coordinator {pid} still runs");
+    }
+    for (entry, before) in cluster["agents"].as_array().unwrap().iter().zip(&agents) {
+        assert!(entry["pid"].is_null(), "{entry}");
+        let pid = before["pid"].as_u64().unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(cmdline.is_empty(), "agent {pid} still runs");
     }
     let stopped = quotient(&config, &["share", "list"]);
     assert_eq!(stopped.status.code(), Some(1));

@@ -104,11 +104,12 @@ impl ApiService {
         raft: Raft,
         state_machine: QuotientStateMachine,
         peers: PeerConnections,
+        proposer: Proposer,
     ) -> Self {
         ApiService {
             inner: Arc::new(Inner {
                 id,
-                proposer: Proposer::start(raft.clone()),
+                proposer,
                 raft,
                 state_machine,
                 peers,

@@ -35,6 +35,14 @@ pub const APPEND_ENTRIES_MAX: u64 = 1_000;
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 /// The most coordinators a cluster may list (Raft beyond this is slow for no gain).
 pub const PEERS_MAX: usize = 9;
+/// Default agent lease: an agent that hears no heartbeat answer from a leader for this long
+/// stops its jobs (milliseconds).
+pub const AGENT_LEASE_DEFAULT_MS: u64 = 10_000;
+/// Default interval between an agent's heartbeats (milliseconds).
+pub const AGENT_HEARTBEAT_DEFAULT_MS: u64 = 1_000;
+/// Default margin the leader adds to the agent lease and the jobs' grace periods before it
+/// marks a silent node lost (milliseconds).
+pub const NODE_LEASE_MARGIN_DEFAULT_MS: u64 = 5_000;
 /// The Raft cluster name, checked by nothing but shown in openraft's logs.
 pub const CLUSTER_NAME: &str = "quotient";
 
@@ -83,6 +91,30 @@ impl Default for RaftTuning {
     }
 }
 
+/// How agents are timed: what the leader tells each agent at registration, and how long it
+/// waits before it marks a silent node lost.
+///
+/// A node is lost once its last heartbeat is older than `agent_lease_ms` + the largest grace
+/// period of its jobs + `node_lease_margin_ms`: by then its agent, which stops its jobs after
+/// `agent_lease_ms` without an answer (checkpoint signal, grace period, kill), must have
+/// killed them, so a requeued job never runs twice at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentTuning {
+    pub agent_lease_ms: u64,
+    pub agent_heartbeat_ms: u64,
+    pub node_lease_margin_ms: u64,
+}
+
+impl Default for AgentTuning {
+    fn default() -> Self {
+        AgentTuning {
+            agent_lease_ms: AGENT_LEASE_DEFAULT_MS,
+            agent_heartbeat_ms: AGENT_HEARTBEAT_DEFAULT_MS,
+            node_lease_margin_ms: NODE_LEASE_MARGIN_DEFAULT_MS,
+        }
+    }
+}
+
 /// Everything a coordinator needs to start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoordinatorConfig {
@@ -105,6 +137,8 @@ pub struct CoordinatorConfig {
     pub key: PathBuf,
     #[serde(default)]
     pub raft: RaftTuning,
+    #[serde(default)]
+    pub agents: AgentTuning,
 }
 
 impl CoordinatorConfig {
@@ -187,6 +221,13 @@ impl CoordinatorConfig {
         }
         if tuning.snapshot_logs == 0 {
             return invalid("snapshot_logs must be at least 1".into());
+        }
+        let agents = &self.agents;
+        if agents.agent_heartbeat_ms == 0 || agents.agent_lease_ms < 2 * agents.agent_heartbeat_ms {
+            return invalid(format!(
+                "agent timing must satisfy 0 < heartbeat ({}) and lease ({}) >= 2 x heartbeat ms",
+                agents.agent_heartbeat_ms, agents.agent_lease_ms
+            ));
         }
         Ok(())
     }
@@ -303,6 +344,7 @@ mod tests {
         let config: CoordinatorConfig = toml::from_str(text).expect("parses");
         config.validate().expect("valid");
         assert_eq!(config.raft, RaftTuning::default());
+        assert_eq!(config.agents, AgentTuning::default());
         assert_eq!(config.advertised_address(), "127.0.0.1:7402");
         config.raft_config().expect("a valid raft config");
         let text = toml::to_string(&config).expect("serialises");

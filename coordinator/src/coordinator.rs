@@ -17,15 +17,20 @@ use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 use quotient_common::certs::Role;
 use quotient_common::tls::{TlsError, TlsIdentity};
-use quotient_common::transport::{Client, Server, TransportError, ALPN_API, ALPN_RAFT};
+use quotient_common::transport::{Client, Server, TransportError, ALPN_AGENT, ALPN_API, ALPN_RAFT};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::agent_service::{AgentService, AgentServiceParts};
 use crate::api::ApiService;
 use crate::config::{ConfigError, CoordinatorConfig};
+use crate::desired::DesiredTracker;
 use crate::network::PeerConnections;
-use crate::raft_service;
+use crate::node_leases::NodeLeases;
+use crate::proposer::Proposer;
 use crate::store::type_config::Raft;
 use crate::store::{self, NodeId, QuotientStateMachine};
+use crate::{raft_service, scheduler_loop};
 
 /// How long shutdown waits for connections to close cleanly (milliseconds).
 pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
@@ -56,6 +61,8 @@ pub struct Coordinator {
     client: Arc<Client>,
     local_addr: SocketAddr,
     accept_task: JoinHandle<()>,
+    /// The leader's loops (scheduling, node leases, desired-state refresh).
+    loops: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -95,10 +102,49 @@ impl Coordinator {
         .await
         .map_err(|error| CoordinatorError::Raft(error.to_string()))?;
 
-        let server = Arc::new(Server::bind(config.listen, &tls, &[ALPN_API, ALPN_RAFT])?);
+        let server = Arc::new(Server::bind(
+            config.listen,
+            &tls,
+            &[ALPN_API, ALPN_RAFT, ALPN_AGENT],
+        )?);
         let local_addr = server.local_addr()?;
-        let api = ApiService::new(config.id, raft.clone(), state_machine.clone(), peers);
-        let accept_task = tokio::spawn(accept_loop(server.clone(), raft.clone(), api));
+        let proposer = Proposer::start(raft.clone());
+        let api = ApiService::new(
+            config.id,
+            raft.clone(),
+            state_machine.clone(),
+            peers,
+            proposer.clone(),
+        );
+        let desired = DesiredTracker::new();
+        let leases = NodeLeases::new(config.agents.clone());
+        let scheduler = Arc::new(Notify::new());
+        let agents = AgentService::new(AgentServiceParts {
+            raft: raft.clone(),
+            state_machine: state_machine.clone(),
+            proposer: proposer.clone(),
+            desired: desired.clone(),
+            leases: leases.clone(),
+            tuning: config.agents.clone(),
+            scheduler: scheduler.clone(),
+        });
+        let loops = vec![
+            tokio::spawn(scheduler_loop::run(
+                raft.clone(),
+                state_machine.clone(),
+                proposer.clone(),
+                scheduler.clone(),
+                desired.clone(),
+            )),
+            tokio::spawn(leases.run(raft.clone(), state_machine.clone(), proposer)),
+            tokio::spawn(follow_applies(
+                raft.clone(),
+                state_machine.clone(),
+                desired,
+                scheduler,
+            )),
+        ];
+        let accept_task = tokio::spawn(accept_loop(server.clone(), raft.clone(), api, agents));
         tracing::info!(
             id = config.id,
             %local_addr,
@@ -125,6 +171,7 @@ impl Coordinator {
             client,
             local_addr,
             accept_task,
+            loops,
         })
     }
 
@@ -162,6 +209,9 @@ impl Coordinator {
         )
         .await;
         self.accept_task.abort();
+        for task in self.loops {
+            task.abort();
+        }
     }
 }
 
@@ -200,11 +250,51 @@ async fn bootstrap(raft: Raft, members: std::collections::BTreeMap<NodeId, Basic
     }
 }
 
+/// On the leader, after every applied batch of log entries (and every change of term),
+/// refreshes the nodes' desired state, which wakes their agents' long polls, and triggers a
+/// scheduling round.
+/// Watching Raft's metrics, rather than hooking the state machine, keeps the storage code
+/// free of leader concerns; a batch applied between two looks is still seen once.
+async fn follow_applies(
+    raft: Raft,
+    state_machine: QuotientStateMachine,
+    desired: DesiredTracker,
+    scheduler: Arc<Notify>,
+) {
+    let mut metrics = raft.metrics();
+    let mut seen = (0u64, None);
+    loop {
+        let (term, applied, running, leader) = {
+            let current = metrics.borrow_and_update();
+            (
+                current.current_term,
+                current.last_applied,
+                current.running_state.is_ok(),
+                current.state == openraft::ServerState::Leader,
+            )
+        };
+        if !running {
+            return;
+        }
+        // Only the leader serves desired state and schedules; a follower that becomes
+        // leader sees a new term, so it refreshes at once.
+        if leader && (term, applied) != seen {
+            seen = (term, applied);
+            state_machine.read(|state| desired.refresh(state, term));
+            scheduler.notify_one();
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Accepts connections and hands each to the service of its ALPN.
-async fn accept_loop(server: Arc<Server>, raft: Raft, api: ApiService) {
+async fn accept_loop(server: Arc<Server>, raft: Raft, api: ApiService, agents: AgentService) {
     while let Some(incoming) = server.accept().await {
         let raft = raft.clone();
         let api = api.clone();
+        let agents = agents.clone();
         tokio::spawn(async move {
             let address = incoming.remote_address();
             let connection = match incoming.handshake().await {
@@ -218,6 +308,8 @@ async fn accept_loop(server: Arc<Server>, raft: Raft, api: ApiService) {
                 raft_service::serve_connection(raft, connection).await;
             } else if connection.alpn() == ALPN_API {
                 api.serve_connection(connection).await;
+            } else if connection.alpn() == ALPN_AGENT {
+                agents.serve_connection(connection).await;
             } else {
                 tracing::warn!(%address, "refused a connection with an unknown protocol");
                 connection.close();

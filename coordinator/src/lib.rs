@@ -9,18 +9,27 @@
 //! - [`raft_service`]: the Raft network's server side; only coordinators may speak Raft.
 //! - [`api`]: the client API's server side: authorisation, writes through Raft,
 //!   linearizable reads, redirects to the leader, membership changes.
+//! - [`agent_service`]: the agent protocol's server side (`quotient-agent/1`): registration,
+//!   heartbeats, desired state as a long poll, job reports.
+//! - [`desired`]: each node's desired allocations and their fencing epoch.
+//! - [`scheduler_loop`]: the leader's scheduling rounds, committed as plans.
+//! - [`node_leases`]: the leader's in-memory heartbeat clocks; silent nodes are marked lost.
 //! - [`proposer`]: batches client commands into Raft entries (one fsync for many writes).
 //! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
 //! - [`client`]: a small Rust client of the API that follows redirects (tests, benchmarks).
 //! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
 
+pub mod agent_service;
 pub mod api;
 pub mod client;
 pub mod config;
 pub mod coordinator;
+pub mod desired;
 pub mod network;
+pub mod node_leases;
 pub mod proposer;
 pub mod raft_service;
+pub mod scheduler_loop;
 pub mod store;
 pub mod views;
 

@@ -24,7 +24,7 @@ use quotient_coordinator::network::{RaftRequest, RaftResponse};
 use quotient_coordinator::ClientError;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use support::{create_share, job, jobs, share, shares, submit, Cluster};
+use support::{create_share, job, jobs, poll_until, share, shares, submit, Cluster, CONVERGE};
 
 /// How long anything that should happen promptly on loopback may take.
 const PROMPT: Duration = Duration::from_secs(5);
@@ -239,6 +239,20 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
     let admin = cluster.admin();
     create_share(&admin, "team").await;
     let kept = submit(&admin, job("team", 5)).await;
+    // The leader's scheduling loop records why the job waits (there are no nodes); take the
+    // state once it has.
+    poll_until(
+        "the scheduler to record why the job waits",
+        CONVERGE,
+        || async {
+            jobs(&admin)
+                .await
+                .iter()
+                .all(|job| job.reason.is_some())
+                .then_some(())
+        },
+    )
+    .await;
     let before = (shares(&admin).await, jobs(&admin).await);
 
     eprintln!("--- unknown share");

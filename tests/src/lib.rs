@@ -1,6 +1,213 @@
 //! Integration tests that start the real Quotient binaries (coordinators, agents, CLI) as
 //! processes on loopback and drive them end to end.
 //!
-//! Today the cluster tests live beside the binaries they start (`coordinator/tests/`,
-//! `cli/tests/`), where cargo hands them the binaries' paths. This crate will hold the tests
-//! that need all three binaries at once (the walkthrough through real jobs, fault injection).
+//! The cluster tests of one binary live beside it (`coordinator/tests/`, `cli/tests/`),
+//! where cargo hands them its path. This crate holds the tests that need all three at once
+//! (`tests/walkthrough.rs`: the seed's walkthrough through real jobs). Cargo builds no
+//! other package's binaries for them, so [`binaries`] finds them next to each other in the
+//! target folder and fails with a message to build the workspace when one is missing.
+//!
+//! [`DevCluster`] is a `quotient dev up` cluster that is stopped however the test ends
+//! (`dev down`, then SIGKILL of whatever is left); [`poll_until`] waits with a deadline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The three binaries the tests start.
+pub const BINARY_NAMES: [&str; 3] = ["quotient", "quotient-coordinator", "quotient-agent"];
+/// Pause between two polls.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The folder holding the workspace's binaries: the profile folder above this test
+/// executable (`target/debug/deps/TEST` -> `target/debug`). Panics with what to do when a
+/// binary is missing.
+pub fn binaries() -> PathBuf {
+    let executable = std::env::current_exe().expect("the test executable's path");
+    let folder = executable
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable sits in target/PROFILE/deps")
+        .to_path_buf();
+    for name in BINARY_NAMES {
+        let binary = folder.join(name);
+        assert!(
+            binary.is_file(),
+            "{} is missing: build the workspace first (`cargo build` at the workspace root, \
+             with the same profile as the tests), so that {} sit next to each other",
+            binary.display(),
+            BINARY_NAMES.join(", ")
+        );
+    }
+    folder
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A local cluster started with `quotient dev up`; stopped when dropped.
+pub struct DevCluster {
+    pub root: tempfile::TempDir,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    quotient: PathBuf,
+}
+
+impl DevCluster {
+    /// `quotient dev up --dir ROOT/cluster` with `arguments` (e.g. `--nodes 3`).
+    pub fn up(arguments: &[&str]) -> DevCluster {
+        let quotient = binaries().join("quotient");
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let dir = root.path().join("cluster");
+        let config = dir.join("client.toml");
+        let cluster = DevCluster {
+            root,
+            dir,
+            config,
+            quotient,
+        };
+        let dir_text = cluster.dir.display().to_string();
+        let mut all = vec!["dev", "up", "--dir", &dir_text];
+        all.extend_from_slice(arguments);
+        let output = cluster.run(&all);
+        assert!(
+            output.status.success(),
+            "dev up failed: {}{}",
+            text(&output.stderr),
+            cluster.logs()
+        );
+        eprintln!("local cluster in {}", cluster.dir.display());
+        cluster
+    }
+
+    /// Runs `quotient` with this cluster's client config.
+    pub fn run(&self, arguments: &[&str]) -> Output {
+        Command::new(&self.quotient)
+            .args(arguments)
+            .env("QUOTIENT_CONFIG", &self.config)
+            .output()
+            .expect("the quotient binary runs")
+    }
+
+    /// Runs a command that must succeed; its stdout.
+    pub fn ok(&self, arguments: &[&str]) -> String {
+        let output = self.run(arguments);
+        assert!(
+            output.status.success(),
+            "{arguments:?} failed: {}{}",
+            text(&output.stderr),
+            text(&output.stdout)
+        );
+        text(&output.stdout)
+    }
+
+    /// Runs a `-o json` command that must succeed; its JSON document.
+    pub fn json(&self, arguments: &[&str]) -> Value {
+        let stdout = self.ok(arguments);
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|error| panic!("{arguments:?}: {error}: {stdout}"))
+    }
+
+    /// The end of every coordinator and agent log, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut all = String::new();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return all;
+        };
+        for entry in entries.flatten() {
+            for name in ["coordinator.log", "agent.log"] {
+                let path = entry.path().join(name);
+                let Ok(log) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                all.push_str(&format!("\n==== {} (last lines)\n", path.display()));
+                for line in tail.into_iter().rev() {
+                    all.push_str(line);
+                    all.push('\n');
+                }
+            }
+        }
+        all
+    }
+}
+
+impl Drop for DevCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+        let _ = Command::new(&self.quotient)
+            .args(["dev", "down", "--dir"])
+            .arg(&self.dir)
+            .output();
+        let Ok(cluster) = std::fs::read_to_string(self.dir.join("cluster.json")) else {
+            return;
+        };
+        let Ok(cluster) = serde_json::from_str::<Value>(&cluster) else {
+            return;
+        };
+        let agents = cluster["agents"].as_array().into_iter().flatten();
+        for entry in cluster["coordinators"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(agents)
+        {
+            if let Some(pid) = entry["pid"]
+                .as_i64()
+                .and_then(|p| libc::pid_t::try_from(p).ok())
+            {
+                // SAFETY: kill(2) on a pid this test's cluster started; plain integers.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// A training job: records each start (and the checkpoint it resumes from) in its
+/// checkpoint folder, and on SIGTERM writes a checkpoint naming its attempt and exits 0.
+/// The folder is `$CHECKPOINTS/$NAME`, shared by every node of this one-host cluster (as
+/// shared storage would be), so an attempt on another node still finds its checkpoint.
+pub const JOB_SCRIPT: &str = r#"#!/bin/sh
+dir="$CHECKPOINTS/$NAME"
+mkdir -p "$dir"
+echo "start attempt=$QUOTIENT_ATTEMPT job=$QUOTIENT_JOB_ID resume=$(cat "$dir/checkpoint" 2>/dev/null)" >> "$dir/starts"
+trap 'echo "attempt $QUOTIENT_ATTEMPT" > "$dir/checkpoint"; exit 0' TERM
+while true; do sleep 0.1; done
+"#;
+
+/// Writes [`JOB_SCRIPT`] as `FOLDER/train.sh`, executable; its path.
+pub fn write_job_script(folder: &Path) -> String {
+    let path = folder.join("train.sh");
+    std::fs::write(&path, JOB_SCRIPT).expect("the job script is written");
+    let mut permissions = std::fs::metadata(&path).expect("the script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(&path, permissions).expect("the script is executable");
+    path.display().to_string()
+}
+
+/// Calls `check` every [`POLL_INTERVAL`] until it gives `Some`, or panics after `timeout`
+/// with what it waited for and the last thing `check` saw (`Err`).
+pub fn poll_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        let last = match check() {
+            Ok(value) => return value,
+            Err(last) => last,
+        };
+        if started.elapsed() > timeout {
+            panic!("gave up after {timeout:?} waiting for {what}; last seen: {last}");
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}

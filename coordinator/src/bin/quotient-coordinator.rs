@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use quotient_coordinator::config::{parse_peers, CoordinatorConfig, RaftTuning};
+use quotient_coordinator::config::{parse_peers, AgentTuning, CoordinatorConfig, RaftTuning};
 use tracing_subscriber::EnvFilter;
 
 /// Exit status of a bad flag or config file.
@@ -56,6 +56,17 @@ struct Flags {
     /// Raft election timeout upper bound in milliseconds.
     #[arg(long)]
     election_timeout_max_ms: Option<u64>,
+    /// How long an agent runs its jobs without a heartbeat answer from a leader before it
+    /// stops them, in milliseconds (told to each agent when it registers).
+    #[arg(long)]
+    agent_lease_ms: Option<u64>,
+    /// How often agents send heartbeats, in milliseconds (told to each agent).
+    #[arg(long)]
+    agent_heartbeat_ms: Option<u64>,
+    /// What the leader adds to the agent lease and the largest grace period of a node's jobs
+    /// before it marks a silent node lost, in milliseconds.
+    #[arg(long)]
+    node_lease_margin_ms: Option<u64>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     log_json: bool,
@@ -78,6 +89,7 @@ impl Flags {
                     cert: self.cert.clone().ok_or_else(|| missing("cert"))?,
                     key: self.key.clone().ok_or_else(|| missing("key"))?,
                     raft: RaftTuning::default(),
+                    agents: AgentTuning::default(),
                 }
             }
         };
@@ -96,6 +108,16 @@ impl Flags {
         }
         if let Some(value) = self.election_timeout_max_ms {
             tuning.election_timeout_max_ms = value;
+        }
+        let agents = &mut config.agents;
+        if let Some(value) = self.agent_lease_ms {
+            agents.agent_lease_ms = value;
+        }
+        if let Some(value) = self.agent_heartbeat_ms {
+            agents.agent_heartbeat_ms = value;
+        }
+        if let Some(value) = self.node_lease_margin_ms {
+            agents.node_lease_margin_ms = value;
         }
         config.validate()?;
         Ok(config)

@@ -1,0 +1,448 @@
+//! The server side of the agent protocol (ALPN `quotient-agent/1`, see
+//! `quotient_common::agent_api`): node registration, heartbeats, desired state as a long
+//! poll, and job reports.
+//!
+//! - **Who may speak it**: only certificates of role `agent`, and only about the node their
+//!   certificate names. Any other connection is closed; a request naming another node gets
+//!   [`AgentError::Unauthorized`] and is logged, and nothing is written.
+//! - **Followers** answer every request with [`AgentError::NotLeader`], naming the leader, so
+//!   an agent finds the leader from any coordinator address.
+//! - **Register** commits `Command::RegisterNode` and answers the node's epoch and the agent
+//!   timing ([`crate::config::AgentTuning`]).
+//! - **Heartbeat** records the node's last-seen time in memory ([`NodeLeases`]; not
+//!   replicated) and commits `Command::SetGpuHealth` only for GPUs whose health changed.
+//!   It answers at once; the health change commits in the background. Only a leader that a
+//!   quorum acknowledged within [`LEADER_QUORUM_ACK_MAX_MS`] answers, so a deposed leader
+//!   cut off from the others cannot keep an agent's lease alive.
+//! - **WatchDesired** answers at once when the node's desired state is newer than the
+//!   agent's fence, else when it changes, else after [`WATCH_TIMEOUT_MS`] with the current one.
+//! - **Report** commits one `Command::ReportJob` per event through the proposer (so they
+//!   share log entries) and answers, once committed, which were rejected and why.
+//!
+//! Every request is read within [`AGENT_REQUEST_READ_TIMEOUT_MS`] and answered within
+//! [`AGENT_REQUEST_TIMEOUT_MS`] (a watch within its own timeout plus that).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::ServerState;
+use quotient_common::agent_api::{
+    AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireJobEvent, WireJobReport,
+    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+};
+use quotient_common::certs::{PeerIdentity, Role};
+use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS};
+use quotient_common::{GpuDevice, NodeState};
+use quotient_core::{Command, JobEvent, JobReport, Outcome};
+use tokio::sync::Notify;
+
+use crate::config::AgentTuning;
+use crate::desired::DesiredTracker;
+use crate::node_leases::NodeLeases;
+use crate::proposer::{ProposalError, Proposer};
+use crate::store::type_config::Raft;
+use crate::store::QuotientStateMachine;
+
+/// Deadline for an agent to deliver its request once it opened the stream (milliseconds).
+pub const AGENT_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
+/// Deadline for answering one request, Raft commit included (milliseconds).
+pub const AGENT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// A leader answers heartbeats only while a quorum acknowledged it this recently
+/// (milliseconds). A leader cut off from the others keeps believing it leads until it hears
+/// of a newer term; without this check it would keep an agent's lease alive while the new
+/// leader's node lease runs out and requeues that agent's jobs: a job could run twice.
+pub const LEADER_QUORUM_ACK_MAX_MS: u64 = 1_000;
+/// The most actual attempts a Register or Heartbeat may list.
+pub const ACTUAL_ATTEMPTS_MAX: usize = 1_024;
+
+/// What the agent handlers share. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    raft: Raft,
+    state_machine: QuotientStateMachine,
+    proposer: Proposer,
+    desired: DesiredTracker,
+    leases: NodeLeases,
+    tuning: AgentTuning,
+    scheduler: Arc<Notify>,
+}
+
+impl std::fmt::Debug for AgentService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentService").finish_non_exhaustive()
+    }
+}
+
+/// The parts of a coordinator the agent service works with.
+#[derive(Clone)]
+pub struct AgentServiceParts {
+    pub raft: Raft,
+    pub state_machine: QuotientStateMachine,
+    pub proposer: Proposer,
+    pub desired: DesiredTracker,
+    pub leases: NodeLeases,
+    pub tuning: AgentTuning,
+    pub scheduler: Arc<Notify>,
+}
+
+/// The node a request is about.
+fn node_of(request: &AgentRequest) -> &str {
+    match request {
+        AgentRequest::Register { inventory, .. } => &inventory.name,
+        AgentRequest::Heartbeat { node, .. }
+        | AgentRequest::WatchDesired { node, .. }
+        | AgentRequest::Report { node, .. } => node,
+    }
+}
+
+fn request_kind(request: &AgentRequest) -> &'static str {
+    match request {
+        AgentRequest::Register { .. } => "Register",
+        AgentRequest::Heartbeat { .. } => "Heartbeat",
+        AgentRequest::WatchDesired { .. } => "WatchDesired",
+        AgentRequest::Report { .. } => "Report",
+    }
+}
+
+fn bad_request(why: impl Into<String>) -> AgentError {
+    AgentError::BadRequest(why.into())
+}
+
+fn write_error(error: ProposalError) -> AgentError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => AgentError::NotLeader {
+            leader_id: forward.leader_id,
+            leader_address: forward.leader_node.map(|node| node.addr),
+        },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
+            AgentError::Unavailable(change.to_string())
+        }
+        RaftError::Fatal(fatal) => AgentError::Unavailable(format!("raft stopped: {fatal}")),
+    }
+}
+
+fn event_of(event: WireJobEvent) -> JobEvent {
+    match event {
+        WireJobEvent::Started => JobEvent::Started,
+        WireJobEvent::Running => JobEvent::Running,
+        WireJobEvent::Exited { code } => JobEvent::Exited { code },
+        WireJobEvent::ExitedAfterSignal { code } => JobEvent::ExitedAfterSignal { code },
+    }
+}
+
+impl AgentService {
+    pub fn new(parts: AgentServiceParts) -> AgentService {
+        AgentService {
+            inner: Arc::new(Inner {
+                raft: parts.raft,
+                state_machine: parts.state_machine,
+                proposer: parts.proposer,
+                desired: parts.desired,
+                leases: parts.leases,
+                tuning: parts.tuning,
+                scheduler: parts.scheduler,
+            }),
+        }
+    }
+
+    /// Serves one connection on the agent ALPN until it closes; each request on its own task.
+    pub async fn serve_connection(self, connection: PeerConnection) {
+        let peer = connection.peer().clone();
+        let address = connection.remote_address();
+        if let Err(error) = connection.require_role(&[Role::Agent]) {
+            tracing::warn!(%peer, %address, error = %error, "refused an agent connection: not an agent certificate");
+            return;
+        }
+        tracing::debug!(%peer, %address, "agent connected");
+        loop {
+            let stream = match connection.accept_request().await {
+                Ok(Some(stream)) => stream,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(%peer, %address, error = %error, "agent connection ended");
+                    break;
+                }
+            };
+            let service = self.clone();
+            let peer = peer.clone();
+            tokio::spawn(async move { service.serve_request(peer, stream).await });
+        }
+    }
+
+    async fn serve_request(&self, peer: PeerIdentity, mut stream: RequestStream) {
+        let request: AgentRequest = match stream
+            .read_request(Duration::from_millis(AGENT_REQUEST_READ_TIMEOUT_MS))
+            .await
+        {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::warn!(%peer, error = %error, "refused a bad agent request");
+                return;
+            }
+        };
+        let response = self.handle(&peer, request).await;
+        if let Err(error) = stream
+            .respond(&response, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
+            .await
+        {
+            tracing::debug!(%peer, error = %error, "could not answer an agent request");
+        }
+    }
+
+    /// Authorises and answers one request, within its deadline.
+    pub async fn handle(&self, peer: &PeerIdentity, request: AgentRequest) -> AgentResponse {
+        let kind = request_kind(&request);
+        if peer.role != Role::Agent || node_of(&request) != peer.name {
+            tracing::warn!(
+                %peer,
+                request = kind,
+                node = node_of(&request),
+                "refused an agent request about another node"
+            );
+            return AgentResponse::Error(AgentError::Unauthorized(format!(
+                "{peer} may speak only for node {:?}, not {:?}",
+                peer.name,
+                node_of(&request)
+            )));
+        }
+        if let Err(error) = self.leader() {
+            return AgentResponse::Error(error);
+        }
+        let deadline_ms = match request {
+            AgentRequest::WatchDesired { .. } => WATCH_TIMEOUT_MS + AGENT_REQUEST_TIMEOUT_MS,
+            _ => AGENT_REQUEST_TIMEOUT_MS,
+        };
+        let answer =
+            tokio::time::timeout(Duration::from_millis(deadline_ms), self.answer(request)).await;
+        match answer {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                if !matches!(error, AgentError::NotLeader { .. }) {
+                    tracing::info!(%peer, request = kind, error = %error, "agent request refused");
+                }
+                AgentResponse::Error(error)
+            }
+            Err(_) => AgentResponse::Error(AgentError::Unavailable(format!(
+                "no answer within {deadline_ms} ms (is a quorum of coordinators up?)"
+            ))),
+        }
+    }
+
+    /// `Ok` on the leader; else where the leader is.
+    fn leader(&self) -> Result<(), AgentError> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        if metrics.state == ServerState::Leader {
+            return Ok(());
+        }
+        let leader_address = metrics.current_leader.and_then(|leader| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|node| node.addr.clone())
+        });
+        Err(AgentError::NotLeader {
+            leader_id: metrics.current_leader,
+            leader_address,
+        })
+    }
+
+    /// `Ok` while a quorum acknowledged this leader within [`LEADER_QUORUM_ACK_MAX_MS`].
+    fn confirmed_leader(&self) -> Result<(), AgentError> {
+        let since_ack_ms = self.inner.raft.metrics().borrow().millis_since_quorum_ack;
+        match since_ack_ms {
+            Some(ms) if ms <= LEADER_QUORUM_ACK_MAX_MS => Ok(()),
+            _ => Err(AgentError::Unavailable(format!(
+                "this leader has not heard from a quorum for {since_ack_ms:?} ms; it may be \
+                 deposed"
+            ))),
+        }
+    }
+
+    fn term(&self) -> u64 {
+        self.inner.raft.metrics().borrow().current_term
+    }
+
+    async fn answer(&self, request: AgentRequest) -> Result<AgentResponse, AgentError> {
+        match request {
+            AgentRequest::Register { inventory, actual } => {
+                if actual.len() > ACTUAL_ATTEMPTS_MAX {
+                    return Err(bad_request(format!(
+                        "{} actual attempts; at most {ACTUAL_ATTEMPTS_MAX}",
+                        actual.len()
+                    )));
+                }
+                inventory
+                    .validate()
+                    .map_err(|error| bad_request(error.to_string()))?;
+                let node = inventory.name.clone();
+                let gpus = inventory.gpus.len();
+                match self.write(Command::RegisterNode(inventory)).await? {
+                    Outcome::NodeRegistered { epoch, .. } => {
+                        self.inner.leases.heard_from(&node);
+                        self.after_write();
+                        tracing::info!(%node, gpus, epoch, "node registered");
+                        Ok(AgentResponse::Registered {
+                            node_epoch: epoch,
+                            agent_lease_ms: self.inner.tuning.agent_lease_ms,
+                            heartbeat_ms: self.inner.tuning.agent_heartbeat_ms,
+                        })
+                    }
+                    other => Err(AgentError::Unavailable(format!(
+                        "unexpected outcome of a registration: {other:?}"
+                    ))),
+                }
+            }
+            AgentRequest::Heartbeat { node, gpus, actual } => {
+                if actual.len() > ACTUAL_ATTEMPTS_MAX
+                    || gpus.len() > quotient_common::GPUS_PER_NODE_MAX
+                {
+                    return Err(bad_request("a heartbeat lists too many GPUs or attempts"));
+                }
+                self.confirmed_leader()?;
+                self.heartbeat(&node, &gpus)
+            }
+            AgentRequest::WatchDesired { node, after_fence } => self
+                .watch(&node, after_fence)
+                .await
+                .map(AgentResponse::Desired),
+            AgentRequest::Report { node, reports } => self.report(&node, reports).await,
+        }
+    }
+
+    /// Proposes `command`; its outcome once committed and applied.
+    async fn write(&self, command: Command) -> Result<Outcome, AgentError> {
+        match self.inner.proposer.propose(command).await {
+            Ok(Ok(Outcome::Rejected(rejection))) => Err(bad_request(rejection.to_string())),
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(error)) => Err(write_error(error)),
+            Err(stopped) => Err(AgentError::Unavailable(stopped.to_string())),
+        }
+    }
+
+    /// Refreshes desired state and wakes the scheduler after a write of ours (the apply
+    /// watcher does it too; this saves its latency).
+    fn after_write(&self) {
+        let term = self.term();
+        let desired = &self.inner.desired;
+        self.inner
+            .state_machine
+            .read(|state| desired.refresh(state, term));
+        self.inner.scheduler.notify_one();
+    }
+
+    fn heartbeat(&self, node: &str, gpus: &[GpuDevice]) -> Result<AgentResponse, AgentError> {
+        let changes: Vec<(u32, bool)> = self.inner.state_machine.read(|state| {
+            let record = state
+                .node_by_name(node)
+                .filter(|record| record.state != NodeState::Lost)
+                .ok_or(AgentError::NotRegistered)?;
+            Ok::<_, AgentError>(
+                gpus.iter()
+                    .filter_map(|reported| {
+                        let known = record.gpus.iter().find(|g| g.index == reported.index)?;
+                        (known.healthy != reported.healthy)
+                            .then_some((reported.index, reported.healthy))
+                    })
+                    .collect(),
+            )
+        })?;
+        self.inner.leases.heard_from(node);
+        if !changes.is_empty() {
+            let service = self.clone();
+            let node = node.to_string();
+            tokio::spawn(async move {
+                for (index, healthy) in changes {
+                    tracing::info!(%node, index, healthy, "GPU health changed");
+                    let command = Command::SetGpuHealth {
+                        node: node.clone(),
+                        index,
+                        healthy,
+                    };
+                    if let Err(error) = service.write(command).await {
+                        tracing::warn!(%node, index, error = %error, "could not record GPU health");
+                    }
+                }
+                service.after_write();
+            });
+        }
+        Ok(AgentResponse::HeartbeatAck)
+    }
+
+    async fn watch(&self, node: &str, after_fence: Fence) -> Result<DesiredState, AgentError> {
+        let desired = &self.inner.desired;
+        let mut changes = desired.subscribe();
+        let known = self
+            .inner
+            .state_machine
+            .read(|state| state.node_by_name(node).is_some());
+        if !known {
+            return Err(AgentError::NotRegistered);
+        }
+        if desired.get(node).is_none() {
+            self.after_write();
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(WATCH_TIMEOUT_MS);
+        loop {
+            changes.borrow_and_update();
+            let current = desired.get(node).ok_or(AgentError::NotRegistered)?;
+            if current.fence > after_fence {
+                return Ok(current);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Ok(current),
+            }
+            self.leader()?;
+        }
+    }
+
+    async fn report(
+        &self,
+        node: &str,
+        reports: Vec<WireJobReport>,
+    ) -> Result<AgentResponse, AgentError> {
+        if reports.len() > REPORTS_PER_REQUEST_MAX {
+            return Err(bad_request(format!(
+                "{} reports; at most {REPORTS_PER_REQUEST_MAX} per request",
+                reports.len()
+            )));
+        }
+        let proposals = reports.iter().map(|report| {
+            let command = Command::ReportJob(JobReport {
+                job: report.job,
+                attempt: report.attempt,
+                node: node.to_string(),
+                event: event_of(report.event),
+            });
+            self.inner.proposer.propose(command)
+        });
+        // Proposed together, they share log entries.
+        let outcomes = futures_util::future::join_all(proposals).await;
+        let mut rejected = Vec::new();
+        for (report, outcome) in reports.iter().zip(outcomes) {
+            match outcome {
+                Ok(Ok(Outcome::Rejected(rejection))) => {
+                    tracing::warn!(
+                        %node,
+                        job = %report.job,
+                        attempt = report.attempt,
+                        %rejection,
+                        "rejected a job report"
+                    );
+                    rejected.push((report.job, report.attempt, rejection.to_string()));
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => return Err(write_error(error)),
+                Err(stopped) => return Err(AgentError::Unavailable(stopped.to_string())),
+            }
+        }
+        self.after_write();
+        Ok(AgentResponse::Reported { rejected })
+    }
+}

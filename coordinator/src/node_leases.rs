@@ -1,0 +1,209 @@
+//! Node leases on the leader: when each agent was last heard from, and marking a node lost
+//! once it has been silent too long.
+//!
+//! Heartbeats are not replicated (DESIGN.md): the leader keeps the last-seen time of each
+//! node in memory, and only the outcome, `Command::MarkNodeLost`, goes through Raft. A node
+//! is lost once its last heartbeat is older than the agent lease + the largest grace period
+//! of its jobs + a margin ([`crate::config::AgentTuning`]). The agent stops its jobs after
+//! the agent lease without a heartbeat answer (checkpoint signal, grace period, kill), so by
+//! the time the leader requeues them they have been killed: a job never runs twice at once.
+//!
+//! A coordinator that becomes leader starts every node's clock at its election: it cannot
+//! know when the old leader last heard from them, and starting late only delays a requeue.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use quotient_common::NodeState;
+use quotient_core::{Command, Outcome, State};
+
+use crate::config::AgentTuning;
+use crate::proposer::Proposer;
+use crate::store::type_config::Raft;
+use crate::store::QuotientStateMachine;
+
+/// How often the leader checks the leases (milliseconds).
+pub const NODE_LEASE_CHECK_MS: u64 = 200;
+/// Deadline of committing one `MarkNodeLost` (milliseconds); on expiry the next check
+/// tries again.
+pub const MARK_LOST_TIMEOUT_MS: u64 = 10_000;
+
+/// The last-seen time of every node, on the leader. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct NodeLeases {
+    last_seen: Arc<Mutex<BTreeMap<String, Instant>>>,
+    tuning: AgentTuning,
+}
+
+impl NodeLeases {
+    pub fn new(tuning: AgentTuning) -> NodeLeases {
+        NodeLeases {
+            last_seen: Arc::new(Mutex::new(BTreeMap::new())),
+            tuning,
+        }
+    }
+
+    /// Records that `node` was heard from now.
+    pub fn heard_from(&self, node: &str) {
+        self.lock().insert(node.to_string(), Instant::now());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Instant>> {
+        self.last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How long `node` may be silent before it is lost, given its jobs' grace periods.
+    pub fn lease_of(&self, state: &State, node: &quotient_core::NodeRecord) -> Duration {
+        let grace_ms = state
+            .jobs_on_node(node.id)
+            .into_iter()
+            .filter_map(|id| state.job(id))
+            .map(|job| job.spec.grace_period_ms)
+            .max()
+            .unwrap_or(0);
+        Duration::from_millis(
+            self.tuning
+                .agent_lease_ms
+                .saturating_add(grace_ms)
+                .saturating_add(self.tuning.node_lease_margin_ms),
+        )
+    }
+
+    /// The nodes whose lease has run out, as of `now`. Nodes not seen yet start their clock.
+    pub fn expired(&self, state: &State, now: Instant) -> Vec<String> {
+        let mut last_seen = self.lock();
+        let mut expired = Vec::new();
+        for node in state.nodes() {
+            if node.state == NodeState::Lost {
+                last_seen.remove(&node.name);
+                continue;
+            }
+            let seen = *last_seen.entry(node.name.clone()).or_insert(now);
+            if now.saturating_duration_since(seen) > self.lease_of(state, node) {
+                expired.push(node.name.clone());
+            }
+        }
+        expired
+    }
+
+    /// Checks the leases while this coordinator leads, marking expired nodes lost. Runs until
+    /// the Raft node shuts down.
+    pub async fn run(self, raft: Raft, state_machine: QuotientStateMachine, proposer: Proposer) {
+        let mut was_leader = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(NODE_LEASE_CHECK_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let metrics = raft.metrics().borrow().clone();
+            if metrics.running_state.is_err() {
+                return;
+            }
+            if metrics.state != ServerState::Leader {
+                was_leader = false;
+                continue;
+            }
+            if !was_leader {
+                // A new leader: every node's clock starts now.
+                self.lock().clear();
+                was_leader = true;
+            }
+            let expired = state_machine.read(|state| self.expired(state, Instant::now()));
+            for node in expired {
+                tracing::warn!(%node, "node missed its lease; marking it lost and requeueing its jobs");
+                let proposal = proposer.propose(Command::MarkNodeLost { node: node.clone() });
+                let Ok(committed) =
+                    tokio::time::timeout(Duration::from_millis(MARK_LOST_TIMEOUT_MS), proposal)
+                        .await
+                else {
+                    tracing::warn!(%node, "marking the node lost was not committed in time");
+                    continue;
+                };
+                match committed {
+                    Ok(Ok(Outcome::Rejected(rejection))) => {
+                        tracing::warn!(%node, %rejection, "marking the node lost was refused");
+                    }
+                    Ok(Ok(_)) => {
+                        self.lock().remove(&node);
+                    }
+                    Ok(Err(error)) => {
+                        tracing::debug!(%node, error = %error, "could not mark the node lost");
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use quotient_common::Strategy;
+    use quotient_common::{GpuClass, GpuDevice, JobSpec, NodeInventory, ShareSpec, ShareState};
+    use quotient_core::{apply, ApplyCtx};
+
+    use super::*;
+
+    #[test]
+    fn a_node_expires_only_after_lease_plus_its_jobs_grace_plus_margin() {
+        // Proves the node lease is agent lease + the largest grace period of the node's jobs
+        // + the margin, counted from its last heartbeat.
+        let class = GpuClass::parse("a10g").expect("a class");
+        let mut state = State::new();
+        let commands = vec![
+            Command::RegisterNode(NodeInventory {
+                name: "node-1".into(),
+                gpus: vec![GpuDevice {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                    class: class.clone(),
+                    healthy: true,
+                }],
+            }),
+            Command::CreateShare(ShareSpec {
+                name: "team".into(),
+                limits: BTreeMap::from([(class, 1)]),
+                strategy: Strategy::Lend,
+                borrow_limit_percent: None,
+                in_share_preemption: false,
+                state: ShareState::Enabled,
+            }),
+            Command::SubmitJob(JobSpec {
+                grace_period_ms: 2_000,
+                ..JobSpec::new("team", 1, 1, vec!["x".into()])
+            }),
+        ];
+        for (index, command) in commands.into_iter().enumerate() {
+            let ctx = ApplyCtx {
+                log_index: index as u64 + 1,
+                time_ms: 0,
+            };
+            assert!(!apply(&mut state, command, ctx).is_rejected());
+        }
+        let plan = quotient_core::plan(&state);
+        let ctx = ApplyCtx {
+            log_index: 4,
+            time_ms: 0,
+        };
+        apply(&mut state, Command::ApplyPlan(plan), ctx);
+        let leases = NodeLeases::new(AgentTuning {
+            agent_lease_ms: 1_000,
+            agent_heartbeat_ms: 100,
+            node_lease_margin_ms: 500,
+        });
+        let node = state.node_by_name("node-1").expect("registered");
+        assert_eq!(leases.lease_of(&state, node), Duration::from_millis(3_500));
+
+        let heard = Instant::now();
+        leases.heard_from("node-1");
+        let early = heard + Duration::from_millis(3_400);
+        assert!(leases.expired(&state, early).is_empty());
+        let late = heard + Duration::from_millis(3_600);
+        assert_eq!(leases.expired(&state, late), vec!["node-1".to_string()]);
+    }
+}

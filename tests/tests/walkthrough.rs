@@ -1,0 +1,347 @@
+//! The seed's walkthrough (spec/quota-shares.md) through real processes: three coordinators
+//! and three agents with one simulated GPU each (`quotient dev up`), real job scripts that
+//! trap the checkpoint signal and write a checkpoint, and the exact states after each step.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use quotient_tests::{poll_until, write_job_script as write_script, DevCluster};
+use serde_json::Value;
+
+/// How long a step may take to settle (placement, signal, exit, report, placement).
+const STEP: Duration = Duration::from_secs(60);
+
+struct Walkthrough {
+    cluster: DevCluster,
+    script: String,
+    checkpoints: std::path::PathBuf,
+    ids: BTreeMap<&'static str, String>,
+}
+
+impl Walkthrough {
+    fn submit(&mut self, name: &'static str, share: &str, priority: u32) {
+        let priority = priority.to_string();
+        let name_env = format!("NAME={name}");
+        let checkpoints_env = format!("CHECKPOINTS={}", self.checkpoints.display());
+        let id = self
+            .cluster
+            .ok(&[
+                "job",
+                "submit",
+                "--share",
+                share,
+                "--priority",
+                &priority,
+                "--gpus",
+                "1",
+                "--name",
+                name,
+                "--grace-period",
+                "10s",
+                "--env",
+                &name_env,
+                "--env",
+                &checkpoints_env,
+                "--",
+                &self.script,
+            ])
+            .trim()
+            .to_string();
+        self.ids.insert(name, id);
+    }
+
+    fn jobs(&self) -> BTreeMap<String, Value> {
+        let list = self.cluster.json(&["job", "list", "-o", "json"]);
+        list.as_array()
+            .expect("a job array")
+            .iter()
+            .map(|job| {
+                (
+                    job["name"].as_str().unwrap_or_default().to_string(),
+                    job.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until every named job is in its expected state; the jobs by name.
+    fn expect_states(&self, step: &str, expected: &[(&str, &str)]) -> BTreeMap<String, Value> {
+        poll_until(step, STEP, || {
+            let jobs = self.jobs();
+            let states: Vec<(String, String)> = expected
+                .iter()
+                .map(|(name, _)| {
+                    let state = jobs
+                        .get(*name)
+                        .and_then(|job| job["state"].as_str())
+                        .unwrap_or("missing");
+                    (name.to_string(), state.to_string())
+                })
+                .collect();
+            let wanted: Vec<(String, String)> = expected
+                .iter()
+                .map(|(name, state)| (name.to_string(), state.to_string()))
+                .collect();
+            if states == wanted {
+                Ok(jobs)
+            } else {
+                Err(format!("{states:?}"))
+            }
+        })
+    }
+
+    fn share(&self, name: &str) -> Value {
+        self.cluster.json(&["share", "get", name, "-o", "json"])
+    }
+
+    /// The nodes running no job.
+    fn idle_nodes(&self) -> usize {
+        let nodes = self.cluster.json(&["node", "list", "-o", "json"]);
+        nodes
+            .as_array()
+            .expect("a node array")
+            .iter()
+            .filter(|node| {
+                node["gpus"]
+                    .as_array()
+                    .is_some_and(|gpus| gpus.iter().all(|gpu| gpu["job"].is_null()))
+            })
+            .count()
+    }
+
+    fn read(&self, name: &str, file: &str) -> String {
+        std::fs::read_to_string(self.checkpoints.join(name).join(file)).unwrap_or_default()
+    }
+}
+
+/// A fresh cluster of 3 coordinators and 3 one-GPU agents, with the walkthrough's shares.
+fn set_up() -> Walkthrough {
+    let cluster = DevCluster::up(&[
+        "--nodes",
+        "3",
+        "--gpus-per-node",
+        "1",
+        "--gpu-class",
+        "a10g",
+    ]);
+    let script = write_script(cluster.root.path());
+    let checkpoints = cluster.root.path().join("checkpoints");
+    let walk = Walkthrough {
+        cluster,
+        script,
+        checkpoints,
+        ids: BTreeMap::new(),
+    };
+    let cluster = &walk.cluster;
+    cluster.ok(&[
+        "share",
+        "create",
+        "qs1",
+        "--limit",
+        "a10g=1",
+        "--strategy",
+        "lend-and-borrow",
+        "--borrow-limit",
+        "200",
+        "--in-share-preemption",
+    ]);
+    cluster.ok(&[
+        "share",
+        "create",
+        "qs2",
+        "--limit",
+        "a10g=1",
+        "--strategy",
+        "lend",
+    ]);
+    cluster.ok(&[
+        "share",
+        "create",
+        "qs3",
+        "--limit",
+        "a10g=1",
+        "--strategy",
+        "reserve",
+    ]);
+    walk
+}
+
+fn step_1(walk: &mut Walkthrough) {
+    eprintln!("--- step 1: high, med, low to QS1");
+    walk.submit("high", "qs1", 3);
+    walk.submit("med", "qs1", 2);
+    walk.submit("low", "qs1", 1);
+    let jobs = walk.expect_states(
+        "step 1: high and med RUNNING, low RUNNABLE",
+        &[("high", "RUNNING"), ("med", "RUNNING"), ("low", "RUNNABLE")],
+    );
+    assert_ne!(jobs["high"]["node"], jobs["med"]["node"]);
+    assert_eq!(walk.idle_nodes(), 1, "QS3's GPU stays idle");
+    let qs1 = walk.share("qs1");
+    assert_eq!(qs1["usage"]["a10g"], 2, "{qs1}");
+    assert_eq!(qs1["borrowed"]["a10g"], 1, "{qs1}");
+    let qs2 = walk.share("qs2");
+    assert_eq!(qs2["lent"]["a10g"], 1, "{qs2}");
+    assert!(walk.read("low", "starts").is_empty(), "low never started");
+}
+
+fn step_2(walk: &mut Walkthrough) {
+    eprintln!("--- step 2: a job to QS2 reclaims the GPU lent to med");
+    walk.submit("q2", "qs2", 1);
+    let jobs = walk.expect_states(
+        "step 2: med RUNNABLE, q2 RUNNING",
+        &[
+            ("high", "RUNNING"),
+            ("med", "RUNNABLE"),
+            ("low", "RUNNABLE"),
+            ("q2", "RUNNING"),
+        ],
+    );
+    let med = &jobs["med"];
+    assert_eq!(med["preemptions"], 1, "{med}");
+    assert_eq!(med["last_preemption"], "reclaim", "{med}");
+    let q2_id = walk.ids["q2"].clone();
+    assert!(
+        med["preempted_for"]
+            .as_str()
+            .is_some_and(|text| text.starts_with(&q2_id)),
+        "{med}"
+    );
+    assert_eq!(jobs["high"]["preemptions"], 0, "{}", jobs["high"]);
+    assert_eq!(walk.read("med", "checkpoint").trim(), "attempt 1");
+    assert_eq!(walk.idle_nodes(), 1, "QS3 untouched");
+    let qs1 = walk.share("qs1");
+    assert_eq!(qs1["usage"]["a10g"], 1, "{qs1}");
+}
+
+fn step_3(walk: &mut Walkthrough) {
+    eprintln!("--- step 3: low's priority 1 -> 4 preempts high inside QS1");
+    walk.cluster
+        .ok(&["job", "update", &walk.ids["low"], "--priority", "4"]);
+    let jobs = walk.expect_states(
+        "step 3: high RUNNABLE, low RUNNING",
+        &[
+            ("high", "RUNNABLE"),
+            ("med", "RUNNABLE"),
+            ("low", "RUNNING"),
+            ("q2", "RUNNING"),
+        ],
+    );
+    let high = &jobs["high"];
+    assert_eq!(high["preemptions"], 1, "{high}");
+    assert_eq!(high["last_preemption"], "in-share", "{high}");
+    assert_eq!(walk.read("high", "checkpoint").trim(), "attempt 1");
+    assert_eq!(jobs["q2"]["preemptions"], 0);
+    assert_eq!(walk.idle_nodes(), 1, "QS3's GPU is still idle");
+}
+
+/// Every named job's process started exactly once so far.
+fn assert_started_once(walk: &Walkthrough, names: &[&str]) {
+    for name in names {
+        let starts = walk.read(name, "starts");
+        assert_eq!(starts.lines().count(), 1, "{name} started once: {starts}");
+    }
+}
+
+#[test]
+fn the_seeds_walkthrough_through_real_agents_and_jobs() {
+    // Proves the three steps of spec/quota-shares.md's walkthrough, state by state, with real
+    // coordinators, agents and job processes, and that a preempted job's checkpoint is written
+    // and resumed from by its next attempt.
+    let mut walk = set_up();
+    step_1(&mut walk);
+    step_2(&mut walk);
+    step_3(&mut walk);
+    assert_started_once(&walk, &["high", "med", "low", "q2"]);
+
+    eprintln!(
+        "--- after the walkthrough: cancelling low gives its GPU back to high, which resumes"
+    );
+    walk.cluster.ok(&["job", "cancel", &walk.ids["low"]]);
+    let jobs = walk.expect_states(
+        "low CANCELLED, high RUNNING again",
+        &[
+            ("high", "RUNNING"),
+            ("med", "RUNNABLE"),
+            ("low", "CANCELLED"),
+            ("q2", "RUNNING"),
+        ],
+    );
+    assert_eq!(jobs["high"]["attempts"], 2, "{}", jobs["high"]);
+    let starts = poll_until("high's second start recorded", STEP, || {
+        let starts = walk.read("high", "starts");
+        if starts.lines().count() >= 2 {
+            Ok(starts)
+        } else {
+            Err(starts)
+        }
+    });
+    let lines: Vec<&str> = starts.lines().collect();
+    assert_eq!(lines.len(), 2, "high started exactly twice: {starts}");
+    assert!(
+        lines[0].contains("attempt=1") && lines[0].ends_with("resume="),
+        "{starts}"
+    );
+    assert!(
+        lines[1].contains("attempt=2") && lines[1].ends_with("resume=attempt 1"),
+        "{starts}"
+    );
+    for name in ["med", "low", "q2"] {
+        assert_eq!(
+            walk.read(name, "starts").lines().count(),
+            1,
+            "{name} started once"
+        );
+    }
+}
+
+#[test]
+#[ignore = "the agent takes ~10 s to follow a killed leader (3 heartbeats x 2 s to notice, then \
+            a 3 s connect timeout on the dead address first) and self-fences its jobs at its \
+            10 s lease; run with --ignored once the agent's failover is faster"]
+fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
+    // Proves that killing the leading coordinator after step 1 loses nothing: the new leader
+    // resumes from the replicated state, the agents follow it, the walkthrough's end state is
+    // reached, and the failover starts no job a second time.
+    let mut walk = set_up();
+    step_1(&mut walk);
+
+    eprintln!("--- the leader is killed");
+    let status = walk.cluster.json(&["cluster", "status", "-o", "json"]);
+    let leader = status["leader"].as_u64().expect("a leader");
+    let cluster_file: Value = serde_json::from_str(
+        &std::fs::read_to_string(walk.cluster.dir.join("cluster.json")).expect("cluster.json"),
+    )
+    .expect("cluster.json is JSON");
+    let pid = cluster_file["coordinators"]
+        .as_array()
+        .expect("coordinators")
+        .iter()
+        .find(|entry| entry["id"] == leader)
+        .and_then(|entry| entry["pid"].as_i64())
+        .and_then(|pid| libc::pid_t::try_from(pid).ok())
+        .expect("the leader's pid");
+    // SAFETY: kill(2) on a coordinator this test's cluster started; plain integers.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    poll_until("a new leader", STEP, || {
+        let output = walk.cluster.run(&["cluster", "status", "-o", "json"]);
+        let status: Value = serde_json::from_slice(&output.stdout).map_err(|e| e.to_string())?;
+        match status["leader"].as_u64() {
+            Some(new) if new != leader => Ok(new),
+            other => Err(format!("leader {other:?}")),
+        }
+    });
+    let jobs = walk.expect_states(
+        "step 1's state after the failover",
+        &[("high", "RUNNING"), ("med", "RUNNING"), ("low", "RUNNABLE")],
+    );
+    assert_eq!(jobs["high"]["attempts"], 1);
+    assert_eq!(jobs["med"]["attempts"], 1);
+    assert_started_once(&walk, &["high", "med"]);
+
+    step_2(&mut walk);
+    step_3(&mut walk);
+    assert_started_once(&walk, &["high", "med", "low", "q2"]);
+}
