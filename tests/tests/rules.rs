@@ -91,6 +91,78 @@ impl Bench {
             .trim()
             .to_string()
     }
+
+    /// How many times the named job's process started (lines of its `starts` file).
+    fn starts(&self, name: &str) -> usize {
+        std::fs::read_to_string(self.checkpoints.join(name).join("starts"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// `quotient share create NAME --limit a10g=GPUS --strategy STRATEGY EXTRA...`.
+    fn share(&self, name: &str, gpus: u32, strategy: &str, extra: &[&str]) {
+        let limit = format!("a10g={gpus}");
+        let mut arguments = vec![
+            "share",
+            "create",
+            name,
+            "--limit",
+            &limit,
+            "--strategy",
+            strategy,
+        ];
+        arguments.extend_from_slice(extra);
+        self.cluster.ok(&arguments);
+    }
+
+    /// `quotient job get ID -o json`.
+    fn get(&self, id: &str) -> Value {
+        self.cluster.json(&["job", "get", id, "-o", "json"])
+    }
+
+    /// Waits until the named job is RUNNABLE with a reason: the scheduler has looked at it
+    /// and decided it waits.
+    fn expect_waiting(&self, name: &str) -> Value {
+        poll_until(&format!("{name} RUNNABLE with a reason"), SETTLE, || {
+            let list = self.cluster.json(&["job", "list", "-o", "json"]);
+            let job = list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|job| job["name"] == name)
+                .cloned()
+                .unwrap_or(Value::Null);
+            if job["state"] == "RUNNABLE" && job["reason"].as_str().is_some_and(|r| !r.is_empty()) {
+                Ok(job)
+            } else {
+                Err(format!("{job}"))
+            }
+        })
+    }
+
+    /// Asserts the job (by id) was preempted exactly once, of `kind`, for job `for_id`, and
+    /// that its process got the checkpoint signal in its one attempt.
+    fn assert_preempted_once(&self, name: &str, id: &str, kind: &str, for_id: &str) {
+        let job = self.get(id);
+        assert_eq!(job["preemptions"], 1, "{job}");
+        assert_eq!(job["last_preemption"], kind, "{job}");
+        let preempted_for = job["preempted_for"].as_str().unwrap_or_default();
+        assert!(
+            preempted_for == for_id || preempted_for.starts_with(&format!("{for_id} ")),
+            "{name} was preempted for {for_id}: {job}"
+        );
+        assert_eq!(self.checkpoint(name), "attempt 1", "{name} got its signal");
+        assert_eq!(self.starts(name), 1, "{name} started once");
+    }
+
+    /// Asserts the job (by id) was never preempted and its process never got a signal.
+    fn assert_untouched(&self, name: &str, id: &str) {
+        let job = self.get(id);
+        assert_eq!(job["preemptions"], 0, "{job}");
+        assert!(job["last_preemption"].is_null(), "{job}");
+        assert_eq!(self.checkpoint(name), "", "{name} got no signal");
+    }
 }
 
 #[test]
@@ -285,4 +357,130 @@ fn lowering_a_limit_makes_the_jobs_above_it_preemptible() {
     );
     assert_eq!(jobs["keeper"]["preemptions"], 0, "{}", jobs["keeper"]);
     assert_eq!(bench.checkpoint("extra"), "attempt 1");
+}
+
+#[test]
+fn cross_share_reclaim_takes_only_the_lowest_priority_borrowed_job() {
+    // Proves a lender's reclaim preempts exactly one borrowed job, the lowest-priority one
+    // (even though it started earlier), that it gets its checkpoint signal, and that the
+    // freed GPU goes to the lender's job while the other borrowed job keeps running.
+    let bench = Bench::up(3);
+    bench.share("lender", 1, "lend", &[]);
+    bench.share("borrower", 1, "lend-and-borrow", &[]);
+    let keeper = bench.submit("keeper", "borrower", 9, &[]);
+    bench.expect("keeper RUNNING", &[("keeper", "RUNNING")]);
+    let low = bench.submit("low", "borrower", 1, &[]);
+    bench.expect("low RUNNING", &[("low", "RUNNING")]);
+    let mid = bench.submit("mid", "borrower", 5, &[]);
+    let before = bench.expect(
+        "the borrower holds all three GPUs",
+        &[
+            ("keeper", "RUNNING"),
+            ("low", "RUNNING"),
+            ("mid", "RUNNING"),
+        ],
+    );
+    let borrower = bench
+        .cluster
+        .json(&["share", "get", "borrower", "-o", "json"]);
+    assert_eq!(borrower["borrowed"]["a10g"], 2, "{borrower}");
+
+    let claim = bench.submit("claim", "lender", 1, &[]);
+    let jobs = bench.expect(
+        "low RUNNABLE, claim RUNNING",
+        &[
+            ("keeper", "RUNNING"),
+            ("mid", "RUNNING"),
+            ("low", "RUNNABLE"),
+            ("claim", "RUNNING"),
+        ],
+    );
+    assert_eq!(jobs["claim"]["node"], before["low"]["node"], "{jobs:?}");
+    bench.assert_preempted_once("low", &low, "reclaim", &claim);
+    bench.assert_untouched("mid", &mid);
+    bench.assert_untouched("keeper", &keeper);
+    assert_eq!(bench.starts("mid"), 1);
+    assert_eq!(bench.starts("keeper"), 1);
+}
+
+#[test]
+fn in_share_preemption_needs_the_flag_and_a_higher_priority() {
+    // Proves a share without in-share preemption never preempts its own jobs, and one with it
+    // preempts only for a strictly higher priority, taking its lowest-priority job only.
+    let bench = Bench::up(3);
+    bench.share("off", 1, "reserve", &[]);
+    bench.share("on", 2, "reserve", &["--in-share-preemption"]);
+
+    let off_low = bench.submit("off-low", "off", 1, &[]);
+    bench.expect("off-low RUNNING", &[("off-low", "RUNNING")]);
+    let off_high = bench.submit("off-high", "off", 5, &[]);
+    bench.expect_waiting("off-high");
+
+    let on_low = bench.submit("on-low", "on", 1, &[]);
+    let on_mid = bench.submit("on-mid", "on", 3, &[]);
+    bench.expect(
+        "on-low and on-mid RUNNING",
+        &[("on-low", "RUNNING"), ("on-mid", "RUNNING")],
+    );
+    let on_peer = bench.submit("on-peer", "on", 1, &[]);
+    bench.expect_waiting("on-peer");
+    let on_high = bench.submit("on-high", "on", 5, &[]);
+    bench.expect(
+        "on-high RUNNING in place of on-low",
+        &[
+            ("on-high", "RUNNING"),
+            ("on-mid", "RUNNING"),
+            ("on-low", "RUNNABLE"),
+            ("on-peer", "RUNNABLE"),
+            ("off-low", "RUNNING"),
+            ("off-high", "RUNNABLE"),
+        ],
+    );
+    bench.assert_preempted_once("on-low", &on_low, "in-share", &on_high);
+    bench.assert_untouched("on-mid", &on_mid);
+    assert_eq!(
+        bench.starts("on-peer"),
+        0,
+        "the equal-priority job never ran"
+    );
+    assert_eq!(bench.get(&on_peer)["attempts"], 0);
+    bench.assert_untouched("off-low", &off_low);
+    assert_eq!(
+        bench.starts("off-high"),
+        0,
+        "the flag is off: off-high waits"
+    );
+    assert_eq!(bench.get(&off_high)["state"], "RUNNABLE");
+}
+
+#[test]
+fn a_priority_update_triggers_in_share_preemption() {
+    // Proves raising a waiting job's priority above a running job's makes the scheduler
+    // preempt the share's lowest-priority job for it, with its checkpoint signal.
+    let bench = Bench::up(2);
+    bench.share("team", 2, "reserve", &["--in-share-preemption"]);
+    let top = bench.submit("top", "team", 5, &[]);
+    let bottom = bench.submit("bottom", "team", 3, &[]);
+    bench.expect(
+        "top and bottom RUNNING",
+        &[("top", "RUNNING"), ("bottom", "RUNNING")],
+    );
+    let riser = bench.submit("riser", "team", 1, &[]);
+    bench.expect_waiting("riser");
+    bench.assert_untouched("bottom", &bottom);
+
+    bench
+        .cluster
+        .ok(&["job", "update", &riser, "--priority", "4"]);
+    bench.expect(
+        "riser RUNNING in place of bottom",
+        &[
+            ("top", "RUNNING"),
+            ("riser", "RUNNING"),
+            ("bottom", "RUNNABLE"),
+        ],
+    );
+    assert_eq!(bench.get(&riser)["priority"], 4);
+    bench.assert_preempted_once("bottom", &bottom, "in-share", &riser);
+    bench.assert_untouched("top", &top);
 }

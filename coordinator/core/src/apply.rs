@@ -208,6 +208,7 @@ impl State {
             reason: None,
             exit_code: None,
             ended_ms: None,
+            last_node: None,
         };
         self.data.jobs.push(job.clone());
         self.index.add_job(&job, &self.data);
@@ -601,7 +602,9 @@ impl State {
     }
 
     fn place(&mut self, id: JobId, node: NodeId, gpu_mask: u64, ctx: ApplyCtx) {
+        let node_name = self.node(node).map(|record| record.name.clone());
         self.update_job(id, |job| {
+            job.last_node = node_name;
             job.state = JobState::Scheduled;
             job.allocation = Some(Allocation { node, gpu_mask });
             job.placed_index = ctx.log_index;

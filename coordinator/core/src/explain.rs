@@ -44,6 +44,25 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
                 holders.push("no share holds any".into());
             }
             details.push(format!("{class} GPUs: {}", holders.join(", ")));
+            if let Some(share) = state.share(&job.spec.share) {
+                let name = &share.spec.name;
+                if !share.spec.in_share_preemption {
+                    details.push(format!(
+                        "in-share preemption is off for share {name}: this job never preempts the share's own lower-priority jobs"
+                    ));
+                } else {
+                    let lower = state
+                        .holding(name, class)
+                        .into_iter()
+                        .filter_map(|j| state.job(j))
+                        .filter(|j| j.priority() < job.priority())
+                        .count();
+                    details.push(format!(
+                        "in-share preemption is on for share {name}: {lower} of its running {class} jobs have a lower priority than this job's {} (only those can be preempted for it)",
+                        job.priority()
+                    ));
+                }
+            }
             format!("{id} waits: {reason}")
         }
         JobState::Preempting => match &job.stop {
@@ -91,12 +110,47 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             _ => String::new(),
         };
         details.push(format!(
-            "preempted {} time(s); last: {}{target} on {} at {} ms",
+            "preempted {} time(s); last: {}{target} on {} at {}",
             job.preemptions,
             p.kind.as_str(),
             p.node,
-            p.at_ms
+            utc_time(p.at_ms)
         ));
     }
     Some(Explanation { summary, details })
+}
+
+/// A time in ms since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (the civil-from-days
+/// algorithm; explain reads no clock, so it cannot say "3 s ago").
+pub fn utc_time(ms: u64) -> String {
+    let seconds = ms / 1000;
+    let days = (seconds / 86_400) as i64;
+    let (hour, minute, second) = (seconds % 86_400 / 3600, seconds % 3600 / 60, seconds % 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_time;
+
+    #[test]
+    fn times_print_as_utc_dates() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_time(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_time(1_796_210_407_256), "2026-12-02 11:20:07 UTC");
+    }
 }

@@ -114,6 +114,9 @@ pub struct JobRecord {
     pub reason: Option<WaitReason>,
     pub exit_code: Option<i32>,
     pub ended_ms: Option<u64>,
+    /// The name of the node of its current or last placement (kept after the attempt ends,
+    /// so that its logs can be found on that node's agent).
+    pub last_node: Option<String>,
 }
 
 impl JobRecord {
