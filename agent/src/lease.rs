@@ -6,8 +6,33 @@
 //! lease always runs out no later than the coordinators' count, which starts at receipt (the
 //! timing contract is in [`crate::session`]). Time is passed in, so the rules are unit-tested
 //! without sleeping.
+//!
+//! # The lease file
+//! The agent also publishes its lease to its jobs' wrappers, so that a job outlives a dead or
+//! frozen agent by no more than the lease ([`crate::runtime::process`] has the watchdog). The
+//! file is `<state_dir>/`[`LEASE_FILE`], one line, replaced whole (written to a temporary file,
+//! then renamed) on every acknowledged heartbeat or registration:
+//!
+//! ```text
+//! EXPIRY_MS [fencing]
+//! ```
+//!
+//! `EXPIRY_MS` is when the agent's lease runs out, in milliseconds of `CLOCK_BOOTTIME` (the
+//! clock of `/proc/uptime`, which keeps counting while the agent is frozen or the host
+//! suspended, so the wrapper never counts less time than the coordinators do). It is computed
+//! from the same basis as [`LeaseClock`], never later. The word `fencing` is added once the
+//! agent itself has begun stopping its jobs for an expired lease (it sent their checkpoint
+//! signals): the wrapper then sends no second checkpoint signal and only makes sure of the
+//! kill.
 
+use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// The lease file's name under the state dir.
+pub const LEASE_FILE: &str = "agent-lease";
+/// The marker the agent adds to the lease file once it is stopping its jobs itself.
+pub const LEASE_FENCING_MARK: &str = "fencing";
 
 /// The agent's view of its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +74,84 @@ impl LeaseClock {
     }
 }
 
+/// Milliseconds of `CLOCK_BOOTTIME` now (the clock of `/proc/uptime`); `None` if unreadable.
+pub fn boot_time_ms() -> Option<u64> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    if result != 0 {
+        return None;
+    }
+    let seconds = u64::try_from(now.tv_sec).ok()?;
+    let nanos = u64::try_from(now.tv_nsec).ok()?;
+    Some(seconds * 1_000 + nanos / 1_000_000)
+}
+
+/// The lease file's line for `clock` at `now` (`boot_now_ms` = [`boot_time_ms`] at `now`).
+pub fn lease_file_line(
+    clock: &LeaseClock,
+    now: Instant,
+    boot_now_ms: u64,
+    fencing: bool,
+) -> String {
+    let since_ack = clock.since_ack(now).as_millis() as u64;
+    let expiry = boot_now_ms.saturating_sub(since_ack) + clock.lease_ms;
+    if fencing {
+        format!("{expiry} {LEASE_FENCING_MARK}\n")
+    } else {
+        format!("{expiry}\n")
+    }
+}
+
+/// Writes the lease file at `path` whole (temporary file, then rename); see the module docs.
+pub fn write_lease_file(path: &Path, clock: &LeaseClock, fencing: bool) -> std::io::Result<()> {
+    let now = Instant::now();
+    let boot_now_ms = boot_time_ms().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "CLOCK_BOOTTIME is unreadable",
+        )
+    })?;
+    let line = lease_file_line(clock, now, boot_now_ms, fencing);
+    let temporary = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(line.as_bytes())?;
+    drop(file);
+    std::fs::rename(&temporary, path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The file names the expiry on the boot clock, counted from the last acknowledged send.
+    #[test]
+    fn the_lease_file_names_the_expiry_on_the_boot_clock() {
+        let start = Instant::now();
+        let clock = LeaseClock::new(start, 1_000);
+        let now = start + Duration::from_millis(300);
+        assert_eq!(lease_file_line(&clock, now, 50_000, false), "50700\n");
+        assert_eq!(
+            lease_file_line(&clock, now, 50_000, true),
+            "50700 fencing\n"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LEASE_FILE);
+        write_lease_file(&path, &clock, false).unwrap();
+        let expiry: u64 = std::fs::read_to_string(&path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let boot = boot_time_ms().unwrap();
+        assert!(
+            expiry <= boot + 1_000 && expiry + 2_000 > boot,
+            "{expiry} vs {boot}"
+        );
+    }
 
     /// The lease runs out lease_ms after the last acknowledged send, and only moves forward.
     #[test]

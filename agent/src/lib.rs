@@ -18,6 +18,7 @@
 //!   finding, registration, heartbeats, the desired-state long poll, reports; and the
 //!   self-fencing timing contract.
 //! - [`lease`]: the self-fencing lease clock.
+//! - [`log_server`]: answers the leader's log reads on the agent's own connection.
 //! - [`journal`]: unacknowledged reports, finished attempts and the last heartbeat answer,
 //!   kept across restarts in the state dir.
 //! - [`run`]: the long-running agent, `run(config, shutdown)`: the executor loop and the
@@ -28,6 +29,7 @@ pub mod executor;
 pub mod gpu;
 pub mod journal;
 pub mod lease;
+pub mod log_server;
 pub mod reconcile;
 pub mod run;
 pub mod runtime;

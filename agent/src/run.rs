@@ -7,7 +7,10 @@
 //!   out, stops every job (checkpoint signal, grace period, kill) and drops the desired state
 //!   until a leader answers again. Its reports go to the [`Journal`] before the runtime forgets
 //!   an attempt, so an exit is reported at least once across a crash.
-//! - The **session** ([`crate::session`]) talks to the leader and never touches a job.
+//! - The **session** ([`crate::session`]) talks to the leader and never touches a job. It
+//!   publishes the lease in `<state_dir>/agent-lease` ([`crate::lease`]); with the process
+//!   runtime each job's wrapper stops the job once that lease runs out, so a job outlives a
+//!   killed or frozen agent by no more than the lease ([`crate::runtime::process`]).
 //!
 //! Shutdown (SIGTERM, SIGINT) ends both and leaves every job running: an agent restart must
 //! not kill jobs. The restarted agent re-finds them (pid files, Docker labels), reports them in
@@ -32,7 +35,8 @@ use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::simulated::SimulatedBackend;
 use crate::gpu::{GpuBackend, GpuError};
 use crate::journal::{Journal, JournalError};
-use crate::lease::LeaseClock;
+use crate::lease::{LeaseClock, LEASE_FILE};
+use crate::log_server::LogSource;
 use crate::reconcile::{Desired, LocalPhase};
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::process::ProcessRuntime;
@@ -122,7 +126,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .collect();
     match config.runtime {
         RuntimeKind::Process => {
-            let runtime = ProcessRuntime::new(&config.state_dir);
+            let runtime = ProcessRuntime::new(&config.state_dir)
+                .with_orphan_watchdog(&config.state_dir.join(LEASE_FILE));
             drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
         }
         RuntimeKind::Docker => {
@@ -166,6 +171,8 @@ async fn drive<R: Runtime + 'static>(
         desired: desired_tx,
         desired_wanted: AtomicBool::new(false),
         backend,
+        lease_file: Some(config.state_dir.join(LEASE_FILE)),
+        logs: log_source(&config),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let session = Session::new(
@@ -192,6 +199,16 @@ async fn drive<R: Runtime + 'static>(
         tracing::error!("the executor task failed: {error}");
     }
     Ok(())
+}
+
+/// Where the configured runtime leaves job logs.
+fn log_source(config: &AgentConfig) -> LogSource {
+    match config.runtime {
+        RuntimeKind::Process => LogSource::Files {
+            state_dir: config.state_dir.clone(),
+        },
+        RuntimeKind::Docker => LogSource::Docker,
+    }
 }
 
 /// The lease clock at start: counted from the last acknowledgement in the journal (so a
@@ -240,6 +257,7 @@ async fn executor_loop<R: Runtime>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut desired: Option<Desired> = None;
     let mut fenced = false;
+    let mut fencing_published = false;
     let mut desired_open = true;
     loop {
         let mut changed = false;
@@ -267,6 +285,7 @@ async fn executor_loop<R: Runtime>(
         } else if !expired && fenced {
             tracing::info!("a leader answered again; waiting for its desired state");
             fenced = false;
+            fencing_published = false;
             shared
                 .desired_wanted
                 .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -278,7 +297,13 @@ async fn executor_loop<R: Runtime>(
             }
         }
         let reports = if fenced {
-            executor.stop_all().await
+            let reports = executor.stop_all().await;
+            if !fencing_published {
+                // The checkpoint signals are sent: the jobs' wrappers need not send theirs.
+                shared.publish_fencing();
+                fencing_published = true;
+            }
+            reports
         } else if let Some(desired) = &desired {
             executor.step(desired).await
         } else {

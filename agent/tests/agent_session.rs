@@ -10,7 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use quotient_agent::gpu::simulated::simulated_uuid;
-use quotient_agent::runtime::process::{process_state, PidRecord, JOBS_DIR};
+use quotient_agent::lease::{LEASE_FENCING_MARK, LEASE_FILE};
+use quotient_agent::runtime::process::{
+    process_state, PidRecord, JOBS_DIR, WATCHDOG_KILLED_EXIT_CODE, WATCHDOG_POLL_S,
+    WATCHDOG_SLACK_MS,
+};
 use quotient_common::agent_api::{
     ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, WireJobEvent,
 };
@@ -23,6 +27,10 @@ const NODE: &str = "node-1";
 const COUNTING_JOB: &str = r#"trap 'echo checkpointed > "$QUOTIENT_CHECKPOINT_DIR/checkpoint"; exit 0' USR1
 echo start >> "$QUOTIENT_CHECKPOINT_DIR/starts"
 env > "$QUOTIENT_CHECKPOINT_DIR/env.txt"
+while :; do sleep 0.05; done"#;
+/// A job that records each checkpoint signal (SIGUSR1) and runs on regardless.
+const STUBBORN_JOB: &str = r#"trap 'echo signalled >> "$QUOTIENT_CHECKPOINT_DIR/signals"' USR1
+echo start >> "$QUOTIENT_CHECKPOINT_DIR/starts"
 while :; do sleep 0.05; done"#;
 /// A lease long enough that no test trips it by accident.
 const LONG_LEASE_MS: u64 = 10_000;
@@ -436,6 +444,11 @@ async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
         "the job was stopped only after {took:?}"
     );
     wait_until("the job has exited", || !job_pid_alive(&node.state, 5)).await;
+    let lease_file = std::fs::read_to_string(node.state.join(LEASE_FILE)).unwrap_or_default();
+    assert!(
+        lease_file.trim_end().ends_with(LEASE_FENCING_MARK),
+        "the lease file tells the wrappers that the agent fenced itself: {lease_file:?}"
+    );
     assert!(
         !exit_reported(&leader, 5),
         "nothing reaches a silent leader"
@@ -465,6 +478,107 @@ async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
         1,
         "a finished attempt was started again from a stale desired state"
     );
+}
+
+/// An agent killed outright (SIGKILL, no restart) cannot fence itself: its job's wrapper gets
+/// the job its checkpoint signal once the agent's lease file has not been renewed for the
+/// lease, and kills it after the grace period, recording exit code 137.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_outright_leaves_no_job_running_past_its_lease() {
+    const LEASE_MS: u64 = 1_500;
+    /// Slack for process start-up, `sleep` and a loaded test machine.
+    const SLACK_MS: u64 = 1_500;
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
+    let mut stubborn = allocation(NODE, 13, vec![0], WireIntent::Run);
+    stubborn.spec = job_spec(None, shell(STUBBORN_JOB));
+    leader.set_desired(desired(1, 1, vec![stubborn]));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, 13, WireJobEvent::Running)
+    })
+    .await;
+
+    // --- the agent dies without a word; nothing restarts it
+    agent.kill();
+    let killed_at = Instant::now();
+    let watchdog_ms = WATCHDOG_SLACK_MS + WATCHDOG_POLL_S * 1_000;
+    let signals = node.checkpoint_dir(13).join("signals");
+    wait_until("the wrapper sends the checkpoint signal", || {
+        signals.exists()
+    })
+    .await;
+    let signalled = killed_at.elapsed();
+    assert!(
+        signalled >= Duration::from_millis(LEASE_MS - 2 * HEARTBEAT_MS),
+        "the job was signalled before the lease ran out: {signalled:?}"
+    );
+    assert!(
+        signalled <= Duration::from_millis(LEASE_MS + watchdog_ms + SLACK_MS),
+        "the job was signalled only after {signalled:?}"
+    );
+    wait_until("the job is gone", || !job_pid_alive(&node.state, 13)).await;
+    let gone = killed_at.elapsed();
+    assert!(
+        gone <= Duration::from_millis(
+            LEASE_MS + watchdog_ms + SHORT_GRACE_MS + WATCHDOG_POLL_S * 1_000 + SLACK_MS
+        ),
+        "the job was killed only after {gone:?}"
+    );
+    assert!(
+        gone >= signalled + Duration::from_millis(SHORT_GRACE_MS),
+        "the job was killed before its grace period ran out: {gone:?} after {signalled:?}"
+    );
+    let exit_file = node.state.join(JOBS_DIR).join("j-13-1.exit");
+    assert_eq!(
+        std::fs::read_to_string(&exit_file)
+            .unwrap_or_default()
+            .trim(),
+        WATCHDOG_KILLED_EXIT_CODE.to_string()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&signals).unwrap().lines().count(),
+        1,
+        "one checkpoint signal"
+    );
+    assert_eq!(node.starts(13), 1);
+}
+
+/// An agent killed outright and restarted within its lease renews the lease file on
+/// registration: the job's wrapper leaves the re-adopted job alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_and_restarted_within_its_lease_keeps_its_job() {
+    const LEASE_MS: u64 = 3_000;
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 14, vec![0], WireIntent::Run)],
+    ));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, 14, WireJobEvent::Running)
+    })
+    .await;
+
+    agent.kill();
+    let killed_at = Instant::now();
+    let registrations_before = leader.state().registrations.len();
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
+    wait_until("the restarted agent registers", || {
+        leader.state().registrations.len() > registrations_before
+    })
+    .await;
+    let past_watchdog =
+        Duration::from_millis(LEASE_MS + WATCHDOG_SLACK_MS + 2 * WATCHDOG_POLL_S * 1_000);
+    tokio::time::sleep(past_watchdog.saturating_sub(killed_at.elapsed())).await;
+    assert!(job_pid_alive(&node.state, 14), "the job was stopped");
+    assert!(!node.checkpoint_dir(14).join("checkpoint").exists());
+    assert_eq!(node.starts(14), 1);
+    assert!(!exit_reported(&leader, 14));
 }
 
 /// The first coordinator answers NotLeader naming the second; the agent follows and its

@@ -1,6 +1,6 @@
 //! The process runtime against real processes: environment and GPUs, the checkpoint signal,
-//! preemption (trapped and ignored signals), exit codes, and re-finding jobs after a restart
-//! without touching anyone else's process.
+//! preemption (trapped and ignored signals), exit codes, re-finding jobs after a restart
+//! without touching anyone else's process, and the orphan watchdog.
 
 mod support;
 
@@ -9,8 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use quotient_agent::executor::Executor;
+use quotient_agent::lease::{boot_time_ms, LEASE_FILE};
 use quotient_agent::reconcile::Intent;
-use quotient_agent::runtime::process::{process_state, ProcessRuntime, JOBS_DIR};
+use quotient_agent::runtime::process::{
+    process_state, ProcessRuntime, JOBS_DIR, WATCHDOG_POLL_S, WATCHDOG_SLACK_MS,
+};
 use quotient_agent::runtime::{JobHandle, JobStatus, Runtime};
 use quotient_common::JobId;
 use quotient_core::JobEvent;
@@ -374,4 +377,69 @@ async fn process_job_that_cannot_launch_is_reported_failed() {
         }]
     );
     assert!(executor.step(&desired).await.is_empty(), "not retried");
+}
+
+/// With the orphan watchdog, a job under a live lease runs and exits as before (its exit code
+/// recorded), and a job whose agent's lease file runs out gets its checkpoint signal from its
+/// wrapper, without any agent, within the watchdog's slack and poll.
+#[tokio::test]
+async fn process_watchdog_stops_a_job_once_the_agents_lease_file_runs_out() {
+    let state = tempfile::tempdir().unwrap();
+    let lease_file = state.path().join(LEASE_FILE);
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
+    let runtime = ProcessRuntime::new(state.path()).with_orphan_watchdog(&lease_file);
+
+    let quick = launch(state.path(), 41, 1, None, shell("sleep 0.2; exit 3"));
+    let handle = runtime.start(&quick).await.unwrap();
+    let code = runtime
+        .wait(&handle, WAIT_DEADLINE)
+        .await
+        .unwrap()
+        .expect("the job exits");
+    assert_eq!(
+        code,
+        Some(3),
+        "the exit code is recorded as without a watchdog"
+    );
+
+    let trapping = launch(state.path(), 42, 1, None, shell(TRAPPING_JOB));
+    let handle = runtime.start(&trapping).await.unwrap();
+    wait_ready(&trapping.checkpoint_dir).await;
+    tokio::time::sleep(std::time::Duration::from_millis(
+        WATCHDOG_SLACK_MS + 2 * WATCHDOG_POLL_S * 1_000,
+    ))
+    .await;
+    assert_eq!(
+        runtime.status(&handle).await.unwrap(),
+        JobStatus::Running,
+        "a live lease leaves the job alone"
+    );
+
+    let expired_at = Instant::now();
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms.saturating_sub(1))).unwrap();
+    let checkpoint = trapping.checkpoint_dir.join("checkpoint");
+    wait_for("the wrapper sends the checkpoint signal", || {
+        let exists = checkpoint.exists();
+        async move { exists.then_some(()) }
+    })
+    .await;
+    let took = expired_at.elapsed();
+    assert!(
+        took.as_millis() as u64 <= WATCHDOG_SLACK_MS + WATCHDOG_POLL_S * 1_000 + 1_500,
+        "signalled only after {took:?}"
+    );
+    let code = runtime
+        .wait(&handle, WAIT_DEADLINE)
+        .await
+        .unwrap()
+        .expect("the job exits");
+    assert_eq!(
+        code,
+        Some(0),
+        "the job's own exit code after its checkpoint"
+    );
+    let log = std::fs::read_to_string(&trapping.log_path).unwrap();
+    assert!(log.contains("the agent's lease ran out"), "{log}");
 }

@@ -310,7 +310,12 @@ fn start_agent(
         // Every node of a one-host cluster shares the checkpoints, as shared storage would:
         // a job preempted on one node resumes from its checkpoint on another.
         .arg("--checkpoint-root")
-        .arg(certs_dir.parent().unwrap_or(certs_dir).join(CHECKPOINTS_DIR))
+        .arg(
+            certs_dir
+                .parent()
+                .unwrap_or(certs_dir)
+                .join(CHECKPOINTS_DIR),
+        )
         .arg("--runtime")
         .arg("process")
         .arg("--simulated-gpus")

@@ -13,7 +13,8 @@
 //! - [`parse`]: value parsers (`CLASS=N`, `30s`, `KEY=VALUE`, ...) and [`parse::UsageError`].
 //! - [`certs_init`], [`certs_issue`]: `quotient certs`.
 //! - `share_create`, `share_update`, `share_delete`, `share_list`, `share_get`.
-//! - `job_submit`, `job_get`, `job_list`, `job_update`, `job_cancel`, `job_explain`.
+//! - `job_submit`, `job_get`, `job_list`, `job_update`, `job_cancel`, `job_explain`,
+//!   `job_logs`.
 //! - `node_list`, `node_cordon`, `node_uncordon`, `node_drain`.
 //! - `cluster_status`, `cluster_health`, `cluster_add_member`, `cluster_remove_member`.
 //! - [`demo`]: `quotient demo`, the spec's walkthrough on a fresh local cluster.
@@ -38,6 +39,7 @@ pub mod job_cancel;
 pub mod job_explain;
 pub mod job_get;
 pub mod job_list;
+pub mod job_logs;
 pub mod job_submit;
 pub mod job_update;
 pub mod node_cordon;

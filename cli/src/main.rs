@@ -93,6 +93,8 @@ enum JobCommand {
     Cancel(job_cancel::JobCancelArgs),
     /// Say why a job waits, runs where it does, or ended.
     Explain(job_explain::JobExplainArgs),
+    /// Print a job's logs from the node that ran it (the current or last attempt).
+    Logs(job_logs::JobLogsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,6 +136,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Job(JobCommand::Update(args)) => job_update::run(global, &args),
         Command::Job(JobCommand::Cancel(args)) => job_cancel::run(global, &args),
         Command::Job(JobCommand::Explain(args)) => job_explain::run(global, &args),
+        Command::Job(JobCommand::Logs(args)) => job_logs::run(global, &args),
         Command::Node(NodeCommand::List(args)) => node_list::run(global, &args),
         Command::Node(NodeCommand::Cordon(args)) => node_cordon::run(global, &args),
         Command::Node(NodeCommand::Uncordon(args)) => node_uncordon::run(global, &args),

@@ -13,6 +13,11 @@
 //! Followers answer every request with `AgentError::NotLeader`, so the agent finds the leader
 //! from any coordinator address.
 //!
+//! The leader also opens streams the other way, on the same connection, to ask the agent
+//! something only the host knows ([`LeaderRequest`]): so far the log of an attempt
+//! (`quotient job logs`). Each such request is one stream with a deadline, answered by one
+//! [`LeaderResponse`] frame.
+//!
 //! The fencing epoch ([`Fence`]) orders desired states across leaders: a deposed leader's
 //! desired state is older than any the new leader sends, and the agent ignores it.
 
@@ -29,6 +34,10 @@ pub const WATCH_TIMEOUT_MS: u64 = 5_000;
 pub const DESIRED_ALLOCATIONS_MAX: usize = 256;
 /// The most job events in one `Report`.
 pub const REPORTS_PER_REQUEST_MAX: usize = 256;
+/// The most log bytes one `ReadLogs` answer carries; larger `max_bytes` are capped to it.
+pub const LOG_CHUNK_BYTES_MAX: u32 = 1 << 20;
+/// The leader's deadline for an agent's answer to a [`LeaderRequest`] (milliseconds).
+pub const LEADER_REQUEST_TIMEOUT_MS: u64 = 5_000;
 
 /// A fencing epoch: the leader's Raft term, then the log index of the state the desired state
 /// was computed from. Compared as a pair, so any state sent by a newer leader is newer.
@@ -168,4 +177,35 @@ pub enum AgentError {
     NotRegistered,
     #[error("unavailable: {0}")]
     Unavailable(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+/// A request from the leader to an agent, on a stream the leader opens on the connection the
+/// agent made. The agent answers only about its own node and its own attempts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaderRequest {
+    /// Up to `max_bytes` (at most [`LOG_CHUNK_BYTES_MAX`]) of the attempt's stdout and stderr,
+    /// from byte `offset` on.
+    ReadLogs {
+        node: String,
+        job: JobId,
+        attempt: u32,
+        offset: u64,
+        max_bytes: u32,
+    },
+}
+
+/// The agent's answer to a [`LeaderRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaderResponse {
+    /// `data` starts at the requested offset; `next_offset` is where the next read starts;
+    /// `end` when `data` reaches the end of the log as it is now (a running attempt may
+    /// still add to it).
+    Logs {
+        data: Vec<u8>,
+        next_offset: u64,
+        end: bool,
+    },
+    Error(AgentError),
 }

@@ -11,6 +11,8 @@ use crate::{JobId, JobSpec, JobState, ShareSpec, ShareUpdate};
 
 /// The largest API request or response frame.
 pub const API_FRAME_BYTES_MAX: usize = 16 << 20;
+/// The most log bytes one `JobLogs` answer carries; larger `max_bytes` are capped to it.
+pub const LOG_READ_BYTES_MAX: u32 = 1 << 20;
 
 /// One request from a client. Each travels on its own QUIC stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +68,15 @@ pub enum ApiRequest {
     },
     /// Liveness of the coordinator answering; never forwarded.
     Health,
+    /// Up to `max_bytes` (at most [`LOG_READ_BYTES_MAX`]) of an attempt's stdout and stderr
+    /// from `offset` on, read from the agent of the node that ran it. `attempt: None` means
+    /// the current attempt, or the last one.
+    JobLogs {
+        job: JobId,
+        attempt: Option<u32>,
+        offset: u64,
+        max_bytes: u32,
+    },
 }
 
 impl ApiRequest {
@@ -79,6 +90,7 @@ impl ApiRequest {
                 | ApiRequest::GetJob { .. }
                 | ApiRequest::ListJobs { .. }
                 | ApiRequest::ExplainJob { .. }
+                | ApiRequest::JobLogs { .. }
                 | ApiRequest::ListNodes
                 | ApiRequest::ClusterStatus
                 | ApiRequest::Health
@@ -121,6 +133,16 @@ pub enum ApiResponse {
     Cluster(ClusterView),
     Health(HealthView),
     Error(ApiError),
+    /// A piece of an attempt's log (`JobLogs`). `data` starts at the requested offset;
+    /// `next_offset` is where the next read starts. `complete` once the attempt has ended and
+    /// `data` reaches the end of its log: nothing more will come. `attempt` 0 means the job
+    /// has not been placed yet (no log).
+    Logs {
+        attempt: u32,
+        data: Vec<u8>,
+        next_offset: u64,
+        complete: bool,
+    },
 }
 
 /// Why a request failed. `NotLeader` is for the CLI to follow, never for the user to see.
@@ -142,6 +164,10 @@ pub enum ApiError {
     BadRequest(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// The agent that holds what was asked (an attempt's log) is not connected to the leader
+    /// or did not answer. Not retried by the CLI: the text names the node and what to check.
+    #[error("{0}")]
+    AgentUnavailable(String),
 }
 
 /// A share as `quotient share get -o json` prints it.

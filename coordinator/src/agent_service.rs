@@ -37,6 +37,7 @@ use quotient_common::{GpuDevice, NodeState};
 use quotient_core::{Command, JobEvent, JobReport, Outcome};
 use tokio::sync::Notify;
 
+use crate::agent_links::AgentLinks;
 use crate::config::AgentTuning;
 use crate::desired::DesiredTracker;
 use crate::node_leases::NodeLeases;
@@ -70,6 +71,7 @@ struct Inner {
     leases: NodeLeases,
     tuning: AgentTuning,
     scheduler: Arc<Notify>,
+    links: AgentLinks,
 }
 
 impl std::fmt::Debug for AgentService {
@@ -88,6 +90,8 @@ pub struct AgentServiceParts {
     pub leases: NodeLeases,
     pub tuning: AgentTuning,
     pub scheduler: Arc<Notify>,
+    /// Where each agent's connection is recorded, for the leader's requests to agents.
+    pub links: AgentLinks,
 }
 
 /// The node a request is about.
@@ -146,6 +150,7 @@ impl AgentService {
                 leases: parts.leases,
                 tuning: parts.tuning,
                 scheduler: parts.scheduler,
+                links: parts.links,
             }),
         }
     }
@@ -159,6 +164,7 @@ impl AgentService {
             return;
         }
         tracing::debug!(%peer, %address, "agent connected");
+        self.inner.links.connected(&peer.name, &connection);
         loop {
             let stream = match connection.accept_request().await {
                 Ok(Some(stream)) => stream,
@@ -172,6 +178,7 @@ impl AgentService {
             let peer = peer.clone();
             tokio::spawn(async move { service.serve_request(peer, stream).await });
         }
+        self.inner.links.disconnected(&peer.name, &connection);
     }
 
     async fn serve_request(&self, peer: PeerIdentity, mut stream: RequestStream) {

@@ -10,6 +10,7 @@
 //!   core's words. Specs are also checked before proposing, so a malformed one never reaches
 //!   the log.
 //! - **Reads** are linearizable: `ensure_linearizable` on the leader, then the state machine.
+//!   `JobLogs` then asks the agent that ran the attempt ([`crate::job_logs`]).
 //! - A follower answers [`ApiError::NotLeader`] with the leader's id and address, which the
 //!   client follows ([`crate::client::ApiClient`] does; so does the CLI).
 //!
@@ -30,6 +31,8 @@ use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_T
 use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
+use crate::agent_links::AgentLinks;
+use crate::job_logs;
 use crate::network::PeerConnections;
 use crate::proposer::Proposer;
 use crate::store::type_config::Raft;
@@ -55,6 +58,7 @@ struct Inner {
     state_machine: QuotientStateMachine,
     peers: PeerConnections,
     proposer: Proposer,
+    agent_links: AgentLinks,
 }
 
 impl std::fmt::Debug for ApiService {
@@ -113,8 +117,19 @@ impl ApiService {
                 raft,
                 state_machine,
                 peers,
+                agent_links: AgentLinks::new(),
             }),
         }
+    }
+
+    /// Reads logs through `links` (the agent service's record of agent connections); without
+    /// it no agent is ever connected and `JobLogs` says so.
+    pub fn with_agent_links(mut self, links: AgentLinks) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.agent_links = links,
+            None => tracing::error!("agent links set on a shared ApiService; ignored"),
+        }
+        self
     }
 
     /// Serves one connection on the API ALPN until it closes; each request on its own task.
@@ -268,6 +283,19 @@ impl ApiService {
                     })
                     .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
             }
+            ApiRequest::JobLogs {
+                job,
+                attempt,
+                offset,
+                max_bytes,
+            } => {
+                self.linearizable().await?;
+                let target = self
+                    .inner
+                    .state_machine
+                    .read(|state| job_logs::log_target(state, job, attempt))?;
+                job_logs::read_logs(&self.inner.agent_links, job, target, offset, max_bytes).await
+            }
             ApiRequest::ListNodes => {
                 self.linearizable().await?;
                 Ok(ApiResponse::Nodes(
@@ -400,6 +428,7 @@ fn request_kind(request: &ApiRequest) -> &'static str {
         ApiRequest::AddMember { .. } => "AddMember",
         ApiRequest::RemoveMember { .. } => "RemoveMember",
         ApiRequest::Health => "Health",
+        ApiRequest::JobLogs { .. } => "JobLogs",
     }
 }
 

@@ -21,6 +21,7 @@ use quotient_common::transport::{Client, Server, TransportError, ALPN_AGENT, ALP
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::agent_links::AgentLinks;
 use crate::agent_service::{AgentService, AgentServiceParts};
 use crate::api::ApiService;
 use crate::config::{ConfigError, CoordinatorConfig};
@@ -109,13 +110,15 @@ impl Coordinator {
         )?);
         let local_addr = server.local_addr()?;
         let proposer = Proposer::start(raft.clone());
+        let agent_links = AgentLinks::new();
         let api = ApiService::new(
             config.id,
             raft.clone(),
             state_machine.clone(),
             peers,
             proposer.clone(),
-        );
+        )
+        .with_agent_links(agent_links.clone());
         let desired = DesiredTracker::new();
         let leases = NodeLeases::new(config.agents.clone());
         let scheduler = Arc::new(Notify::new());
@@ -127,6 +130,7 @@ impl Coordinator {
             leases: leases.clone(),
             tuning: config.agents.clone(),
             scheduler: scheduler.clone(),
+            links: agent_links,
         });
         let loops = vec![
             tokio::spawn(scheduler_loop::run(

@@ -11,6 +11,8 @@
 //!   linearizable reads, redirects to the leader, membership changes.
 //! - [`agent_service`]: the agent protocol's server side (`quotient-agent/1`): registration,
 //!   heartbeats, desired state as a long poll, job reports.
+//! - [`agent_links`]: the agents' open connections, for the leader's requests to agents.
+//! - [`job_logs`]: `quotient job logs`: finds the attempt's node and reads from its agent.
 //! - [`desired`]: each node's desired allocations and their fencing epoch.
 //! - [`scheduler_loop`]: the leader's scheduling rounds, committed as plans.
 //! - [`node_leases`]: the leader's in-memory heartbeat clocks; silent nodes are marked lost.
@@ -19,12 +21,14 @@
 //! - [`client`]: a small Rust client of the API that follows redirects (tests, benchmarks).
 //! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
 
+pub mod agent_links;
 pub mod agent_service;
 pub mod api;
 pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod desired;
+pub mod job_logs;
 pub mod network;
 pub mod node_leases;
 pub mod proposer;

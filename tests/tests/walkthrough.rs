@@ -296,9 +296,6 @@ fn the_seeds_walkthrough_through_real_agents_and_jobs() {
 }
 
 #[test]
-#[ignore = "the agent takes ~10 s to follow a killed leader (3 heartbeats x 2 s to notice, then \
-            a 3 s connect timeout on the dead address first) and self-fences its jobs at its \
-            10 s lease; run with --ignored once the agent's failover is faster"]
 fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
     // Proves that killing the leading coordinator after step 1 loses nothing: the new leader
     // resumes from the replicated state, the agents follow it, the walkthrough's end state is
@@ -306,7 +303,14 @@ fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
     let mut walk = set_up();
     step_1(&mut walk);
 
-    eprintln!("--- the leader is killed");
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    eprintln!(
+        "--- the leader is killed (unix time {}.{:03} s)",
+        killed_at.as_secs(),
+        killed_at.subsec_millis()
+    );
     let status = walk.cluster.json(&["cluster", "status", "-o", "json"]);
     let leader = status["leader"].as_u64().expect("a leader");
     let cluster_file: Value = serde_json::from_str(
@@ -344,4 +348,29 @@ fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
     step_2(&mut walk);
     step_3(&mut walk);
     assert_started_once(&walk, &["high", "med", "low", "q2"]);
+    for (agent, log) in agent_logs(&walk) {
+        for line in log.lines().filter(|line| {
+            line.contains("lost the leader") || line.contains("registered with the leader")
+        }) {
+            eprintln!("{agent}: {line}");
+        }
+        assert!(
+            !log.contains("self-fencing"),
+            "{agent} fenced itself during the failover:\n{log}"
+        );
+    }
+}
+
+/// Every agent's log, by its folder's name.
+fn agent_logs(walk: &Walkthrough) -> Vec<(String, String)> {
+    let Ok(entries) = std::fs::read_dir(&walk.cluster.dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let log = std::fs::read_to_string(entry.path().join("agent.log")).ok()?;
+            Some((entry.file_name().to_string_lossy().into_owned(), log))
+        })
+        .collect()
 }

@@ -7,6 +7,34 @@
 //! defaults in the job it starts, whereas ignored ones would be inherited. So the exit code is
 //! known even when the agent was restarted in between and is no longer the job's parent.
 //!
+//! # The orphan watchdog
+//! A job outlives its agent on purpose (a restarted agent re-adopts it), but not its agent's
+//! lease: once the coordinators count the node lost they requeue the job elsewhere, so it must
+//! be gone by then even if the agent was killed or is frozen and cannot fence itself. With
+//! [`ProcessRuntime::with_orphan_watchdog`] (the agent always sets it) the shim starts, before
+//! the job, a watchdog subshell in the job's process group that reads the agent's lease file
+//! (`<state_dir>/agent-lease`, see [`crate::lease`]: the lease's expiry on the boot clock,
+//! rewritten on every acknowledged heartbeat) every [`WATCHDOG_POLL_S`] second and compares
+//! it with `/proc/uptime`. Once the expiry is [`WATCHDOG_SLACK_MS`] behind (the slack lets a
+//! live agent fence first), it:
+//! 1. sends the job's checkpoint signal to the process group (not when the file says
+//!    `fencing`: the agent sent it already), and writes a line to the job's log;
+//! 2. waits the job's grace period; if the job exits meanwhile, the shim records its exit code
+//!    as usual and ends the watchdog;
+//! 3. otherwise writes exit code 137 (128 + SIGKILL) to the exit file and sends SIGKILL to the
+//!    group, shim and watchdog included.
+//!
+//! So the job gets its checkpoint signal by `expiry + WATCHDOG_SLACK_MS + WATCHDOG_POLL_S`
+//! and is gone one more poll after its grace period, inside the coordinators' margin (see
+//! [`crate::session`]). The watchdog only ever reads the file: a restarted agent renews it on
+//! registration, and a job whose agent came back within the lease runs on untouched. A missing
+//! or unreadable file keeps the last expiry read (none read yet: expired, fail closed; the
+//! agent writes the file when it registers, before any job starts). Once the watchdog has
+//! started stopping a job it finishes, even if the lease is renewed meanwhile (the
+//! coordinators may already have requeued it). The watchdog's subshell catches the checkpoint
+//! signals too (so a preemption by the agent does not end it); its `sleep` is cut short by
+//! them, which only makes it look sooner. Jobs started by an older shim have no watchdog.
+//!
 //! Ownership is proven by a pid file, `<state_dir>/jobs/<job>-<attempt>.json`, holding the
 //! leader's pid, the group id and the leader's start time from `/proc/<pid>/stat`. A restarted
 //! agent signals a group only while a process with that pid *and* that start time exists, so a
@@ -36,11 +64,55 @@ pub const PID_FILES_MAX: usize = 4_096;
 /// The shell that runs the shim.
 pub const SHIM_SHELL: &str = "/bin/sh";
 
-/// `$1` is the exit file, the rest is the job's command.
-const SHIM_SCRIPT: &str = r#"exit_file="$1"; shift
+/// How often the orphan watchdog reads the lease file, in whole seconds (`sleep` takes no
+/// fractions in POSIX).
+pub const WATCHDOG_POLL_S: u64 = 1;
+/// How long after the lease's expiry the orphan watchdog acts: longer than the agent's own
+/// executor tick, so a live agent fences first and marks the lease file.
+pub const WATCHDOG_SLACK_MS: u64 = 500;
+/// The exit code the orphan watchdog records when it kills the job (128 + SIGKILL).
+pub const WATCHDOG_KILLED_EXIT_CODE: i32 = 128 + libc::SIGKILL;
+
+/// `$1` is the exit file, `$2` the lease file (empty: no watchdog), `$3` the checkpoint signal
+/// (a name without `SIG`), `$4` the grace period in ms, `$5` the watchdog's slack in ms, `$6`
+/// its poll in seconds, `$7` the exit code it records; the rest is the job's command.
+const SHIM_SCRIPT: &str = r#"exit_file="$1"; lease_file="$2"; signal="$3"; grace_ms="$4"
+slack_ms="$5"; poll_s="$6"; killed_code="$7"; shift 7
 trap 'true' HUP INT QUIT TERM USR1 USR2
+watchdog=
+if [ -n "$lease_file" ]; then
+  (
+    trap 'true' HUP INT QUIT TERM USR1 USR2
+    now() {
+      read -r up rest < /proc/uptime || return 1
+      cs=${up#*.}; cs=${cs#0}
+      now=$(( ${up%.*} * 1000 + cs * 10 ))
+    }
+    expiry=0; mark=
+    while :; do
+      if read -r value word < "$lease_file" 2>/dev/null; then
+        case "$value" in
+          ''|*[!0-9]*) ;;
+          *) expiry=$value; mark=$word ;;
+        esac
+      fi
+      now || { echo "quotient: cannot read /proc/uptime: no orphan watchdog" >&2; exit 1; }
+      [ "$now" -gt $(( expiry + slack_ms )) ] && break
+      sleep "$poll_s"
+    done
+    echo "quotient: the agent's lease ran out (expiry $expiry ms, now $now ms since boot); stopping the job" >&2
+    [ "$mark" = fencing ] || kill -s "$signal" 0
+    end=$(( now + grace_ms ))
+    while now && [ "$now" -lt "$end" ]; do sleep "$poll_s"; done
+    echo "quotient: grace period over; killing the job" >&2
+    printf '%s\n' "$killed_code" > "$exit_file.watchdog" && mv "$exit_file.watchdog" "$exit_file"
+    kill -s KILL 0
+  ) &
+  watchdog=$!
+fi
 "$@"
 code=$?
+[ -z "$watchdog" ] || kill -s KILL "$watchdog" 2>/dev/null
 printf '%s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
 exit "$code""#;
 
@@ -62,6 +134,8 @@ pub struct PidRecord {
 /// Runs jobs as process groups on this host.
 pub struct ProcessRuntime {
     state_dir: PathBuf,
+    /// The agent's lease file, which each job's watchdog reads; `None`: no watchdog.
+    lease_file: Option<PathBuf>,
     /// Children this instance started: waited on here so they leave no zombies.
     children: Mutex<BTreeMap<(JobId, u32), Child>>,
 }
@@ -71,8 +145,16 @@ impl ProcessRuntime {
     pub fn new(state_dir: &Path) -> ProcessRuntime {
         ProcessRuntime {
             state_dir: state_dir.to_path_buf(),
+            lease_file: None,
             children: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Every job started from now on gets the orphan watchdog, reading the lease file at
+    /// `lease_file` (see the module docs).
+    pub fn with_orphan_watchdog(mut self, lease_file: &Path) -> ProcessRuntime {
+        self.lease_file = Some(lease_file.to_path_buf());
+        self
     }
 
     fn jobs_dir(&self) -> PathBuf {
@@ -222,6 +304,12 @@ impl Runtime for ProcessRuntime {
             .arg(SHIM_SCRIPT)
             .arg("quotient-job")
             .arg(&exit_file)
+            .arg(self.lease_file.as_deref().unwrap_or(Path::new("")))
+            .arg(spec.checkpoint_signal.name().trim_start_matches("SIG"))
+            .arg(spec.grace_period_ms.to_string())
+            .arg(WATCHDOG_SLACK_MS.to_string())
+            .arg(WATCHDOG_POLL_S.to_string())
+            .arg(WATCHDOG_KILLED_EXIT_CODE.to_string())
             .args(&spec.payload.command)
             .stdin(Stdio::null())
             .stdout(log)

@@ -1,0 +1,108 @@
+//! `quotient job logs ID [--follow] [--attempt N]`: an attempt's stdout and stderr, read by
+//! the leader from the agent of the node that ran it.
+//!
+//! Without `--attempt`, the job's current attempt, or its last one. The log is read in
+//! pieces of at most [`LOG_READ_BYTES_MAX`] bytes and written to stdout as it is, bytes and
+//! all. Without `--follow` it prints what the log holds now and returns; with it, it keeps
+//! polling every [`FOLLOW_POLL_INTERVAL_MS`] from where it left off until the attempt has
+//! ended and all of its log is printed (a job not yet placed is waited for).
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use quotient_common::api::{ApiRequest, ApiResponse, LOG_READ_BYTES_MAX};
+use quotient_common::JobId;
+
+use crate::client::{unexpected, Session};
+use crate::GlobalArgs;
+
+/// Pause between two polls of `--follow` when nothing new came.
+pub const FOLLOW_POLL_INTERVAL_MS: u64 = 500;
+
+/// Arguments of `quotient job logs`.
+#[derive(Debug, clap::Args)]
+pub struct JobLogsArgs {
+    /// The job's id, e.g. j-42.
+    #[arg(value_name = "ID")]
+    pub job: JobId,
+    /// Keep printing what the attempt writes until it ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Which attempt (QUOTIENT_ATTEMPT) [default: the current one, or the last].
+    #[arg(long, value_name = "N")]
+    pub attempt: Option<u32>,
+}
+
+/// One piece of a log, as the coordinator answered it.
+struct Piece {
+    attempt: u32,
+    data: Vec<u8>,
+    next_offset: u64,
+    complete: bool,
+}
+
+fn read(
+    session: &mut Session,
+    job: JobId,
+    attempt: Option<u32>,
+    offset: u64,
+) -> anyhow::Result<Piece> {
+    let request = ApiRequest::JobLogs {
+        job,
+        attempt,
+        offset,
+        max_bytes: LOG_READ_BYTES_MAX,
+    };
+    match session.call(request.clone())? {
+        ApiResponse::Logs {
+            attempt,
+            data,
+            next_offset,
+            complete,
+        } => Ok(Piece {
+            attempt,
+            data,
+            next_offset,
+            complete,
+        }),
+        other => Err(unexpected(&request, &other)),
+    }
+}
+
+pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
+    let mut session = Session::open(global.config.as_deref())?;
+    let mut stdout = std::io::stdout().lock();
+    let mut attempt = args.attempt;
+    let mut offset = 0;
+    loop {
+        let piece = read(&mut session, args.job, attempt, offset)?;
+        if piece.attempt == 0 && !args.follow {
+            eprintln!(
+                "{} has not been placed on a node yet, so it has no logs; `quotient job explain {}` says why it waits",
+                args.job, args.job
+            );
+            return Ok(());
+        }
+        if piece.attempt != 0 {
+            // Stay with this attempt, even if the job moves on to another.
+            attempt = Some(piece.attempt);
+        }
+        stdout
+            .write_all(&piece.data)
+            .and_then(|()| stdout.flush())
+            .context("cannot write the log to stdout")?;
+        offset = piece.next_offset;
+        if piece.complete {
+            return Ok(());
+        }
+        let full = piece.data.len() >= LOG_READ_BYTES_MAX as usize;
+        if full {
+            continue;
+        }
+        if !args.follow {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(FOLLOW_POLL_INTERVAL_MS));
+    }
+}

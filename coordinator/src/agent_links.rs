@@ -1,0 +1,95 @@
+//! The agents' open connections, by node name, so that the leader can ask an agent something
+//! only its host knows (an attempt's log) on the connection the agent made: QUIC lets the
+//! server open streams too, so no connection goes the other way and no agent listens.
+//!
+//! [`crate::agent_service::AgentService::serve_connection`] records each agent connection
+//! once its certificate is checked and forgets it when it ends; a newer connection of the
+//! same node replaces an older one. Only the leader asks ([`AgentLinks::ask`]); the agent answers only on
+//! the connection it made to the coordinator it registered with.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use quotient_common::agent_api::{LeaderRequest, LeaderResponse, LEADER_REQUEST_TIMEOUT_MS};
+use quotient_common::transport::{PeerConnection, RequestError};
+
+/// Why the leader could not get an answer from an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("the agent of node {node:?} is not connected to the leader; is it running? (`quotient node list`)")]
+    NotConnected { node: String },
+    #[error("the agent of node {node:?} did not answer ({source}); is it running? (`quotient node list`)")]
+    Request {
+        node: String,
+        #[source]
+        source: RequestError,
+    },
+}
+
+/// The open agent connections, by node name. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct AgentLinks {
+    inner: Arc<Mutex<HashMap<String, PeerConnection>>>,
+}
+
+impl std::fmt::Debug for AgentLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentLinks").finish_non_exhaustive()
+    }
+}
+
+impl AgentLinks {
+    pub fn new() -> AgentLinks {
+        AgentLinks::default()
+    }
+
+    fn links(&self) -> MutexGuard<'_, HashMap<String, PeerConnection>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records `connection` as node `node`'s, replacing an older one.
+    pub fn connected(&self, node: &str, connection: &PeerConnection) {
+        self.links().insert(node.to_string(), connection.clone());
+    }
+
+    /// Forgets `connection` if it is still node `node`'s.
+    pub fn disconnected(&self, node: &str, connection: &PeerConnection) {
+        let mut links = self.links();
+        let current = links.get(node).is_some_and(|known| {
+            known.connection().stable_id() == connection.connection().stable_id()
+        });
+        if current {
+            links.remove(node);
+        }
+    }
+
+    /// The node's connection, if its agent is connected.
+    pub fn get(&self, node: &str) -> Option<PeerConnection> {
+        self.links()
+            .get(node)
+            .filter(|connection| connection.connection().close_reason().is_none())
+            .cloned()
+    }
+
+    /// Sends `request` to node `node`'s agent and waits for its answer, within
+    /// [`LEADER_REQUEST_TIMEOUT_MS`].
+    pub async fn ask(
+        &self,
+        node: &str,
+        request: &LeaderRequest,
+    ) -> Result<LeaderResponse, AskError> {
+        let connection = self.get(node).ok_or_else(|| AskError::NotConnected {
+            node: node.to_string(),
+        })?;
+        connection
+            .request(request, Duration::from_millis(LEADER_REQUEST_TIMEOUT_MS))
+            .await
+            .map_err(|source| AskError::Request {
+                node: node.to_string(),
+                source,
+            })
+    }
+}
