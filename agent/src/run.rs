@@ -45,7 +45,7 @@ use crate::session::{Session, Shared};
 
 /// How often the executor loop steps without news: the delay in seeing an exit, in killing
 /// after a grace period, and in noticing that the lease ran out.
-pub const CORE_TICK_MS: u64 = 100;
+pub const CORE_TICK_MS: u64 = 25;
 
 /// Why the agent could not start. Every message says what to do.
 #[derive(Debug, thiserror::Error)]
