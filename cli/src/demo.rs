@@ -62,6 +62,8 @@ pub struct DemoArgs {
 struct ClusterGuard {
     dir: PathBuf,
     keep: bool,
+    /// The folder is the demo's own temporary one: remove it once the cluster is down.
+    remove: bool,
 }
 
 impl Drop for ClusterGuard {
@@ -82,6 +84,12 @@ impl Drop for ClusterGuard {
             },
         ) {
             eprintln!("error: could not stop the demo cluster: {error:#}");
+            return;
+        }
+        if self.remove {
+            if let Err(error) = fs::remove_dir_all(&self.dir) {
+                eprintln!("could not remove {}: {error}", self.dir.display());
+            }
         }
     }
 }
@@ -116,6 +124,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let _guard = ClusterGuard {
         dir: dir.clone(),
         keep: args.keep,
+        remove: args.dir.is_none(),
     };
     dev_up::run(&global, &up)?;
     let config: ClientConfig = client_config::load(Some(&dir.join(CLIENT_CONFIG_FILE)))?;
