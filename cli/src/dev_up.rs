@@ -154,6 +154,28 @@ fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
     })
 }
 
+/// Starts `command` in the background, its output appended to `log`, in its own process
+/// group (a Ctrl-C in this shell must not stop the cluster), with no colour codes (the log is
+/// a file, not a terminal).
+fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open the log {}", log.display()))?;
+    let err = out
+        .try_clone()
+        .with_context(|| format!("cannot open the log {}", log.display()))?;
+    command
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", command.get_program()))
+}
+
 /// Starts one coordinator in the background, its output appended to its log.
 fn start_coordinator(
     binary: &Path,
@@ -163,16 +185,9 @@ fn start_coordinator(
 ) -> anyhow::Result<Child> {
     fs::create_dir_all(&entry.data_dir)
         .with_context(|| format!("cannot create {}", entry.data_dir.display()))?;
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&entry.log)
-        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
-    let log_for_stderr = log
-        .try_clone()
-        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
     let tls = quotient_common::tls::TlsFiles::in_dir(certs_dir, &coordinator_cert_name(entry.id));
-    Command::new(binary)
+    let mut command = Command::new(binary);
+    command
         .arg("--id")
         .arg(entry.id.to_string())
         .arg("--listen")
@@ -186,16 +201,8 @@ fn start_coordinator(
         .arg("--cert")
         .arg(&tls.cert)
         .arg("--key")
-        .arg(&tls.key)
-        // The log is a file, not a terminal: no colour codes in it.
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_for_stderr)
-        // Its own process group: a Ctrl-C in this shell must not stop the cluster.
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("cannot start {}", binary.display()))
+        .arg(&tls.key);
+    spawn_logged(command, &entry.log)
 }
 
 /// Waits until a leader is elected and every coordinator answers its health request, while
@@ -277,23 +284,16 @@ fn make_agent_certificates(certs_dir: &Path, agents: &[AgentEntry]) -> anyhow::R
 /// Starts one agent in the background, its output appended to its log.
 fn start_agent(
     binary: &Path,
-    certs_dir: &Path,
+    dir: &Path,
     entry: &AgentEntry,
     coordinators: &str,
     gpus: &str,
 ) -> anyhow::Result<Child> {
     fs::create_dir_all(&entry.state_dir)
         .with_context(|| format!("cannot create {}", entry.state_dir.display()))?;
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&entry.log)
-        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
-    let log_for_stderr = log
-        .try_clone()
-        .with_context(|| format!("cannot open the log {}", entry.log.display()))?;
-    let tls = quotient_common::tls::TlsFiles::in_dir(certs_dir, &entry.name);
-    Command::new(binary)
+    let tls = quotient_common::tls::TlsFiles::in_dir(&dir.join(CERTS_DIR), &entry.name);
+    let mut command = Command::new(binary);
+    command
         .arg("run")
         .arg("--name")
         .arg(&entry.name)
@@ -310,25 +310,14 @@ fn start_agent(
         // Every node of a one-host cluster shares the checkpoints, as shared storage would:
         // a job preempted on one node resumes from its checkpoint on another.
         .arg("--checkpoint-root")
-        .arg(
-            certs_dir
-                .parent()
-                .unwrap_or(certs_dir)
-                .join(CHECKPOINTS_DIR),
-        )
+        .arg(dir.join(CHECKPOINTS_DIR))
         .arg("--runtime")
         .arg("process")
         .arg("--simulated-gpus")
         .arg(gpus)
         .arg("--lease-ms")
-        .arg(AGENT_LEASE_MS.to_string())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_for_stderr)
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("cannot start {}", binary.display()))
+        .arg(AGENT_LEASE_MS.to_string());
+    spawn_logged(command, &entry.log)
 }
 
 /// Waits until every agent's node is ready in `node list`, while checking that the agents
@@ -486,7 +475,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
             {
                 continue;
             }
-            let child = start_agent(&agent_binary, &certs_dir, entry, &coordinators, &gpus)?;
+            let child = start_agent(&agent_binary, &dir, entry, &coordinators, &gpus)?;
             entry.pid = Some(child.id());
             agents_started.insert(entry.name.clone(), (child, entry.log.clone()));
         }
