@@ -339,6 +339,18 @@ impl<'a> Round<'a> {
 
     /// Phase 1: heads within their share's limit, highest priority first, across shares.
     fn within_limits(&mut self) {
+        self.place_heads(true);
+    }
+
+    /// Phase 3: `lend-and-borrow` heads above their limit borrow idle capacity.
+    fn borrow(&mut self) {
+        self.place_heads(false);
+    }
+
+    /// Places queue heads in global order (priority desc, submit asc) until each queue is
+    /// empty or blocked. With `within_limit_only`, a head that would take its share over its
+    /// limit is left for phase 3 without blocking its queue.
+    fn place_heads(&mut self, within_limit_only: bool) {
         let mut heap = BinaryHeap::new();
         for q in 0..self.queues.len() {
             if self.queues[q].blocked.is_none() {
@@ -350,33 +362,11 @@ impl<'a> Round<'a> {
         while let Some((_, q)) = heap.pop() {
             let Some(job) = self.head(q) else { continue };
             let queue = &self.queues[q];
-            if queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class) {
-                // Over its limit: phase 3 decides whether it may borrow.
+            if within_limit_only
+                && queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class)
+            {
                 continue;
             }
-            match self.try_place(q, job) {
-                Ok(()) => {
-                    if let Some(key) = self.head_key(q) {
-                        heap.push((key, q));
-                    }
-                }
-                Err(reason) => self.queues[q].blocked = Some((job.id, reason)),
-            }
-        }
-    }
-
-    /// Phase 3: `lend-and-borrow` heads above their limit borrow idle capacity.
-    fn borrow(&mut self) {
-        let mut heap = BinaryHeap::new();
-        for q in 0..self.queues.len() {
-            if self.queues[q].blocked.is_none() {
-                if let Some(key) = self.head_key(q) {
-                    heap.push((key, q));
-                }
-            }
-        }
-        while let Some((_, q)) = heap.pop() {
-            let Some(job) = self.head(q) else { continue };
             match self.try_place(q, job) {
                 Ok(()) => {
                     if let Some(key) = self.head_key(q) {
