@@ -11,6 +11,8 @@
 //! `QUOTIENT_BENCH_SECONDS` sets the measured seconds per concurrency (default 5);
 //! `QUOTIENT_BENCH_LOG` the coordinators' `RUST_LOG` (default `warn`); `QUOTIENT_BENCH_KEEP`
 //! keeps the cluster's directory (logs, data) and prints where it is.
+//! `QUOTIENT_BENCH_CLIENTS` replaces the concurrencies (`1,256`), and `QUOTIENT_BENCH_ONLY`
+//! measures one system (`quotient` or `etcd`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -30,6 +32,27 @@ use tokio::net::TcpStream;
 
 /// The concurrencies measured.
 const CONCURRENCIES: [usize; 3] = [1, 16, 256];
+/// The concurrencies to measure: [`CONCURRENCIES`], or the comma-separated list in
+/// `QUOTIENT_BENCH_CLIENTS` (for example `1,256`).
+fn concurrencies() -> Vec<usize> {
+    match std::env::var("QUOTIENT_BENCH_CLIENTS") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .expect("QUOTIENT_BENCH_CLIENTS is a comma-separated list of counts")
+            })
+            .collect(),
+        Err(_) => CONCURRENCIES.to_vec(),
+    }
+}
+
+/// Which systems to measure: `QUOTIENT_BENCH_ONLY` names one (`quotient` or `etcd`).
+fn measures(system: &str) -> bool {
+    std::env::var("QUOTIENT_BENCH_ONLY").map_or(true, |only| only == system)
+}
+
 /// Measured seconds per concurrency, unless `QUOTIENT_BENCH_SECONDS` says otherwise.
 const SECONDS_DEFAULT: u64 = 5;
 /// Unmeasured seconds before each measurement.
@@ -231,7 +254,7 @@ async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
         }
     }
     let mut results = Vec::new();
-    for clients in CONCURRENCIES {
+    for clients in concurrencies() {
         let pool: Arc<Vec<ApiClient>> = Arc::new(
             (0..clients)
                 .map(|_| {
@@ -453,7 +476,7 @@ async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement
     let leader = etcd_leader(&addresses).await;
     let value = base64(&[b'x'; ETCD_VALUE_BYTES]);
     let mut results = Vec::new();
-    for clients in CONCURRENCIES {
+    for clients in concurrencies() {
         let mut connections = Vec::new();
         for _ in 0..clients {
             connections.push(tokio::sync::Mutex::new(
@@ -490,8 +513,13 @@ fn main() {
     if std::env::var_os("QUOTIENT_BENCH_KEEP").is_some() {
         eprintln!("keeping {}", root.path().display());
     }
-    let quotient = runtime.block_on(bench_quotient(&root.path().join("quotient"), seconds));
+    let quotient = if measures("quotient") {
+        runtime.block_on(bench_quotient(&root.path().join("quotient"), seconds))
+    } else {
+        Vec::new()
+    };
     let (etcd, etcd_note) = match etcd_binary() {
+        _ if !measures("etcd") => (None, "skipped: QUOTIENT_BENCH_ONLY".to_string()),
         Some(binary) => {
             let results = runtime.block_on(bench_etcd(&binary, &root.path().join("etcd"), seconds));
             (

@@ -82,7 +82,7 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
         node,
         attempts: job.attempts,
         preemptions: job.preemptions,
-        reason: job.reason.as_ref().map(|r| r.to_string()),
+        reason: state.reason(job).map(|r| r.to_string()),
         last_preemption,
         preempted_for,
         gpu_indices: job

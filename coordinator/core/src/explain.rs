@@ -22,7 +22,7 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
         JobState::Runnable => {
             let queue = state.queue(&job.spec.share, class);
             let head = queue.first().copied();
-            let reason = match (&job.reason, head) {
+            let reason = match (&state.reason(job), head) {
                 (Some(reason), _) => reason.to_string(),
                 (None, Some(head)) if head != id => {
                     WaitReason::QueuedBehind { job: head }.to_string()

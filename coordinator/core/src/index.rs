@@ -26,6 +26,9 @@ pub type HoldingKey = (Reverse<u32>, u64, JobId);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShareClassIndex {
     pub runnable: BTreeSet<QueueKey>,
+    /// `runnable` split by the GPUs each job asks for, so that a round can pass over the
+    /// sizes that can never fit without visiting their jobs.
+    pub runnable_by_gpus: BTreeMap<u32, BTreeSet<QueueKey>>,
     pub holding: BTreeSet<HoldingKey>,
     /// GPUs held by the jobs in `holding`.
     pub usage: u64,
@@ -233,9 +236,14 @@ impl Index {
         let class = job.class().clone();
         let share = job.spec.share.clone();
         if job.state == JobState::Runnable {
-            self.share_class_mut(&share, &class)
-                .runnable
-                .insert((Reverse(job.priority()), job.id));
+            let key = (Reverse(job.priority()), job.id);
+            let index = self.share_class_mut(&share, &class);
+            index.runnable.insert(key);
+            index
+                .runnable_by_gpus
+                .entry(job.gpus())
+                .or_default()
+                .insert(key);
             if let Some(node) = job.nomination {
                 self.nominated.insert(job.id);
                 *self
@@ -278,9 +286,15 @@ impl Index {
         let class = job.class().clone();
         let share = job.spec.share.as_str();
         if job.state == JobState::Runnable {
-            self.share_class_mut(share, &class)
-                .runnable
-                .remove(&(Reverse(job.priority()), job.id));
+            let key = (Reverse(job.priority()), job.id);
+            let index = self.share_class_mut(share, &class);
+            index.runnable.remove(&key);
+            if let Some(size) = index.runnable_by_gpus.get_mut(&job.gpus()) {
+                size.remove(&key);
+                if size.is_empty() {
+                    index.runnable_by_gpus.remove(&job.gpus());
+                }
+            }
             if let Some(node) = job.nomination {
                 self.nominated.remove(&job.id);
                 let key = (node, class.clone());

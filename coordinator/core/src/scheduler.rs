@@ -4,7 +4,10 @@
 //! A round never mutates the state. It works on a [`Scratch`]: usage counters for the queues it
 //! touches and an overlay of the nodes whose free GPUs it has spent, on top of the state's
 //! indexes. The round reads queue heads, not whole queues, so its cost is the number of
-//! placements plus the number of queues, not the number of queued jobs.
+//! placements plus the number of queues, not the number of queued jobs. Jobs that can never
+//! fit (more GPUs than the largest node of their class, or than their share could ever hold)
+//! are not visited at all: each queue is kept split by job size and a round merges only the
+//! sizes that can fit; such a job's reason is derived when read ([`State::reason`]).
 //!
 //! Order of a round:
 //! 0. jobs on draining nodes are preempted; nominated jobs whose GPUs are free take them;
@@ -20,7 +23,7 @@ use std::iter::Peekable;
 
 use quotient_common::{GpuClass, JobId, JobState, ShareSpec};
 
-use crate::index::{ClassCapacity, NodeSlot, QueueKey};
+use crate::index::{ClassCapacity, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
@@ -130,12 +133,51 @@ impl<'a> ClassScratch<'a> {
 struct Queue<'a> {
     share: &'a ShareSpec,
     class: &'a GpuClass,
-    heads: Peekable<std::collections::btree_set::Iter<'a, QueueKey>>,
+    heads: Heads<'a>,
     usage: u64,
     /// The head that waits, and why; the queue takes no further part in phases 1-3.
     blocked: Option<(JobId, WaitReason)>,
     /// Set when GPUs are being freed for the head: nothing more to do this round.
     nominated: bool,
+}
+
+/// A queue's jobs that can fit at all, in queue order: its per-size sets up to the largest
+/// node of its class and its share's cap, merged. Jobs of larger sizes are never visited:
+/// their reason (`rules::never_fits`) is derived from the state when read, so a queue of jobs
+/// that can never fit costs a round nothing.
+struct Heads<'a> {
+    sizes: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+}
+
+impl<'a> Heads<'a> {
+    fn new(index: &'a ShareClassIndex, fits: impl Fn(u32) -> bool) -> Self {
+        let sizes = index
+            .runnable_by_gpus
+            .iter()
+            .filter(|(gpus, _)| fits(**gpus))
+            .map(|(_, jobs)| jobs.iter().peekable())
+            .collect();
+        Heads { sizes }
+    }
+
+    /// The first job in queue order across the sizes, and which size holds it.
+    fn first(&mut self) -> Option<(usize, &'a QueueKey)> {
+        self.sizes
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(size, jobs)| jobs.peek().map(|key| (size, *key)))
+            .min_by_key(|(_, key)| *key)
+    }
+
+    fn peek(&mut self) -> Option<&'a QueueKey> {
+        self.first().map(|(_, key)| key)
+    }
+
+    fn next(&mut self) {
+        if let Some((size, _)) = self.first() {
+            self.sizes[size].next();
+        }
+    }
 }
 
 struct Round<'a> {
@@ -167,10 +209,18 @@ impl<'a> Round<'a> {
                     continue;
                 }
                 queue_of.insert((share_name.as_str(), class), queues.len());
+                let largest = state
+                    .index
+                    .capacity
+                    .get(class)
+                    .map_or(0, ClassCapacity::largest_node);
+                let spec = &share.spec;
                 queues.push(Queue {
-                    share: &share.spec,
+                    share: spec,
                     class,
-                    heads: index.runnable.iter().peekable(),
+                    heads: Heads::new(index, |gpus| {
+                        never_fits(spec, class, gpus, largest).is_none()
+                    }),
                     usage: index.usage,
                     blocked: None,
                     nominated: false,
@@ -313,23 +363,12 @@ impl<'a> Round<'a> {
     /// jobs that can never fit.
     fn head(&mut self, q: usize) -> Option<&'a JobRecord> {
         loop {
-            let &(_, id) = *self.queues[q].heads.peek()?;
-            let job = self.job(id);
+            let &(_, id) = self.queues[q].heads.peek()?;
             if self.placed.contains(&id) {
                 self.queues[q].heads.next();
                 continue;
             }
-            let largest = self
-                .classes
-                .get(job.class())
-                .map_or(0, |c| c.real.largest_node());
-            if let Some(reason) = never_fits(self.queues[q].share, job.class(), job.gpus(), largest)
-            {
-                self.wait(id, reason);
-                self.queues[q].heads.next();
-                continue;
-            }
-            return Some(job);
+            return Some(self.job(id));
         }
     }
 

@@ -198,6 +198,27 @@ impl State {
         self.data.jobs.get(usize::try_from(slot).ok()?)
     }
 
+    /// Why a job is where it is. For a RUNNABLE job that can never fit (it asks for more GPUs
+    /// than the largest node of its class has, or than its share could ever hold), the limit it
+    /// exceeds, derived from the state now: the scheduler passes over such jobs without
+    /// recording anything. Otherwise the reason the scheduler or the job's end recorded.
+    pub fn reason(&self, job: &JobRecord) -> Option<WaitReason> {
+        if job.state == JobState::Runnable {
+            if let Some(share) = self.share(&job.spec.share) {
+                let largest = self
+                    .index
+                    .capacity
+                    .get(job.class())
+                    .map_or(0, crate::index::ClassCapacity::largest_node);
+                let never = crate::rules::never_fits(&share.spec, job.class(), job.gpus(), largest);
+                if never.is_some() {
+                    return never;
+                }
+            }
+        }
+        job.reason.clone()
+    }
+
     pub(crate) fn job_mut(&mut self, id: JobId) -> Option<&mut JobRecord> {
         let slot = id.0.checked_sub(1)?;
         self.data.jobs.get_mut(usize::try_from(slot).ok()?)

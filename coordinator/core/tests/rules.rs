@@ -415,14 +415,29 @@ fn a_job_that_can_never_fit_names_the_limit_it_exceeds() {
     let small = sim.submit(job("a", "small", 1, 1));
     sim.settle();
     assert_eq!(sim.state_of(small), JobState::Running);
+    let reason = |id| sim.state.reason(sim.state.job(id).unwrap());
     assert!(matches!(
-        sim.state.job(too_big_node).unwrap().reason,
+        reason(too_big_node),
         Some(WaitReason::LargestNode { largest: 2, .. })
     ));
     assert!(matches!(
-        sim.state.job(too_big_share).unwrap().reason,
+        reason(too_big_share),
         Some(WaitReason::ExceedsShareCap { cap: 1, .. })
     ));
+    assert!(
+        explain(&sim.state, too_big_node)
+            .unwrap()
+            .summary
+            .contains("largest"),
+        "explain names the limit"
+    );
+    // Such jobs cost a round nothing: with hundreds more queued, the settled state plans
+    // nothing at all (no reasons to record, no entries to commit).
+    for i in 0..300 {
+        sim.submit(job("a", &format!("big-{i}"), 9, 3));
+    }
+    assert!(quotient_core::plan(&sim.state).is_empty());
+    assert_eq!(sim.state_of(small), JobState::Running);
 }
 
 /// Every job left RUNNABLE has a reason that explain can show.
