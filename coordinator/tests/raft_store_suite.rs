@@ -20,9 +20,8 @@ use openraft::{
     Vote,
 };
 use quotient_coordinator::store::codec::{decode_value, encode_value, MAX_ENTRY_BYTES};
-use quotient_coordinator::store::log_store::{
-    DB_FILE_NAME, KEY_COMMITTED, KEY_VOTE, LOGS_TABLE, META_TABLE,
-};
+use quotient_coordinator::store::committed_file::COMMITTED_FILE_NAME;
+use quotient_coordinator::store::log_store::{DB_FILE_NAME, KEY_VOTE, LOGS_TABLE, META_TABLE};
 use quotient_coordinator::store::{self, RedbLogStore};
 use serde::{Deserialize, Serialize};
 
@@ -495,13 +494,38 @@ async fn corrupted_vote_and_committed_are_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     drop(Store::open(dir.path()).expect("open"));
     poke_meta(dir.path(), KEY_VOTE, &huge_length_prefix());
-    poke_meta(dir.path(), KEY_COMMITTED, b"\x01");
     let mut store = Store::open(dir.path()).expect("reopen");
     store.read_vote().await.expect_err("corrupted vote");
-    store
-        .read_committed()
-        .await
-        .expect_err("corrupted committed");
+    drop(store);
+    // Both slots of the committed file damaged: refused at open, with what to do.
+    let committed = dir.path().join(COMMITTED_FILE_NAME);
+    let mut bytes = std::fs::read(&committed).expect("read");
+    bytes[..8].copy_from_slice(b"garbage!");
+    bytes[4096..4104].copy_from_slice(b"garbage!");
+    std::fs::write(&committed, bytes).expect("write");
+    let error = Store::open(dir.path()).expect_err("corrupted committed");
+    assert!(error.to_string().contains("move it away"), "{error}");
+}
+
+#[tokio::test]
+async fn committed_survives_reopen_and_a_torn_save() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let id = |index| LogId::new(CommittedLeaderId::new(1, 0), index);
+    let mut store = Store::open(dir.path()).expect("open");
+    assert_eq!(store.read_committed().await.expect("read"), None);
+    store.save_committed(Some(id(7))).await.expect("save");
+    store.save_committed(Some(id(8))).await.expect("save");
+    drop(store);
+    let mut store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.read_committed().await.expect("read"), Some(id(8)));
+    drop(store);
+    // Tear the newest slot (the second save went to the first slot): the one before remains.
+    let committed = dir.path().join(COMMITTED_FILE_NAME);
+    let mut bytes = std::fs::read(&committed).expect("read");
+    bytes[20] ^= 0xff;
+    std::fs::write(&committed, bytes).expect("write");
+    let mut store = Store::open(dir.path()).expect("reopen after a torn save");
+    assert_eq!(store.read_committed().await.expect("read"), Some(id(7)));
 }
 
 #[tokio::test]

@@ -1,10 +1,15 @@
 //! The durable Raft log: openraft's storage-v2 [`RaftLogStorage`] and [`RaftLogReader`] over one
-//! redb database file, `DATA_DIR/raft.redb`. It holds the log entries (keyed by index), the vote,
-//! the last committed log id and the last purged log id. Every write (append, vote, committed,
-//! truncate, purge) is one redb write transaction committed with [`Durability::Immediate`], that
-//! is fsynced, before it is acknowledged; `append` calls openraft's [`LogFlushed`] callback only
-//! after its transaction committed. Nothing is cached: every read goes to the database, so a
-//! reader handle never sees stale state. redb calls block, so they run on tokio's blocking pool.
+//! redb database file, `DATA_DIR/raft.redb`, which holds the log entries (keyed by index), the
+//! vote and the last purged log id, and the last committed log id in
+//! `DATA_DIR/raft-committed.bin` ([`CommittedFile`]: openraft saves it on every commit, in the
+//! path of every write, and one synced page there costs a fraction of a redb transaction).
+//! Every write is acknowledged only once it is durable: append, vote, truncate and purge are
+//! each one redb write transaction committed with [`Durability::Immediate`], that is fsynced,
+//! and a committed id is a page written and fdatasynced. `append` calls openraft's
+//! [`LogFlushed`] callback only after its transaction committed. Nothing is cached: every read
+//! goes to the disk, so a reader handle never sees stale state. Writes and large reads block, so
+//! they run on tokio's blocking pool; reads of a few entries run in place
+//! ([`INLINE_READ_ENTRIES_MAX`]).
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -25,6 +30,7 @@ use redb::{
 };
 
 use super::codec::{decode_value, encode_value};
+use super::committed_file::CommittedFile;
 
 /// The database file name inside the data directory.
 pub const DB_FILE_NAME: &str = "raft.redb";
@@ -32,13 +38,11 @@ pub const DB_FILE_NAME: &str = "raft.redb";
 /// The table of log entries: log index to encoded entry.
 pub const LOGS_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 
-/// The table of single values: the vote, the committed log id, the last purged log id.
+/// The table of single values: the vote and the last purged log id.
 pub const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 
 /// [`META_TABLE`] key of the vote.
 pub const KEY_VOTE: &str = "vote";
-/// [`META_TABLE`] key of the last committed log id.
-pub const KEY_COMMITTED: &str = "committed";
 /// [`META_TABLE`] key of the last purged log id.
 pub const KEY_LAST_PURGED: &str = "last_purged";
 
@@ -70,6 +74,7 @@ type DbResult<T> = Result<T, DbError>;
 struct Inner {
     db: Database,
     path: PathBuf,
+    committed: CommittedFile,
 }
 
 impl Inner {
@@ -165,7 +170,14 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
                 .add_context(|| format!("opening raft log database {}", path.display()));
             StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, source)
         })?;
-        let inner = Inner { db, path };
+        let committed = CommittedFile::open(data_dir).map_err(|e| {
+            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, AnyError::new(&e))
+        })?;
+        let inner = Inner {
+            db,
+            path,
+            committed,
+        };
         // Create both tables up front so that read transactions always find them.
         inner
             .write(|txn| {
@@ -188,14 +200,15 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
 
     /// Runs a database operation on tokio's blocking pool, mapping its error to a
     /// [`StorageError`] about `subject` that names the database file.
-    async fn blocking<R, F>(
+    async fn blocking<R, E, F>(
         &self,
         subject: ErrorSubject<C::NodeId>,
         verb: ErrorVerb,
         f: F,
     ) -> Result<R, StorageError<C::NodeId>>
     where
-        F: FnOnce(&Inner) -> DbResult<R> + Send + 'static,
+        F: FnOnce(&Inner) -> Result<R, E> + Send + 'static,
+        E: std::error::Error + Send + 'static,
         R: Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
@@ -276,6 +289,24 @@ where
     StorageIOError::new(subject, verb, source).into()
 }
 
+/// Most entries a read may ask for and still run on the calling task instead of tokio's
+/// blocking pool. Replication and apply read the few entries just appended, which redb's
+/// cache holds: reading them in place costs microseconds, the hop to another thread and back
+/// more. Larger reads (a follower catching up) still go to the blocking pool.
+pub const INLINE_READ_ENTRIES_MAX: u64 = 64;
+
+/// Whether a read of `bounds` (from [`owned_bounds`]) is small enough to run in place.
+fn is_small((start, end): (Bound<u64>, Bound<u64>)) -> bool {
+    let Bound::Included(start) = start else {
+        return false;
+    };
+    match end {
+        Bound::Included(end) => end.saturating_sub(start) < INLINE_READ_ENTRIES_MAX,
+        Bound::Excluded(end) => end.saturating_sub(start) <= INLINE_READ_ENTRIES_MAX,
+        Bound::Unbounded => false,
+    }
+}
+
 /// Turns any `u64` range into owned bounds, or `None` when it is empty.
 fn owned_bounds<RB: RangeBounds<u64>>(range: &RB) -> Option<(Bound<u64>, Bound<u64>)> {
     let start = match range.start_bound() {
@@ -304,19 +335,25 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
         let Some(bounds) = owned_bounds(&range) else {
             return Ok(Vec::new());
         };
-        let raw = self
-            .blocking(ErrorSubject::Logs, ErrorVerb::Read, move |inner| {
-                inner.read(|txn| {
-                    let table = txn.open_table(LOGS_TABLE)?;
-                    let mut out = Vec::new();
-                    for item in table.range::<u64>(bounds)? {
-                        let (k, v) = item?;
-                        out.push((k.value(), v.value().to_vec()));
-                    }
-                    Ok(out)
-                })
+        let read = move |inner: &Inner| {
+            inner.read(|txn| {
+                let table = txn.open_table(LOGS_TABLE)?;
+                let mut out = Vec::new();
+                for item in table.range::<u64>(bounds)? {
+                    let (k, v) = item?;
+                    out.push((k.value(), v.value().to_vec()));
+                }
+                Ok(out)
             })
-            .await?;
+        };
+        let raw = if is_small(bounds) {
+            read(&self.inner).map_err(|e| {
+                store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Read, e)
+            })?
+        } else {
+            self.blocking(ErrorSubject::Logs, ErrorVerb::Read, read)
+                .await?
+        };
         raw.iter()
             .map(|(index, bytes)| self.decode_entry(*index, bytes))
             .collect()
@@ -371,15 +408,29 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
         &mut self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), StorageError<C::NodeId>> {
-        self.write_meta_value(KEY_COMMITTED, committed.as_ref(), ErrorSubject::Store)
-            .await
+        let bytes = encode_value(&committed)
+            .map_err(|e| store_error(&self.inner.path, ErrorSubject::Store, ErrorVerb::Write, e))?;
+        self.blocking(ErrorSubject::Store, ErrorVerb::Write, move |inner| {
+            inner.committed.save(&bytes)
+        })
+        .await
     }
 
     async fn read_committed(
         &mut self,
     ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
-        self.read_meta_value(KEY_COMMITTED, ErrorSubject::Store)
-            .await
+        let bytes = self
+            .blocking(ErrorSubject::Store, ErrorVerb::Read, |inner| {
+                inner.committed.read()
+            })
+            .await?;
+        match bytes {
+            None => Ok(None),
+            Some(bytes) => decode_value(&bytes).map_err(|e| {
+                let path = self.inner.committed.path();
+                store_error(path, ErrorSubject::Store, ErrorVerb::Read, e)
+            }),
+        }
     }
 
     async fn append<I>(
@@ -473,6 +524,10 @@ mod tests {
             Some((Bound::Included(5), Bound::Unbounded))
         );
         assert_eq!(owned_bounds(&(5..5)), None);
+        assert!(super::is_small(owned_bounds(&(5..69)).unwrap()));
+        assert!(!super::is_small(owned_bounds(&(5..70)).unwrap()));
+        assert!(super::is_small(owned_bounds(&(5..=68)).unwrap()));
+        assert!(!super::is_small(owned_bounds(&(5..)).unwrap()));
         assert_eq!(owned_bounds(&(6..=5)), None);
         assert_eq!(
             owned_bounds(&(Bound::Excluded(u64::MAX), Bound::Unbounded)),

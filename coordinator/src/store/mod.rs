@@ -1,7 +1,7 @@
 //! Raft storage for the coordinator: the durable log on redb, the state machine around
 //! `quotient_core::State` with its snapshot file, and the openraft type config that ties them
-//! together. Everything lives in one data directory: `raft.redb` (log, vote, committed and
-//! purged log ids) and `snapshot.bin` (the last snapshot). On restart the state is loaded from
+//! together. Everything lives in one data directory: `raft.redb` (log, vote and purged log
+//! id), `raft-committed.bin` (the committed log id) and `snapshot.bin` (the last snapshot). On restart the state is loaded from
 //! the snapshot and openraft re-applies the committed log after it.
 //!
 //! # Layout
@@ -13,6 +13,7 @@
 //!   data and [`Outcomes`] (one `quotient_core::Outcome` per command) as the response.
 
 pub mod codec;
+pub mod committed_file;
 pub mod log_store;
 pub mod state_machine;
 pub mod type_config;
