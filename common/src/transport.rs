@@ -560,13 +560,27 @@ where
             .await
             .map_err(|error| classify(FrameError::Io(error)))?;
         send.finish().map_err(|_| RequestError::StreamClosed)?;
-        frame::read_frame::<Resp>(&mut recv, MAX_FRAME_BYTES)
+        let response = frame::read_frame::<Resp>(&mut recv, MAX_FRAME_BYTES)
             .await
-            .map_err(classify)
+            .map_err(classify)?;
+        observe_end(&mut recv);
+        Ok(response)
     };
     tokio::time::timeout(deadline, exchange)
         .await
         .map_err(|_| RequestError::Timeout { after: deadline })?
+}
+
+/// Notes the end of `recv` when the peer's FIN has already arrived (it usually comes with the
+/// frame), without waiting for it. A receive stream dropped before its end was seen sends
+/// STOP_SENDING to the peer: one more frame to send, acknowledge and process per request.
+fn observe_end(recv: &mut RecvStream) {
+    let mut byte = [0u8; 1];
+    let read = std::pin::pin!(recv.read(&mut byte));
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    // Ready(Ok(None)) is the end; anything else (not yet, stray bytes, an error) is left to
+    // the drop, as before.
+    let _ = std::future::Future::poll(read, &mut context);
 }
 
 /// The server side of one request: read the request frame, then answer it.
@@ -593,7 +607,10 @@ impl RequestStream {
             tokio::time::timeout(deadline, frame::read_frame(&mut self.recv, MAX_FRAME_BYTES))
                 .await;
         let error = match result {
-            Ok(Ok(request_message)) => return Ok(request_message),
+            Ok(Ok(request_message)) => {
+                observe_end(&mut self.recv);
+                return Ok(request_message);
+            }
             Ok(Err(error)) => classify(error),
             Err(_) => RequestError::Timeout { after: deadline },
         };

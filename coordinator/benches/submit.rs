@@ -1,7 +1,7 @@
 //! `cargo bench -p quotient-coordinator --bench submit`: job submits per second and their
 //! acknowledgement latency on a three-coordinator cluster of real processes on loopback
 //! (redb fsyncs every log write), at 1, 16 and 256 concurrent clients, each client with its
-//! own QUIC connection and one request in flight. Side by side, the same load of puts on a
+//! own QUIC connection (the clients share one UDP socket) and one request in flight. Side by side, the same load of puts on a
 //! three-member etcd cluster (the `etcd` binary, 3.4 from Debian's etcd-server), sent
 //! through etcd's HTTP/JSON gateway by a minimal keep-alive HTTP/1.1 client; skipped with a
 //! message when `etcd` is not installed.
@@ -255,13 +255,9 @@ async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
     }
     let mut results = Vec::new();
     for clients in concurrencies() {
-        let pool: Arc<Vec<ApiClient>> = Arc::new(
-            (0..clients)
-                .map(|_| {
-                    ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client")
-                })
-                .collect(),
-        );
+        // Each client has its own QUIC connection (its own TLS session and flow control);
+        // they share the process's UDP socket, as etcd's clients share its runtime.
+        let pool: Arc<Vec<ApiClient>> = Arc::new((0..clients).map(|_| admin.sibling()).collect());
         let result = drive(clients, seconds, move |client, _sequence| {
             let pool = pool.clone();
             async move {

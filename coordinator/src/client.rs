@@ -100,6 +100,18 @@ impl ApiClient {
         })
     }
 
+    /// Another client of the same coordinators with its own connections, sharing this one's
+    /// UDP socket and TLS settings: many clients in one process (a benchmark, a tool) without
+    /// a socket and an endpoint task each.
+    pub fn sibling(&self) -> ApiClient {
+        ApiClient {
+            client: Arc::clone(&self.client),
+            addresses: self.addresses.clone(),
+            state: Arc::new(Mutex::new(ClientState::default())),
+            call_timeout: self.call_timeout,
+        }
+    }
+
     /// The same client with another deadline per call.
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
