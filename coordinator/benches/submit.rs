@@ -12,7 +12,8 @@
 //! `QUOTIENT_BENCH_LOG` the coordinators' `RUST_LOG` (default `warn`); `QUOTIENT_BENCH_KEEP`
 //! keeps the cluster's directory (logs, data) and prints where it is.
 //! `QUOTIENT_BENCH_CLIENTS` replaces the concurrencies (`1,256`), and `QUOTIENT_BENCH_ONLY`
-//! measures one system (`quotient` or `etcd`).
+//! measures one system (`quotient` or `etcd`). `QUOTIENT_BENCH_MEMBER_THREADS` (default 1) sets
+//! each member's worker threads, for both systems (see [`member_threads`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -45,6 +46,18 @@ fn concurrencies() -> Vec<usize> {
             })
             .collect(),
         Err(_) => CONCURRENCIES.to_vec(),
+    }
+}
+
+/// Threads each cluster member runs its work on: tokio's `TOKIO_WORKER_THREADS` for a
+/// coordinator, Go's `GOMAXPROCS` for an etcd member. `QUOTIENT_BENCH_MEMBER_THREADS`, by
+/// default 1: three members share the machine, so each gets about one CPU's worth, as
+/// colocated members would be configured, and both systems are treated alike.
+fn member_threads() -> String {
+    let threads = std::env::var("QUOTIENT_BENCH_MEMBER_THREADS").unwrap_or_else(|_| "1".into());
+    match threads.parse::<usize>() {
+        Ok(n) if n > 0 => n.to_string(),
+        _ => panic!("QUOTIENT_BENCH_MEMBER_THREADS is a positive count, not {threads:?}"),
     }
 }
 
@@ -223,6 +236,7 @@ fn start_quotient(root: &Path) -> (Processes, Vec<String>) {
                 "RUST_LOG",
                 std::env::var("QUOTIENT_BENCH_LOG").unwrap_or_else(|_| "warn".to_string()),
             )
+            .env("TOKIO_WORKER_THREADS", member_threads())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -433,6 +447,7 @@ fn start_etcd(binary: &Path, root: &Path) -> (Processes, Vec<String>) {
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .env("GOMAXPROCS", member_threads())
             .stderr(log)
             .spawn()
             .expect("etcd starts");
@@ -531,6 +546,7 @@ fn main() {
     let line = serde_json::json!({
         "bench": "submit",
         "seconds": seconds,
+        "member_threads": member_threads(),
         "quotient": quotient,
         "etcd": etcd,
         "etcd_note": etcd_note,
