@@ -21,7 +21,13 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
     let summary = match job.state {
         JobState::Runnable => {
             let queue = state.queue(&job.spec.share, class);
-            let head = queue.first().copied();
+            // The queue's head is its first job that can fit: the scheduler passes over the
+            // others, so nothing waits behind them.
+            let head = queue.iter().copied().find(|id| {
+                state
+                    .job(*id)
+                    .is_some_and(|queued| state.never_fits(queued).is_none())
+            });
             let reason = match (&state.reason(job), head) {
                 (Some(reason), _) => reason.to_string(),
                 (None, Some(head)) if head != id => {

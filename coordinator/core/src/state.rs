@@ -203,20 +203,21 @@ impl State {
     /// exceeds, derived from the state now: the scheduler passes over such jobs without
     /// recording anything. Otherwise the reason the scheduler or the job's end recorded.
     pub fn reason(&self, job: &JobRecord) -> Option<WaitReason> {
-        if job.state == JobState::Runnable {
-            if let Some(share) = self.share(&job.spec.share) {
-                let largest = self
-                    .index
-                    .capacity
-                    .get(job.class())
-                    .map_or(0, crate::index::ClassCapacity::largest_node);
-                let never = crate::rules::never_fits(&share.spec, job.class(), job.gpus(), largest);
-                if never.is_some() {
-                    return never;
-                }
-            }
+        self.never_fits(job).or_else(|| job.reason.clone())
+    }
+
+    /// For a RUNNABLE job that can never fit as things stand, the limit it exceeds.
+    pub fn never_fits(&self, job: &JobRecord) -> Option<WaitReason> {
+        if job.state != JobState::Runnable {
+            return None;
         }
-        job.reason.clone()
+        let share = self.share(&job.spec.share)?;
+        let largest = self
+            .index
+            .capacity
+            .get(job.class())
+            .map_or(0, crate::index::ClassCapacity::largest_node);
+        crate::rules::never_fits(&share.spec, job.class(), job.gpus(), largest)
     }
 
     pub(crate) fn job_mut(&mut self, id: JobId) -> Option<&mut JobRecord> {

@@ -438,6 +438,22 @@ fn a_job_that_can_never_fit_names_the_limit_it_exceeds() {
     }
     assert!(quotient_core::plan(&sim.state).is_empty());
     assert_eq!(sim.state_of(small), JobState::Running);
+    // Jobs that fit, queued behind ones that never will, wait behind the first that fits.
+    let fillers: Vec<_> = (0..5)
+        .map(|i| sim.submit(job("a", &format!("fill-{i}"), 1, 1)))
+        .collect();
+    sim.settle();
+    let waiting: Vec<_> = fillers
+        .iter()
+        .copied()
+        .filter(|id| sim.state_of(*id) == JobState::Runnable)
+        .collect();
+    assert!(waiting.len() >= 2, "two fillers wait: {waiting:?}");
+    let summary = explain(&sim.state, waiting[1]).unwrap().summary;
+    assert!(
+        summary.contains(&format!("behind {}", waiting[0])),
+        "{summary}"
+    );
 }
 
 /// Every job left RUNNABLE has a reason that explain can show.
