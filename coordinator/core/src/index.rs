@@ -199,6 +199,13 @@ impl Index {
             .map_or(0, |i| i.usage)
     }
 
+    /// The most healthy GPUs of `class` on one schedulable node (0 without such a node).
+    pub fn largest_node(&self, class: &GpuClass) -> u32 {
+        self.capacity
+            .get(class)
+            .map_or(0, ClassCapacity::largest_node)
+    }
+
     pub fn share_class(&self, share: &str, class: &GpuClass) -> Option<&ShareClassIndex> {
         self.shares.get(share).and_then(|c| c.get(class))
     }

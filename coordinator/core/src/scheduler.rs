@@ -209,11 +209,7 @@ impl<'a> Round<'a> {
                     continue;
                 }
                 queue_of.insert((share_name.as_str(), class), queues.len());
-                let largest = state
-                    .index
-                    .capacity
-                    .get(class)
-                    .map_or(0, ClassCapacity::largest_node);
+                let largest = state.index.largest_node(class);
                 let spec = &share.spec;
                 queues.push(Queue {
                     share: spec,
@@ -359,8 +355,8 @@ impl<'a> Round<'a> {
 
     // --- phases 1 and 3 ----------------------------------------------------------------
 
-    /// The next job of a queue to consider, skipping jobs placed this round and recording
-    /// jobs that can never fit.
+    /// The next job of a queue to consider, skipping jobs placed this round (jobs that can
+    /// never fit are not in [`Heads`] at all).
     fn head(&mut self, q: usize) -> Option<&'a JobRecord> {
         loop {
             let &(_, id) = self.queues[q].heads.peek()?;

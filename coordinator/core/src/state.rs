@@ -212,11 +212,7 @@ impl State {
             return None;
         }
         let share = self.share(&job.spec.share)?;
-        let largest = self
-            .index
-            .capacity
-            .get(job.class())
-            .map_or(0, crate::index::ClassCapacity::largest_node);
+        let largest = self.index.largest_node(job.class());
         crate::rules::never_fits(&share.spec, job.class(), job.gpus(), largest)
     }
 

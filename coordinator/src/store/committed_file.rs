@@ -79,6 +79,14 @@ enum Slot {
     },
 }
 
+/// Turns an I/O error on the file at `path` into a [`CommittedFileError`] naming it.
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> CommittedFileError + Copy + '_ {
+    move |source| CommittedFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 fn parse_slot(bytes: &[u8]) -> Slot {
     if bytes.iter().all(|b| *b == 0) {
         return Slot::Empty;
@@ -107,10 +115,7 @@ impl CommittedFile {
     /// synced) when missing. Blocks on file I/O.
     pub fn open(data_dir: &Path) -> Result<Self, CommittedFileError> {
         let path = data_dir.join(COMMITTED_FILE_NAME);
-        let io = |source| CommittedFileError::Io {
-            path: path.clone(),
-            source,
-        };
+        let io = io_error(&path);
         let existed = path.exists();
         let file = OpenOptions::new()
             .read(true)
@@ -146,10 +151,7 @@ impl CommittedFile {
 
     /// The newest valid slot's sequence number and payload; `None` when none was written.
     fn newest(&self) -> Result<Option<(u64, Vec<u8>)>, CommittedFileError> {
-        let io = |source| CommittedFileError::Io {
-            path: self.path.clone(),
-            source,
-        };
+        let io = io_error(&self.path);
         let size = self.file.metadata().map_err(io)?.len();
         if size != COMMITTED_FILE_BYTES {
             return Err(CommittedFileError::WrongSize {
@@ -205,10 +207,7 @@ impl CommittedFile {
         let crc = crc32fast::hash(&slot[..end]);
         slot[end..end + CRC_BYTES].copy_from_slice(&crc.to_le_bytes());
         let offset = SLOT_OFFSETS[(seq % 2) as usize];
-        let io = |source| CommittedFileError::Io {
-            path: self.path.clone(),
-            source,
-        };
+        let io = io_error(&self.path);
         self.file.write_all_at(&slot, offset).map_err(io)?;
         self.file.sync_data().map_err(io)?;
         *last_seq = seq;
