@@ -170,68 +170,20 @@ impl DesiredTracker {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use quotient_common::Strategy;
-    use quotient_common::{GpuClass, GpuDevice, JobSpec, NodeInventory, ShareSpec, ShareState};
-    use quotient_core::{apply, ApplyCtx, Command};
+    use quotient_common::JobSpec;
+    use quotient_core::Command;
 
     use super::*;
-
-    struct Log {
-        state: State,
-        index: u64,
-    }
-
-    impl Log {
-        fn apply(&mut self, command: Command) {
-            self.index += 1;
-            let ctx = ApplyCtx {
-                log_index: self.index,
-                time_ms: 1_000 * self.index,
-            };
-            let outcome = apply(&mut self.state, command, ctx);
-            assert!(!outcome.is_rejected(), "{outcome:?}");
-        }
-
-        fn schedule(&mut self) {
-            let plan = quotient_core::plan(&self.state);
-            self.apply(Command::ApplyPlan(plan));
-        }
-    }
-
-    fn class() -> GpuClass {
-        GpuClass::parse("a10g").expect("a class")
-    }
+    use crate::test_log::Log;
 
     #[test]
     fn a_placed_job_runs_a_cancelled_one_stops_and_fences_move_only_on_change() {
         // Proves the desired state of a node follows its allocations, intent Stop once a job
         // is PREEMPTING, and that the fence moves only when the node's allocations change
         // or the term does.
-        let mut log = Log {
-            state: State::new(),
-            index: 0,
-        };
-        log.apply(Command::RegisterNode(NodeInventory {
-            name: "node-1".into(),
-            gpus: (0..2)
-                .map(|index| GpuDevice {
-                    index,
-                    uuid: format!("GPU-{index}"),
-                    class: class(),
-                    healthy: true,
-                })
-                .collect(),
-        }));
-        log.apply(Command::CreateShare(ShareSpec {
-            name: "team".into(),
-            limits: BTreeMap::from([(class(), 2)]),
-            strategy: Strategy::Lend,
-            borrow_limit_percent: None,
-            in_share_preemption: false,
-            state: ShareState::Enabled,
-        }));
+        let mut log = Log::new();
+        log.register_node("node-1", 2);
+        log.create_share("team", 2);
         let tracker = DesiredTracker::new();
         assert_eq!(tracker.refresh(&log.state, 1), vec!["node-1".to_string()]);
         let empty = tracker.get("node-1").expect("a known node");

@@ -129,31 +129,11 @@ pub async fn read_logs(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use quotient_common::{
-        GpuClass, GpuDevice, JobSpec, NodeInventory, ShareSpec, ShareState, Strategy,
-    };
-    use quotient_core::{apply, ApplyCtx, Command, JobEvent, JobReport};
+    use quotient_common::JobSpec;
+    use quotient_core::{Command, JobEvent, JobReport};
 
     use super::*;
-
-    struct Log {
-        state: State,
-        index: u64,
-    }
-
-    impl Log {
-        fn apply(&mut self, command: Command) {
-            self.index += 1;
-            let ctx = ApplyCtx {
-                log_index: self.index,
-                time_ms: 1_000 * self.index,
-            };
-            let outcome = apply(&mut self.state, command, ctx);
-            assert!(!outcome.is_rejected(), "{outcome:?}");
-        }
-    }
+    use crate::test_log::Log;
 
     /// Users and admins may read logs; agents and coordinators may not, and it is a read.
     #[test]
@@ -185,36 +165,14 @@ mod tests {
         }
     }
 
-    fn class() -> GpuClass {
-        GpuClass::parse("a10g").expect("a class")
-    }
-
     /// An unplaced job has no node; a running attempt is on its allocation's node and not
     /// ended; a finished one is still found on its last node, ended; other attempts are
     /// refused.
     #[test]
     fn attempts_are_found_on_the_node_that_ran_them() {
-        let mut log = Log {
-            state: State::new(),
-            index: 0,
-        };
-        log.apply(Command::RegisterNode(NodeInventory {
-            name: "node-1".into(),
-            gpus: vec![GpuDevice {
-                index: 0,
-                uuid: "GPU-0".into(),
-                class: class(),
-                healthy: true,
-            }],
-        }));
-        log.apply(Command::CreateShare(ShareSpec {
-            name: "team".into(),
-            limits: BTreeMap::from([(class(), 1)]),
-            strategy: Strategy::Lend,
-            borrow_limit_percent: None,
-            in_share_preemption: false,
-            state: ShareState::Enabled,
-        }));
+        let mut log = Log::new();
+        log.register_node("node-1", 1);
+        log.create_share("team", 1);
         log.apply(Command::SubmitJob(JobSpec::new(
             "team",
             1,
@@ -236,8 +194,7 @@ mod tests {
             Err(ApiError::NotFound(_))
         ));
 
-        let plan = quotient_core::plan(&log.state);
-        log.apply(Command::ApplyPlan(plan));
+        log.schedule();
         let running = log_target(&log.state, job, None).expect("a known job");
         assert_eq!(running.attempt, 1);
         assert_eq!(running.node.as_deref(), Some("node-1"));

@@ -37,6 +37,9 @@ pub mod scheduler_loop;
 pub mod store;
 pub mod views;
 
+#[cfg(test)]
+mod test_log;
+
 pub use client::{ApiClient, ClientError};
 pub use config::CoordinatorConfig;
 pub use coordinator::{run, Coordinator, CoordinatorError};
