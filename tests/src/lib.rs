@@ -104,6 +104,23 @@ impl DevCluster {
         text(&output.stdout)
     }
 
+    /// `quotient share create NAME --limit a10g=GPUS --strategy STRATEGY EXTRA...`, which must
+    /// succeed.
+    pub fn create_share(&self, name: &str, gpus: u32, strategy: &str, extra: &[&str]) {
+        let limit = format!("a10g={gpus}");
+        let mut arguments = vec![
+            "share",
+            "create",
+            name,
+            "--limit",
+            &limit,
+            "--strategy",
+            strategy,
+        ];
+        arguments.extend_from_slice(extra);
+        self.ok(&arguments);
+    }
+
     /// Runs a `-o json` command that must succeed; its JSON document.
     pub fn json(&self, arguments: &[&str]) -> Value {
         let stdout = self.ok(arguments);

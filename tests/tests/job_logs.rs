@@ -20,15 +20,7 @@ const AGENT_GONE_DEADLINE: Duration = Duration::from_secs(15);
 /// One coordinator, one agent with one GPU, and a share that may use it.
 fn cluster() -> DevCluster {
     let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
-    cluster.ok(&[
-        "share",
-        "create",
-        "team",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend",
-    ]);
+    cluster.create_share("team", 1, "lend", &[]);
     cluster
 }
 

@@ -100,22 +100,6 @@ impl Bench {
             .count()
     }
 
-    /// `quotient share create NAME --limit a10g=GPUS --strategy STRATEGY EXTRA...`.
-    fn share(&self, name: &str, gpus: u32, strategy: &str, extra: &[&str]) {
-        let limit = format!("a10g={gpus}");
-        let mut arguments = vec![
-            "share",
-            "create",
-            name,
-            "--limit",
-            &limit,
-            "--strategy",
-            strategy,
-        ];
-        arguments.extend_from_slice(extra);
-        self.cluster.ok(&arguments);
-    }
-
     /// `quotient job get ID -o json`.
     fn get(&self, id: &str) -> Value {
         self.cluster.json(&["job", "get", id, "-o", "json"])
@@ -170,15 +154,7 @@ fn cancelling_a_running_job_stops_it_with_its_checkpoint_signal() {
     // Proves a cancel reaches the running process as its checkpoint signal, the job ends
     // CANCELLED, and its GPU is free again.
     let bench = Bench::up(1);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "team",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend",
-    ]);
+    bench.cluster.create_share("team", 1, "lend", &[]);
     let id = bench.submit("solo", "team", 1, &[]);
     bench.expect("solo RUNNING", &[("solo", "RUNNING")]);
     bench.cluster.ok(&["job", "cancel", &id]);
@@ -193,16 +169,9 @@ fn max_preemptions_zero_fails_the_job_on_its_first_preemption() {
     // Proves a job with max_preemptions 0 ends FAILED when an in-share preemption stops it,
     // after it got its checkpoint signal, and that the GPU goes to the job it was freed for.
     let bench = Bench::up(1);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "team",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend-and-borrow",
-        "--in-share-preemption",
-    ]);
+    bench
+        .cluster
+        .create_share("team", 1, "lend-and-borrow", &["--in-share-preemption"]);
     bench.submit("fragile", "team", 1, &["--max-preemptions", "0"]);
     bench.expect("fragile RUNNING", &[("fragile", "RUNNING")]);
     bench.submit("urgent", "team", 5, &[]);
@@ -220,24 +189,10 @@ fn max_preemptions_zero_fails_the_job_on_its_first_preemption() {
 fn a_reserve_share_never_lends() {
     // Proves a reserve share's idle quota is never used by another share's jobs.
     let bench = Bench::up(2);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "vault",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "reserve",
-    ]);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "eager",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend-and-borrow",
-    ]);
+    bench.cluster.create_share("vault", 1, "reserve", &[]);
+    bench
+        .cluster
+        .create_share("eager", 1, "lend-and-borrow", &[]);
     bench.submit("first", "eager", 2, &[]);
     bench.submit("second", "eager", 1, &[]);
     let jobs = bench.expect(
@@ -252,15 +207,7 @@ fn a_reserve_share_never_lends() {
 fn a_lend_share_never_borrows() {
     // Proves a lend share stays within its limit even when the free pool has GPUs.
     let bench = Bench::up(2);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "giver",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend",
-    ]);
+    bench.cluster.create_share("giver", 1, "lend", &[]);
     bench.submit("first", "giver", 2, &[]);
     bench.submit("second", "giver", 1, &[]);
     bench.expect(
@@ -281,17 +228,9 @@ fn a_lend_share_never_borrows() {
 fn the_borrow_limit_caps_borrowing() {
     // Proves a lend-and-borrow share borrows at most borrow_limit_percent of its limit.
     let bench = Bench::up(3);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "eager",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend-and-borrow",
-        "--borrow-limit",
-        "100",
-    ]);
+    bench
+        .cluster
+        .create_share("eager", 1, "lend-and-borrow", &["--borrow-limit", "100"]);
     bench.submit("one", "eager", 3, &[]);
     bench.submit("two", "eager", 2, &[]);
     bench.submit("three", "eager", 1, &[]);
@@ -313,24 +252,8 @@ fn lowering_a_limit_makes_the_jobs_above_it_preemptible() {
     // job above the new limit is reclaimed (with its checkpoint signal) when another share
     // needs the GPU, and its higher-ranked job keeps running.
     let bench = Bench::up(2);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "team",
-        "--limit",
-        "a10g=2",
-        "--strategy",
-        "reserve",
-    ]);
-    bench.cluster.ok(&[
-        "share",
-        "create",
-        "late",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend",
-    ]);
+    bench.cluster.create_share("team", 2, "reserve", &[]);
+    bench.cluster.create_share("late", 1, "lend", &[]);
     bench.submit("keeper", "team", 5, &[]);
     bench.submit("extra", "team", 1, &[]);
     bench.expect(
@@ -365,8 +288,10 @@ fn cross_share_reclaim_takes_only_the_lowest_priority_borrowed_job() {
     // (even though it started earlier), that it gets its checkpoint signal, and that the
     // freed GPU goes to the lender's job while the other borrowed job keeps running.
     let bench = Bench::up(3);
-    bench.share("lender", 1, "lend", &[]);
-    bench.share("borrower", 1, "lend-and-borrow", &[]);
+    bench.cluster.create_share("lender", 1, "lend", &[]);
+    bench
+        .cluster
+        .create_share("borrower", 1, "lend-and-borrow", &[]);
     let keeper = bench.submit("keeper", "borrower", 9, &[]);
     bench.expect("keeper RUNNING", &[("keeper", "RUNNING")]);
     let low = bench.submit("low", "borrower", 1, &[]);
@@ -408,8 +333,10 @@ fn in_share_preemption_needs_the_flag_and_a_higher_priority() {
     // Proves a share without in-share preemption never preempts its own jobs, and one with it
     // preempts only for a strictly higher priority, taking its lowest-priority job only.
     let bench = Bench::up(3);
-    bench.share("off", 1, "reserve", &[]);
-    bench.share("on", 2, "reserve", &["--in-share-preemption"]);
+    bench.cluster.create_share("off", 1, "reserve", &[]);
+    bench
+        .cluster
+        .create_share("on", 2, "reserve", &["--in-share-preemption"]);
 
     let off_low = bench.submit("off-low", "off", 1, &[]);
     bench.expect("off-low RUNNING", &[("off-low", "RUNNING")]);
@@ -458,7 +385,9 @@ fn a_priority_update_triggers_in_share_preemption() {
     // Proves raising a waiting job's priority above a running job's makes the scheduler
     // preempt the share's lowest-priority job for it, with its checkpoint signal.
     let bench = Bench::up(2);
-    bench.share("team", 2, "reserve", &["--in-share-preemption"]);
+    bench
+        .cluster
+        .create_share("team", 2, "reserve", &["--in-share-preemption"]);
     let top = bench.submit("top", "team", 5, &[]);
     let bottom = bench.submit("bottom", "team", 3, &[]);
     bench.expect(
