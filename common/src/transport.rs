@@ -51,6 +51,13 @@ pub const MAX_CONCURRENT_UNI_STREAMS: u32 = 0;
 /// Most connection attempts a server holds before its accept loop takes them; beyond this
 /// quinn refuses new ones, bounding the memory a connection flood costs.
 pub const MAX_INCOMING_CONNECTIONS: usize = 1024;
+/// The UDP receive and send buffers each endpoint asks for (bytes). A leader answering
+/// hundreds of clients gets their requests in bursts: with Linux's default 208 KiB the
+/// bench's 256 clients lost about 400 datagrams a second to full buffers, each one a QUIC
+/// retransmission after a probe timeout, that is a request tens of milliseconds late. The
+/// kernel caps what it grants at `net.core.rmem_max` and `net.core.wmem_max`
+/// (deploy/README.md says how to raise them); a coordinator logs what it got.
+pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Deadline of a client's connect, handshake included (milliseconds).
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// Deadline of the server side of a handshake (milliseconds).
@@ -199,6 +206,39 @@ pub struct Server {
     endpoint: quinn::Endpoint,
 }
 
+/// A UDP socket bound to `address`, with buffers of [`UDP_BUFFER_BYTES`] or as much of that
+/// as the kernel grants. A client's IPv6 socket is made dual-stack, as quinn's own client
+/// endpoint does; a server's is left as bound.
+fn udp_socket(address: SocketAddr, client: bool) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
+    if client && address.is_ipv6() {
+        if let Err(error) = socket.set_only_v6(false) {
+            tracing::debug!(%error, "cannot make the socket dual-stack");
+        }
+    }
+    // Asking for more than the kernel allows is not an error: it grants its maximum.
+    let _ = socket.set_recv_buffer_size(UDP_BUFFER_BYTES);
+    let _ = socket.set_send_buffer_size(UDP_BUFFER_BYTES);
+    let granted = socket.recv_buffer_size().unwrap_or(0);
+    // Linux reports twice what it granted (room for its bookkeeping), so a full grant reads
+    // as at least the size asked for.
+    if granted < UDP_BUFFER_BYTES {
+        let message = "the UDP receive buffer is smaller than asked; under load datagrams may be dropped: raise net.core.rmem_max and net.core.wmem_max (deploy/README.md)";
+        if client {
+            tracing::debug!(granted, asked = UDP_BUFFER_BYTES, "{message}");
+        } else {
+            tracing::info!(granted, asked = UDP_BUFFER_BYTES, "{message}");
+        }
+    }
+    socket.bind(&address.into())?;
+    Ok(socket.into())
+}
+
 impl Server {
     /// Binds `address` (port 0 picks one) and accepts the given ALPN protocols. Must run
     /// inside a tokio runtime.
@@ -213,7 +253,15 @@ impl Server {
         let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         config.transport_config(Arc::new(transport_config()));
         config.max_incoming(MAX_INCOMING_CONNECTIONS);
-        let endpoint = quinn::Endpoint::server(config, address)
+        let endpoint = udp_socket(address, false)
+            .and_then(|socket| {
+                quinn::Endpoint::new(
+                    quinn::EndpointConfig::default(),
+                    Some(config),
+                    socket,
+                    Arc::new(quinn::TokioRuntime),
+                )
+            })
             .map_err(|source| TransportError::Bind { address, source })?;
         Ok(Server { endpoint })
     }
@@ -400,12 +448,19 @@ impl Client {
         let endpoint = match slot {
             Some(endpoint) => endpoint.clone(),
             None => {
-                let endpoint = quinn::Endpoint::client(bind_address).map_err(|source| {
-                    TransportError::Bind {
+                let endpoint = udp_socket(bind_address, true)
+                    .and_then(|socket| {
+                        quinn::Endpoint::new(
+                            quinn::EndpointConfig::default(),
+                            None,
+                            socket,
+                            Arc::new(quinn::TokioRuntime),
+                        )
+                    })
+                    .map_err(|source| TransportError::Bind {
                         address: bind_address,
                         source,
-                    }
-                })?;
+                    })?;
                 *slot = Some(endpoint.clone());
                 endpoint
             }
