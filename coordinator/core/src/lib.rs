@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`state`]: `State`, the canonical replicated data (`StateData`) and its records.
 //! - [`index`]: queues, usage counters and free-capacity buckets derived from the data.
+//! - [`job_table`]: `JobTable`, the job records in chunks that never move.
 //! - [`command`]: `Command`, `ApplyCtx`, `Outcome` and `Rejection`.
 //! - [`apply`](mod@apply): the transition function.
 //! - [`rules`]: the quota rules shared by the scheduler and `apply`.
@@ -23,6 +24,7 @@ pub mod apply;
 pub mod command;
 pub mod explain;
 pub mod index;
+pub mod job_table;
 pub mod limits;
 pub mod plan;
 pub mod reason;

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use quotient_common::{GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeState, ShareSpec};
 
 use crate::index::Index;
+use crate::job_table::JobTable;
 use crate::reason::WaitReason;
 
 /// A node's id: assigned in registration order, stable across re-registrations.
@@ -160,7 +161,7 @@ impl NodeRecord {
 pub struct StateData {
     pub shares: BTreeMap<String, ShareRecord>,
     /// Indexed by `JobId.0 - 1`; jobs are never removed, so ids stay dense.
-    pub jobs: Vec<JobRecord>,
+    pub jobs: JobTable,
     pub node_ids: BTreeMap<String, NodeId>,
     /// Indexed by `NodeId.0`.
     pub nodes: Vec<NodeRecord>,
