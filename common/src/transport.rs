@@ -711,3 +711,33 @@ impl RequestStream {
         let _ = self.send.reset(VarInt::from_u32(code));
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The most receive buffer the kernel grants one socket without privileges.
+    fn rmem_max() -> usize {
+        std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn an_endpoint_socket_gets_the_buffers_it_asks_for_up_to_the_kernel_cap() {
+        for client in [false, true] {
+            let socket = udp_socket(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), client)
+                .expect("binds a loopback socket");
+            let granted = socket2::SockRef::from(&socket)
+                .recv_buffer_size()
+                .expect("reads the buffer size");
+            // Linux reports twice what it granted.
+            let expected = UDP_BUFFER_BYTES.min(rmem_max()) * 2;
+            assert!(
+                granted >= expected,
+                "client={client}: granted {granted} bytes, expected at least {expected}"
+            );
+        }
+    }
+}
