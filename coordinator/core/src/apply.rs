@@ -192,24 +192,7 @@ impl State {
         if let Some(key) = &spec.idempotency_key {
             self.data.idempotency.insert(key.clone(), id);
         }
-        let job = JobRecord {
-            id,
-            spec,
-            state: JobState::Runnable,
-            submitted_ms: ctx.time_ms,
-            attempts: 0,
-            preemptions: 0,
-            allocation: None,
-            placed_index: 0,
-            started_ms: None,
-            stop: None,
-            last_preemption: None,
-            nomination: None,
-            reason: None,
-            exit_code: None,
-            ended_ms: None,
-            last_node: None,
-        };
+        let job = JobRecord::new(id, spec, ctx.time_ms);
         self.data.jobs.push(job.clone());
         self.index.add_job(&job, &self.data);
         Outcome::JobSubmitted {

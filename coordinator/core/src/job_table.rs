@@ -141,29 +141,8 @@ mod tests {
     use super::*;
 
     fn record(slot: usize) -> JobRecord {
-        JobRecord {
-            id: JobId(slot as u64 + 1),
-            spec: JobSpec::new(
-                "team-a",
-                (slot % 10_000) as u32,
-                1,
-                vec![format!("run-{slot}")],
-            ),
-            state: JobState::Runnable,
-            submitted_ms: slot as u64,
-            attempts: 0,
-            preemptions: 0,
-            allocation: None,
-            placed_index: 0,
-            started_ms: None,
-            stop: None,
-            last_preemption: None,
-            nomination: None,
-            reason: None,
-            exit_code: None,
-            ended_ms: None,
-            last_node: None,
-        }
+        let spec = JobSpec::new("team-a", 1, 1, vec![format!("run-{slot}")]);
+        JobRecord::new(JobId(slot as u64 + 1), spec, slot as u64)
     }
 
     fn bincode_config() -> impl bincode::config::Config {

@@ -121,6 +121,28 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// A job just submitted: RUNNABLE, never placed. `spec` has its class filled in.
+    pub fn new(id: JobId, spec: JobSpec, submitted_ms: u64) -> JobRecord {
+        JobRecord {
+            id,
+            spec,
+            state: JobState::Runnable,
+            submitted_ms,
+            attempts: 0,
+            preemptions: 0,
+            allocation: None,
+            placed_index: 0,
+            started_ms: None,
+            stop: None,
+            last_preemption: None,
+            nomination: None,
+            reason: None,
+            exit_code: None,
+            ended_ms: None,
+            last_node: None,
+        }
+    }
+
     pub fn class(&self) -> &GpuClass {
         self.spec
             .gpu_class
