@@ -139,7 +139,7 @@ impl Index {
     /// Builds the index from canonical data.
     pub fn rebuild(data: &StateData) -> Index {
         let mut index = Index::default();
-        for job in &data.jobs {
+        for job in data.jobs.iter() {
             index.add_job(job, data);
         }
         for node in &data.nodes {

@@ -9,10 +9,16 @@
 //! one new chunk and no record ever moves (the worst push in the same run: 23 ms, a page
 //! fault under a busy VM, not a copy).
 //!
+//! Chunks are shared copy-on-write: cloning a table clones one pointer per chunk, and a chunk
+//! is copied only when a record in it changes while another table still shares it. A snapshot
+//! takes such a clone under the state machine's lock and encodes it after letting go
+//! ([`crate::snapshot`]), so applies no longer wait for the whole table to be encoded.
+//!
 //! It serializes as a sequence of records, exactly as the `Vec` it replaces did, so
 //! snapshots read and write the same bytes.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
@@ -29,7 +35,7 @@ pub const JOB_CHUNK_LEN: usize = 4_096;
 pub struct JobTable {
     /// Full chunks, then the last one, which may be partly filled. Every chunk is allocated
     /// with room for [`JOB_CHUNK_LEN`] records and never grows past it.
-    chunks: Vec<Vec<JobRecord>>,
+    chunks: Vec<Arc<Vec<JobRecord>>>,
     len: usize,
 }
 
@@ -52,10 +58,13 @@ impl JobTable {
             .get(slot % JOB_CHUNK_LEN)
     }
 
+    /// The record at `slot`, to change; copies its chunk first if a clone still shares it.
     pub fn get_mut(&mut self, slot: usize) -> Option<&mut JobRecord> {
-        self.chunks
-            .get_mut(slot / JOB_CHUNK_LEN)?
-            .get_mut(slot % JOB_CHUNK_LEN)
+        let chunk = self.chunks.get_mut(slot / JOB_CHUNK_LEN)?;
+        if slot % JOB_CHUNK_LEN >= chunk.len() {
+            return None;
+        }
+        Arc::make_mut(chunk).get_mut(slot % JOB_CHUNK_LEN)
     }
 
     /// Appends `job` at slot `len()`.
@@ -65,9 +74,15 @@ impl JobTable {
             .last()
             .is_some_and(|chunk| chunk.len() < JOB_CHUNK_LEN);
         if !room {
-            self.chunks.push(Vec::with_capacity(JOB_CHUNK_LEN));
+            self.chunks
+                .push(Arc::new(Vec::with_capacity(JOB_CHUNK_LEN)));
         }
         if let Some(chunk) = self.chunks.last_mut() {
+            // A shared last chunk is copied with its full capacity, so it still never grows.
+            let chunk = Arc::make_mut(chunk);
+            if chunk.capacity() < JOB_CHUNK_LEN {
+                chunk.reserve_exact(JOB_CHUNK_LEN - chunk.len());
+            }
             chunk.push(job);
             self.len += 1;
         }
@@ -75,16 +90,7 @@ impl JobTable {
 
     /// The records in slot order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &JobRecord> + '_ {
-        self.chunks.iter().flatten()
-    }
-}
-
-impl<'a> IntoIterator for &'a JobTable {
-    type Item = &'a JobRecord;
-    type IntoIter = std::iter::Flatten<std::slice::Iter<'a, Vec<JobRecord>>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.chunks.iter().flatten()
+        self.chunks.iter().flat_map(|chunk| chunk.iter())
     }
 }
 
@@ -190,6 +196,36 @@ mod tests {
         }
         let still: *const JobRecord = table.get(0).expect("pushed");
         assert_eq!(first, still, "the first record moved when the table grew");
+    }
+
+    #[test]
+    fn a_clone_shares_chunks_until_one_side_changes_a_record() {
+        let mut original: JobTable = (0..JOB_CHUNK_LEN + 3).map(record).collect();
+        let mut copy = original.clone();
+        let first: *const JobRecord = original.get(0).expect("pushed");
+        assert_eq!(
+            first,
+            copy.get(0).expect("cloned") as *const JobRecord,
+            "shared"
+        );
+
+        copy.get_mut(0).expect("slot 0").state = JobState::Cancelled;
+        copy.push(record(JOB_CHUNK_LEN + 3));
+        assert_eq!(
+            original.get(0),
+            Some(&record(0)),
+            "the original kept its record"
+        );
+        assert_eq!(original.len(), JOB_CHUNK_LEN + 3);
+        assert_eq!(copy.get(0).map(|job| job.state), Some(JobState::Cancelled));
+        assert_eq!(copy.len(), JOB_CHUNK_LEN + 4);
+        // The copied last chunk keeps its full room, so it never reallocates.
+        let last = copy.chunks.last().expect("a chunk");
+        assert!(last.capacity() >= JOB_CHUNK_LEN);
+
+        original.get_mut(1).expect("slot 1").attempts = 7;
+        assert_eq!(copy.get(1).map(|job| job.attempts), Some(0));
+        assert_eq!(original.get_mut(JOB_CHUNK_LEN + 3), None);
     }
 
     #[test]

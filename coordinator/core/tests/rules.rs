@@ -715,3 +715,43 @@ fn a_job_class_is_needed_only_when_the_share_has_several() {
     let id = sim.submit(job("one", "k", 1, 1));
     assert_eq!(sim.state.job(id).unwrap().class(), &class("a10g"));
 }
+
+/// A snapshot captured under the lock and encoded later is the state as it was at capture,
+/// byte for byte, whatever is applied in between; and it is the same bytes as one encoding of
+/// the whole `StateData`.
+#[test]
+fn a_captured_snapshot_is_the_state_at_capture_however_it_changes_after() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 4);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 4)));
+    let mut first = None;
+    for n in 0..20 {
+        let mut spec = job("a", &format!("j{n}"), 1, 1);
+        spec.idempotency_key = Some(format!("key-{n}"));
+        let id = sim.submit(spec);
+        first.get_or_insert(id);
+    }
+    sim.round();
+    let whole = bincode::serde::encode_to_vec(sim.state.data(), bincode::config::standard())
+        .expect("encodes");
+    let at_capture = sim.state.to_snapshot_bytes();
+    assert_eq!(at_capture, whole);
+
+    let capture = sim.state.capture_snapshot();
+    // Change records the capture shares (JobTable's own tests cover chunks of every kind),
+    // and add one.
+    sim.ok(Command::CancelJob {
+        job: first.expect("submitted"),
+    });
+    sim.ok(Command::CancelJob {
+        job: quotient_common::JobId(15),
+    });
+    sim.submit(job("a", "later", 1, 1));
+    sim.round();
+    assert_ne!(
+        sim.state.to_snapshot_bytes(),
+        at_capture,
+        "the state did change"
+    );
+    assert_eq!(capture.into_bytes(), at_capture);
+}

@@ -10,7 +10,9 @@
 //!
 //! The snapshot file is `MAGIC | meta length (u64 LE) | state length (u64 LE) | meta | state`,
 //! with the metadata in the store's codec and the state in `State::to_snapshot_bytes`; every
-//! length is checked against a named limit before anything is allocated.
+//! length is checked against a named limit before anything is allocated. Building one holds
+//! the state's lock only to capture it (`State::capture_snapshot`: the small fields encoded,
+//! the job table cloned copy-on-write); the jobs are encoded after, while applies go on.
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -241,14 +243,17 @@ impl RaftSnapshotBuilder<TypeConfig> for QuotientStateMachine {
         let subject = ErrorSubject::Snapshot(None);
         let (meta, bytes) = self
             .blocking(subject.clone(), ErrorVerb::Write, move |shared| {
-                let (bytes, last_log_id, last_membership) = {
+                // Only the capture holds the lock (the small fields encoded, the job table
+                // cloned copy-on-write); the jobs are encoded after, while applies go on.
+                let (capture, last_log_id, last_membership) = {
                     let applied = shared.read_applied();
                     (
-                        applied.state.to_snapshot_bytes(),
+                        applied.state.capture_snapshot(),
                         applied.last_applied,
                         applied.last_membership.clone(),
                     )
                 };
+                let bytes = capture.into_bytes();
                 let snapshot_id = match &last_log_id {
                     Some(id) => format!("{id}-{seq}"),
                     None => format!("empty-{seq}"),
