@@ -444,11 +444,19 @@ async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
         "the job was stopped only after {took:?}"
     );
     wait_until("the job has exited", || !job_pid_alive(&node.state, 5)).await;
-    let lease_file = std::fs::read_to_string(node.state.join(LEASE_FILE)).unwrap_or_default();
-    assert!(
-        lease_file.trim_end().ends_with(LEASE_FENCING_MARK),
-        "the lease file tells the wrappers that the agent fenced itself: {lease_file:?}"
-    );
+    // The agent marks the lease file once its checkpoint signals are out, and a job can exit
+    // before the mark lands on a loaded machine: wait for it rather than race it.
+    let lease_file = node.state.join(LEASE_FILE);
+    wait_until(
+        "the lease file tells the wrappers that the agent fenced itself",
+        || {
+            std::fs::read_to_string(&lease_file)
+                .unwrap_or_default()
+                .trim_end()
+                .ends_with(LEASE_FENCING_MARK)
+        },
+    )
+    .await;
     assert!(
         !exit_reported(&leader, 5),
         "nothing reaches a silent leader"
