@@ -56,7 +56,7 @@ pub const MAX_INCOMING_CONNECTIONS: usize = 1024;
 /// bench's 256 clients lost about 400 datagrams a second to full buffers, each one a QUIC
 /// retransmission after a probe timeout, that is a request tens of milliseconds late. The
 /// kernel caps what it grants at `net.core.rmem_max` and `net.core.wmem_max`
-/// (deploy/README.md says how to raise them); a coordinator logs what it got.
+/// (deploy/README.md says how to raise them); a server logs when it got less.
 pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Deadline of a client's connect, handshake included (milliseconds).
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
@@ -206,9 +206,23 @@ pub struct Server {
     endpoint: quinn::Endpoint,
 }
 
-/// A UDP socket bound to `address`, with buffers of [`UDP_BUFFER_BYTES`] or as much of that
-/// as the kernel grants. A client's IPv6 socket is made dual-stack, as quinn's own client
-/// endpoint does; a server's is left as bound.
+/// A quinn endpoint on a UDP socket bound to `address`, with buffers of [`UDP_BUFFER_BYTES`]
+/// or as much of that as the kernel grants; a server when `server` is given. A client's IPv6
+/// socket is made dual-stack, as quinn's own client endpoint does; a server's is left as bound.
+fn bind_endpoint(
+    address: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    let socket = udp_socket(address, server.is_none())?;
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
+/// The socket of [`bind_endpoint`].
 fn udp_socket(address: SocketAddr, client: bool) -> std::io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(
@@ -253,15 +267,7 @@ impl Server {
         let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         config.transport_config(Arc::new(transport_config()));
         config.max_incoming(MAX_INCOMING_CONNECTIONS);
-        let endpoint = udp_socket(address, false)
-            .and_then(|socket| {
-                quinn::Endpoint::new(
-                    quinn::EndpointConfig::default(),
-                    Some(config),
-                    socket,
-                    Arc::new(quinn::TokioRuntime),
-                )
-            })
+        let endpoint = bind_endpoint(address, Some(config))
             .map_err(|source| TransportError::Bind { address, source })?;
         Ok(Server { endpoint })
     }
@@ -448,16 +454,8 @@ impl Client {
         let endpoint = match slot {
             Some(endpoint) => endpoint.clone(),
             None => {
-                let endpoint = udp_socket(bind_address, true)
-                    .and_then(|socket| {
-                        quinn::Endpoint::new(
-                            quinn::EndpointConfig::default(),
-                            None,
-                            socket,
-                            Arc::new(quinn::TokioRuntime),
-                        )
-                    })
-                    .map_err(|source| TransportError::Bind {
+                let endpoint =
+                    bind_endpoint(bind_address, None).map_err(|source| TransportError::Bind {
                         address: bind_address,
                         source,
                     })?;

@@ -1,8 +1,9 @@
 //! Raft storage for the coordinator: the durable log on redb, the state machine around
 //! `quotient_core::State` with its snapshot file, and the openraft type config that ties them
 //! together. Everything lives in one data directory: `raft.redb` (log, vote and purged log
-//! id), `raft-committed.bin` (the committed log id) and `snapshot.bin` (the last snapshot). On restart the state is loaded from
-//! the snapshot and openraft re-applies the committed log after it.
+//! id), `raft-committed.bin` (the committed log id) and `snapshot.bin` (the last snapshot).
+//! On restart the state is loaded from the snapshot and openraft re-applies the committed log
+//! after it.
 //!
 //! # Layout
 //! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes.
