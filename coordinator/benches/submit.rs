@@ -2,9 +2,9 @@
 //! acknowledgement latency on a three-coordinator cluster of real processes on loopback
 //! (redb fsyncs every log write), at 1, 16 and 256 concurrent clients, each client with its
 //! own QUIC connection (the clients share one UDP socket) and one request in flight. Side by
-//! side, the same load of puts on a three-member etcd cluster (the `etcd` binary, 3.4 from Debian's etcd-server), sent
-//! through etcd's HTTP/JSON gateway by a minimal keep-alive HTTP/1.1 client; skipped with a
-//! message when `etcd` is not installed.
+//! side, the same load of puts on a three-member etcd cluster (the `etcd` binary, 3.4 from
+//! Debian's etcd-server), sent through etcd's HTTP/JSON gateway by a minimal keep-alive
+//! HTTP/1.1 client; skipped with a message when `etcd` is not installed.
 //!
 //! Prints one JSON line on stdout:
 //! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors"}],"etcd":[...]|null,"etcd_note":...}`.
