@@ -29,6 +29,7 @@ use crate::desired::DesiredTracker;
 use crate::network::PeerConnections;
 use crate::node_leases::NodeLeases;
 use crate::proposer::Proposer;
+use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
 use crate::store::{self, NodeId, QuotientStateMachine};
 use crate::{raft_service, scheduler_loop};
@@ -91,8 +92,9 @@ impl Coordinator {
                 .map_err(|error| CoordinatorError::Storage(error.to_string()))?
                 .map_err(CoordinatorError::Storage)?;
         let raft_config = config.raft_config()?;
+        let durability = log_store.durability();
         let client = Arc::new(Client::new(tls.clone()));
-        let peers = PeerConnections::new(client.clone());
+        let peers = PeerConnections::new(client.clone(), durability.clone());
         let raft = Raft::new(
             config.id,
             raft_config,
@@ -148,7 +150,13 @@ impl Coordinator {
                 scheduler,
             )),
         ];
-        let accept_task = tokio::spawn(accept_loop(server.clone(), raft.clone(), api, agents));
+        let accept_task = tokio::spawn(accept_loop(
+            server.clone(),
+            raft.clone(),
+            durability,
+            api,
+            agents,
+        ));
         tracing::info!(
             id = config.id,
             %local_addr,
@@ -294,9 +302,16 @@ async fn follow_applies(
 }
 
 /// Accepts connections and hands each to the service of its ALPN.
-async fn accept_loop(server: Arc<Server>, raft: Raft, api: ApiService, agents: AgentService) {
+async fn accept_loop(
+    server: Arc<Server>,
+    raft: Raft,
+    durability: LogDurability<NodeId>,
+    api: ApiService,
+    agents: AgentService,
+) {
     while let Some(incoming) = server.accept().await {
         let raft = raft.clone();
+        let durability = durability.clone();
         let api = api.clone();
         let agents = agents.clone();
         tokio::spawn(async move {
@@ -309,7 +324,7 @@ async fn accept_loop(server: Arc<Server>, raft: Raft, api: ApiService, agents: A
                 }
             };
             if connection.alpn() == ALPN_RAFT {
-                raft_service::serve_connection(raft, connection).await;
+                raft_service::serve_connection(raft, durability, connection).await;
             } else if connection.alpn() == ALPN_API {
                 api.serve_connection(connection).await;
             } else if connection.alpn() == ALPN_AGENT {

@@ -12,6 +12,13 @@
 //!
 //! The pool also records when each peer last answered, which `quotient cluster status`
 //! reports as `reachable`.
+//!
+//! The commit index an AppendEntries carries is never ahead of this node's committed id on
+//! disk: the log store lets openraft count the leader's own entries before they are synced
+//! (see `store::log_writer`), so a follower must not apply an entry that the leader could
+//! still lose. Holding it back instead of waiting keeps replication going at once; followers
+//! learn the newer commit index with the next AppendEntries or heartbeat, and so save it in
+//! the same write as the entries that come with it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -32,6 +39,7 @@ use quotient_common::frame::FrameError;
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_RAFT};
 use serde::{Deserialize, Serialize};
 
+use crate::store::log_store::LogDurability;
 use crate::store::{NodeId, TypeConfig};
 
 /// The longest any single Raft RPC may take, whatever openraft asks (milliseconds).
@@ -81,14 +89,17 @@ struct PoolInner {
 #[derive(Debug, Clone)]
 pub struct PeerConnections {
     client: Arc<Client>,
+    durability: LogDurability<NodeId>,
     inner: Arc<Mutex<PoolInner>>,
 }
 
 impl PeerConnections {
-    /// A pool that connects with `client` (this coordinator's certificate).
-    pub fn new(client: Arc<Client>) -> Self {
+    /// A pool that connects with `client` (this coordinator's certificate) and holds the
+    /// commit index it sends to what `durability` says is on this node's disk.
+    pub fn new(client: Arc<Client>, durability: LogDurability<NodeId>) -> Self {
         PeerConnections {
             client,
+            durability,
             inner: Arc::new(Mutex::new(PoolInner::default())),
         }
     }
@@ -283,9 +294,10 @@ impl PeerNetwork {
 impl RaftNetwork<TypeConfig> for PeerNetwork {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        rpc.leader_commit = self.pool.durability.commit_to_send(rpc.leader_commit);
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
         let entries = rpc.entries.len() as u64;
         tracing::trace!(target = self.target, entries, "append entries");

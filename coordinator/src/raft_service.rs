@@ -6,14 +6,26 @@
 //! `CLOSE_CODE_UNAUTHORISED`, and the attempt is logged. Each request is one stream, read
 //! within [`RAFT_REQUEST_READ_TIMEOUT_MS`] and answered within [`RAFT_HANDLE_TIMEOUT_MS`];
 //! a bad frame costs only its stream.
+//!
+//! An AppendEntries is answered with success only once the entries it reports are on this
+//! node's disk: the log store lets openraft go on before its writes are synced (see
+//! `store::log_writer`), and the leader counts this answer towards a commit. When a
+//! truncation replaced those entries meanwhile, the stream is dropped instead, and the leader
+//! sends again.
 
 use std::time::Duration;
 
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use quotient_common::certs::Role;
-use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS};
+use quotient_common::transport::{
+    PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS, STREAM_CODE_TIMEOUT,
+};
 
 use crate::network::{RaftRequest, RaftResponse};
+use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
+use crate::store::{NodeId, TypeConfig};
 
 /// Deadline for a peer to deliver a Raft request once it opened the stream (milliseconds).
 pub const RAFT_REQUEST_READ_TIMEOUT_MS: u64 = 30_000;
@@ -22,7 +34,11 @@ pub const RAFT_REQUEST_READ_TIMEOUT_MS: u64 = 30_000;
 pub const RAFT_HANDLE_TIMEOUT_MS: u64 = 30_000;
 
 /// Serves one connection on the Raft ALPN until it closes.
-pub async fn serve_connection(raft: Raft, connection: PeerConnection) {
+pub async fn serve_connection(
+    raft: Raft,
+    durability: LogDurability<NodeId>,
+    connection: PeerConnection,
+) {
     let peer = connection.peer().clone();
     let address = connection.remote_address();
     if let Err(error) = connection.require_role(&[Role::Coordinator]) {
@@ -40,9 +56,10 @@ pub async fn serve_connection(raft: Raft, connection: PeerConnection) {
             }
         };
         let raft = raft.clone();
+        let durability = durability.clone();
         let peer = peer.clone();
         tokio::spawn(async move {
-            if let Err(error) = serve_request(&raft, stream).await {
+            if let Err(error) = serve_request(&raft, &durability, stream).await {
                 tracing::debug!(%peer, error = %error, "raft request failed");
             }
         });
@@ -51,6 +68,7 @@ pub async fn serve_connection(raft: Raft, connection: PeerConnection) {
 
 async fn serve_request(
     raft: &Raft,
+    durability: &LogDurability<NodeId>,
     mut stream: RequestStream,
 ) -> Result<(), quotient_common::transport::RequestError> {
     let request: RaftRequest = match stream
@@ -65,11 +83,11 @@ async fn serve_request(
     };
     let handled = tokio::time::timeout(
         Duration::from_millis(RAFT_HANDLE_TIMEOUT_MS),
-        handle(raft, request),
+        handle(raft, durability, request),
     )
     .await;
-    let Ok(response) = handled else {
-        stream.refuse(quotient_common::transport::STREAM_CODE_TIMEOUT);
+    let Ok(Some(response)) = handled else {
+        stream.refuse(STREAM_CODE_TIMEOUT);
         return Ok(());
     };
     stream
@@ -77,14 +95,50 @@ async fn serve_request(
         .await
 }
 
-async fn handle(raft: &Raft, request: RaftRequest) -> RaftResponse {
-    match request {
+/// The local Raft's answer to `request`; `None` when it must not be sent (see
+/// [`append_entries`]).
+async fn handle(
+    raft: &Raft,
+    durability: &LogDurability<NodeId>,
+    request: RaftRequest,
+) -> Option<RaftResponse> {
+    let response = match request {
         RaftRequest::AppendEntries(rpc) => {
-            RaftResponse::AppendEntries(raft.append_entries(rpc).await)
+            RaftResponse::AppendEntries(append_entries(raft, durability, rpc).await?)
         }
         RaftRequest::Vote(rpc) => RaftResponse::Vote(raft.vote(rpc).await),
         RaftRequest::InstallSnapshot(rpc) => {
             RaftResponse::InstallSnapshot(raft.install_snapshot(rpc).await)
         }
+    };
+    Some(response)
+}
+
+/// Hands an AppendEntries to the local Raft and, when it accepted entries, waits until they
+/// are durable in the log generation they were written in. `None` when a truncation
+/// replaced them first or the store stopped writing: no answer is better than a false one.
+pub async fn append_entries(
+    raft: &Raft,
+    durability: &LogDurability<NodeId>,
+    rpc: AppendEntriesRequest<TypeConfig>,
+) -> Option<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
+    let generation = durability.generation();
+    let last_sent = rpc
+        .entries
+        .last()
+        .map(|entry| entry.log_id)
+        .or(rpc.prev_log_id);
+    let result = raft.append_entries(rpc).await;
+    let matching = match &result {
+        Ok(AppendEntriesResponse::Success) => last_sent,
+        Ok(AppendEntriesResponse::PartialSuccess(matching)) => *matching,
+        _ => None,
+    };
+    if let Some(matching) = matching {
+        if let Err(error) = durability.wait_log(generation, matching.index).await {
+            tracing::debug!(%matching, error = %error, "not answering an append: its entries are not durable");
+            return None;
+        }
     }
+    Some(result)
 }

@@ -7,6 +7,9 @@
 //! virtual disks measured here costs two to three times a one-page write. This file holds the
 //! id in two fixed slots, 4 KiB apart, written alternately: one `pwrite` of one page and one
 //! `fdatasync` per save, acknowledged only after the sync, like every other write of the store.
+//! The log's writer uses it when a committed id is all it has to write; one that queued up
+//! with entries rides in their redb transaction instead (`store::log_writer`), and on open the
+//! newer of the two counts.
 //!
 //! A slot is `MAGIC | seq (u64 LE) | len (u32 LE) | payload | crc32 (u32 LE)`, the CRC
 //! covering everything before it; the payload is the store codec's encoding (bincode 2, size

@@ -3,13 +3,16 @@
 //! vote and the last purged log id, and the last committed log id in
 //! `DATA_DIR/raft-committed.bin` ([`CommittedFile`]: openraft saves it on every commit, in the
 //! path of every write, and one synced page there costs a fraction of a redb transaction).
-//! Every write is acknowledged only once it is durable: append, vote, truncate and purge are
-//! each one redb write transaction committed with [`Durability::Immediate`], that is fsynced,
-//! and a committed id is a page written and fdatasynced. `append` calls openraft's
-//! [`LogFlushed`] callback only after its transaction committed. Nothing is cached: every read
-//! goes to the disk, so a reader handle never sees stale state. Writes and large reads block, so
-//! they run on tokio's blocking pool; reads of a few entries run in place
-//! ([`INLINE_READ_ENTRIES_MAX`]).
+//!
+//! Every write goes through one [`LogWriter`] thread, in the order openraft makes them, and is
+//! synced to disk in a redb transaction committed with [`redb::Durability::Immediate`] (the
+//! committed id: a page written and fdatasynced). The vote, truncate, purge and the committed
+//! id are acknowledged only once durable. Appended entries are the exception, and the
+//! writer's module says why it is safe: openraft's [`LogFlushed`] callback is called as soon
+//! as the entries are queued, so that the leader replicates while it writes, and every way a
+//! commit can be seen waits for the disk instead ([`LogDurability`]). Entries not yet on disk
+//! are read from the writer's in-memory tail; the rest from the database. Large reads run on
+//! tokio's blocking pool; reads of a few entries run in place ([`INLINE_READ_ENTRIES_MAX`]).
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -17,7 +20,7 @@
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -25,120 +28,31 @@ use openraft::{
     AnyError, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogId, RaftLogReader,
     RaftTypeConfig, StorageError, StorageIOError, Vote,
 };
-use redb::{
-    Database, Durability, ReadTransaction, ReadableTable, TableDefinition, WriteTransaction,
-};
+use redb::{Database, ReadableTable};
 
 use super::codec::{decode_value, encode_value};
 use super::committed_file::CommittedFile;
+use super::log_writer::{stored_last_index, EncodedEntry, LogWriter};
+pub use super::log_writer::{
+    LogDurability, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE, LOGS_TABLE, META_TABLE,
+};
 
 /// The database file name inside the data directory.
 pub const DB_FILE_NAME: &str = "raft.redb";
-
-/// The table of log entries: log index to encoded entry.
-pub const LOGS_TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-
-/// The table of single values: the vote and the last purged log id.
-pub const META_TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-
-/// [`META_TABLE`] key of the vote.
-pub const KEY_VOTE: &str = "vote";
-/// [`META_TABLE`] key of the last purged log id.
-pub const KEY_LAST_PURGED: &str = "last_purged";
-
-/// A redb error, boxed: redb's error type is large and is only ever passed up.
-#[derive(Debug)]
-struct DbError(Box<redb::Error>);
-
-impl<E: Into<redb::Error>> From<E> for DbError {
-    fn from(e: E) -> Self {
-        Self(Box::new(e.into()))
-    }
-}
-
-impl std::fmt::Display for DbError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl std::error::Error for DbError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-type DbResult<T> = Result<T, DbError>;
-
-/// The database and where it lives, shared by the store and its reader handles.
-struct Inner {
-    db: Database,
-    path: PathBuf,
-    committed: CommittedFile,
-}
-
-impl Inner {
-    /// Runs `f` in a write transaction and commits it with fsync before returning.
-    fn write<R>(&self, f: impl FnOnce(&WriteTransaction) -> DbResult<R>) -> DbResult<R> {
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate);
-        match f(&txn) {
-            Ok(r) => {
-                txn.commit()?;
-                Ok(r)
-            }
-            Err(e) => {
-                if let Err(abort) = txn.abort() {
-                    tracing::warn!(path = %self.path.display(), error = %abort, "aborting a failed raft log transaction");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Runs `f` in a read transaction.
-    fn read<R>(&self, f: impl FnOnce(&ReadTransaction) -> DbResult<R>) -> DbResult<R> {
-        let txn = self.db.begin_read()?;
-        f(&txn)
-    }
-
-    fn read_meta(&self, key: &str) -> DbResult<Option<Vec<u8>>> {
-        self.read(|txn| {
-            let table = txn.open_table(META_TABLE)?;
-            let value = table.get(key)?.map(|v| v.value().to_vec());
-            Ok(value)
-        })
-    }
-
-    fn write_meta(&self, key: &str, value: Option<&[u8]>) -> DbResult<()> {
-        self.write(|txn| {
-            let mut table = txn.open_table(META_TABLE)?;
-            match value {
-                Some(bytes) => {
-                    table.insert(key, bytes)?;
-                }
-                None => {
-                    table.remove(key)?;
-                }
-            }
-            Ok(())
-        })
-    }
-}
 
 /// The redb-backed Raft log store; cheap to clone, and each clone is also its log reader.
 ///
 /// Generic over the type config `C`; its entries are encoded with the store's codec
 /// (bincode 2 through serde, with a size limit).
 pub struct RedbLogStore<C: RaftTypeConfig> {
-    inner: Arc<Inner>,
+    writer: Arc<LogWriter<C::NodeId>>,
     _config: PhantomData<fn() -> C>,
 }
 
 impl<C: RaftTypeConfig> Clone for RedbLogStore<C> {
     fn clone(&self) -> Self {
         Self {
-            inner: Arc::clone(&self.inner),
+            writer: Arc::clone(&self.writer),
             _config: PhantomData,
         }
     }
@@ -147,58 +61,113 @@ impl<C: RaftTypeConfig> Clone for RedbLogStore<C> {
 impl<C: RaftTypeConfig> Debug for RedbLogStore<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedbLogStore")
-            .field("path", &self.inner.path)
+            .field("path", &self.writer.path())
             .finish()
+    }
+}
+
+/// Turns an error of opening the store into a [`StorageError`] naming `what`.
+fn open_error<NID: openraft::NodeId>(
+    verb: ErrorVerb,
+    what: impl Fn() -> String,
+) -> impl FnOnce(&dyn std::error::Error) -> StorageError<NID> {
+    move |error| {
+        let source = AnyError::error(format!("{}: {error}", what()));
+        StorageIOError::new(ErrorSubject::Store, verb, source).into()
     }
 }
 
 impl<C: RaftTypeConfig> RedbLogStore<C> {
     /// Opens the log at `data_dir/raft.redb`, creating the directory and the database if
-    /// missing. Blocks on file I/O, so call it at startup (or from a blocking task).
+    /// missing, and starts its writer thread. Blocks on file I/O, so call it at startup (or
+    /// from a blocking task).
     ///
     /// Fails if the file cannot be created or opened, is not a redb database, or is already open
     /// (in this process or another: redb locks the file).
     pub fn open(data_dir: &Path) -> Result<Self, StorageError<C::NodeId>> {
         std::fs::create_dir_all(data_dir).map_err(|e| {
-            let source = AnyError::new(&e)
-                .add_context(|| format!("creating raft data directory {}", data_dir.display()));
-            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Write, source)
+            open_error(ErrorVerb::Write, || {
+                format!("creating raft data directory {}", data_dir.display())
+            })(&e)
         })?;
         let path = data_dir.join(DB_FILE_NAME);
-        let db = Database::create(&path).map_err(|e| {
-            let source = AnyError::new(&e)
-                .add_context(|| format!("opening raft log database {}", path.display()));
-            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, source)
-        })?;
-        let committed = CommittedFile::open(data_dir).map_err(|e| {
+        let opening = || format!("opening raft log database {}", path.display());
+        let db = Database::create(&path).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
+        // Create both tables up front so that read transactions always find them.
+        let created = (|| -> Result<(), redb::Error> {
+            let txn = db.begin_write()?;
+            txn.open_table(LOGS_TABLE)?;
+            txn.open_table(META_TABLE)?;
+            txn.commit()?;
+            Ok(())
+        })();
+        created.map_err(|e| open_error(ErrorVerb::Write, opening)(&e))?;
+        let last_index =
+            stored_last_index(&db).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
+        let committed_file = CommittedFile::open(data_dir).map_err(|e| {
             StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, AnyError::new(&e))
         })?;
-        let inner = Inner {
-            db,
-            path,
-            committed,
+        let committed = match committed_file.read() {
+            Ok(None) => None,
+            Ok(Some(bytes)) => decode_value::<Option<LogId<C::NodeId>>>(&bytes).map_err(|e| {
+                store_error(
+                    committed_file.path(),
+                    ErrorSubject::Store,
+                    ErrorVerb::Read,
+                    e,
+                )
+            })?,
+            Err(e) => {
+                return Err(StorageIOError::new(
+                    ErrorSubject::Store,
+                    ErrorVerb::Read,
+                    AnyError::new(&e),
+                )
+                .into())
+            }
         };
-        // Create both tables up front so that read transactions always find them.
-        inner
-            .write(|txn| {
-                txn.open_table(LOGS_TABLE)?;
-                txn.open_table(META_TABLE)?;
-                Ok(())
-            })
-            .map_err(|e| store_error(&inner.path, ErrorSubject::Store, ErrorVerb::Write, e))?;
-        tracing::debug!(path = %inner.path.display(), "opened raft log store");
+        let in_meta = read_meta(&db, KEY_COMMITTED)
+            .map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?
+            .map(|bytes| decode_value::<Option<LogId<C::NodeId>>>(&bytes))
+            .transpose()
+            .map_err(|e| store_error(&path, ErrorSubject::Store, ErrorVerb::Read, e))?
+            .flatten();
+        let committed = committed.max(in_meta);
+        let writer = LogWriter::start(db, path.clone(), committed_file, last_index, committed)
+            .map_err(|e| {
+                open_error(ErrorVerb::Write, || {
+                    format!("starting the writer of {}", path.display())
+                })(&e)
+            })?;
+        tracing::debug!(path = %path.display(), "opened raft log store");
         Ok(Self {
-            inner: Arc::new(inner),
+            writer: Arc::new(writer),
             _config: PhantomData,
         })
     }
 
     /// The path of the database file.
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        self.writer.path()
     }
 
-    /// Runs a database operation on tokio's blocking pool, mapping its error to a
+    /// A watch on what of this log is durable: the Raft network's two sides wait on it
+    /// before they let a commit be seen (see the writer's module).
+    pub fn durability(&self) -> LogDurability<C::NodeId> {
+        self.writer.durability()
+    }
+
+    /// The database, for inspection. A write transaction held open on it stalls the store's
+    /// writer, as a slow disk would: the tests use that to look at what waits for the disk.
+    pub fn database(&self) -> &Database {
+        self.writer.db()
+    }
+
+    fn db(&self) -> &Database {
+        self.writer.db()
+    }
+
+    /// Runs a database read on tokio's blocking pool, mapping its error to a
     /// [`StorageError`] about `subject` that names the database file.
     async fn blocking<R, E, F>(
         &self,
@@ -207,17 +176,26 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
         f: F,
     ) -> Result<R, StorageError<C::NodeId>>
     where
-        F: FnOnce(&Inner) -> Result<R, E> + Send + 'static,
+        F: FnOnce(&Database) -> Result<R, E> + Send + 'static,
         E: std::error::Error + Send + 'static,
         R: Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        let joined = tokio::task::spawn_blocking(move || f(&inner)).await;
+        let writer = Arc::clone(&self.writer);
+        let joined = tokio::task::spawn_blocking(move || f(writer.db())).await;
         match joined {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(store_error(&self.inner.path, subject, verb, e)),
-            Err(join) => Err(store_error(&self.inner.path, subject, verb, join)),
+            Ok(Err(e)) => Err(store_error(self.path(), subject, verb, e)),
+            Err(join) => Err(store_error(self.path(), subject, verb, join)),
         }
+    }
+
+    /// Maps a writer's failure to a [`StorageError`].
+    fn write_error(
+        &self,
+        subject: ErrorSubject<C::NodeId>,
+        verb: ErrorVerb,
+    ) -> impl FnOnce(Arc<str>) -> StorageError<C::NodeId> {
+        move |reason| StorageIOError::new(subject, verb, AnyError::error(reason)).into()
     }
 
     async fn read_meta_value<T>(
@@ -229,49 +207,58 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
         T: serde::de::DeserializeOwned,
     {
         let bytes = self
-            .blocking(subject.clone(), ErrorVerb::Read, move |inner| {
-                inner.read_meta(key)
+            .blocking(subject.clone(), ErrorVerb::Read, move |db| {
+                read_meta(db, key)
             })
             .await?;
         match bytes {
             None => Ok(None),
             Some(bytes) => decode_value(&bytes)
                 .map(Some)
-                .map_err(|e| store_error(&self.inner.path, subject, ErrorVerb::Read, e)),
+                .map_err(|e| store_error(self.path(), subject, ErrorVerb::Read, e)),
         }
     }
 
-    async fn write_meta_value<T>(
+    fn encode<T: serde::Serialize>(
         &self,
-        key: &'static str,
-        value: Option<&T>,
+        value: &T,
         subject: ErrorSubject<C::NodeId>,
-    ) -> Result<(), StorageError<C::NodeId>>
-    where
-        T: serde::Serialize,
-    {
-        let bytes = match value {
-            None => None,
-            Some(v) => Some(encode_value(v).map_err(|e| {
-                store_error(&self.inner.path, subject.clone(), ErrorVerb::Write, e)
-            })?),
-        };
-        self.blocking(subject, ErrorVerb::Write, move |inner| {
-            inner.write_meta(key, bytes.as_deref())
-        })
-        .await
+        verb: ErrorVerb,
+    ) -> Result<Vec<u8>, StorageError<C::NodeId>> {
+        encode_value(value).map_err(|e| store_error(self.path(), subject, verb, e))
     }
 
     fn decode_entry(&self, index: u64, bytes: &[u8]) -> Result<C::Entry, StorageError<C::NodeId>> {
         decode_value(bytes).map_err(|e| {
             store_error(
-                &self.inner.path,
+                self.path(),
                 ErrorSubject::LogIndex(index),
                 ErrorVerb::Read,
                 e,
             )
         })
     }
+}
+
+fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, redb::Error> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(META_TABLE)?;
+    let value = table.get(key)?.map(|v| v.value().to_vec());
+    Ok(value)
+}
+
+fn read_logs(
+    db: &Database,
+    bounds: (Bound<u64>, Bound<u64>),
+) -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(LOGS_TABLE)?;
+    let mut out = Vec::new();
+    for item in table.range::<u64>(bounds)? {
+        let (k, v) = item?;
+        out.push((k.value(), v.value().to_vec()));
+    }
+    Ok(out)
 }
 
 /// Builds a [`StorageError`] whose message names the database file.
@@ -290,9 +277,10 @@ where
 }
 
 /// Most entries a read may ask for and still run on the calling task instead of tokio's
-/// blocking pool. Replication and apply read the few entries just appended, which redb's
-/// cache holds: reading them in place costs microseconds, the hop to another thread and back
-/// more. Larger reads (a follower catching up) still go to the blocking pool.
+/// blocking pool. Replication and apply read the few entries just appended, which the
+/// writer's tail or redb's cache holds: reading them in place costs microseconds, the hop to
+/// another thread and back more. Larger reads (a follower catching up) still go to the
+/// blocking pool.
 pub const INLINE_READ_ENTRIES_MAX: u64 = 64;
 
 /// Whether a read of `bounds` (from [`owned_bounds`]) is small enough to run in place.
@@ -327,6 +315,16 @@ fn owned_bounds<RB: RangeBounds<u64>>(range: &RB) -> Option<(Bound<u64>, Bound<u
     (!empty).then_some((Bound::Included(start), end))
 }
 
+/// The last index within `bounds` (from [`owned_bounds`]), `None` when unbounded.
+fn last_in((_, end): (Bound<u64>, Bound<u64>)) -> Option<u64> {
+    match end {
+        Bound::Included(e) => Some(e),
+        // `owned_bounds` never returns an empty range, so `e` is above the start.
+        Bound::Excluded(e) => Some(e - 1),
+        Bound::Unbounded => None,
+    }
+}
+
 impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -335,28 +333,42 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
         let Some(bounds) = owned_bounds(&range) else {
             return Ok(Vec::new());
         };
-        let read = move |inner: &Inner| {
-            inner.read(|txn| {
-                let table = txn.open_table(LOGS_TABLE)?;
-                let mut out = Vec::new();
-                for item in table.range::<u64>(bounds)? {
-                    let (k, v) = item?;
-                    out.push((k.value(), v.value().to_vec()));
-                }
-                Ok(out)
-            })
+        let Bound::Included(start) = bounds.0 else {
+            unreachable!("owned_bounds starts inclusive");
         };
-        let raw = if is_small(bounds) {
-            read(&self.inner).map_err(|e| {
-                store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Read, e)
-            })?
-        } else {
-            self.blocking(ErrorSubject::Logs, ErrorVerb::Read, read)
+        // The queued tail first: whatever leaves it has reached the database by then, so the
+        // database read that follows finds it.
+        let (tail, last_index) = self.writer.tail(start, last_in(bounds));
+        let Some(last_index) = last_index else {
+            return Ok(Vec::new());
+        };
+        // The database holds the rest: from `start` up to the first queued entry, never past
+        // the log's end (a queued truncation may not have reached the disk yet).
+        let disk_end = tail.first().map_or(last_index, |(first, _)| {
+            first.saturating_sub(1).min(last_index)
+        });
+        let disk_end = last_in(bounds).map_or(disk_end, |end| end.min(disk_end));
+        let mut raw: Vec<(u64, Vec<u8>)> = Vec::new();
+        if tail.first().is_none_or(|(first, _)| *first > start) && disk_end >= start {
+            let disk = (Bound::Included(start), Bound::Included(disk_end));
+            raw = if is_small(disk) {
+                read_logs(self.db(), disk)
+                    .map_err(|e| store_error(self.path(), ErrorSubject::Logs, ErrorVerb::Read, e))?
+            } else {
+                self.blocking(ErrorSubject::Logs, ErrorVerb::Read, move |db| {
+                    read_logs(db, disk)
+                })
                 .await?
-        };
-        raw.iter()
-            .map(|(index, bytes)| self.decode_entry(*index, bytes))
-            .collect()
+            };
+        }
+        let mut out = Vec::with_capacity(raw.len() + tail.len());
+        for (index, bytes) in &raw {
+            out.push(self.decode_entry(*index, bytes)?);
+        }
+        for (index, bytes) in &tail {
+            out.push(self.decode_entry(*index, bytes)?);
+        }
+        Ok(out)
     }
 }
 
@@ -364,23 +376,28 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+        // Everything queued reaches the disk first, so the database alone answers.
+        self.writer
+            .barrier()
+            .await
+            .map_err(self.write_error(ErrorSubject::Logs, ErrorVerb::Read))?;
         let (last, purged) = self
-            .blocking(ErrorSubject::Logs, ErrorVerb::Read, |inner| {
-                inner.read(|txn| {
-                    let logs = txn.open_table(LOGS_TABLE)?;
-                    let last = logs.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
-                    let meta = txn.open_table(META_TABLE)?;
-                    let purged = meta.get(KEY_LAST_PURGED)?.map(|v| v.value().to_vec());
-                    Ok((last, purged))
-                })
+            .blocking(ErrorSubject::Logs, ErrorVerb::Read, |db| {
+                let txn = db.begin_read()?;
+                let logs = txn.open_table(LOGS_TABLE)?;
+                let last = logs.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
+                let meta = txn.open_table(META_TABLE)?;
+                let purged = meta.get(KEY_LAST_PURGED)?.map(|v| v.value().to_vec());
+                Ok::<_, redb::Error>((last, purged))
             })
             .await?;
-        let last_purged_log_id: Option<LogId<C::NodeId>> = match purged {
-            None => None,
-            Some(bytes) => Some(decode_value(&bytes).map_err(|e| {
-                store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Read, e)
-            })?),
-        };
+        let last_purged_log_id: Option<LogId<C::NodeId>> =
+            match purged {
+                None => None,
+                Some(bytes) => Some(decode_value(&bytes).map_err(|e| {
+                    store_error(self.path(), ErrorSubject::Logs, ErrorVerb::Read, e)
+                })?),
+            };
         let last_log_id = match last {
             Some((index, bytes)) => Some(self.decode_entry(index, &bytes)?.get_log_id().clone()),
             None => last_purged_log_id.clone(),
@@ -396,8 +413,11 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
     }
 
     async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.write_meta_value(KEY_VOTE, Some(vote), ErrorSubject::Vote)
+        let bytes = self.encode(vote, ErrorSubject::Vote, ErrorVerb::Write)?;
+        self.writer
+            .save_vote(bytes)
             .await
+            .map_err(self.write_error(ErrorSubject::Vote, ErrorVerb::Write))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
@@ -408,29 +428,17 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
         &mut self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), StorageError<C::NodeId>> {
-        let bytes = encode_value(&committed)
-            .map_err(|e| store_error(&self.inner.path, ErrorSubject::Store, ErrorVerb::Write, e))?;
-        self.blocking(ErrorSubject::Store, ErrorVerb::Write, move |inner| {
-            inner.committed.save(&bytes)
-        })
-        .await
+        let bytes = self.encode(&committed, ErrorSubject::Store, ErrorVerb::Write)?;
+        self.writer
+            .save_committed(committed, bytes)
+            .await
+            .map_err(self.write_error(ErrorSubject::Store, ErrorVerb::Write))
     }
 
     async fn read_committed(
         &mut self,
     ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
-        let bytes = self
-            .blocking(ErrorSubject::Store, ErrorVerb::Read, |inner| {
-                inner.committed.read()
-            })
-            .await?;
-        match bytes {
-            None => Ok(None),
-            Some(bytes) => decode_value(&bytes).map_err(|e| {
-                let path = self.inner.committed.path();
-                store_error(path, ErrorSubject::Store, ErrorVerb::Read, e)
-            }),
-        }
+        Ok(self.writer.durability().durable().committed)
     }
 
     async fn append<I>(
@@ -442,64 +450,36 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut encoded = Vec::new();
+        let mut encoded: Vec<(u64, EncodedEntry)> = Vec::new();
         for entry in entries {
             let log_id = entry.get_log_id().clone();
-            let bytes = encode_value(&entry).map_err(|e| {
-                store_error(
-                    &self.inner.path,
-                    ErrorSubject::Log(log_id.clone()),
-                    ErrorVerb::Write,
-                    e,
-                )
-            })?;
-            encoded.push((log_id.index, bytes));
+            let bytes = self.encode(&entry, ErrorSubject::Log(log_id.clone()), ErrorVerb::Write)?;
+            encoded.push((log_id.index, bytes.into()));
         }
-        if !encoded.is_empty() {
-            self.blocking(ErrorSubject::Logs, ErrorVerb::Write, move |inner| {
-                inner.write(|txn| {
-                    let mut table = txn.open_table(LOGS_TABLE)?;
-                    for (index, bytes) in &encoded {
-                        table.insert(*index, bytes.as_slice())?;
-                    }
-                    Ok(())
-                })
-            })
-            .await?;
-        }
-        // The transaction is committed and fsynced: only now tell openraft.
+        self.writer
+            .append(encoded)
+            .map_err(self.write_error(ErrorSubject::Logs, ErrorVerb::Write))?;
+        // Queued, readable, not yet durable: see the writer's module for why openraft may
+        // count it now, and what waits for the disk instead.
         callback.log_io_completed(Ok(()));
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         tracing::debug!(%log_id, "truncating raft log from this id on");
-        let since = log_id.index;
-        self.blocking(ErrorSubject::Logs, ErrorVerb::Delete, move |inner| {
-            inner.write(|txn| {
-                let mut table = txn.open_table(LOGS_TABLE)?;
-                table.retain_in::<u64, _>(since.., |_, _| false)?;
-                Ok(())
-            })
-        })
-        .await
+        self.writer
+            .truncate(log_id.index)
+            .await
+            .map_err(self.write_error(ErrorSubject::Logs, ErrorVerb::Delete))
     }
 
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         tracing::debug!(%log_id, "purging raft log up to this id");
-        let upto = log_id.index;
-        let purged = encode_value(&log_id)
-            .map_err(|e| store_error(&self.inner.path, ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-        self.blocking(ErrorSubject::Logs, ErrorVerb::Delete, move |inner| {
-            inner.write(|txn| {
-                let mut meta = txn.open_table(META_TABLE)?;
-                meta.insert(KEY_LAST_PURGED, purged.as_slice())?;
-                let mut logs = txn.open_table(LOGS_TABLE)?;
-                logs.retain_in::<u64, _>(..=upto, |_, _| false)?;
-                Ok(())
-            })
-        })
-        .await
+        let purged = self.encode(&log_id, ErrorSubject::Logs, ErrorVerb::Delete)?;
+        self.writer
+            .purge(log_id.index, purged)
+            .await
+            .map_err(self.write_error(ErrorSubject::Logs, ErrorVerb::Delete))
     }
 }
 

@@ -8,6 +8,8 @@
 //! # Layout
 //! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes.
 //! - [`log_store`]: [`RedbLogStore`], openraft's storage-v2 log store and log reader.
+//! - [`log_writer`]: the log store's writer thread (group commit), and [`LogDurability`],
+//!   what the Raft network waits on before it lets a commit be seen.
 //! - [`state_machine`]: [`QuotientStateMachine`], openraft's storage-v2 state machine, and the
 //!   snapshot file.
 //! - [`type_config`]: [`TypeConfig`], with [`Request`] (a batch of commands) as the entry
@@ -16,6 +18,7 @@
 pub mod codec;
 pub mod committed_file;
 pub mod log_store;
+pub mod log_writer;
 pub mod state_machine;
 pub mod type_config;
 
@@ -23,7 +26,7 @@ use std::path::Path;
 
 use openraft::StorageError;
 
-pub use log_store::RedbLogStore;
+pub use log_store::{LogDurability, RedbLogStore};
 pub use state_machine::QuotientStateMachine;
 pub use type_config::{LogStore, NodeId, Outcomes, Request, TypeConfig};
 

@@ -1,0 +1,581 @@
+//! The log store's writer: one thread that makes the Raft log's writes durable, in the order
+//! they were made, as many at a time as have queued up (group commit).
+//!
+//! # Why appends are acknowledged before they are durable
+//!
+//! openraft 0.9's core waits for the leader's own log flush before it replicates an entry
+//! (its `append_to_log` is "a temp wrapper to make non-blocking append_to_log a blocking"), so
+//! with a store that calls the flush callback only after its fsync, every write pays the
+//! leader's fsync and then a follower's, one after the other. Raft does not need that order:
+//! the leader may send an entry while it writes it, as long as nothing that depends on the
+//! entry being committed happens before a majority has it on disk. So [`LogWriter::append`]
+//! puts the entries in an in-memory tail (which every reader sees at once) and in the queue of
+//! this thread, and the store calls openraft's callback right away; openraft replicates and
+//! counts the leader's own copy at once. Everything a commit can be seen through waits for
+//! the disk instead, through [`LogDurability`]:
+//!
+//! 1. **The committed id** is one more queued write (`save_committed`): it reaches the disk
+//!    after every entry queued before it, and openraft applies an entry, answers its client,
+//!    serves a read that needs it or builds a snapshot with it only after that returns.
+//! 2. **A follower's answer** to an AppendEntries is sent only once the entries it reports are
+//!    durable in the same *generation* of the log (`raft_service`): the leader counts a
+//!    follower only for entries on its disk, as before.
+//! 3. **The commit index sent to followers** never runs ahead of the leader's durable
+//!    committed id (`network`), so no follower applies an entry whose leader could still lose
+//!    it.
+//!
+//! Together: an entry is seen as committed (applied anywhere, answered to a client) only once
+//! it is on the disks of a majority that includes the leader, which is Raft's condition. A
+//! leader that crashes before its own write lands loses only entries nobody saw committed.
+//! A write that fails poisons the writer: every later write and wait fails, openraft stops
+//! the node, and nothing unsynced is ever reported durable.
+//!
+//! A *generation* counts the log's truncations: an index is durable "in generation g" when it
+//! reached the disk with no truncation queued since g, so an answer for entries that a later
+//! truncation replaced is never sent.
+
+// redb's error is large, but it only ever travels up once, to become a message.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use openraft::{LogId, NodeId};
+use redb::{Database, Durability, ReadableTable};
+use tokio::sync::{oneshot, watch};
+
+use super::committed_file::CommittedFile;
+
+/// The table of log entries: log index to encoded entry.
+pub const LOGS_TABLE: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("raft_log");
+/// The table of single values: the vote and the last purged log id.
+pub const META_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("raft_meta");
+/// [`META_TABLE`] key of the vote.
+pub const KEY_VOTE: &str = "vote";
+/// [`META_TABLE`] key of the committed id, when it was saved with other writes.
+pub const KEY_COMMITTED: &str = "committed";
+/// [`META_TABLE`] key of the last purged log id.
+pub const KEY_LAST_PURGED: &str = "last_purged";
+
+/// Most queued writes the thread takes into one transaction; bounds a transaction's size.
+pub const WRITE_BATCH_OPS_MAX: usize = 4_096;
+
+/// An encoded log entry, shared by the tail and the queue.
+pub type EncodedEntry = Arc<[u8]>;
+
+/// What is on disk now, as the writer last published it.
+#[derive(Debug, Clone)]
+pub struct Durable<NID: NodeId> {
+    /// The generation of the last write that reached the disk.
+    pub generation: u64,
+    /// The last log index on disk; `None` when the log on disk is empty.
+    pub last_index: Option<u64>,
+    /// The committed log id on disk.
+    pub committed: Option<LogId<NID>>,
+    /// Why the writer stopped writing, once a write failed; nothing is durable after it.
+    pub failed: Option<Arc<str>>,
+}
+
+/// Why a wait for durability ended without it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotDurable {
+    /// A truncation replaced entries after the waiter's generation: what it waited for is gone.
+    #[error("the log was truncated while waiting for its entries to be durable")]
+    Superseded,
+    /// A write failed or the store closed.
+    #[error("the raft log store stopped writing: {0}")]
+    Stopped(Arc<str>),
+}
+
+/// A queued write.
+enum Op<NID: NodeId> {
+    Append {
+        generation: u64,
+        entries: Vec<(u64, EncodedEntry)>,
+    },
+    Vote {
+        bytes: Vec<u8>,
+        done: Done,
+    },
+    Truncate {
+        generation: u64,
+        since: u64,
+        done: Done,
+    },
+    Purge {
+        upto: u64,
+        purged: Vec<u8>,
+        done: Done,
+    },
+    Committed {
+        log_id: Option<LogId<NID>>,
+        bytes: Vec<u8>,
+        done: Done,
+    },
+    /// Completes once everything queued before it is durable.
+    Barrier {
+        done: Done,
+    },
+}
+
+type Done = oneshot::Sender<Result<(), Arc<str>>>;
+
+/// The queue and the in-memory view of the log, behind one lock so that they change together.
+struct Queue<NID: NodeId> {
+    ops: VecDeque<Op<NID>>,
+    /// Appended entries that are not yet durable, by index: readers see them before the disk.
+    tail: BTreeMap<u64, EncodedEntry>,
+    /// The log's last index as openraft sees it (after queued appends and truncations).
+    last_index: Option<u64>,
+    stopping: bool,
+    failed: Option<Arc<str>>,
+}
+
+/// What the store's handles and the writer thread share.
+struct Shared<NID: NodeId> {
+    db: Database,
+    path: PathBuf,
+    committed_file: CommittedFile,
+    queue: Mutex<Queue<NID>>,
+    wake: Condvar,
+    generation: Arc<AtomicU64>,
+    durable: watch::Sender<Durable<NID>>,
+}
+
+impl<NID: NodeId> Shared<NID> {
+    fn lock(&self) -> MutexGuard<'_, Queue<NID>> {
+        // Every change under the lock is completed before it is released; keep going.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The writer thread and the queue it serves; dropping it drains the queue and joins the
+/// thread, so the database is closed once the last store handle is gone.
+pub struct LogWriter<NID: NodeId> {
+    shared: Arc<Shared<NID>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<NID: NodeId> std::fmt::Debug for LogWriter<NID> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogWriter")
+            .field("path", &self.shared.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Watches what is durable; cheap to clone, and holds nothing of the store open.
+#[derive(Debug, Clone)]
+pub struct LogDurability<NID: NodeId> {
+    generation: Arc<AtomicU64>,
+    durable: watch::Receiver<Durable<NID>>,
+}
+
+impl<NID: NodeId> LogDurability<NID> {
+    /// The log's current generation: take it before a call whose entries you then wait for.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// What is durable now.
+    pub fn durable(&self) -> Durable<NID> {
+        self.durable.borrow().clone()
+    }
+
+    /// The commit index a leader may tell its followers: `commit`, or the committed id on
+    /// this node's disk when that is older, so that no follower applies an entry before the
+    /// leader's own copy of it is durable.
+    pub fn commit_to_send(&self, commit: Option<LogId<NID>>) -> Option<LogId<NID>> {
+        std::cmp::min(commit, self.durable.borrow().committed.clone())
+    }
+
+    /// Waits until every entry up to `index` is durable with no truncation since
+    /// `generation`.
+    pub async fn wait_log(&self, generation: u64, index: u64) -> Result<(), NotDurable> {
+        let mut receiver = self.durable.clone();
+        let mut outcome = Ok(());
+        let waited = receiver
+            .wait_for(|durable| {
+                if let Some(reason) = &durable.failed {
+                    outcome = Err(NotDurable::Stopped(reason.clone()));
+                    return true;
+                }
+                if durable.generation > generation {
+                    outcome = Err(NotDurable::Superseded);
+                    return true;
+                }
+                durable.generation == generation && durable.last_index >= Some(index)
+            })
+            .await;
+        if waited.is_err() {
+            return Err(NotDurable::Stopped("the raft log store is closed".into()));
+        }
+        outcome
+    }
+}
+
+impl<NID: NodeId> LogWriter<NID> {
+    /// Starts the writer over an open database. `last_index` and `committed` are what the disk
+    /// holds now.
+    pub fn start(
+        db: Database,
+        path: PathBuf,
+        committed_file: CommittedFile,
+        last_index: Option<u64>,
+        committed: Option<LogId<NID>>,
+    ) -> std::io::Result<LogWriter<NID>> {
+        let (durable, _) = watch::channel(Durable {
+            generation: 0,
+            last_index,
+            committed,
+            failed: None,
+        });
+        let shared = Arc::new(Shared {
+            db,
+            path,
+            committed_file,
+            queue: Mutex::new(Queue {
+                ops: VecDeque::new(),
+                tail: BTreeMap::new(),
+                last_index,
+                stopping: false,
+                failed: None,
+            }),
+            wake: Condvar::new(),
+            generation: Arc::new(AtomicU64::new(0)),
+            durable,
+        });
+        let thread = std::thread::Builder::new()
+            .name("raft-log-writer".to_string())
+            .spawn({
+                let shared = shared.clone();
+                move || run(&shared, last_index)
+            })?;
+        Ok(LogWriter {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The database, for reads.
+    pub fn db(&self) -> &Database {
+        &self.shared.db
+    }
+
+    /// The database file's path.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The committed-id file, for reads.
+    pub fn committed_file(&self) -> &CommittedFile {
+        &self.shared.committed_file
+    }
+
+    /// A watch on what is durable.
+    pub fn durability(&self) -> LogDurability<NID> {
+        LogDurability {
+            generation: self.shared.generation.clone(),
+            durable: self.shared.durable.subscribe(),
+        }
+    }
+
+    /// Queues `entries` (index and encoded entry, in order); readers see them at once.
+    pub fn append(&self, entries: Vec<(u64, EncodedEntry)>) -> Result<(), Arc<str>> {
+        let Some((last, _)) = entries.last() else {
+            return Ok(());
+        };
+        let last = *last;
+        let mut queue = self.shared.lock();
+        if let Some(reason) = &queue.failed {
+            return Err(reason.clone());
+        }
+        for (index, bytes) in &entries {
+            queue.tail.insert(*index, bytes.clone());
+        }
+        queue.last_index = Some(last);
+        let generation = self.shared.generation.load(Ordering::SeqCst);
+        queue.ops.push_back(Op::Append {
+            generation,
+            entries,
+        });
+        drop(queue);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Queues a write and waits until it is durable.
+    async fn queue_and_wait(
+        &self,
+        make: impl FnOnce(&mut Queue<NID>, &AtomicU64, Done) -> Op<NID>,
+    ) -> Result<(), Arc<str>> {
+        let (done, finished) = oneshot::channel();
+        {
+            let mut queue = self.shared.lock();
+            if let Some(reason) = &queue.failed {
+                return Err(reason.clone());
+            }
+            let op = make(&mut queue, &self.shared.generation, done);
+            queue.ops.push_back(op);
+        }
+        self.shared.wake.notify_one();
+        finished
+            .await
+            .unwrap_or_else(|_| Err("the raft log writer stopped".into()))
+    }
+
+    /// Saves the vote; returns once it is durable (after every write queued before it).
+    pub async fn save_vote(&self, bytes: Vec<u8>) -> Result<(), Arc<str>> {
+        self.queue_and_wait(|_, _, done| Op::Vote { bytes, done })
+            .await
+    }
+
+    /// Removes the entries from `since` on; returns once that is durable.
+    pub async fn truncate(&self, since: u64) -> Result<(), Arc<str>> {
+        self.queue_and_wait(|queue, generation, done| {
+            let generation = generation.fetch_add(1, Ordering::SeqCst) + 1;
+            queue.tail.retain(|index, _| *index < since);
+            if queue.last_index >= Some(since) {
+                queue.last_index = since.checked_sub(1);
+            }
+            Op::Truncate {
+                generation,
+                since,
+                done,
+            }
+        })
+        .await
+    }
+
+    /// Removes the entries up to `upto` and records `purged` (the encoded last purged id);
+    /// returns once that is durable.
+    pub async fn purge(&self, upto: u64, purged: Vec<u8>) -> Result<(), Arc<str>> {
+        self.queue_and_wait(|_, _, done| Op::Purge { upto, purged, done })
+            .await
+    }
+
+    /// Saves the committed id (`bytes` is its encoding); returns once it is durable, which is
+    /// after every entry queued before it.
+    pub async fn save_committed(
+        &self,
+        log_id: Option<LogId<NID>>,
+        bytes: Vec<u8>,
+    ) -> Result<(), Arc<str>> {
+        self.queue_and_wait(|_, _, done| Op::Committed {
+            log_id,
+            bytes,
+            done,
+        })
+        .await
+    }
+
+    /// Returns once everything queued so far is durable.
+    pub async fn barrier(&self) -> Result<(), Arc<str>> {
+        self.queue_and_wait(|_, _, done| Op::Barrier { done }).await
+    }
+
+    /// The queued, not yet durable entries within `start..=end` and the log's last index;
+    /// the disk holds everything before the first of them, up to that last index.
+    pub fn tail(&self, start: u64, end: Option<u64>) -> (Vec<(u64, EncodedEntry)>, Option<u64>) {
+        let queue = self.shared.lock();
+        let entries = match end {
+            Some(end) if end < start => Vec::new(),
+            Some(end) => queue
+                .tail
+                .range(start..=end)
+                .map(|(i, b)| (*i, b.clone()))
+                .collect(),
+            None => queue
+                .tail
+                .range(start..)
+                .map(|(i, b)| (*i, b.clone()))
+                .collect(),
+        };
+        (entries, queue.last_index)
+    }
+}
+
+impl<NID: NodeId> Drop for LogWriter<NID> {
+    fn drop(&mut self) {
+        self.shared.lock().stopping = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!(path = %self.shared.path.display(), "the raft log writer panicked");
+            }
+        }
+    }
+}
+
+/// The writer thread: takes every queued write, makes them durable together, publishes what
+/// is durable, then answers them. Ends once stopping with nothing queued.
+fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
+    let mut generation = 0;
+    loop {
+        let batch: Vec<Op<NID>> = {
+            let mut queue = shared.lock();
+            while queue.ops.is_empty() && !queue.stopping {
+                queue = shared
+                    .wake
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if queue.ops.is_empty() {
+                return;
+            }
+            let take = queue.ops.len().min(WRITE_BATCH_OPS_MAX);
+            queue.ops.drain(..take).collect()
+        };
+        let written = write_batch(shared, &batch, last_index, generation);
+        match written {
+            Ok((new_last, new_generation, committed)) => {
+                last_index = new_last;
+                generation = new_generation;
+                shared.durable.send_modify(|durable| {
+                    durable.generation = generation;
+                    durable.last_index = last_index;
+                    if let Some(committed) = committed {
+                        durable.committed = committed;
+                    }
+                });
+                let mut queue = shared.lock();
+                for op in &batch {
+                    if let Op::Append { entries, .. } = op {
+                        for (index, bytes) in entries {
+                            // A later append may have replaced this index already.
+                            if queue
+                                .tail
+                                .get(index)
+                                .is_some_and(|queued| Arc::ptr_eq(queued, bytes))
+                            {
+                                queue.tail.remove(index);
+                            }
+                        }
+                    }
+                }
+                drop(queue);
+                answer(batch, &Ok(()));
+            }
+            Err(reason) => {
+                tracing::error!(path = %shared.path.display(), error = %reason, "a raft log write failed; this coordinator stops writing");
+                shared.lock().failed = Some(reason.clone());
+                shared.durable.send_modify(|durable| {
+                    durable.failed = Some(reason.clone());
+                });
+                answer(batch, &Err(reason.clone()));
+                // Fail whatever was queued meanwhile; later writes fail when queued.
+                let rest: Vec<Op<NID>> = shared.lock().ops.drain(..).collect();
+                answer(rest, &Err(reason));
+            }
+        }
+    }
+}
+
+fn answer<NID: NodeId>(batch: Vec<Op<NID>>, result: &Result<(), Arc<str>>) {
+    for op in batch {
+        match op {
+            Op::Append { .. } => {}
+            Op::Vote { done, .. }
+            | Op::Truncate { done, .. }
+            | Op::Purge { done, .. }
+            | Op::Committed { done, .. }
+            | Op::Barrier { done } => {
+                let _ = done.send(result.clone());
+            }
+        }
+    }
+}
+
+/// Writes one batch: every log and meta write in one redb transaction, committed with fsync,
+/// then the newest committed id of the batch, synced. The disk's last index and generation
+/// after it, and the committed id it wrote, if any.
+#[allow(clippy::type_complexity)]
+fn write_batch<NID: NodeId>(
+    shared: &Shared<NID>,
+    batch: &[Op<NID>],
+    mut last_index: Option<u64>,
+    mut generation: u64,
+) -> Result<(Option<u64>, u64, Option<Option<LogId<NID>>>), Arc<str>> {
+    let context = |error: &dyn std::fmt::Display| -> Arc<str> {
+        format!("raft log store {}: {error}", shared.path.display()).into()
+    };
+    let needs_transaction = batch
+        .iter()
+        .any(|op| !matches!(op, Op::Committed { .. } | Op::Barrier { .. }));
+    let newest_committed = batch.iter().rev().find_map(|op| match op {
+        Op::Committed { log_id, bytes, .. } => Some((log_id, bytes)),
+        _ => None,
+    });
+    if needs_transaction {
+        let transaction = (|| -> Result<(), redb::Error> {
+            let mut txn = shared.db.begin_write()?;
+            txn.set_durability(Durability::Immediate);
+            {
+                let mut logs = txn.open_table(LOGS_TABLE)?;
+                let mut meta = txn.open_table(META_TABLE)?;
+                for op in batch {
+                    match op {
+                        Op::Append {
+                            generation: g,
+                            entries,
+                        } => {
+                            for (index, bytes) in entries {
+                                logs.insert(*index, &bytes[..])?;
+                            }
+                            last_index = entries.last().map(|(index, _)| *index);
+                            generation = *g;
+                        }
+                        Op::Vote { bytes, .. } => {
+                            meta.insert(KEY_VOTE, bytes.as_slice())?;
+                        }
+                        Op::Truncate {
+                            generation: g,
+                            since,
+                            ..
+                        } => {
+                            logs.retain_in::<u64, _>(*since.., |_, _| false)?;
+                            if last_index >= Some(*since) {
+                                last_index = since.checked_sub(1);
+                            }
+                            generation = *g;
+                        }
+                        Op::Purge { upto, purged, .. } => {
+                            meta.insert(KEY_LAST_PURGED, purged.as_slice())?;
+                            logs.retain_in::<u64, _>(..=*upto, |_, _| false)?;
+                        }
+                        Op::Committed { .. } | Op::Barrier { .. } => {}
+                    }
+                }
+                if let Some((_, bytes)) = newest_committed {
+                    meta.insert(KEY_COMMITTED, bytes.as_slice())?;
+                }
+            }
+            txn.commit()?;
+            Ok(())
+        })();
+        transaction.map_err(|error| context(&error))?;
+    }
+    let committed = match newest_committed {
+        Some((log_id, _)) if needs_transaction => Some(log_id.clone()),
+        Some((log_id, bytes)) => {
+            shared
+                .committed_file
+                .save(bytes)
+                .map_err(|error| context(&error))?;
+            Some(log_id.clone())
+        }
+        None => None,
+    };
+    Ok((last_index, generation, committed))
+}
+
+/// The last index stored in the log table, read at open.
+pub fn stored_last_index(db: &Database) -> Result<Option<u64>, redb::Error> {
+    let txn = db.begin_read()?;
+    let logs = txn.open_table(LOGS_TABLE)?;
+    let last = logs.last()?.map(|(key, _)| key.value());
+    Ok(last)
+}

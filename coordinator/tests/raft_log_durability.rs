@@ -1,0 +1,325 @@
+//! Tests of what waits for the disk now that the log store lets openraft go on before an
+//! append is synced (`store::log_writer`): appended entries are readable at once, while the
+//! committed id, a follower's answer to an AppendEntries and the commit index a leader sends
+//! all wait for the entries to be durable.
+//!
+//! The disk is "stalled" by holding a write transaction open on the store's database: the
+//! store's writer thread then waits for it, exactly as it would for a slow fsync.
+
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::{
+    BasicNode, CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote,
+};
+use quotient_coordinator::raft_service;
+use quotient_coordinator::store::log_store::KEY_COMMITTED;
+use quotient_coordinator::store::log_writer::NotDurable;
+use quotient_coordinator::store::{self, LogStore, NodeId, TypeConfig};
+
+/// How long a stalled wait is watched to make sure it does not end.
+const STALL: Duration = Duration::from_millis(300);
+/// How long a released wait may take to end.
+const RELEASE: Duration = Duration::from_secs(10);
+
+fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+    LogId::new(CommittedLeaderId::new(term, 2), index)
+}
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+fn blanks(term: u64, indexes: std::ops::RangeInclusive<u64>) -> Vec<Entry<TypeConfig>> {
+    indexes.map(|index| blank(term, index)).collect()
+}
+
+async fn read_indexes(store: &mut LogStore) -> Vec<u64> {
+    store
+        .try_get_log_entries(0..u64::MAX)
+        .await
+        .expect("read entries")
+        .iter()
+        .map(|entry| entry.log_id.index)
+        .collect()
+}
+
+/// Whether `future` is still pending after [`STALL`].
+async fn stays_pending<F: std::future::Future>(future: &mut std::pin::Pin<Box<F>>) -> bool {
+    tokio::time::timeout(STALL, future.as_mut()).await.is_err()
+}
+
+#[tokio::test]
+async fn appended_entries_are_readable_at_once_and_the_committed_id_waits_for_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = LogStore::open(dir.path()).expect("open");
+    let durability = store.durability();
+
+    tracing::info!("--- the disk stalls; an append returns and is readable");
+    let stall = store.database().begin_write().expect("stall the writer");
+    store
+        .blocking_append(blanks(1, 0..=2))
+        .await
+        .expect("append returns without the disk");
+    assert_eq!(read_indexes(&mut store).await, vec![0, 1, 2]);
+    assert_eq!(
+        durability.durable().last_index,
+        None,
+        "nothing is on disk yet"
+    );
+
+    tracing::info!("--- the committed id, an entry's durability and the commit to send all wait");
+    let mut committed_saved = Box::pin({
+        let mut store = store.clone();
+        async move { store.save_committed(Some(log_id(1, 2))).await }
+    });
+    assert!(stays_pending(&mut committed_saved).await);
+    let mut entries_durable = Box::pin(durability.wait_log(durability.generation(), 2));
+    assert!(stays_pending(&mut entries_durable).await);
+    assert_eq!(durability.commit_to_send(Some(log_id(1, 2))), None);
+
+    tracing::info!("--- the disk comes back");
+    stall.abort().expect("release the writer");
+    tokio::time::timeout(RELEASE, committed_saved)
+        .await
+        .expect("the committed id is saved")
+        .expect("save");
+    tokio::time::timeout(RELEASE, entries_durable)
+        .await
+        .expect("the entries are durable")
+        .expect("durable");
+    let durable = durability.durable();
+    assert_eq!(durable.last_index, Some(2));
+    assert_eq!(durable.committed, Some(log_id(1, 2)));
+    assert_eq!(
+        durability.commit_to_send(Some(log_id(1, 5))),
+        Some(log_id(1, 2)),
+        "a leader never tells more than its disk holds"
+    );
+    assert_eq!(
+        durability.commit_to_send(Some(log_id(1, 1))),
+        Some(log_id(1, 1))
+    );
+
+    tracing::info!("--- all of it survives a restart");
+    drop(store);
+    let mut store = LogStore::open(dir.path()).expect("reopen");
+    assert_eq!(read_indexes(&mut store).await, vec![0, 1, 2]);
+    assert_eq!(
+        store.read_committed().await.expect("read"),
+        Some(log_id(1, 2))
+    );
+}
+
+#[tokio::test]
+async fn a_truncation_supersedes_a_wait_for_the_entries_it_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = LogStore::open(dir.path()).expect("open");
+    let durability = store.durability();
+    let stall = store.database().begin_write().expect("stall the writer");
+    store
+        .blocking_append(blanks(1, 0..=4))
+        .await
+        .expect("append");
+    let before = durability.generation();
+    let mut old_entries = Box::pin(durability.wait_log(before, 4));
+    let mut truncated = Box::pin({
+        let mut store = store.clone();
+        async move { store.truncate(log_id(1, 3)).await }
+    });
+    assert!(stays_pending(&mut truncated).await);
+    assert!(durability.generation() > before);
+    assert_eq!(
+        read_indexes(&mut store).await,
+        vec![0, 1, 2],
+        "a queued truncation hides the entries it removes at once"
+    );
+
+    stall.abort().expect("release the writer");
+    tokio::time::timeout(RELEASE, truncated)
+        .await
+        .expect("the truncation lands")
+        .expect("truncate");
+    let waited = tokio::time::timeout(RELEASE, old_entries.as_mut())
+        .await
+        .expect("the wait ends");
+    assert_eq!(waited, Err(NotDurable::Superseded));
+
+    tracing::info!("--- entries of a new term in their place are durable in the new generation");
+    let now = durability.generation();
+    store
+        .blocking_append(blanks(2, 3..=3))
+        .await
+        .expect("append");
+    tokio::time::timeout(RELEASE, durability.wait_log(now, 3))
+        .await
+        .expect("the new entry is durable")
+        .expect("durable");
+    let entries = store.try_get_log_entries(3..4).await.expect("read");
+    assert_eq!(entries[0].log_id, log_id(2, 3));
+}
+
+#[tokio::test]
+async fn a_committed_id_saved_with_entries_rides_in_their_transaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = LogStore::open(dir.path()).expect("open");
+    store
+        .blocking_append(blanks(1, 0..=3))
+        .await
+        .expect("append");
+    store
+        .save_committed(Some(log_id(1, 1)))
+        .await
+        .expect("a committed id alone goes to its own file");
+
+    tracing::info!("--- an append and a commit queued together share one transaction");
+    let stall = store.database().begin_write().expect("stall the writer");
+    store
+        .blocking_append(blanks(1, 4..=5))
+        .await
+        .expect("append");
+    let saved = {
+        let mut store = store.clone();
+        tokio::spawn(async move { store.save_committed(Some(log_id(1, 4))).await })
+    };
+    tokio::time::sleep(STALL).await;
+    stall.abort().expect("release the writer");
+    tokio::time::timeout(RELEASE, saved)
+        .await
+        .expect("saved in time")
+        .expect("task")
+        .expect("save");
+    {
+        let txn = store.database().begin_read().expect("read");
+        let meta = txn
+            .open_table(quotient_coordinator::store::log_store::META_TABLE)
+            .expect("meta");
+        assert!(meta.get(KEY_COMMITTED).expect("get").is_some());
+    }
+
+    tracing::info!("--- a restart takes the newer of the two places");
+    drop(store);
+    let mut store = LogStore::open(dir.path()).expect("reopen");
+    assert_eq!(
+        store.read_committed().await.expect("read"),
+        Some(log_id(1, 4))
+    );
+    store
+        .save_committed(Some(log_id(1, 5)))
+        .await
+        .expect("alone again");
+    drop(store);
+    let mut store = LogStore::open(dir.path()).expect("reopen");
+    assert_eq!(
+        store.read_committed().await.expect("read"),
+        Some(log_id(1, 5))
+    );
+}
+
+/// A Raft network that reaches nobody: the node under test only answers.
+struct Nobody;
+
+impl RaftNetworkFactory<TypeConfig> for Nobody {
+    type Network = Nobody;
+
+    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> Nobody {
+        Nobody
+    }
+}
+
+fn unreachable<E: std::error::Error>() -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
+        "no network in this test",
+    )))
+}
+
+impl RaftNetwork<TypeConfig> for Nobody {
+    async fn append_entries(
+        &mut self,
+        _rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        Err(unreachable())
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        Err(unreachable())
+    }
+
+    async fn vote(
+        &mut self,
+        _rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        Err(unreachable())
+    }
+}
+
+#[tokio::test]
+async fn a_follower_answers_an_append_only_once_its_entries_are_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, state_machine) = store::open(dir.path()).expect("open");
+    let durability = log.durability();
+    let config = Config::default().validate().expect("config");
+    let raft = openraft::Raft::new(1, config.into(), Nobody, log.clone(), state_machine)
+        .await
+        .expect("raft");
+    let leader = Vote::new_committed(1, 2);
+    let request =
+        |prev: Option<LogId<NodeId>>, entries: Vec<Entry<TypeConfig>>| AppendEntriesRequest::<
+            TypeConfig,
+        > {
+            vote: leader,
+            prev_log_id: prev,
+            entries,
+            leader_commit: None,
+        };
+
+    tracing::info!("--- the leader's vote is saved with an empty append");
+    let answer = raft_service::append_entries(&raft, &durability, request(None, Vec::new()))
+        .await
+        .expect("answered");
+    assert_eq!(answer.expect("accepted"), AppendEntriesResponse::Success);
+
+    tracing::info!("--- with the disk stalled, Raft takes the entries but no answer leaves");
+    let stall = log.database().begin_write().expect("stall the writer");
+    let mut answer = Box::pin({
+        let raft = raft.clone();
+        let durability = durability.clone();
+        async move {
+            raft_service::append_entries(&raft, &durability, request(None, blanks(1, 0..=1))).await
+        }
+    });
+    assert!(stays_pending(&mut answer).await);
+    assert_eq!(
+        raft.metrics().borrow().last_log_index,
+        Some(1),
+        "Raft accepted the entries; only the answer waits"
+    );
+
+    tracing::info!("--- the disk comes back, and so does the answer");
+    stall.abort().expect("release the writer");
+    let answer = tokio::time::timeout(RELEASE, answer)
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    assert_eq!(answer.expect("accepted"), AppendEntriesResponse::Success);
+    assert_eq!(durability.durable().last_index, Some(1));
+    raft.shutdown().await.expect("shutdown");
+}
