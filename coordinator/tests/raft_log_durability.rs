@@ -3,8 +3,8 @@
 //! committed id, a follower's answer to an AppendEntries and the commit index a leader sends
 //! all wait for the entries to be durable.
 //!
-//! The disk is "stalled" by holding a write transaction open on the store's database: the
-//! store's writer thread then waits for it, exactly as it would for a slow fsync.
+//! The disk is "stalled" with `Wal::stall`: the store's writer thread then waits, exactly as
+//! it would for a slow fsync.
 
 use std::time::Duration;
 
@@ -19,7 +19,6 @@ use openraft::{
     BasicNode, CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote,
 };
 use quotient_coordinator::raft_service;
-use quotient_coordinator::store::log_store::KEY_COMMITTED;
 use quotient_coordinator::store::log_writer::NotDurable;
 use quotient_coordinator::store::{self, LogStore, NodeId, TypeConfig};
 
@@ -65,7 +64,8 @@ async fn appended_entries_are_readable_at_once_and_the_committed_id_waits_for_th
     let durability = store.durability();
 
     tracing::info!("--- the disk stalls; an append returns and is readable");
-    let stall = store.database().begin_write().expect("stall the writer");
+    let stalled = store.clone();
+    let stall = stalled.wal().stall();
     store
         .blocking_append(blanks(1, 0..=2))
         .await
@@ -88,7 +88,8 @@ async fn appended_entries_are_readable_at_once_and_the_committed_id_waits_for_th
     assert_eq!(durability.commit_to_send(Some(log_id(1, 2))), None);
 
     tracing::info!("--- the disk comes back");
-    stall.abort().expect("release the writer");
+    drop(stall);
+    drop(stalled);
     tokio::time::timeout(RELEASE, committed_saved)
         .await
         .expect("the committed id is saved")
@@ -125,7 +126,8 @@ async fn a_truncation_supersedes_a_wait_for_the_entries_it_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = LogStore::open(dir.path()).expect("open");
     let durability = store.durability();
-    let stall = store.database().begin_write().expect("stall the writer");
+    let stalled = store.clone();
+    let stall = stalled.wal().stall();
     store
         .blocking_append(blanks(1, 0..=4))
         .await
@@ -144,7 +146,8 @@ async fn a_truncation_supersedes_a_wait_for_the_entries_it_removed() {
         "a queued truncation hides the entries it removes at once"
     );
 
-    stall.abort().expect("release the writer");
+    drop(stall);
+    drop(stalled);
     tokio::time::timeout(RELEASE, truncated)
         .await
         .expect("the truncation lands")
@@ -169,7 +172,7 @@ async fn a_truncation_supersedes_a_wait_for_the_entries_it_removed() {
 }
 
 #[tokio::test]
-async fn a_committed_id_saved_with_entries_rides_in_their_transaction() {
+async fn writes_queued_together_share_one_sync() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = LogStore::open(dir.path()).expect("open");
     store
@@ -179,10 +182,12 @@ async fn a_committed_id_saved_with_entries_rides_in_their_transaction() {
     store
         .save_committed(Some(log_id(1, 1)))
         .await
-        .expect("a committed id alone goes to its own file");
+        .expect("a committed id alone");
 
-    tracing::info!("--- an append and a commit queued together share one transaction");
-    let stall = store.database().begin_write().expect("stall the writer");
+    tracing::info!("--- appends and a commit queued while the disk is busy go out together");
+    let before = store.wal().sync_count();
+    let stalled = store.clone();
+    let stall = stalled.wal().stall();
     store
         .blocking_append(blanks(1, 4..=5))
         .await
@@ -191,37 +196,36 @@ async fn a_committed_id_saved_with_entries_rides_in_their_transaction() {
         let mut store = store.clone();
         tokio::spawn(async move { store.save_committed(Some(log_id(1, 4))).await })
     };
+    store
+        .blocking_append(blanks(1, 6..=6))
+        .await
+        .expect("append");
     tokio::time::sleep(STALL).await;
-    stall.abort().expect("release the writer");
+    drop(stall);
+    drop(stalled);
     tokio::time::timeout(RELEASE, saved)
         .await
         .expect("saved in time")
         .expect("task")
         .expect("save");
-    {
-        let txn = store.database().begin_read().expect("read");
-        let meta = txn
-            .open_table(quotient_coordinator::store::log_store::META_TABLE)
-            .expect("meta");
-        assert!(meta.get(KEY_COMMITTED).expect("get").is_some());
-    }
+    tokio::time::timeout(RELEASE, store.durability().wait_log(0, 6))
+        .await
+        .expect("durable in time")
+        .expect("durable");
+    let syncs = store.wal().sync_count() - before;
+    assert!(
+        syncs <= 2,
+        "three queued writes took {syncs} syncs; the writer batches what queued up (at most \
+         one write was taken before the stall began)"
+    );
 
-    tracing::info!("--- a restart takes the newer of the two places");
+    tracing::info!("--- both survive a restart");
     drop(store);
     let mut store = LogStore::open(dir.path()).expect("reopen");
+    assert_eq!(read_indexes(&mut store).await, vec![0, 1, 2, 3, 4, 5, 6]);
     assert_eq!(
         store.read_committed().await.expect("read"),
         Some(log_id(1, 4))
-    );
-    store
-        .save_committed(Some(log_id(1, 5)))
-        .await
-        .expect("alone again");
-    drop(store);
-    let mut store = LogStore::open(dir.path()).expect("reopen");
-    assert_eq!(
-        store.read_committed().await.expect("read"),
-        Some(log_id(1, 5))
     );
 }
 
@@ -298,7 +302,8 @@ async fn a_follower_answers_an_append_only_once_its_entries_are_on_disk() {
     assert_eq!(answer.expect("accepted"), AppendEntriesResponse::Success);
 
     tracing::info!("--- with the disk stalled, Raft takes the entries but no answer leaves");
-    let stall = log.database().begin_write().expect("stall the writer");
+    let stalled = log.clone();
+    let stall = stalled.wal().stall();
     let mut answer = Box::pin({
         let raft = raft.clone();
         let durability = durability.clone();
@@ -314,7 +319,8 @@ async fn a_follower_answers_an_append_only_once_its_entries_are_on_disk() {
     );
 
     tracing::info!("--- the disk comes back, and so does the answer");
-    stall.abort().expect("release the writer");
+    drop(stall);
+    drop(stalled);
     let answer = tokio::time::timeout(RELEASE, answer)
         .await
         .expect("answered in time")

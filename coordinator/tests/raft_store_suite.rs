@@ -20,9 +20,11 @@ use openraft::{
     Vote,
 };
 use quotient_coordinator::store::codec::{decode_value, encode_value, MAX_ENTRY_BYTES};
-use quotient_coordinator::store::committed_file::COMMITTED_FILE_NAME;
+use quotient_coordinator::store::committed_file::{CommittedFile, COMMITTED_FILE_NAME};
 use quotient_coordinator::store::log_store::{DB_FILE_NAME, KEY_VOTE, LOGS_TABLE, META_TABLE};
-use quotient_coordinator::store::{self, RedbLogStore};
+use quotient_coordinator::store::wal::{Record, Wal, WAL_DIR_NAME};
+use quotient_coordinator::store::{self, RaftLogStore};
+use redb::ReadableTableMetadata;
 use serde::{Deserialize, Serialize};
 
 /// The application data of the test type config.
@@ -45,7 +47,7 @@ openraft::declare_raft_types!(
 );
 
 type NodeId = u64;
-type Store = RedbLogStore<TestConfig>;
+type Store = RaftLogStore<TestConfig>;
 
 // ---------------------------------------------------------------------------------------------
 // A minimal in-memory state machine, only for the Suite.
@@ -173,9 +175,9 @@ impl RaftStateMachine<TestConfig> for MemStateMachine {
 // openraft's Suite.
 
 /// Builds each store in a fresh temporary directory, removed when the guard drops.
-struct RedbBuilder;
+struct LogStoreBuilder;
 
-impl StoreBuilder<TestConfig, Store, MemStateMachine, tempfile::TempDir> for RedbBuilder {
+impl StoreBuilder<TestConfig, Store, MemStateMachine, tempfile::TempDir> for LogStoreBuilder {
     async fn build(
         &self,
     ) -> Result<(tempfile::TempDir, Store, MemStateMachine), StorageError<NodeId>> {
@@ -186,8 +188,8 @@ impl StoreBuilder<TestConfig, Store, MemStateMachine, tempfile::TempDir> for Red
 }
 
 #[test]
-fn openraft_suite_on_redb_log_store() -> anyhow::Result<()> {
-    Suite::test_all(RedbBuilder)?;
+fn openraft_suite_on_the_log_store() -> anyhow::Result<()> {
+    Suite::test_all(LogStoreBuilder)?;
     Ok(())
 }
 
@@ -249,15 +251,37 @@ async fn read_all(store: &mut Store) -> Vec<Entry<TestConfig>> {
         .expect("read entries")
 }
 
-/// Writes `bytes` under `key` of a table, with the store closed, as a corrupted disk would.
+/// Writes `bytes` as the entry at `index`, with the store closed: an entry whose record is
+/// whole but whose content is not an entry, as a bug or a bad disk could leave.
 fn poke_log(dir: &Path, index: u64, bytes: &[u8]) {
-    let db = redb::Database::create(dir.join(DB_FILE_NAME)).expect("open db");
-    let txn = db.begin_write().expect("begin");
-    {
-        let mut table = txn.open_table(LOGS_TABLE).expect("table");
-        table.insert(index, bytes).expect("insert");
-    }
-    txn.commit().expect("commit");
+    let (wal, _) = Wal::open(dir, None).expect("open the log");
+    wal.write(&[Record::Entry { index, bytes }]).expect("write");
+}
+
+/// The log's only segment file.
+fn segment_file(dir: &Path) -> std::path::PathBuf {
+    let segments: Vec<_> = std::fs::read_dir(dir.join(WAL_DIR_NAME))
+        .expect("log dir")
+        .map(|item| item.expect("item").path())
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    segments[0].clone()
+}
+
+/// The offset of the last nonzero byte of `path`: inside its last record.
+fn last_written_byte(path: &Path) -> usize {
+    let bytes = std::fs::read(path).expect("read");
+    bytes
+        .iter()
+        .rposition(|b| *b != 0)
+        .expect("something written")
+}
+
+/// XORs the byte at `offset` of `path` with 0xff.
+fn flip_byte(path: &Path, offset: usize) {
+    let mut bytes = std::fs::read(path).expect("read");
+    bytes[offset] ^= 0xff;
+    std::fs::write(path, bytes).expect("write");
 }
 
 fn poke_meta(dir: &Path, key: &str, bytes: &[u8]) {
@@ -465,7 +489,7 @@ async fn corrupted_entry_is_an_error() {
         .try_get_log_entries(1..=2)
         .await
         .expect_err("entry 2 is garbage");
-    assert!(err.to_string().contains(DB_FILE_NAME), "{err}");
+    assert!(err.to_string().contains(WAL_DIR_NAME), "{err}");
     store
         .try_get_log_entries(3..=3)
         .await
@@ -477,34 +501,44 @@ async fn corrupted_entry_is_an_error() {
 }
 
 #[tokio::test]
-async fn oversized_stored_value_is_an_error() {
+async fn a_record_claiming_more_than_the_limit_is_refused_before_anything_is_allocated() {
     let dir = tempfile::tempdir().expect("tempdir");
-    drop(Store::open(dir.path()).expect("open"));
-    poke_log(dir.path(), 1, &vec![0u8; MAX_ENTRY_BYTES + 1]);
-    let mut store = Store::open(dir.path()).expect("reopen");
-    let err = store
-        .try_get_log_entries(..)
-        .await
-        .expect_err("oversized entry");
-    assert!(err.to_string().contains("exceeds the limit"), "{err}");
+    {
+        let mut store = Store::open(dir.path()).expect("open");
+        store
+            .blocking_append(entries(1, 1..=1))
+            .await
+            .expect("append");
+        // On disk before the next write starts, so that the two are separate writes.
+        let durability = store.durability();
+        durability
+            .wait_log(durability.generation(), 1)
+            .await
+            .expect("durable");
+        store
+            .blocking_append(entries(1, 2..=2))
+            .await
+            .expect("append");
+    }
+    // The first record's length field (bytes 8..12) claims 4 GiB; a later write follows it.
+    let segment = segment_file(dir.path());
+    let mut bytes = std::fs::read(&segment).expect("read");
+    bytes[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&segment, bytes).expect("write");
+    let error = Store::open(dir.path()).expect_err("damaged");
+    let text = error.to_string();
+    assert!(text.contains("length over the limit"), "{text}");
+    assert!(text.contains("move the data directory away"), "{text}");
+    assert!(MAX_ENTRY_BYTES < u32::MAX as usize);
 }
 
 #[tokio::test]
-async fn corrupted_vote_and_committed_are_errors() {
+async fn a_corrupted_vote_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     drop(Store::open(dir.path()).expect("open"));
     poke_meta(dir.path(), KEY_VOTE, &huge_length_prefix());
     let mut store = Store::open(dir.path()).expect("reopen");
     store.read_vote().await.expect_err("corrupted vote");
-    drop(store);
-    // Both slots of the committed file damaged: refused at open, with what to do.
-    let committed = dir.path().join(COMMITTED_FILE_NAME);
-    let mut bytes = std::fs::read(&committed).expect("read");
-    bytes[..8].copy_from_slice(b"garbage!");
-    bytes[4096..4104].copy_from_slice(b"garbage!");
-    std::fs::write(&committed, bytes).expect("write");
-    let error = Store::open(dir.path()).expect_err("corrupted committed");
-    assert!(error.to_string().contains("move it away"), "{error}");
 }
 
 #[tokio::test]
@@ -519,13 +553,53 @@ async fn committed_survives_reopen_and_a_torn_save() {
     let mut store = Store::open(dir.path()).expect("reopen");
     assert_eq!(store.read_committed().await.expect("read"), Some(id(8)));
     drop(store);
-    // Tear the newest slot (the second save went to the first slot): the one before remains.
-    let committed = dir.path().join(COMMITTED_FILE_NAME);
-    let mut bytes = std::fs::read(&committed).expect("read");
-    bytes[20] ^= 0xff;
-    std::fs::write(&committed, bytes).expect("write");
+    // Tear the last save, as a crash during its write would: the one before remains.
+    let segment = segment_file(dir.path());
+    flip_byte(&segment, last_written_byte(&segment));
     let mut store = Store::open(dir.path()).expect("reopen after a torn save");
     assert_eq!(store.read_committed().await.expect("read"), Some(id(7)));
+}
+
+#[tokio::test]
+async fn a_data_directory_with_the_log_in_redb_moves_it_to_the_log_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vote = Vote::new_committed(3, 2);
+    {
+        // What a coordinator before the log files left: entries in redb, the committed id in
+        // its own file, the vote in redb.
+        let db = redb::Database::create(dir.path().join(DB_FILE_NAME)).expect("db");
+        let txn = db.begin_write().expect("begin");
+        {
+            let mut logs = txn.open_table(LOGS_TABLE).expect("logs");
+            for entry in entries(1, 4..=6) {
+                let bytes = encode_value(&entry).expect("encode");
+                logs.insert(entry.log_id.index, bytes.as_slice())
+                    .expect("insert");
+            }
+            let mut meta = txn.open_table(META_TABLE).expect("meta");
+            let vote = encode_value(&vote).expect("encode");
+            meta.insert(KEY_VOTE, vote.as_slice()).expect("insert");
+        }
+        txn.commit().expect("commit");
+        let committed = CommittedFile::open(dir.path()).expect("committed file");
+        committed
+            .save(&encode_value(&Some(log_id(1, 5))).expect("encode"))
+            .expect("save");
+    }
+    for _ in 0..2 {
+        let mut store = Store::open(dir.path()).expect("open");
+        assert_eq!(indexes(&read_all(&mut store).await), vec![4, 5, 6]);
+        assert_eq!(read_all(&mut store).await, entries(1, 4..=6));
+        assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
+        assert_eq!(
+            store.read_committed().await.expect("committed"),
+            Some(log_id(1, 5))
+        );
+        assert!(!dir.path().join(COMMITTED_FILE_NAME).exists());
+        let txn = store.database().begin_read().expect("read");
+        let logs = txn.open_table(LOGS_TABLE).expect("logs");
+        assert!(logs.is_empty().expect("count"), "the log left redb");
+    }
 }
 
 #[tokio::test]

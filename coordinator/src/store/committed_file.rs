@@ -1,15 +1,11 @@
-//! The last committed log id, in its own small file beside the redb log:
-//! `DATA_DIR/raft-committed.bin`.
+//! The last committed log id in its own small file, `DATA_DIR/raft-committed.bin`, as
+//! coordinators kept it before the log had its own files (`store::wal`, which now holds the
+//! committed id as a record). Only `store::legacy` still reads it, to move the id into the
+//! log when an older data directory is opened; the tests write one to stand for such a
+//! directory.
 //!
-//! openraft 0.9 saves the committed id on every commit, in the path of every write, before it
-//! applies the entry. A redb transaction rewrites several scattered pages (the table's leaf
-//! and branches, the allocator state, the header) before its one `fdatasync`, which on the
-//! virtual disks measured here costs two to three times a one-page write. This file holds the
-//! id in two fixed slots, 4 KiB apart, written alternately: one `pwrite` of one page and one
-//! `fdatasync` per save, acknowledged only after the sync, like every other write of the store.
-//! The log's writer uses it when a committed id is all it has to write; one that queued up
-//! with entries rides in their redb transaction instead (`store::log_writer`), and on open the
-//! newer of the two counts.
+//! The file holds the id in two fixed slots, 4 KiB apart, written alternately: one `pwrite` of
+//! one page and one `fdatasync` per save.
 //!
 //! A slot is `MAGIC | seq (u64 LE) | len (u32 LE) | payload | crc32 (u32 LE)`, the CRC
 //! covering everything before it; the payload is the store codec's encoding (bincode 2, size

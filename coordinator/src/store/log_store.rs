@@ -1,18 +1,20 @@
-//! The durable Raft log: openraft's storage-v2 [`RaftLogStorage`] and [`RaftLogReader`] over one
-//! redb database file, `DATA_DIR/raft.redb`, which holds the log entries (keyed by index), the
-//! vote and the last purged log id, and the last committed log id in
-//! `DATA_DIR/raft-committed.bin` ([`CommittedFile`]: openraft saves it on every commit, in the
-//! path of every write, and one synced page there costs a fraction of a redb transaction).
+//! The durable Raft log: openraft's storage-v2 [`RaftLogStorage`] and [`RaftLogReader`] over
+//! the log's segment files, `DATA_DIR/raft-wal/` ([`Wal`]: the entries and the committed id),
+//! and one redb database file, `DATA_DIR/raft.redb` (the vote and the last purged log id,
+//! written once an election or a compaction, where a B-tree's cost does not matter).
 //!
 //! Every write goes through one [`LogWriter`] thread, in the order openraft makes them, and is
-//! synced to disk in a redb transaction committed with [`redb::Durability::Immediate`] (the
-//! committed id: a page written and fdatasynced). The vote, truncate, purge and the committed
-//! id are acknowledged only once durable. Appended entries are the exception, and the
-//! writer's module says why it is safe: openraft's [`LogFlushed`] callback is called as soon
-//! as the entries are queued, so that the leader replicates while it writes, and every way a
-//! commit can be seen waits for the disk instead ([`LogDurability`]). Entries not yet on disk
-//! are read from the writer's in-memory tail; the rest from the database. Large reads run on
-//! tokio's blocking pool; reads of a few entries run in place ([`INLINE_READ_ENTRIES_MAX`]).
+//! synced before it counts: a run of entries, truncations and committed ids is one log write
+//! and one `fdatasync`, a vote or a purge one redb transaction committed with
+//! [`redb::Durability::Immediate`]. The vote, truncate, purge and the committed id are
+//! acknowledged only once durable. Appended entries are the exception, and the writer's module
+//! says why it is safe: openraft's [`LogFlushed`] callback is called as soon as the entries are
+//! queued, so that the leader replicates while it writes, and every way a commit can be seen
+//! waits for the disk instead ([`LogDurability`]). Entries not yet on disk are read from the
+//! writer's in-memory tail; the rest from the log's files. Large reads run on tokio's blocking
+//! pool; reads of a few entries run in place ([`INLINE_READ_ENTRIES_MAX`]).
+//!
+//! A data directory written before the log had its own files is moved on open ([`legacy`]).
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -28,14 +30,13 @@ use openraft::{
     AnyError, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogId, RaftLogReader,
     RaftTypeConfig, StorageError, StorageIOError, Vote,
 };
-use redb::{Database, ReadableTable};
+use redb::Database;
 
 use super::codec::{decode_value, encode_value};
-use super::committed_file::CommittedFile;
-use super::log_writer::{stored_last_index, EncodedEntry, LogWriter};
-pub use super::log_writer::{
-    LogDurability, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE, LOGS_TABLE, META_TABLE,
-};
+use super::legacy::{has_legacy_entries, move_legacy_committed, move_legacy_entries};
+use super::log_writer::{EncodedEntry, LogWriter};
+pub use super::log_writer::{LogDurability, KEY_LAST_PURGED, KEY_VOTE, LOGS_TABLE, META_TABLE};
+use super::wal::{Wal, WAL_DIR_NAME};
 
 /// The database file name inside the data directory.
 pub const DB_FILE_NAME: &str = "raft.redb";
@@ -44,12 +45,12 @@ pub const DB_FILE_NAME: &str = "raft.redb";
 ///
 /// Generic over the type config `C`; its entries are encoded with the store's codec
 /// (bincode 2 through serde, with a size limit).
-pub struct RedbLogStore<C: RaftTypeConfig> {
+pub struct RaftLogStore<C: RaftTypeConfig> {
     writer: Arc<LogWriter<C::NodeId>>,
     _config: PhantomData<fn() -> C>,
 }
 
-impl<C: RaftTypeConfig> Clone for RedbLogStore<C> {
+impl<C: RaftTypeConfig> Clone for RaftLogStore<C> {
     fn clone(&self) -> Self {
         Self {
             writer: Arc::clone(&self.writer),
@@ -58,9 +59,9 @@ impl<C: RaftTypeConfig> Clone for RedbLogStore<C> {
     }
 }
 
-impl<C: RaftTypeConfig> Debug for RedbLogStore<C> {
+impl<C: RaftTypeConfig> Debug for RaftLogStore<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbLogStore")
+        f.debug_struct("RaftLogStore")
             .field("path", &self.writer.path())
             .finish()
     }
@@ -77,13 +78,14 @@ fn open_error<NID: openraft::NodeId>(
     }
 }
 
-impl<C: RaftTypeConfig> RedbLogStore<C> {
-    /// Opens the log at `data_dir/raft.redb`, creating the directory and the database if
-    /// missing, and starts its writer thread. Blocks on file I/O, so call it at startup (or
-    /// from a blocking task).
+impl<C: RaftTypeConfig> RaftLogStore<C> {
+    /// Opens the store in `data_dir`: the database `raft.redb` (vote, purged id) and the log
+    /// in `raft-wal/`, creating them when missing, moves the entries of a data directory
+    /// written before the log had its own files into it, and starts the writer thread. Blocks
+    /// on file I/O, so call it at startup (or from a blocking task).
     ///
-    /// Fails if the file cannot be created or opened, is not a redb database, or is already open
-    /// (in this process or another: redb locks the file).
+    /// Fails if a file cannot be created or opened, is not a redb database, is already open
+    /// (in this process or another: redb locks the file), or the log is damaged.
     pub fn open(data_dir: &Path) -> Result<Self, StorageError<C::NodeId>> {
         std::fs::create_dir_all(data_dir).map_err(|e| {
             open_error(ErrorVerb::Write, || {
@@ -102,43 +104,47 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
             Ok(())
         })();
         created.map_err(|e| open_error(ErrorVerb::Write, opening)(&e))?;
-        let last_index =
-            stored_last_index(&db).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
-        let committed_file = CommittedFile::open(data_dir).map_err(|e| {
-            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, AnyError::new(&e))
-        })?;
-        let committed = match committed_file.read() {
-            Ok(None) => None,
-            Ok(Some(bytes)) => decode_value::<Option<LogId<C::NodeId>>>(&bytes).map_err(|e| {
-                store_error(
-                    committed_file.path(),
-                    ErrorSubject::Store,
-                    ErrorVerb::Read,
-                    e,
-                )
-            })?,
-            Err(e) => {
-                return Err(StorageIOError::new(
-                    ErrorSubject::Store,
-                    ErrorVerb::Read,
-                    AnyError::new(&e),
-                )
-                .into())
-            }
-        };
-        let in_meta = read_meta(&db, KEY_COMMITTED)
+        let purged: Option<LogId<C::NodeId>> = read_meta(&db, KEY_LAST_PURGED)
             .map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?
-            .map(|bytes| decode_value::<Option<LogId<C::NodeId>>>(&bytes))
+            .map(|bytes| decode_value(&bytes))
             .transpose()
-            .map_err(|e| store_error(&path, ErrorSubject::Store, ErrorVerb::Read, e))?
-            .flatten();
-        let committed = committed.max(in_meta);
-        let writer = LogWriter::start(db, path.clone(), committed_file, last_index, committed)
-            .map_err(|e| {
-                open_error(ErrorVerb::Write, || {
-                    format!("starting the writer of {}", path.display())
-                })(&e)
-            })?;
+            .map_err(|e| store_error(&path, ErrorSubject::Store, ErrorVerb::Read, e))?;
+        let purged = purged.map(|log_id| log_id.index);
+        let legacy =
+            has_legacy_entries(&db).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
+        let wal_dir = data_dir.join(WAL_DIR_NAME);
+        if legacy {
+            // An earlier move was cut short: what it wrote is redone from the database.
+            match std::fs::remove_dir_all(&wal_dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(store_error(
+                        &wal_dir,
+                        ErrorSubject::Logs,
+                        ErrorVerb::Write,
+                        e,
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let (wal, recovered) = Wal::open(data_dir, purged)
+            .map_err(|e| store_error(&wal_dir, ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        let committed: Option<LogId<C::NodeId>> = match recovered.committed {
+            None => None,
+            Some(bytes) => decode_value(&bytes)
+                .map_err(|e| store_error(&wal_dir, ErrorSubject::Store, ErrorVerb::Read, e))?,
+        };
+        if legacy {
+            move_legacy_entries(&db, &wal)
+                .map_err(|e| store_error(&path, ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        }
+        let committed = move_legacy_committed::<C::NodeId>(data_dir, &wal, committed)
+            .map_err(|e| store_error(data_dir, ErrorSubject::Store, ErrorVerb::Write, e))?;
+        let writer = LogWriter::start(db, path.clone(), wal, committed, purged).map_err(|e| {
+            open_error(ErrorVerb::Write, || {
+                format!("starting the writer of {}", path.display())
+            })(&e)
+        })?;
         tracing::debug!(path = %path.display(), "opened raft log store");
         Ok(Self {
             writer: Arc::new(writer),
@@ -157,17 +163,18 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
         self.writer.durability()
     }
 
-    /// The database, for inspection. A write transaction held open on it stalls the store's
-    /// writer, as a slow disk would: the tests use that to look at what waits for the disk.
+    /// The database (vote, purged id), for inspection.
     pub fn database(&self) -> &Database {
         self.writer.db()
     }
 
-    fn db(&self) -> &Database {
-        self.writer.db()
+    /// The log of entries and committed ids, for inspection; [`Wal::stall`] holds its writes
+    /// back, as a slow disk would.
+    pub fn wal(&self) -> &Wal {
+        self.writer.wal()
     }
 
-    /// Runs a database read on tokio's blocking pool, mapping its error to a
+    /// Runs a read on tokio's blocking pool, mapping its error to a
     /// [`StorageError`] about `subject` that names the database file.
     async fn blocking<R, E, F>(
         &self,
@@ -176,12 +183,12 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
         f: F,
     ) -> Result<R, StorageError<C::NodeId>>
     where
-        F: FnOnce(&Database) -> Result<R, E> + Send + 'static,
+        F: FnOnce(&LogWriter<C::NodeId>) -> Result<R, E> + Send + 'static,
         E: std::error::Error + Send + 'static,
         R: Send + 'static,
     {
         let writer = Arc::clone(&self.writer);
-        let joined = tokio::task::spawn_blocking(move || f(writer.db())).await;
+        let joined = tokio::task::spawn_blocking(move || f(&writer)).await;
         match joined {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(store_error(self.path(), subject, verb, e)),
@@ -207,8 +214,8 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
         T: serde::de::DeserializeOwned,
     {
         let bytes = self
-            .blocking(subject.clone(), ErrorVerb::Read, move |db| {
-                read_meta(db, key)
+            .blocking(subject.clone(), ErrorVerb::Read, move |writer| {
+                read_meta(writer.db(), key)
             })
             .await?;
         match bytes {
@@ -231,7 +238,7 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
     fn decode_entry(&self, index: u64, bytes: &[u8]) -> Result<C::Entry, StorageError<C::NodeId>> {
         decode_value(bytes).map_err(|e| {
             store_error(
-                self.path(),
+                self.writer.wal().dir(),
                 ErrorSubject::LogIndex(index),
                 ErrorVerb::Read,
                 e,
@@ -245,20 +252,6 @@ fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, redb::Error> {
     let table = txn.open_table(META_TABLE)?;
     let value = table.get(key)?.map(|v| v.value().to_vec());
     Ok(value)
-}
-
-fn read_logs(
-    db: &Database,
-    bounds: (Bound<u64>, Bound<u64>),
-) -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
-    let txn = db.begin_read()?;
-    let table = txn.open_table(LOGS_TABLE)?;
-    let mut out = Vec::new();
-    for item in table.range::<u64>(bounds)? {
-        let (k, v) = item?;
-        out.push((k.value(), v.value().to_vec()));
-    }
-    Ok(out)
 }
 
 /// Builds a [`StorageError`] whose message names the database file.
@@ -325,7 +318,7 @@ fn last_in((_, end): (Bound<u64>, Bound<u64>)) -> Option<u64> {
     }
 }
 
-impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
+impl<C: RaftTypeConfig> RaftLogReader<C> for RaftLogStore<C> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
@@ -336,14 +329,14 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
         let Bound::Included(start) = bounds.0 else {
             unreachable!("owned_bounds starts inclusive");
         };
-        // The queued tail first: whatever leaves it has reached the database by then, so the
-        // database read that follows finds it.
+        // The queued tail first: whatever leaves it has reached the log's files by then, so the
+        // read that follows finds it.
         let (tail, last_index) = self.writer.tail(start, last_in(bounds));
         let Some(last_index) = last_index else {
             return Ok(Vec::new());
         };
-        // The database holds the rest: from `start` up to the first queued entry, never past
-        // the log's end (a queued truncation may not have reached the disk yet).
+        // The files hold the rest: from `start` up to the first queued entry, never past the
+        // log's end (a queued truncation may not have reached the disk yet).
         let disk_end = tail.first().map_or(last_index, |(first, _)| {
             first.saturating_sub(1).min(last_index)
         });
@@ -352,11 +345,13 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
         if tail.first().is_none_or(|(first, _)| *first > start) && disk_end >= start {
             let disk = (Bound::Included(start), Bound::Included(disk_end));
             raw = if is_small(disk) {
-                read_logs(self.db(), disk)
+                self.writer
+                    .wal()
+                    .read(start, disk_end)
                     .map_err(|e| store_error(self.path(), ErrorSubject::Logs, ErrorVerb::Read, e))?
             } else {
-                self.blocking(ErrorSubject::Logs, ErrorVerb::Read, move |db| {
-                    read_logs(db, disk)
+                self.blocking(ErrorSubject::Logs, ErrorVerb::Read, move |writer| {
+                    writer.wal().read(start, disk_end)
                 })
                 .await?
             };
@@ -372,34 +367,29 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogStore<C> {
     }
 }
 
-impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
+impl<C: RaftTypeConfig> RaftLogStorage<C> for RaftLogStore<C> {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
-        // Everything queued reaches the disk first, so the database alone answers.
         self.writer
             .barrier()
             .await
             .map_err(self.write_error(ErrorSubject::Logs, ErrorVerb::Read))?;
-        let (last, purged) = self
-            .blocking(ErrorSubject::Logs, ErrorVerb::Read, |db| {
-                let txn = db.begin_read()?;
-                let logs = txn.open_table(LOGS_TABLE)?;
-                let last = logs.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
-                let meta = txn.open_table(META_TABLE)?;
-                let purged = meta.get(KEY_LAST_PURGED)?.map(|v| v.value().to_vec());
-                Ok::<_, redb::Error>((last, purged))
-            })
+        // Everything queued is on disk now, so the files alone answer.
+        let last_purged_log_id: Option<LogId<C::NodeId>> = self
+            .read_meta_value(KEY_LAST_PURGED, ErrorSubject::Logs)
             .await?;
-        let last_purged_log_id: Option<LogId<C::NodeId>> =
-            match purged {
-                None => None,
-                Some(bytes) => Some(decode_value(&bytes).map_err(|e| {
-                    store_error(self.path(), ErrorSubject::Logs, ErrorVerb::Read, e)
-                })?),
-            };
-        let last_log_id = match last {
-            Some((index, bytes)) => Some(self.decode_entry(index, &bytes)?.get_log_id().clone()),
+        let last = match self.writer.wal().bounds() {
+            None => Vec::new(),
+            Some((_, last)) => {
+                self.blocking(ErrorSubject::Logs, ErrorVerb::Read, move |writer| {
+                    writer.wal().read(last, last)
+                })
+                .await?
+            }
+        };
+        let last_log_id = match last.first() {
+            Some((index, bytes)) => Some(self.decode_entry(*index, bytes)?.get_log_id().clone()),
             None => last_purged_log_id.clone(),
         };
         Ok(LogState {

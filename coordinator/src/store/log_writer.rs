@@ -44,19 +44,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use openraft::{LogId, NodeId};
-use redb::{Database, Durability, ReadableTable};
+use redb::{Database, Durability};
 use tokio::sync::{oneshot, watch};
 
-use super::committed_file::CommittedFile;
+use super::wal::{Record, Wal};
 
-/// The table of log entries: log index to encoded entry.
+/// The table of log entries of a data directory written before the log moved to [`Wal`]: read
+/// once, at open, to move them there.
 pub const LOGS_TABLE: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("raft_log");
 /// The table of single values: the vote and the last purged log id.
 pub const META_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("raft_meta");
 /// [`META_TABLE`] key of the vote.
 pub const KEY_VOTE: &str = "vote";
-/// [`META_TABLE`] key of the committed id, when it was saved with other writes.
-pub const KEY_COMMITTED: &str = "committed";
 /// [`META_TABLE`] key of the last purged log id.
 pub const KEY_LAST_PURGED: &str = "last_purged";
 
@@ -138,7 +137,7 @@ struct Queue<NID: NodeId> {
 struct Shared<NID: NodeId> {
     db: Database,
     path: PathBuf,
-    committed_file: CommittedFile,
+    wal: Wal,
     queue: Mutex<Queue<NID>>,
     wake: Condvar,
     generation: Arc<AtomicU64>,
@@ -218,15 +217,17 @@ impl<NID: NodeId> LogDurability<NID> {
 }
 
 impl<NID: NodeId> LogWriter<NID> {
-    /// Starts the writer over an open database. `last_index` and `committed` are what the disk
-    /// holds now.
+    /// Starts the writer over the open database (vote, purged id) and log. `committed` is
+    /// what the log holds now, `purged` the index of the last purged entry.
     pub fn start(
         db: Database,
         path: PathBuf,
-        committed_file: CommittedFile,
-        last_index: Option<u64>,
+        wal: Wal,
         committed: Option<LogId<NID>>,
+        purged: Option<u64>,
     ) -> std::io::Result<LogWriter<NID>> {
+        // The log's last index counts the purged ones: a log purged whole still ends there.
+        let last_index = wal.bounds().map(|(_, last)| last).max(purged);
         let (durable, _) = watch::channel(Durable {
             generation: 0,
             last_index,
@@ -236,7 +237,7 @@ impl<NID: NodeId> LogWriter<NID> {
         let shared = Arc::new(Shared {
             db,
             path,
-            committed_file,
+            wal,
             queue: Mutex::new(Queue {
                 ops: VecDeque::new(),
                 tail: BTreeMap::new(),
@@ -270,9 +271,9 @@ impl<NID: NodeId> LogWriter<NID> {
         &self.shared.path
     }
 
-    /// The committed-id file, for reads.
-    pub fn committed_file(&self) -> &CommittedFile {
-        &self.shared.committed_file
+    /// The log of entries, for reads.
+    pub fn wal(&self) -> &Wal {
+        &self.shared.wal
     }
 
     /// A watch on what is durable.
@@ -353,8 +354,12 @@ impl<NID: NodeId> LogWriter<NID> {
     /// Removes the entries up to `upto` and records `purged` (the encoded last purged id);
     /// returns once that is durable.
     pub async fn purge(&self, upto: u64, purged: Vec<u8>) -> Result<(), Arc<str>> {
-        self.queue_and_wait(|_, _, done| Op::Purge { upto, purged, done })
-            .await
+        self.queue_and_wait(|queue, _, done| {
+            queue.tail.retain(|index, _| *index > upto);
+            queue.last_index = queue.last_index.max(Some(upto));
+            Op::Purge { upto, purged, done }
+        })
+        .await
     }
 
     /// Saves the committed id (`bytes` is its encoding); returns once it is durable, which is
@@ -489,9 +494,10 @@ fn answer<NID: NodeId>(batch: Vec<Op<NID>>, result: &Result<(), Arc<str>>) {
     }
 }
 
-/// Writes one batch: every log and meta write in one redb transaction, committed with fsync,
-/// then the newest committed id of the batch, synced. The disk's last index and generation
-/// after it, and the committed id it wrote, if any.
+/// Writes one batch, in order: runs of entries, truncations and committed ids as one log
+/// write each (one `fdatasync`), a vote or purge as one redb transaction committed with fsync;
+/// a purge removes the log's old segments once its id is durable. The disk's last index and
+/// generation after it, and the committed id it wrote, if any.
 #[allow(clippy::type_complexity)]
 fn write_batch<NID: NodeId>(
     shared: &Shared<NID>,
@@ -502,80 +508,71 @@ fn write_batch<NID: NodeId>(
     let context = |error: &dyn std::fmt::Display| -> Arc<str> {
         format!("raft log store {}: {error}", shared.path.display()).into()
     };
-    let needs_transaction = batch
-        .iter()
-        .any(|op| !matches!(op, Op::Committed { .. } | Op::Barrier { .. }));
-    let newest_committed = batch.iter().rev().find_map(|op| match op {
-        Op::Committed { log_id, bytes, .. } => Some((log_id, bytes)),
-        _ => None,
-    });
-    if needs_transaction {
-        let transaction = (|| -> Result<(), redb::Error> {
-            let mut txn = shared.db.begin_write()?;
-            txn.set_durability(Durability::Immediate);
-            {
-                let mut logs = txn.open_table(LOGS_TABLE)?;
-                let mut meta = txn.open_table(META_TABLE)?;
-                for op in batch {
-                    match op {
-                        Op::Append {
-                            generation: g,
-                            entries,
-                        } => {
-                            for (index, bytes) in entries {
-                                logs.insert(*index, &bytes[..])?;
-                            }
-                            last_index = entries.last().map(|(index, _)| *index);
-                            generation = *g;
-                        }
-                        Op::Vote { bytes, .. } => {
-                            meta.insert(KEY_VOTE, bytes.as_slice())?;
-                        }
-                        Op::Truncate {
-                            generation: g,
-                            since,
-                            ..
-                        } => {
-                            logs.retain_in::<u64, _>(*since.., |_, _| false)?;
-                            if last_index >= Some(*since) {
-                                last_index = since.checked_sub(1);
-                            }
-                            generation = *g;
-                        }
-                        Op::Purge { upto, purged, .. } => {
-                            meta.insert(KEY_LAST_PURGED, purged.as_slice())?;
-                            logs.retain_in::<u64, _>(..=*upto, |_, _| false)?;
-                        }
-                        Op::Committed { .. } | Op::Barrier { .. } => {}
-                    }
-                }
-                if let Some((_, bytes)) = newest_committed {
-                    meta.insert(KEY_COMMITTED, bytes.as_slice())?;
-                }
-            }
-            txn.commit()?;
-            Ok(())
-        })();
-        transaction.map_err(|error| context(&error))?;
-    }
-    let committed = match newest_committed {
-        Some((log_id, _)) if needs_transaction => Some(log_id.clone()),
-        Some((log_id, bytes)) => {
-            shared
-                .committed_file
-                .save(bytes)
-                .map_err(|error| context(&error))?;
-            Some(log_id.clone())
-        }
-        None => None,
+    let mut records: Vec<Record<'_>> = Vec::new();
+    let mut committed = None;
+    let flush = |records: &mut Vec<Record<'_>>| -> Result<(), Arc<str>> {
+        shared.wal.write(records).map_err(|error| context(&error))?;
+        records.clear();
+        Ok(())
     };
+    for op in batch {
+        match op {
+            Op::Append {
+                generation: g,
+                entries,
+            } => {
+                for (index, bytes) in entries {
+                    records.push(Record::Entry {
+                        index: *index,
+                        bytes,
+                    });
+                }
+                last_index = entries.last().map(|(index, _)| *index);
+                generation = *g;
+            }
+            Op::Truncate {
+                generation: g,
+                since,
+                ..
+            } => {
+                records.push(Record::Truncate { since: *since });
+                if last_index >= Some(*since) {
+                    last_index = since.checked_sub(1);
+                }
+                generation = *g;
+            }
+            Op::Committed { log_id, bytes, .. } => {
+                records.push(Record::Committed { bytes });
+                committed = Some(log_id.clone());
+            }
+            Op::Vote { bytes, .. } => {
+                flush(&mut records)?;
+                write_meta(&shared.db, &[(KEY_VOTE, bytes)]).map_err(|error| context(&error))?;
+            }
+            Op::Purge { upto, purged, .. } => {
+                flush(&mut records)?;
+                write_meta(&shared.db, &[(KEY_LAST_PURGED, purged)])
+                    .map_err(|error| context(&error))?;
+                shared.wal.purge(*upto).map_err(|error| context(&error))?;
+                last_index = last_index.max(Some(*upto));
+            }
+            Op::Barrier { .. } => {}
+        }
+    }
+    flush(&mut records)?;
     Ok((last_index, generation, committed))
 }
 
-/// The last index stored in the log table, read at open.
-pub fn stored_last_index(db: &Database) -> Result<Option<u64>, redb::Error> {
-    let txn = db.begin_read()?;
-    let logs = txn.open_table(LOGS_TABLE)?;
-    let last = logs.last()?.map(|(key, _)| key.value());
-    Ok(last)
+/// Writes `values` under their keys of the meta table in one transaction, synced.
+pub fn write_meta(db: &Database, values: &[(&str, &[u8])]) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate);
+    {
+        let mut meta = txn.open_table(META_TABLE)?;
+        for (key, value) in values {
+            meta.insert(*key, *value)?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
 }

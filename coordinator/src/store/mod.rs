@@ -1,13 +1,16 @@
-//! Raft storage for the coordinator: the durable log on redb, the state machine around
+//! Raft storage for the coordinator: the durable log, the state machine around
 //! `quotient_core::State` with its snapshot file, and the openraft type config that ties them
-//! together. Everything lives in one data directory: `raft.redb` (log, vote and purged log
-//! id), `raft-committed.bin` (the committed log id) and `snapshot.bin` (the last snapshot).
-//! On restart the state is loaded from the snapshot and openraft re-applies the committed log
-//! after it.
+//! together. Everything lives in one data directory: `raft-wal/` (the log entries and the
+//! committed log id, [`wal`]), `raft.redb` (the vote and the last purged log id) and
+//! `snapshot.bin` (the last snapshot). On restart the state is loaded from the snapshot and
+//! openraft re-applies the committed log after it.
 //!
 //! # Layout
 //! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes.
-//! - [`log_store`]: [`RedbLogStore`], openraft's storage-v2 log store and log reader.
+//! - [`log_store`]: [`RaftLogStore`], openraft's storage-v2 log store and log reader.
+//! - [`wal`]: the log's segment files: append-only records, synced, replayed on open.
+//! - [`committed_file`], [`legacy`]: the committed-id file and the redb log table of data
+//!   directories written before [`wal`], moved into it on open.
 //! - [`log_writer`]: the log store's writer thread (group commit), and [`LogDurability`],
 //!   what the Raft network waits on before it lets a commit be seen.
 //! - [`state_machine`]: [`QuotientStateMachine`], openraft's storage-v2 state machine, and the
@@ -17,16 +20,18 @@
 
 pub mod codec;
 pub mod committed_file;
+pub mod legacy;
 pub mod log_store;
 pub mod log_writer;
 pub mod state_machine;
 pub mod type_config;
+pub mod wal;
 
 use std::path::Path;
 
 use openraft::StorageError;
 
-pub use log_store::{LogDurability, RedbLogStore};
+pub use log_store::{LogDurability, RaftLogStore};
 pub use state_machine::QuotientStateMachine;
 pub use type_config::{LogStore, NodeId, Outcomes, Request, TypeConfig};
 

@@ -61,4 +61,4 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type Entry = openraft::Entry<TypeConfig>;
 
 /// The log store of the real system.
-pub type LogStore = super::RedbLogStore<TypeConfig>;
+pub type LogStore = super::RaftLogStore<TypeConfig>;
