@@ -7,7 +7,11 @@
 //! HTTP/1.1 client; skipped with a message when `etcd` is not installed.
 //!
 //! Prints one JSON line on stdout:
-//! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors"}],"etcd":[...]|null,"etcd_note":...}`.
+//! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors","leader_cpu_us","members_cpu_us","clients_cpu_us"}],"etcd":[...]|null,"etcd_note":...}`.
+//! The `*_cpu_us` figures are CPU time (user and system, from `/proc/PID/stat`) per write within
+//! the measured window: of the busiest member, which is the leader, of the three members
+//! together, and of this process's clients. On a machine whose speed moves from minute to
+//! minute they vary less than the rates, so changes are compared by them too.
 //! `QUOTIENT_BENCH_SECONDS` sets the measured seconds per concurrency (default 5);
 //! `QUOTIENT_BENCH_LOG` the coordinators' `RUST_LOG` (default `warn`); `QUOTIENT_BENCH_KEEP`
 //! keeps the cluster's directory (logs, data) and prints where it is.
@@ -80,6 +84,12 @@ const HTTP_BYTES_MAX: usize = 1 << 20;
 /// Kills its processes when dropped.
 struct Processes(Vec<Child>);
 
+impl Processes {
+    fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(Child::id).collect()
+    }
+}
+
 impl Drop for Processes {
     fn drop(&mut self) {
         for child in &mut self.0 {
@@ -97,6 +107,43 @@ struct Measurement {
     p50_ms: f64,
     p99_ms: f64,
     errors: u64,
+    /// CPU time per write of the busiest member (the leader), in microseconds.
+    leader_cpu_us: f64,
+    /// CPU time per write of all members together.
+    members_cpu_us: f64,
+    /// CPU time per write of the bench's clients.
+    clients_cpu_us: f64,
+}
+
+/// Clock ticks a second of `/proc/PID/stat` (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// User plus system CPU time of `pid` so far, in clock ticks; 0 when it cannot be read.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // The command name (field 2) may hold spaces; the fields after its ')' are fixed.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| {
+        fields
+            .get(n)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    field(11) + field(12)
+}
+
+/// CPU ticks of each member and of this process.
+fn cpu_sample(members: &[u32]) -> (Vec<u64>, u64) {
+    (
+        members.iter().map(|pid| cpu_ticks(*pid)).collect(),
+        cpu_ticks(std::process::id()),
+    )
 }
 
 fn measurement(
@@ -104,6 +151,7 @@ fn measurement(
     elapsed: Duration,
     mut latencies: Vec<Duration>,
     errors: u64,
+    cpu: ((Vec<u64>, u64), (Vec<u64>, u64)),
 ) -> Measurement {
     latencies.sort_unstable();
     let percentile = |p: f64| -> f64 {
@@ -113,18 +161,30 @@ fn measurement(
         let rank = ((latencies.len() as f64) * p).ceil() as usize;
         latencies[rank.clamp(1, latencies.len()) - 1].as_secs_f64() * 1_000.0
     };
+    let ((members_before, client_before), (members_after, client_after)) = cpu;
+    let writes = latencies.len().max(1) as f64;
+    let per_write = |ticks: u64| ticks as f64 / TICKS_PER_SEC * 1e6 / writes;
+    let members: Vec<u64> = members_after
+        .iter()
+        .zip(&members_before)
+        .map(|(after, before)| after.saturating_sub(*before))
+        .collect();
     Measurement {
         clients,
         submits_per_sec: latencies.len() as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(0.50),
         p99_ms: percentile(0.99),
         errors,
+        leader_cpu_us: per_write(members.iter().copied().max().unwrap_or(0)),
+        members_cpu_us: per_write(members.iter().sum()),
+        clients_cpu_us: per_write(client_after.saturating_sub(client_before)),
     }
 }
 
 /// Runs `clients` loops of `operation` for warm-up plus `seconds`; the latencies of the
-/// operations that started within the measured window.
-async fn drive<F, Fut>(clients: usize, seconds: u64, operation: F) -> Measurement
+/// operations that started within the measured window, and the CPU time that `members` and
+/// this process spent in it.
+async fn drive<F, Fut>(clients: usize, seconds: u64, members: &[u32], operation: F) -> Measurement
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -157,6 +217,10 @@ where
             (latencies, errors)
         }));
     }
+    tokio::time::sleep_until(start.into()).await;
+    let cpu_before = cpu_sample(members);
+    tokio::time::sleep_until(end.into()).await;
+    let cpu_after = cpu_sample(members);
     let mut latencies = Vec::new();
     let mut errors = 0;
     for task in tasks {
@@ -165,7 +229,13 @@ where
             errors += task_errors;
         }
     }
-    measurement(clients, Duration::from_secs(seconds), latencies, errors)
+    measurement(
+        clients,
+        Duration::from_secs(seconds),
+        latencies,
+        errors,
+        (cpu_before, cpu_after),
+    )
 }
 
 fn free_udp_ports(count: usize) -> Vec<u16> {
@@ -248,7 +318,8 @@ fn start_quotient(root: &Path) -> (Processes, Vec<String>) {
 }
 
 async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
-    let (_processes, addresses) = start_quotient(root);
+    let (processes, addresses) = start_quotient(root);
+    let members = processes.pids();
     let tls = TlsIdentity::load(&TlsFiles::in_dir(&root.join("certs"), "bench")).expect("tls");
     let admin = ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client");
     let share = ShareSpec {
@@ -272,7 +343,7 @@ async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
         // Each client has its own QUIC connection (its own TLS session and flow control);
         // they share the process's UDP socket, as etcd's clients share its runtime.
         let pool: Arc<Vec<ApiClient>> = Arc::new((0..clients).map(|_| admin.sibling()).collect());
-        let result = drive(clients, seconds, move |client, _sequence| {
+        let result = drive(clients, seconds, &members, move |client, _sequence| {
             let pool = pool.clone();
             async move {
                 let spec = JobSpec::new(
@@ -483,7 +554,8 @@ async fn etcd_leader(addresses: &[String]) -> String {
 }
 
 async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement> {
-    let (_processes, addresses) = start_etcd(binary, root);
+    let (processes, addresses) = start_etcd(binary, root);
+    let members = processes.pids();
     let leader = etcd_leader(&addresses).await;
     let value = base64(&[b'x'; ETCD_VALUE_BYTES]);
     let mut results = Vec::new();
@@ -496,7 +568,7 @@ async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement
         }
         let connections = Arc::new(connections);
         let value = value.clone();
-        let result = drive(clients, seconds, move |client, sequence| {
+        let result = drive(clients, seconds, &members, move |client, sequence| {
             let connections = connections.clone();
             let body = format!(
                 "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
