@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use openraft::{LogId, NodeId};
 use redb::{Database, Durability};
@@ -59,8 +60,15 @@ pub const KEY_VOTE: &str = "vote";
 /// [`META_TABLE`] key of the last purged log id.
 pub const KEY_LAST_PURGED: &str = "last_purged";
 
-/// Most queued writes the thread takes into one transaction; bounds a transaction's size.
+/// Most queued writes the thread takes into one log write; bounds a write's size.
 pub const WRITE_BATCH_OPS_MAX: usize = 4_096;
+
+/// Longest the writer holds back appended entries that nobody waits for yet, so that one sync
+/// covers them and what comes next. On a leader the next thing is the committed id, once a
+/// follower has the entries: the leader's entries and its commit then cost one sync instead
+/// of two (the commit must wait for the entries anyway). On a follower it is the committed id
+/// that came with the entries; the follower's answer asks for the sync at once.
+pub const APPEND_LINGER: Duration = Duration::from_millis(2);
 
 /// An encoded log entry, shared by the tail and the queue.
 pub type EncodedEntry = Arc<[u8]>;
@@ -131,6 +139,8 @@ struct Queue<NID: NodeId> {
     last_index: Option<u64>,
     stopping: bool,
     failed: Option<Arc<str>>,
+    /// Someone waits for queued entries to be durable (see [`APPEND_LINGER`]).
+    demand: bool,
 }
 
 /// What the store's handles and the writer thread share.
@@ -138,16 +148,33 @@ struct Shared<NID: NodeId> {
     db: Database,
     path: PathBuf,
     wal: Wal,
-    queue: Mutex<Queue<NID>>,
-    wake: Condvar,
+    pending: Arc<Pending<NID>>,
     generation: Arc<AtomicU64>,
     durable: watch::Sender<Durable<NID>>,
 }
 
-impl<NID: NodeId> Shared<NID> {
+/// The queue and the writer's wake-up, which [`LogDurability`] shares to ask for a sync.
+struct Pending<NID: NodeId> {
+    queue: Mutex<Queue<NID>>,
+    wake: Condvar,
+}
+
+impl<NID: NodeId> Pending<NID> {
     fn lock(&self) -> MutexGuard<'_, Queue<NID>> {
         // Every change under the lock is completed before it is released; keep going.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells the writer that someone waits for the queued entries: sync them now.
+    fn demand(&self) {
+        self.lock().demand = true;
+        self.wake.notify_one();
+    }
+}
+
+impl<NID: NodeId> Shared<NID> {
+    fn lock(&self) -> MutexGuard<'_, Queue<NID>> {
+        self.pending.lock()
     }
 }
 
@@ -167,10 +194,19 @@ impl<NID: NodeId> std::fmt::Debug for LogWriter<NID> {
 }
 
 /// Watches what is durable; cheap to clone, and holds nothing of the store open.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LogDurability<NID: NodeId> {
     generation: Arc<AtomicU64>,
     durable: watch::Receiver<Durable<NID>>,
+    pending: Arc<Pending<NID>>,
+}
+
+impl<NID: NodeId> std::fmt::Debug for LogDurability<NID> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogDurability")
+            .field("durable", &*self.durable.borrow())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<NID: NodeId> LogDurability<NID> {
@@ -194,6 +230,12 @@ impl<NID: NodeId> LogDurability<NID> {
     /// Waits until every entry up to `index` is durable with no truncation since
     /// `generation`.
     pub async fn wait_log(&self, generation: u64, index: u64) -> Result<(), NotDurable> {
+        let reached = |durable: &Durable<NID>| {
+            durable.generation == generation && durable.last_index >= Some(index)
+        };
+        if !reached(&self.durable.borrow()) {
+            self.pending.demand();
+        }
         let mut receiver = self.durable.clone();
         let mut outcome = Ok(());
         let waited = receiver
@@ -206,7 +248,7 @@ impl<NID: NodeId> LogDurability<NID> {
                     outcome = Err(NotDurable::Superseded);
                     return true;
                 }
-                durable.generation == generation && durable.last_index >= Some(index)
+                reached(durable)
             })
             .await;
         if waited.is_err() {
@@ -238,14 +280,17 @@ impl<NID: NodeId> LogWriter<NID> {
             db,
             path,
             wal,
-            queue: Mutex::new(Queue {
-                ops: VecDeque::new(),
-                tail: BTreeMap::new(),
-                last_index,
-                stopping: false,
-                failed: None,
+            pending: Arc::new(Pending {
+                queue: Mutex::new(Queue {
+                    ops: VecDeque::new(),
+                    tail: BTreeMap::new(),
+                    last_index,
+                    stopping: false,
+                    failed: None,
+                    demand: false,
+                }),
+                wake: Condvar::new(),
             }),
-            wake: Condvar::new(),
             generation: Arc::new(AtomicU64::new(0)),
             durable,
         });
@@ -281,6 +326,7 @@ impl<NID: NodeId> LogWriter<NID> {
         LogDurability {
             generation: self.shared.generation.clone(),
             durable: self.shared.durable.subscribe(),
+            pending: self.shared.pending.clone(),
         }
     }
 
@@ -304,7 +350,7 @@ impl<NID: NodeId> LogWriter<NID> {
             entries,
         });
         drop(queue);
-        self.shared.wake.notify_one();
+        self.shared.pending.wake.notify_one();
         Ok(())
     }
 
@@ -322,7 +368,7 @@ impl<NID: NodeId> LogWriter<NID> {
             let op = make(&mut queue, &self.shared.generation, done);
             queue.ops.push_back(op);
         }
-        self.shared.wake.notify_one();
+        self.shared.pending.wake.notify_one();
         finished
             .await
             .unwrap_or_else(|_| Err("the raft log writer stopped".into()))
@@ -406,7 +452,7 @@ impl<NID: NodeId> LogWriter<NID> {
 impl<NID: NodeId> Drop for LogWriter<NID> {
     fn drop(&mut self) {
         self.shared.lock().stopping = true;
-        self.shared.wake.notify_one();
+        self.shared.pending.wake.notify_one();
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
                 tracing::error!(path = %self.shared.path.display(), "the raft log writer panicked");
@@ -421,16 +467,30 @@ fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
     let mut generation = 0;
     loop {
         let batch: Vec<Op<NID>> = {
+            let wake = &shared.pending.wake;
             let mut queue = shared.lock();
             while queue.ops.is_empty() && !queue.stopping {
-                queue = shared
-                    .wake
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
+                queue = wake.wait(queue).unwrap_or_else(PoisonError::into_inner);
             }
             if queue.ops.is_empty() {
                 return;
             }
+            // Entries nobody waits for yet wait a little for what will: see APPEND_LINGER.
+            let until = Instant::now() + APPEND_LINGER;
+            while !queue.demand
+                && !queue.stopping
+                && queue.ops.iter().all(|op| matches!(op, Op::Append { .. }))
+            {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                queue = wake
+                    .wait_timeout(queue, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            queue.demand = false;
             let take = queue.ops.len().min(WRITE_BATCH_OPS_MAX);
             queue.ops.drain(..take).collect()
         };
