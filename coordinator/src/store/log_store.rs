@@ -14,7 +14,7 @@
 //! writer's in-memory tail; the rest from the log's files. Large reads run on tokio's blocking
 //! pool; reads of a few entries run in place ([`INLINE_READ_ENTRIES_MAX`]).
 //!
-//! A data directory written before the log had its own files is moved on open ([`legacy`]).
+//! A data directory written before the log had its own files is moved on open (`store::legacy`).
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]

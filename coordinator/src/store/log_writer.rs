@@ -30,9 +30,22 @@
 //! A write that fails poisons the writer: every later write and wait fails, openraft stops
 //! the node, and nothing unsynced is ever reported durable.
 //!
+//! Entries a node holds but has not synced still count as its log in elections, which only
+//! makes it harder for others to win its vote; a node that crashes before the sync restarts
+//! as if they had never arrived, and nobody saw them committed. Its vote itself is synced
+//! before it is given.
+//!
 //! A *generation* counts the log's truncations: an index is durable "in generation g" when it
 //! reached the disk with no truncation queued since g, so an answer for entries that a later
 //! truncation replaced is never sent.
+//!
+//! # When the writer syncs
+//!
+//! Everything but an append is waited for, so a queue holding anything else is written at
+//! once. Appended entries alone wait up to [`APPEND_LINGER`] for what will need them: on a
+//! leader the committed id (so its entries and its commit take one sync), on a follower the
+//! committed id that came with them, and in any case someone who asks (a follower's answer,
+//! through [`LogDurability::wait_log`]). Whatever queued meanwhile goes into the same write.
 
 // redb's error is large, but it only ever travels up once, to become a message.
 #![allow(clippy::result_large_err)]
