@@ -238,6 +238,20 @@ impl ApiService {
                 .await
             }
             ApiRequest::DrainNode { node } => self.write_done(Command::DrainNode { node }).await,
+            // Reads and membership changes await larger futures than a write; boxed, they do
+            // not make every request's task (a submit's included) that large to spawn and move.
+            read_or_membership => {
+                Box::pin(self.answer_read_or_membership(read_or_membership)).await
+            }
+        }
+    }
+
+    /// [`Self::answer`] for the requests that are not plain writes.
+    async fn answer_read_or_membership(
+        &self,
+        request: ApiRequest,
+    ) -> Result<ApiResponse, ApiError> {
+        match request {
             ApiRequest::AddMember { id, address } => self.add_member(id, address).await,
             ApiRequest::RemoveMember { id } => self.remove_member(id).await,
             ApiRequest::ListShares => {
@@ -310,6 +324,7 @@ impl ApiService {
                     peers.is_reachable(id)
                 })))
             }
+            write => unreachable!("{} is answered by `answer`", request_kind(&write)),
         }
     }
 
