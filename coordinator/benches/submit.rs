@@ -4,7 +4,8 @@
 //! own QUIC connection (the clients share one UDP socket) and one request in flight. Side by
 //! side, the same load of puts on a three-member etcd cluster (the `etcd` binary, 3.4 from
 //! Debian's etcd-server), sent through etcd's HTTP/JSON gateway by a minimal keep-alive
-//! HTTP/1.1 client; skipped with a message when `etcd` is not installed.
+//! HTTP/1.1 client; skipped with a message when `etcd` is not installed. Both clusters run at
+//! once, and each concurrency is measured on one system right after the other.
 //!
 //! Prints one JSON line on stdout:
 //! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors","leader_cpu_us","members_cpu_us","clients_cpu_us"}],"etcd":[...]|null,"etcd_note":...}`.
@@ -317,33 +318,50 @@ fn start_quotient(root: &Path) -> (Processes, Vec<String>) {
     (Processes(children), addresses)
 }
 
-async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
-    let (processes, addresses) = start_quotient(root);
-    let members = processes.pids();
-    let tls = TlsIdentity::load(&TlsFiles::in_dir(&root.join("certs"), "bench")).expect("tls");
-    let admin = ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client");
-    let share = ShareSpec {
-        name: "bench".to_string(),
-        limits: BTreeMap::from([(class(), 1_000)]),
-        strategy: Strategy::Reserve,
-        borrow_limit_percent: None,
-        in_share_preemption: false,
-        state: ShareState::Enabled,
-    };
-    let started = Instant::now();
-    loop {
-        match admin.call(ApiRequest::CreateShare(share.clone())).await {
-            Ok(ApiResponse::Done) => break,
-            other if started.elapsed() > STARTUP => panic!("the cluster did not start: {other:?}"),
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+/// A running three-coordinator cluster with the bench's share created.
+struct QuotientCluster {
+    _processes: Processes,
+    members: Vec<u32>,
+    admin: ApiClient,
+}
+
+impl QuotientCluster {
+    async fn start(root: &Path) -> QuotientCluster {
+        let (processes, addresses) = start_quotient(root);
+        let members = processes.pids();
+        let tls = TlsIdentity::load(&TlsFiles::in_dir(&root.join("certs"), "bench")).expect("tls");
+        let admin = ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client");
+        let share = ShareSpec {
+            name: "bench".to_string(),
+            limits: BTreeMap::from([(class(), 1_000)]),
+            strategy: Strategy::Reserve,
+            borrow_limit_percent: None,
+            in_share_preemption: false,
+            state: ShareState::Enabled,
+        };
+        let started = Instant::now();
+        loop {
+            match admin.call(ApiRequest::CreateShare(share.clone())).await {
+                Ok(ApiResponse::Done) => break,
+                other if started.elapsed() > STARTUP => {
+                    panic!("the cluster did not start: {other:?}")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        QuotientCluster {
+            _processes: processes,
+            members,
+            admin,
         }
     }
-    let mut results = Vec::new();
-    for clients in concurrencies() {
+
+    async fn measure(&self, clients: usize, seconds: u64) -> Measurement {
         // Each client has its own QUIC connection (its own TLS session and flow control);
         // they share the process's UDP socket, as etcd's clients share its runtime.
-        let pool: Arc<Vec<ApiClient>> = Arc::new((0..clients).map(|_| admin.sibling()).collect());
-        let result = drive(clients, seconds, &members, move |client, _sequence| {
+        let pool: Arc<Vec<ApiClient>> =
+            Arc::new((0..clients).map(|_| self.admin.sibling()).collect());
+        let result = drive(clients, seconds, &self.members, move |client, _sequence| {
             let pool = pool.clone();
             async move {
                 let spec = JobSpec::new(
@@ -360,9 +378,8 @@ async fn bench_quotient(root: &Path, seconds: u64) -> Vec<Measurement> {
         })
         .await;
         eprintln!("quotient {clients:>3} clients: {result:?}");
-        results.push(result);
+        result
     }
-    results
 }
 
 /// A keep-alive HTTP/1.1 connection to etcd's JSON gateway.
@@ -553,22 +570,37 @@ async fn etcd_leader(addresses: &[String]) -> String {
     }
 }
 
-async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement> {
-    let (processes, addresses) = start_etcd(binary, root);
-    let members = processes.pids();
-    let leader = etcd_leader(&addresses).await;
-    let value = base64(&[b'x'; ETCD_VALUE_BYTES]);
-    let mut results = Vec::new();
-    for clients in concurrencies() {
+/// A running three-member etcd cluster and its leader's client address.
+struct EtcdCluster {
+    _processes: Processes,
+    members: Vec<u32>,
+    leader: String,
+}
+
+impl EtcdCluster {
+    async fn start(binary: &Path, root: &Path) -> EtcdCluster {
+        let (processes, addresses) = start_etcd(binary, root);
+        let members = processes.pids();
+        let leader = etcd_leader(&addresses).await;
+        EtcdCluster {
+            _processes: processes,
+            members,
+            leader,
+        }
+    }
+
+    async fn measure(&self, clients: usize, seconds: u64) -> Measurement {
+        let value = base64(&[b'x'; ETCD_VALUE_BYTES]);
         let mut connections = Vec::new();
         for _ in 0..clients {
             connections.push(tokio::sync::Mutex::new(
-                Http::connect(&leader).await.expect("an etcd connection"),
+                Http::connect(&self.leader)
+                    .await
+                    .expect("an etcd connection"),
             ));
         }
         let connections = Arc::new(connections);
-        let value = value.clone();
-        let result = drive(clients, seconds, &members, move |client, sequence| {
+        let result = drive(clients, seconds, &self.members, move |client, sequence| {
             let connections = connections.clone();
             let body = format!(
                 "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
@@ -581,9 +613,8 @@ async fn bench_etcd(binary: &Path, root: &Path, seconds: u64) -> Vec<Measurement
         })
         .await;
         eprintln!("etcd     {clients:>3} clients: {result:?}");
-        results.push(result);
+        result
     }
-    results
 }
 
 fn main() {
@@ -596,25 +627,42 @@ fn main() {
     if std::env::var_os("QUOTIENT_BENCH_KEEP").is_some() {
         eprintln!("keeping {}", root.path().display());
     }
-    let quotient = if measures("quotient") {
-        runtime.block_on(bench_quotient(&root.path().join("quotient"), seconds))
-    } else {
-        Vec::new()
-    };
-    let (etcd, etcd_note) = match etcd_binary() {
-        _ if !measures("etcd") => (None, "skipped: QUOTIENT_BENCH_ONLY".to_string()),
-        Some(binary) => {
-            let results = runtime.block_on(bench_etcd(&binary, &root.path().join("etcd"), seconds));
-            (
-                Some(results),
-                format!("{} via the HTTP/JSON gateway", binary.display()),
-            )
-        }
+    let etcd_binary = etcd_binary();
+    let etcd_note = match &etcd_binary {
+        _ if !measures("etcd") => "skipped: QUOTIENT_BENCH_ONLY".to_string(),
+        Some(binary) => format!("{} via the HTTP/JSON gateway", binary.display()),
         None => {
             eprintln!("etcd not found on PATH: skipping the etcd side (apt-get install -y etcd-server etcd-client)");
-            (None, "skipped: etcd not installed".to_string())
+            "skipped: etcd not installed".to_string()
         }
     };
+    // Both clusters run at once and each concurrency is measured on one right after the
+    // other, so that the two figures of a row come from the same minute of a machine whose
+    // speed drifts.
+    let (quotient, etcd) = runtime.block_on(async {
+        let quotient_cluster = if measures("quotient") {
+            Some(QuotientCluster::start(&root.path().join("quotient")).await)
+        } else {
+            None
+        };
+        let etcd_cluster = match &etcd_binary {
+            Some(binary) if measures("etcd") => {
+                Some(EtcdCluster::start(binary, &root.path().join("etcd")).await)
+            }
+            _ => None,
+        };
+        let mut quotient = Vec::new();
+        let mut etcd = Vec::new();
+        for clients in concurrencies() {
+            if let Some(cluster) = &quotient_cluster {
+                quotient.push(cluster.measure(clients, seconds).await);
+            }
+            if let Some(cluster) = &etcd_cluster {
+                etcd.push(cluster.measure(clients, seconds).await);
+            }
+        }
+        (quotient, etcd_cluster.map(|_| etcd))
+    });
     let line = serde_json::json!({
         "bench": "submit",
         "seconds": seconds,
