@@ -6,21 +6,17 @@
 //! The disk is "stalled" with `Wal::stall`: the store's writer thread then waits, exactly as
 //! it would for a slow fsync.
 
+mod support;
+
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::{
-    BasicNode, CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote,
-};
+use openraft::{CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote};
 use quotient_coordinator::raft_service;
 use quotient_coordinator::store::log_writer::NotDurable;
 use quotient_coordinator::store::{self, LogStore, NodeId, TypeConfig};
+use support::no_network::NoNetwork;
 
 /// How long a stalled wait is watched to make sure it does not end.
 const STALL: Duration = Duration::from_millis(300);
@@ -229,59 +225,13 @@ async fn writes_queued_together_share_one_sync() {
     );
 }
 
-/// A Raft network that reaches nobody: the node under test only answers.
-struct Nobody;
-
-impl RaftNetworkFactory<TypeConfig> for Nobody {
-    type Network = Nobody;
-
-    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> Nobody {
-        Nobody
-    }
-}
-
-fn unreachable<E: std::error::Error>() -> RPCError<NodeId, BasicNode, E> {
-    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
-        "no network in this test",
-    )))
-}
-
-impl RaftNetwork<TypeConfig> for Nobody {
-    async fn append_entries(
-        &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(unreachable())
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        Err(unreachable())
-    }
-
-    async fn vote(
-        &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(unreachable())
-    }
-}
-
 #[tokio::test]
 async fn a_follower_answers_an_append_only_once_its_entries_are_on_disk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (log, state_machine) = store::open(dir.path()).expect("open");
     let durability = log.durability();
     let config = Config::default().validate().expect("config");
-    let raft = openraft::Raft::new(1, config.into(), Nobody, log.clone(), state_machine)
+    let raft = openraft::Raft::new(1, config.into(), NoNetwork, log.clone(), state_machine)
         .await
         .expect("raft");
     let leader = Vote::new_committed(1, 2);

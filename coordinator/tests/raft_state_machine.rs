@@ -3,28 +3,25 @@
 //! refused), and, end to end, that a single-node Raft cluster on the real stores recovers its
 //! state from snapshot plus log after it is shut down and started again.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{
-    AnyError, BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, RaftLogReader,
+    BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, RaftLogReader,
     RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
 };
 use quotient_common::{GpuClass, GpuDevice, NodeInventory};
 use quotient_coordinator::store::state_machine::SNAPSHOT_FILE_NAME;
 use quotient_coordinator::store::type_config::{Entry, Raft};
-use quotient_coordinator::store::{self, QuotientStateMachine, Request, TypeConfig};
+use quotient_coordinator::store::{self, QuotientStateMachine, Request};
 use quotient_core::{Command, Outcome, State};
+use support::no_network::NoNetwork;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -342,52 +339,6 @@ async fn restart_recovers_from_snapshot_plus_log_at_store_level() {
 
 // ---------------------------------------------------------------------------------------------
 // End to end: a single-node Raft cluster on the real stores, restarted.
-
-/// A network for a cluster of one: every peer is unreachable (and none is ever asked).
-struct NoNetwork;
-
-fn unreachable<E: std::error::Error>() -> RPCError<u64, BasicNode, E> {
-    RPCError::Unreachable(Unreachable::new(&AnyError::error(
-        "single-node test cluster has no network",
-    )))
-}
-
-impl RaftNetworkFactory<TypeConfig> for NoNetwork {
-    type Network = NoNetwork;
-
-    async fn new_client(&mut self, _target: u64, _node: &BasicNode) -> Self::Network {
-        NoNetwork
-    }
-}
-
-impl RaftNetwork<TypeConfig> for NoNetwork {
-    async fn append_entries(
-        &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(unreachable())
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>,
-    > {
-        Err(unreachable())
-    }
-
-    async fn vote(
-        &mut self,
-        _rpc: VoteRequest<u64>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(unreachable())
-    }
-}
 
 async fn start_node(dir: &Path) -> (Raft, QuotientStateMachine) {
     let (log, sm) = store::open(dir).expect("open stores");

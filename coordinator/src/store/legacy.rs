@@ -58,14 +58,7 @@ pub fn move_legacy_entries(db: &Database, wal: &Wal) -> Result<(), LegacyError> 
         let table = txn.open_table(LOGS_TABLE).map_err(db_error)?;
         let mut batch: Vec<(u64, Vec<u8>)> = Vec::with_capacity(MOVE_BATCH_ENTRIES);
         let write = |batch: &mut Vec<(u64, Vec<u8>)>| -> Result<(), WalError> {
-            let records: Vec<Record<'_>> = batch
-                .iter()
-                .map(|(index, bytes)| Record::Entry {
-                    index: *index,
-                    bytes,
-                })
-                .collect();
-            wal.write(&records)?;
+            wal.write(&Record::entries(batch))?;
             batch.clear();
             Ok(())
         };

@@ -637,7 +637,7 @@ fn write_batch<NID: NodeId>(
 }
 
 /// Writes `values` under their keys of the meta table in one transaction, synced.
-pub fn write_meta(db: &Database, values: &[(&str, &[u8])]) -> Result<(), redb::Error> {
+fn write_meta(db: &Database, values: &[(&str, &[u8])]) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate);
     {

@@ -76,6 +76,19 @@ pub enum Record<'a> {
     Truncate { since: u64 },
 }
 
+impl<'a> Record<'a> {
+    /// One entry record for each `(index, encoded entry)`.
+    pub fn entries(entries: &'a [(u64, Vec<u8>)]) -> Vec<Record<'a>> {
+        entries
+            .iter()
+            .map(|(index, bytes)| Record::Entry {
+                index: *index,
+                bytes,
+            })
+            .collect()
+    }
+}
+
 /// Why the log could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -682,14 +695,7 @@ mod tests {
     }
 
     fn write_entries(wal: &Wal, entries: &[(u64, Vec<u8>)]) {
-        let records: Vec<Record<'_>> = entries
-            .iter()
-            .map(|(index, bytes)| Record::Entry {
-                index: *index,
-                bytes,
-            })
-            .collect();
-        wal.write(&records).expect("write");
+        wal.write(&Record::entries(entries)).expect("write");
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
+pub mod no_network;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::future::Future;
