@@ -358,12 +358,17 @@ impl<NID: NodeId> LogWriter<NID> {
         }
         queue.last_index = Some(last);
         let generation = self.shared.generation.load(Ordering::SeqCst);
+        // A writer with something queued already is busy or lingering on it, and another
+        // append changes neither: only an idle one needs waking.
+        let idle = queue.ops.is_empty();
         queue.ops.push_back(Op::Append {
             generation,
             entries,
         });
         drop(queue);
-        self.shared.pending.wake.notify_one();
+        if idle {
+            self.shared.pending.wake.notify_one();
+        }
         Ok(())
     }
 
