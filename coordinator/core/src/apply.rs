@@ -321,7 +321,7 @@ impl State {
             let nominated: Vec<JobId> = self
                 .index
                 .nominated
-                .iter()
+                .keys()
                 .copied()
                 .filter(|j| self.job(*j).and_then(|j| j.nomination) == Some(id))
                 .collect();
@@ -557,7 +557,7 @@ impl State {
             ));
         }
         let own = if job.nomination == Some(node) {
-            job.gpus()
+            self.index.kept_for(id)
         } else {
             0
         };
@@ -572,10 +572,12 @@ impl State {
         let for_it = slot.free_mask.count_ones().saturating_sub(others_nominated);
         let available = capacity.available_total - u64::from(slot.available()) + u64::from(for_it);
         let usage = self.index.usage(&share.spec.name, class);
+        let kept = self.index.claimed(&share.spec.name, class) - usage;
         admit(
             &share.spec,
             class,
             usage,
+            kept,
             job.gpus(),
             available,
             self.index.reserved_idle(class),

@@ -34,6 +34,23 @@ pub struct ShareClassIndex {
     pub usage: u64,
     /// GPUs held by the jobs in `holding` that are PREEMPTING.
     pub preempting: u64,
+    /// GPUs that nodes keep free for this queue's nominated jobs ([`Nominee::kept`]). A
+    /// `reserve` share's kept GPUs count against its idle quota: they already serve it.
+    pub kept: u64,
+}
+
+/// A RUNNABLE job that a node keeps GPUs for while its victims stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nominee {
+    pub node: NodeId,
+    pub class: GpuClass,
+    pub share: String,
+    pub gpus: u32,
+    /// The GPUs kept free for it now: what it asks for less what its victims on the node
+    /// still hold. As a victim stops, its GPUs become free and kept at once, so nobody else
+    /// can take them; and free GPUs beyond what it will need are not withheld from others
+    /// (a `reserve` share's idle quota among them) while the victims drain.
+    pub kept: u32,
 }
 
 /// One node's GPUs of one class, as the placement search sees them.
@@ -124,10 +141,12 @@ pub struct Index {
     pub node_alloc: BTreeMap<NodeId, u64>,
     pub node_jobs: BTreeMap<NodeId, BTreeSet<JobId>>,
     /// RUNNABLE jobs that a node keeps GPUs for.
-    pub nominated: BTreeSet<JobId>,
+    pub nominated: BTreeMap<JobId, Nominee>,
     /// For each job, the PREEMPTING jobs whose GPUs are being freed for it.
     pub preempting_for: BTreeMap<JobId, BTreeSet<JobId>>,
-    /// Nominated GPUs per (node, class), so a node refresh can rebuild its slot.
+    /// GPUs held by the PREEMPTING jobs stopping for a job, per (that job, node).
+    pub victims_hold: BTreeMap<(JobId, NodeId), u32>,
+    /// Kept GPUs per (node, class), so a node refresh can rebuild its slot.
     pub node_nominated: BTreeMap<(NodeId, GpuClass), u32>,
     /// Idle quota of `reserve` shares per class (zero entries left out).
     pub reserved_idle: BTreeMap<GpuClass, u64>,
@@ -155,7 +174,7 @@ impl Index {
         for share in data.shares.values() {
             for class in share.spec.limits.keys() {
                 let idle =
-                    reserved_idle_of(&share.spec, class, self.usage(&share.spec.name, class));
+                    reserved_idle_of(&share.spec, class, self.claimed(&share.spec.name, class));
                 if idle > 0 {
                     *self.reserved_idle.entry(class.clone()).or_insert(0) += idle;
                 }
@@ -197,6 +216,18 @@ impl Index {
             .get(share)
             .and_then(|classes| classes.get(class))
             .map_or(0, |i| i.usage)
+    }
+
+    /// What a share holds of a class plus what nodes keep free for its nominated jobs: the
+    /// part of its quota that is not idle.
+    pub fn claimed(&self, share: &str, class: &GpuClass) -> u64 {
+        self.share_class(share, class)
+            .map_or(0, |i| i.usage + i.kept)
+    }
+
+    /// The GPUs kept free for a nominated job (0 for any other job).
+    pub fn kept_for(&self, job: JobId) -> u32 {
+        self.nominated.get(&job).map_or(0, |n| n.kept)
     }
 
     /// The most healthy GPUs of `class` on one schedulable node (0 without such a node).
@@ -252,12 +283,15 @@ impl Index {
                 .or_default()
                 .insert(key);
             if let Some(node) = job.nomination {
-                self.nominated.insert(job.id);
-                *self
-                    .node_nominated
-                    .entry((node, class.clone()))
-                    .or_insert(0) += job.gpus();
-                self.refresh_node_by_id(node, data);
+                let nominee = Nominee {
+                    node,
+                    class: class.clone(),
+                    share: share.clone(),
+                    gpus: job.gpus(),
+                    kept: 0,
+                };
+                self.nominated.insert(job.id, nominee);
+                self.refresh_kept(job.id, data);
             }
         }
         if let Some(alloc) = job.allocation {
@@ -265,9 +299,9 @@ impl Index {
             index
                 .holding
                 .insert((Reverse(job.priority()), job.placed_index, job.id));
-            let before = index.usage;
+            let before = index.usage + index.kept;
             index.usage += u64::from(job.gpus());
-            let after = index.usage;
+            let after = index.usage + index.kept;
             if job.state == JobState::Preempting {
                 index.preempting += u64::from(job.gpus());
             }
@@ -283,6 +317,10 @@ impl Index {
                         .entry(for_job)
                         .or_default()
                         .insert(job.id);
+                    if let Some(alloc) = job.allocation {
+                        *self.victims_hold.entry((for_job, alloc.node)).or_insert(0) += job.gpus();
+                        self.refresh_kept(for_job, data);
+                    }
                 }
             }
         }
@@ -302,16 +340,9 @@ impl Index {
                     index.runnable_by_gpus.remove(&job.gpus());
                 }
             }
-            if let Some(node) = job.nomination {
+            if job.nomination.is_some() {
+                self.set_kept(job.id, 0, data);
                 self.nominated.remove(&job.id);
-                let key = (node, class.clone());
-                if let Some(count) = self.node_nominated.get_mut(&key) {
-                    *count -= job.gpus();
-                    if *count == 0 {
-                        self.node_nominated.remove(&key);
-                    }
-                }
-                self.refresh_node_by_id(node, data);
             }
         }
         if let Some(alloc) = job.allocation {
@@ -319,9 +350,9 @@ impl Index {
             index
                 .holding
                 .remove(&(Reverse(job.priority()), job.placed_index, job.id));
-            let before = index.usage;
+            let before = index.usage + index.kept;
             index.usage -= u64::from(job.gpus());
-            let after = index.usage;
+            let after = index.usage + index.kept;
             if job.state == JobState::Preempting {
                 index.preempting -= u64::from(job.gpus());
             }
@@ -349,10 +380,59 @@ impl Index {
                             self.preempting_for.remove(&for_job);
                         }
                     }
+                    if let Some(alloc) = job.allocation {
+                        let key = (for_job, alloc.node);
+                        if let Some(hold) = self.victims_hold.get_mut(&key) {
+                            *hold -= job.gpus();
+                            if *hold == 0 {
+                                self.victims_hold.remove(&key);
+                            }
+                        }
+                        self.refresh_kept(for_job, data);
+                    }
                 }
             }
         }
         self.drop_if_empty(share, &class);
+    }
+
+    /// Recomputes the GPUs kept for a nominated job (nothing for any other job) after it or
+    /// one of its victims changed.
+    fn refresh_kept(&mut self, job: JobId, data: &StateData) {
+        let Some(nominee) = self.nominated.get(&job) else {
+            return;
+        };
+        let hold = self
+            .victims_hold
+            .get(&(job, nominee.node))
+            .copied()
+            .unwrap_or(0);
+        let kept = nominee.gpus.saturating_sub(hold);
+        self.set_kept(job, kept, data);
+    }
+
+    /// Moves a nominated job's kept GPUs to `kept`, in its node's slot and its share's claim.
+    fn set_kept(&mut self, job: JobId, kept: u32, data: &StateData) {
+        let Some(nominee) = self.nominated.get_mut(&job) else {
+            return;
+        };
+        let old = std::mem::replace(&mut nominee.kept, kept);
+        if old == kept {
+            return;
+        }
+        let (node, class, share) = (nominee.node, nominee.class.clone(), nominee.share.clone());
+        let key = (node, class.clone());
+        let count = self.node_nominated.entry(key.clone()).or_insert(0);
+        *count = *count + kept - old;
+        if *count == 0 {
+            self.node_nominated.remove(&key);
+        }
+        let index = self.share_class_mut(&share, &class);
+        let before = index.usage + index.kept;
+        index.kept = index.kept + u64::from(kept) - u64::from(old);
+        let after = index.usage + index.kept;
+        self.adjust_reserved(data, &share, &class, before, after);
+        self.refresh_node_by_id(node, data);
     }
 
     /// Removes a share-class entry with no jobs left, so a rebuilt index equals this one.

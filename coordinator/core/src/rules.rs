@@ -28,20 +28,22 @@ pub fn reserved_idle_of(spec: &ShareSpec, class: &GpuClass, usage: u64) -> u64 {
     }
 }
 
-/// May a share holding `usage` GPUs of `class` take `gpus` more, when `available` GPUs of the
-/// class are free (not held, not nominated) and `reserved_idle_total` of them are the idle
-/// quota of reserve shares (this share's own included, if it is one)?
+/// May a share holding `usage` GPUs of `class`, with `kept` more kept free for its nominated
+/// jobs, take `gpus` more, when `available` GPUs of the class are free (not held, not kept)
+/// and `reserved_idle_total` of them are the idle quota of reserve shares (this share's own
+/// included, if it is one)?
 pub fn admit(
     share: &ShareSpec,
     class: &GpuClass,
     usage: u64,
+    kept: u64,
     gpus: u32,
     available: u64,
     reserved_idle_total: u64,
 ) -> Result<Admission, WaitReason> {
     let gpus = u64::from(gpus);
     let limit = limit_of(share, class);
-    let own_reserved = reserved_idle_of(share, class, usage);
+    let own_reserved = reserved_idle_of(share, class, usage + kept);
     let others_reserved = reserved_idle_total.saturating_sub(own_reserved);
     let usable = available.saturating_sub(others_reserved);
     if usage + gpus <= limit {
@@ -134,31 +136,55 @@ mod tests {
     #[test]
     fn within_limit_may_not_take_reserved_idle_quota() {
         let s = share(Strategy::Lend, 1, None);
-        assert_eq!(admit(&s, &a10g(), 0, 1, 1, 0), Ok(Admission::WithinLimit));
-        assert!(admit(&s, &a10g(), 0, 1, 1, 1).is_err());
+        assert_eq!(
+            admit(&s, &a10g(), 0, 0, 1, 1, 0),
+            Ok(Admission::WithinLimit)
+        );
+        assert!(admit(&s, &a10g(), 0, 0, 1, 1, 1).is_err());
     }
 
     #[test]
     fn a_reserve_share_may_use_its_own_idle_quota() {
         let s = share(Strategy::Reserve, 1, None);
-        assert_eq!(admit(&s, &a10g(), 0, 1, 1, 1), Ok(Admission::WithinLimit));
+        assert_eq!(
+            admit(&s, &a10g(), 0, 0, 1, 1, 1),
+            Ok(Admission::WithinLimit)
+        );
+    }
+
+    #[test]
+    fn gpus_kept_for_a_reserve_shares_nominee_are_not_its_idle_quota() {
+        // Limit 2, one GPU kept for its nominated job: one idle; another reserve share's idle
+        // GPU makes two in all, and of two free GPUs only one is the share's to take.
+        let s = share(Strategy::Reserve, 2, None);
+        assert_eq!(
+            admit(&s, &a10g(), 0, 1, 1, 2, 2),
+            Ok(Admission::WithinLimit)
+        );
+        assert!(matches!(
+            admit(&s, &a10g(), 0, 1, 2, 2, 2),
+            Err(WaitReason::NoFreeCapacity { free: 1, .. })
+        ));
     }
 
     #[test]
     fn only_lend_and_borrow_borrows_within_its_cap() {
         let lend = share(Strategy::Lend, 1, None);
         assert!(matches!(
-            admit(&lend, &a10g(), 1, 1, 5, 0),
+            admit(&lend, &a10g(), 1, 0, 1, 5, 0),
             Err(WaitReason::ShareLimit { .. })
         ));
         let lab = share(Strategy::LendAndBorrow, 1, Some(100));
-        assert_eq!(admit(&lab, &a10g(), 1, 1, 5, 0), Ok(Admission::Borrowing));
+        assert_eq!(
+            admit(&lab, &a10g(), 1, 0, 1, 5, 0),
+            Ok(Admission::Borrowing)
+        );
         assert!(matches!(
-            admit(&lab, &a10g(), 2, 1, 5, 0),
+            admit(&lab, &a10g(), 2, 0, 1, 5, 0),
             Err(WaitReason::BorrowLimit { .. })
         ));
         assert!(matches!(
-            admit(&lab, &a10g(), 1, 1, 1, 1),
+            admit(&lab, &a10g(), 1, 0, 1, 1, 1),
             Err(WaitReason::NoBorrowableCapacity { .. })
         ));
     }

@@ -135,6 +135,8 @@ struct Queue<'a> {
     class: &'a GpuClass,
     heads: Heads<'a>,
     usage: u64,
+    /// GPUs kept free for the queue's nominated jobs (see `index::Nominee::kept`).
+    kept: u64,
     /// The head that waits, and why; the queue takes no further part in phases 1-3.
     blocked: Option<(JobId, WaitReason)>,
     /// Set when GPUs are being freed for the head: nothing more to do this round.
@@ -218,6 +220,7 @@ impl<'a> Round<'a> {
                         never_fits(spec, class, gpus, largest).is_none()
                     }),
                     usage: index.usage,
+                    kept: index.kept,
                     blocked: None,
                     nominated: false,
                 });
@@ -278,7 +281,8 @@ impl<'a> Round<'a> {
 
     /// Places nominated jobs whose GPUs are free; drops nominations that can no longer help.
     fn nominated(&mut self) {
-        for &id in &self.state.index.nominated {
+        let state = self.state;
+        for &id in state.index.nominated.keys() {
             let job = self.job(id);
             let node = job.nomination.expect("indexed as nominated");
             let Some(&q) = self.queue_of.get(&(job.spec.share.as_str(), job.class())) else {
@@ -306,12 +310,14 @@ impl<'a> Round<'a> {
                     self.plan
                         .actions
                         .push(PlanAction::ClearNomination { job: id });
+                    let kept = self.state.index.kept_for(id);
                     if let Some(scratch) = self.classes.get_mut(job.class()) {
                         if let Some(mut slot) = scratch.slot(node) {
-                            slot.nominated -= job.gpus().min(slot.nominated);
+                            slot.nominated -= kept.min(slot.nominated);
                             scratch.set_slot(node, slot);
                         }
                     }
+                    self.change_kept(q, |kept_now| kept_now - u64::from(kept));
                 }
             }
         }
@@ -325,11 +331,12 @@ impl<'a> Round<'a> {
         let Some(slot) = scratch.slot(node) else {
             return false;
         };
-        // This job may use the GPUs nominated for it, but not those kept for others.
+        // This job may use the GPUs kept for it, but not those kept for others.
+        let kept = self.state.index.kept_for(job.id);
         let for_it = slot
             .free_mask
             .count_ones()
-            .saturating_sub(slot.nominated.saturating_sub(job.gpus()));
+            .saturating_sub(slot.nominated.saturating_sub(kept));
         if for_it < job.gpus() {
             return false;
         }
@@ -339,6 +346,7 @@ impl<'a> Round<'a> {
             queue.share,
             class,
             queue.usage,
+            queue.kept,
             job.gpus(),
             available,
             self.reserved(class),
@@ -348,8 +356,8 @@ impl<'a> Round<'a> {
             return false;
         }
         let mut slot = slot;
-        slot.nominated -= job.gpus().min(slot.nominated);
-        self.bind(q, job, node, slot);
+        slot.nominated -= kept.min(slot.nominated);
+        self.bind(q, job, node, slot, u64::from(kept));
         true
     }
 
@@ -428,6 +436,7 @@ impl<'a> Round<'a> {
             queue.share,
             class,
             queue.usage,
+            queue.kept,
             job.gpus(),
             scratch.available_total,
             reserved,
@@ -439,12 +448,13 @@ impl<'a> Round<'a> {
             });
         };
         let slot = scratch.slot(node).expect("best_fit returns a known node");
-        self.bind(q, job, node, slot);
+        self.bind(q, job, node, slot, 0);
         Ok(())
     }
 
-    /// Records a placement on `node`, whose slot (before the placement) is `slot`.
-    fn bind(&mut self, q: usize, job: &'a JobRecord, node: NodeId, mut slot: NodeSlot) {
+    /// Records a placement on `node`, whose slot (before the placement) is `slot`; the queue
+    /// stops keeping `kept` GPUs for the job.
+    fn bind(&mut self, q: usize, job: &'a JobRecord, node: NodeId, mut slot: NodeSlot, kept: u64) {
         let mut gpu_mask = 0u64;
         let mut free = slot.free_mask;
         for _ in 0..job.gpus() {
@@ -459,9 +469,10 @@ impl<'a> Round<'a> {
             .expect("placed on a known class")
             .set_slot(node, slot);
         let queue = &mut self.queues[q];
-        let before = queue.usage;
+        let before = queue.usage + queue.kept;
         queue.usage += u64::from(job.gpus());
-        let (share, after) = (queue.share, queue.usage);
+        queue.kept -= kept;
+        let (share, after) = (queue.share, queue.usage + queue.kept);
         self.move_reserved(share, class, before, after);
         self.placed.insert(job.id);
         self.queues[q].heads.next();
@@ -476,6 +487,16 @@ impl<'a> Round<'a> {
         self.reserved_idle.get(class).copied().unwrap_or(0)
     }
 
+    /// Changes the GPUs kept for a queue's nominated jobs, and its share's idle quota with it.
+    fn change_kept(&mut self, q: usize, change: impl FnOnce(u64) -> u64) {
+        let queue = &mut self.queues[q];
+        let before = queue.usage + queue.kept;
+        queue.kept = change(queue.kept);
+        let (share, class, after) = (queue.share, queue.class, queue.usage + queue.kept);
+        self.move_reserved(share, class, before, after);
+    }
+
+    /// Moves a share's idle quota from what it claimed `before` (held plus kept) to `after`.
     fn move_reserved(&mut self, share: &ShareSpec, class: &'a GpuClass, before: u64, after: u64) {
         let idle_before = reserved_idle_of(share, class, before);
         let idle_after = reserved_idle_of(share, class, after);
@@ -686,13 +707,14 @@ impl<'a> Round<'a> {
         let reserved = self.reserved(queue.class).saturating_sub(reserved_idle_of(
             queue.share,
             queue.class,
-            queue.usage,
-        )) + reserved_idle_of(queue.share, queue.class, usage);
+            queue.usage + queue.kept,
+        )) + reserved_idle_of(queue.share, queue.class, usage + queue.kept);
         matches!(
             admit(
                 queue.share,
                 queue.class,
                 usage,
+                queue.kept,
                 job.gpus(),
                 available_total + freed,
                 reserved
@@ -712,14 +734,18 @@ impl<'a> Round<'a> {
         for v in &victims {
             self.preempt(*v, kind, Some(job.id));
         }
+        // The node keeps free what the victims' GPUs will not cover (`index::Nominee`).
+        let freed: u32 = victims.iter().map(|v| self.job(*v).gpus()).sum();
+        let kept = job.gpus().saturating_sub(freed);
         let class = job.class();
         let scratch = self
             .classes
             .get_mut(class)
             .expect("victims on a known class");
         let mut slot = scratch.slot(node).expect("victims on a known node");
-        slot.nominated += job.gpus();
+        slot.nominated += kept;
         scratch.set_slot(node, slot);
+        self.change_kept(q, |kept_now| kept_now + u64::from(kept));
         self.plan
             .actions
             .push(PlanAction::Nominate { job: job.id, node });

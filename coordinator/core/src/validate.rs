@@ -124,7 +124,9 @@ fn index_difference(rebuilt: &Index, kept: &Index) -> String {
         "node allocations"
     } else if rebuilt.nominated != kept.nominated || rebuilt.node_nominated != kept.node_nominated {
         "nominations"
-    } else if rebuilt.preempting_for != kept.preempting_for {
+    } else if rebuilt.preempting_for != kept.preempting_for
+        || rebuilt.victims_hold != kept.victims_hold
+    {
         "preemptions in flight"
     } else if rebuilt.reserved_idle != kept.reserved_idle {
         "reserved idle quota"

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use quotient_common::{JobId, JobState, ShareSpec, ShareState, ShareUpdate, Strategy};
-use quotient_core::{plan, Command, Outcome, PlanAction, PreemptionKind, State};
+use quotient_core::{plan, Command, NodeId, Outcome, PlanAction, PreemptionKind, State, StopCause};
 use support::*;
 
 const CLASSES: [&str; 2] = ["a10g", "h100-80gb"];
@@ -131,6 +131,43 @@ fn share_spec(i: usize, g: &ShareGen) -> ShareSpec {
         in_share_preemption: g.in_share,
         state: ShareState::Enabled,
     }
+}
+
+/// The idle quota of `reserve` shares for `class`, worked out from the jobs alone: a share's
+/// limit less what its jobs hold and less the GPUs nodes keep free for its nominated jobs,
+/// which is what such a job asks for less what its victims on that node still hold.
+fn reserved_unclaimed(state: &State, class: &quotient_common::GpuClass) -> u64 {
+    let mut victims_hold: BTreeMap<(JobId, NodeId), u64> = BTreeMap::new();
+    for job in state.jobs() {
+        if let (Some(StopCause::Preempted(p)), Some(alloc), JobState::Preempting) =
+            (&job.stop, job.allocation, job.state)
+        {
+            if let Some(for_job) = p.for_job {
+                *victims_hold.entry((for_job, alloc.node)).or_insert(0) += u64::from(job.gpus());
+            }
+        }
+    }
+    let mut claimed: BTreeMap<&str, u64> = BTreeMap::new();
+    for job in state.jobs() {
+        if job.class() != class {
+            continue;
+        }
+        let held = job.allocation.map_or(0, |_| u64::from(job.gpus()));
+        let kept = match (job.state, job.nomination) {
+            (JobState::Runnable, Some(node)) => u64::from(job.gpus())
+                .saturating_sub(victims_hold.get(&(job.id, node)).copied().unwrap_or(0)),
+            _ => 0,
+        };
+        *claimed.entry(job.spec.share.as_str()).or_insert(0) += held + kept;
+    }
+    state
+        .shares()
+        .filter(|s| s.spec.strategy == Strategy::Reserve)
+        .map(|s| {
+            let limit = u64::from(s.spec.limits.get(class).copied().unwrap_or(0));
+            limit.saturating_sub(claimed.get(s.spec.name.as_str()).copied().unwrap_or(0))
+        })
+        .sum()
 }
 
 struct Model {
@@ -323,10 +360,16 @@ impl Model {
         }
         self.sim.round();
         // A reserve share's idle quota is never used by another share: after others were
-        // placed, at least that much stays free.
+        // placed, at least that much stays free. GPUs kept free for a reserve share's
+        // nominated job (waiting out its victims' grace) already serve its quota.
         for c in placed_classes {
             let available = self.sim.state.index_available(&c);
-            let reserved = self.sim.state.index_reserved(&c);
+            let reserved = reserved_unclaimed(&self.sim.state, &c);
+            assert_eq!(
+                self.sim.state.index_reserved(&c),
+                reserved,
+                "class {c}: the index's reserved idle quota"
+            );
             assert!(
                 available >= reserved,
                 "class {c}: {available} free < {reserved} reserved idle"
@@ -452,4 +495,95 @@ proptest! {
             prop_assert_eq!(model.sim.state_of(*id), JobState::Running, "{} is not running", id);
         }
     }
+}
+
+/// Found by CI: a reserve share's high-priority job nominated for in-share preemption keeps
+/// its GPUs free while its victim drains; those GPUs serve the share's quota, so another
+/// share's placement in the same round leaves the reserve whole.
+#[test]
+fn a_reserve_shares_nomination_serves_its_idle_quota() {
+    let g = |strategy, limits: Vec<u32>, in_share| ShareGen {
+        strategy,
+        limits,
+        borrow: None,
+        in_share,
+    };
+    let shares = [
+        g(Strategy::Reserve, vec![0, 3], true),
+        g(Strategy::Lend, vec![0, 4], false),
+        g(Strategy::Lend, vec![0, 0], false),
+    ];
+    let mut model = Model::new(vec![(7, 1)], &shares);
+    let submit = |share, priority, gpus| Op::Submit {
+        share,
+        class: 1,
+        priority,
+        gpus,
+    };
+    for op in [
+        submit(0, 1, 1),
+        Op::Round,
+        submit(1, 0, 2),
+        submit(0, 2, 3),
+        Op::Round,
+    ] {
+        model.run(&op);
+    }
+    let ids = model.jobs.clone();
+    assert_eq!(model.sim.state_of(ids[0]), JobState::Preempting);
+    assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
+    let nominee = model.sim.state.job(ids[2]).unwrap();
+    assert!(
+        nominee.nomination.is_some(),
+        "the high-priority job waits nominated"
+    );
+    model.settle_fully();
+}
+
+/// Found by CI: a job reclaiming borrowed GPUs used to keep the one free GPU for itself while
+/// its victim drained, though the victim frees more than it needs; that GPU was a reserve
+/// share's idle quota, so the reserve share could not have used it until the victim was gone.
+#[test]
+fn a_nominee_does_not_keep_what_its_victims_will_free() {
+    let g = |strategy, limits: Vec<u32>| ShareGen {
+        strategy,
+        limits,
+        borrow: None,
+        in_share: false,
+    };
+    let shares = [
+        g(Strategy::Reserve, vec![1, 0]),
+        g(Strategy::Lend, vec![3, 0]),
+        g(Strategy::LendAndBorrow, vec![1, 0]),
+    ];
+    let mut model = Model::new(vec![(2, 0), (6, 0)], &shares);
+    let submit = |share, gpus| Op::Submit {
+        share,
+        class: 0,
+        priority: 0,
+        gpus,
+    };
+    for op in [
+        submit(1, 2),
+        submit(2, 3),
+        Op::Round,
+        submit(1, 1),
+        Op::Lose { node: 0 },
+        Op::Round,
+    ] {
+        model.run(&op);
+    }
+    let ids = model.jobs.clone();
+    assert_eq!(model.sim.state_of(ids[1]), JobState::Preempting);
+    let nominee = model.sim.state.job(ids[2]).unwrap();
+    assert!(
+        nominee.nomination.is_some(),
+        "the reclaiming job waits nominated"
+    );
+    // The reserve share's idle GPU is still free: its job starts at once.
+    model.run(&submit(0, 1));
+    model.run(&Op::Round);
+    let reserve_job = *model.jobs.last().unwrap();
+    assert_eq!(model.sim.state_of(reserve_job), JobState::Scheduled);
+    model.settle_fully();
 }
