@@ -48,6 +48,18 @@ async fn read_indexes(store: &mut LogStore) -> Vec<u64> {
         .collect()
 }
 
+/// Closes `store`, opens the log again from `dir` and returns what it recovered: the entries'
+/// indexes and the committed id.
+async fn after_restart(
+    store: LogStore,
+    dir: &std::path::Path,
+) -> (Vec<u64>, Option<LogId<NodeId>>) {
+    drop(store);
+    let mut store = LogStore::open(dir).expect("reopen");
+    let committed = store.read_committed().await.expect("read committed");
+    (read_indexes(&mut store).await, committed)
+}
+
 /// Whether `future` is still pending after [`STALL`].
 async fn stays_pending<F: std::future::Future>(future: &mut std::pin::Pin<Box<F>>) -> bool {
     tokio::time::timeout(STALL, future.as_mut()).await.is_err()
@@ -108,12 +120,9 @@ async fn appended_entries_are_readable_at_once_and_the_committed_id_waits_for_th
     );
 
     tracing::info!("--- all of it survives a restart");
-    drop(store);
-    let mut store = LogStore::open(dir.path()).expect("reopen");
-    assert_eq!(read_indexes(&mut store).await, vec![0, 1, 2]);
     assert_eq!(
-        store.read_committed().await.expect("read"),
-        Some(log_id(1, 2))
+        after_restart(store, dir.path()).await,
+        (vec![0, 1, 2], Some(log_id(1, 2)))
     );
 }
 
@@ -216,12 +225,9 @@ async fn writes_queued_together_share_one_sync() {
     );
 
     tracing::info!("--- both survive a restart");
-    drop(store);
-    let mut store = LogStore::open(dir.path()).expect("reopen");
-    assert_eq!(read_indexes(&mut store).await, vec![0, 1, 2, 3, 4, 5, 6]);
     assert_eq!(
-        store.read_committed().await.expect("read"),
-        Some(log_id(1, 4))
+        after_restart(store, dir.path()).await,
+        (vec![0, 1, 2, 3, 4, 5, 6], Some(log_id(1, 4)))
     );
 }
 

@@ -571,8 +571,10 @@ impl State {
         let capacity = &self.index.capacity[class];
         let for_it = slot.free_mask.count_ones().saturating_sub(others_nominated);
         let available = capacity.available_total - u64::from(slot.available()) + u64::from(for_it);
-        let usage = self.index.usage(&share.spec.name, class);
-        let kept = self.index.claimed(&share.spec.name, class) - usage;
+        let (usage, kept) = self
+            .index
+            .share_class(&share.spec.name, class)
+            .map_or((0, 0), |i| (i.usage, i.kept));
         admit(
             &share.spec,
             class,
