@@ -1,11 +1,12 @@
 //! `cargo bench -p quotient-coordinator --bench submit`: job submits per second and their
 //! acknowledgement latency on a three-coordinator cluster of real processes on loopback
-//! (redb fsyncs every log write), at 1, 16 and 256 concurrent clients, each client with its
-//! own QUIC connection (the clients share one UDP socket) and one request in flight. Side by
-//! side, the same load of puts on a three-member etcd cluster (the `etcd` binary, 3.4 from
-//! Debian's etcd-server), sent through etcd's HTTP/JSON gateway by a minimal keep-alive
-//! HTTP/1.1 client; skipped with a message when `etcd` is not installed. Both clusters run at
-//! once, and each concurrency is measured on one system right after the other.
+//! (every log write synced with `fdatasync`), at 1, 16 and 256 concurrent clients, each
+//! client with its own QUIC connection (the clients share one UDP socket) and one request in
+//! flight. Side by side, the same load of puts on a three-member etcd cluster (the `etcd`
+//! binary, 3.4 from Debian's etcd-server), sent through etcd's own gRPC API (`KV/Put`) by a
+//! minimal HTTP/2 client, each client with its own connection; skipped with a message when
+//! `etcd` is not installed. Both clusters run at once, and each concurrency is measured on
+//! one system right after the other.
 //!
 //! Prints one JSON line on stdout:
 //! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors","leader_cpu_us","members_cpu_us","clients_cpu_us"}],"etcd":[...]|null,"etcd_note":...}`.
@@ -19,6 +20,8 @@
 //! `QUOTIENT_BENCH_CLIENTS` replaces the concurrencies (`1,256`), and `QUOTIENT_BENCH_ONLY`
 //! measures one system (`quotient` or `etcd`). `QUOTIENT_BENCH_MEMBER_THREADS` (default 1) sets
 //! each member's worker threads, for both systems (see [`member_threads`]).
+//! `QUOTIENT_BENCH_ETCD_API=gateway` sends etcd's puts through its HTTP/JSON gateway instead
+//! (one more loopback hop inside etcd; the figures before 2026-12-03 13:50 UTC used it).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -462,6 +465,117 @@ impl Http {
     }
 }
 
+/// Which of etcd's client APIs the puts go through: `QUOTIENT_BENCH_ETCD_API`, `grpc` (the
+/// default: etcd's own API, as its clients and its `benchmark` tool use it) or `gateway` (the
+/// HTTP/JSON gateway, which relays each request to the gRPC server over one more loopback hop).
+#[derive(Clone, Copy)]
+enum EtcdApi {
+    Grpc,
+    Gateway,
+}
+
+fn etcd_api() -> EtcdApi {
+    match std::env::var("QUOTIENT_BENCH_ETCD_API").as_deref() {
+        Err(_) | Ok("grpc") => EtcdApi::Grpc,
+        Ok("gateway") => EtcdApi::Gateway,
+        Ok(other) => panic!("QUOTIENT_BENCH_ETCD_API is grpc or gateway, not {other:?}"),
+    }
+}
+
+/// etcd's KV.Put method.
+const ETCD_PUT: &str = "/etcdserverpb.KV/Put";
+/// Longest gRPC response message the etcd client accepts.
+const GRPC_BYTES_MAX: usize = 1 << 20;
+
+/// A protobuf `etcdserverpb.PutRequest { key = 1, value = 2 }`.
+fn put_request(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(key.len() + value.len() + 8);
+    for (tag, bytes) in [(0x0a_u8, key), (0x12, value)] {
+        message.push(tag);
+        let mut length = bytes.len();
+        while length >= 0x80 {
+            message.push((length as u8 & 0x7f) | 0x80);
+            length >>= 7;
+        }
+        message.push(length as u8);
+        message.extend_from_slice(bytes);
+    }
+    message
+}
+
+/// A minimal gRPC client: unary calls over one HTTP/2 connection (h2).
+#[derive(Clone)]
+struct Grpc {
+    send: h2::client::SendRequest<bytes::Bytes>,
+    authority: String,
+}
+
+impl Grpc {
+    async fn connect(address: &str) -> Result<Grpc, String> {
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|e| e.to_string())?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (send, connection) = h2::client::handshake(stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Grpc {
+            send,
+            authority: address.to_string(),
+        })
+    }
+
+    /// Calls `method` with `message`; the response message once the server says `grpc-status` 0.
+    async fn unary(&self, method: &str, message: Vec<u8>) -> Result<Vec<u8>, String> {
+        let mut send = self.send.clone().ready().await.map_err(|e| e.to_string())?;
+        let request = http::Request::post(format!("http://{}{method}", self.authority))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .map_err(|e| e.to_string())?;
+        let (response, mut body) = send
+            .send_request(request, false)
+            .map_err(|e| e.to_string())?;
+        let length = u32::try_from(message.len()).map_err(|_| "message too long")?;
+        let mut frame = Vec::with_capacity(5 + message.len());
+        frame.push(0); // not compressed
+        frame.extend_from_slice(&length.to_be_bytes());
+        frame.extend_from_slice(&message);
+        body.send_data(frame.into(), true)
+            .map_err(|e| e.to_string())?;
+        let response = response.await.map_err(|e| e.to_string())?;
+        if response.status() != http::StatusCode::OK {
+            return Err(format!("HTTP status {}", response.status()));
+        }
+        let (head, mut body) = response.into_parts();
+        let mut received = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.map_err(|e| e.to_string())?;
+            if received.len() + chunk.len() > GRPC_BYTES_MAX + 5 {
+                return Err("response too large".into());
+            }
+            let _ = body.flow_control().release_capacity(chunk.len());
+            received.extend_from_slice(&chunk);
+        }
+        let trailers = body.trailers().await.map_err(|e| e.to_string())?;
+        let status = trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-status"))
+            .or_else(|| head.headers.get("grpc-status"))
+            .ok_or("no grpc-status")?;
+        if status != "0" {
+            return Err(format!("grpc-status {status:?}"));
+        }
+        match received.get(5..) {
+            Some(message) if received[0] == 0 => Ok(message.to_vec()),
+            _ => Err("a malformed or compressed gRPC message".into()),
+        }
+    }
+}
+
 /// Standard base64 without a crate: enough for keys and values.
 fn base64(bytes: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -590,6 +704,39 @@ impl EtcdCluster {
     }
 
     async fn measure(&self, clients: usize, seconds: u64) -> Measurement {
+        let result = match etcd_api() {
+            EtcdApi::Grpc => self.measure_grpc(clients, seconds).await,
+            EtcdApi::Gateway => self.measure_gateway(clients, seconds).await,
+        };
+        eprintln!("etcd     {clients:>3} clients: {result:?}");
+        result
+    }
+}
+
+impl EtcdCluster {
+    /// Puts through etcd's own gRPC API, each client with its own HTTP/2 connection.
+    async fn measure_grpc(&self, clients: usize, seconds: u64) -> Measurement {
+        let mut connections = Vec::new();
+        for _ in 0..clients {
+            connections.push(
+                Grpc::connect(&self.leader)
+                    .await
+                    .expect("an etcd connection"),
+            );
+        }
+        let connections = Arc::new(connections);
+        let value = vec![b'x'; ETCD_VALUE_BYTES];
+        drive(clients, seconds, &self.members, move |client, sequence| {
+            let connection = connections[client].clone();
+            let key = format!("job/{clients}/{client}/{sequence}");
+            let message = put_request(key.as_bytes(), &value);
+            async move { connection.unary(ETCD_PUT, message).await.is_ok() }
+        })
+        .await
+    }
+
+    /// Puts through etcd's HTTP/JSON gateway, each client with its own keep-alive connection.
+    async fn measure_gateway(&self, clients: usize, seconds: u64) -> Measurement {
         let value = base64(&[b'x'; ETCD_VALUE_BYTES]);
         let mut connections = Vec::new();
         for _ in 0..clients {
@@ -600,7 +747,7 @@ impl EtcdCluster {
             ));
         }
         let connections = Arc::new(connections);
-        let result = drive(clients, seconds, &self.members, move |client, sequence| {
+        drive(clients, seconds, &self.members, move |client, sequence| {
             let connections = connections.clone();
             let body = format!(
                 "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
@@ -611,9 +758,7 @@ impl EtcdCluster {
                 matches!(http.post("/v3/kv/put", &body).await, Ok((200, _)))
             }
         })
-        .await;
-        eprintln!("etcd     {clients:>3} clients: {result:?}");
-        result
+        .await
     }
 }
 
@@ -630,7 +775,10 @@ fn main() {
     let etcd_binary = etcd_binary();
     let etcd_note = match &etcd_binary {
         _ if !measures("etcd") => "skipped: QUOTIENT_BENCH_ONLY".to_string(),
-        Some(binary) => format!("{} via the HTTP/JSON gateway", binary.display()),
+        Some(binary) => match etcd_api() {
+            EtcdApi::Grpc => format!("{} via its gRPC API", binary.display()),
+            EtcdApi::Gateway => format!("{} via the HTTP/JSON gateway", binary.display()),
+        },
         None => {
             eprintln!("etcd not found on PATH: skipping the etcd side (apt-get install -y etcd-server etcd-client)");
             "skipped: etcd not installed".to_string()
