@@ -569,8 +569,13 @@ impl Grpc {
         if status != "0" {
             return Err(format!("grpc-status {status:?}"));
         }
-        match received.get(5..) {
-            Some(message) if received[0] == 0 => Ok(message.to_vec()),
+        // One uncompressed message: flag 0, its length (big-endian), then exactly that much.
+        match received.split_first_chunk::<5>() {
+            Some(([0, length @ ..], message))
+                if u32::from_be_bytes(*length) as usize == message.len() =>
+            {
+                Ok(message.to_vec())
+            }
             _ => Err("a malformed or compressed gRPC message".into()),
         }
     }
