@@ -9,7 +9,7 @@
 //! one system right after the other.
 //!
 //! Prints one JSON line on stdout:
-//! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","errors","leader_cpu_us","members_cpu_us","clients_cpu_us"}],"etcd":[...]|null,"etcd_note":...}`.
+//! `{"bench":"submit","seconds":S,"quotient":[{"clients","submits_per_sec","p50_ms","p99_ms","p999_ms","max_ms","errors","leader_cpu_us","members_cpu_us","clients_cpu_us"}],"etcd":[...]|null,"etcd_note":...}`.
 //! The `*_cpu_us` figures are CPU time (user and system, from `/proc/PID/stat`) per write within
 //! the measured window: of the busiest member, which is the leader, of the three members
 //! together, and of this process's clients. On a machine whose speed moves from minute to
@@ -110,6 +110,9 @@ struct Measurement {
     submits_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The tail beyond p99, to tell a few long stalls from a spread-out slowness.
+    p999_ms: f64,
+    max_ms: f64,
     errors: u64,
     /// CPU time per write of the busiest member (the leader), in microseconds.
     leader_cpu_us: f64,
@@ -178,6 +181,8 @@ fn measurement(
         submits_per_sec: latencies.len() as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(0.50),
         p99_ms: percentile(0.99),
+        p999_ms: percentile(0.999),
+        max_ms: percentile(1.0),
         errors,
         leader_cpu_us: per_write(members.iter().copied().max().unwrap_or(0)),
         members_cpu_us: per_write(members.iter().sum()),
