@@ -43,7 +43,7 @@ pub use reason::WaitReason;
 pub use scheduler::plan;
 pub use snapshot::SnapshotError;
 pub use state::{
-    Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
-    StateData, StopCause,
+    Allocation, IdempotencyKeys, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,
+    ShareRecord, State, StateData, StopCause,
 };
 pub use validate::InvariantError;

@@ -6,7 +6,7 @@
 use crate::index::Index;
 use crate::job_table::JobTable;
 use crate::limits::SNAPSHOT_BYTES_MAX;
-use crate::state::{State, StateData};
+use crate::state::{IdempotencyKeys, State, StateData};
 
 /// Why snapshot bytes could not be turned back into a state.
 #[derive(Debug, thiserror::Error)]
@@ -30,17 +30,21 @@ fn encode<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
         .expect("encoding in-memory state into memory cannot fail");
 }
 
-/// A snapshot taken but not yet encoded: every field of [`StateData`] but the jobs already
-/// as bytes, and the jobs as a copy-on-write clone of their table. Taking one costs the
-/// encoding of the small fields and one pointer per 4,096 jobs, so a caller holding a lock
-/// over the state can take it, let go, and encode the jobs (nearly all of a large state)
-/// after: [`SnapshotCapture::into_bytes`].
+/// A snapshot taken but not yet encoded: the small fields of [`StateData`] already as bytes,
+/// the jobs as a copy-on-write clone of their table and the idempotency keys as a clone of
+/// their persistent map, which shares its nodes with the state's. Taking one costs the
+/// encoding of the small fields, one pointer per 4,096 jobs and one for the keys, so a caller
+/// holding a lock over the state can take it, let go, and encode the jobs and keys (nearly all
+/// of a large state) after: [`SnapshotCapture::into_bytes`].
 #[derive(Debug)]
 pub struct SnapshotCapture {
     /// The fields before `jobs`, encoded.
     head: Vec<u8>,
     jobs: JobTable,
-    /// The fields after `jobs`, encoded.
+    /// The fields between `jobs` and `idempotency`, encoded.
+    middle: Vec<u8>,
+    idempotency: IdempotencyKeys,
+    /// The fields after `idempotency`, encoded.
     tail: Vec<u8>,
 }
 
@@ -51,6 +55,8 @@ impl SnapshotCapture {
     pub fn into_bytes(self) -> Vec<u8> {
         let mut bytes = self.head;
         encode(&self.jobs, &mut bytes);
+        bytes.extend_from_slice(&self.middle);
+        encode(&self.idempotency, &mut bytes);
         bytes.extend_from_slice(&self.tail);
         bytes
     }
@@ -75,14 +81,16 @@ impl State {
         } = &self.data;
         let mut head = Vec::new();
         encode(shares, &mut head);
+        let mut middle = Vec::new();
+        encode(node_ids, &mut middle);
+        encode(nodes, &mut middle);
         let mut tail = Vec::new();
-        encode(node_ids, &mut tail);
-        encode(nodes, &mut tail);
-        encode(idempotency, &mut tail);
         encode(last_applied_index, &mut tail);
         SnapshotCapture {
             head,
             jobs: jobs.clone(),
+            middle,
+            idempotency: idempotency.clone(),
             tail,
         }
     }
@@ -106,5 +114,38 @@ impl State {
             .validate()
             .map_err(|e| SnapshotError::Invalid(e.to_string()))?;
         Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use quotient_common::JobId;
+
+    use super::{config, encode};
+    use crate::state::IdempotencyKeys;
+
+    /// The keys moved from a `BTreeMap` to a persistent map: both encode to the same bytes, so
+    /// snapshots written before the move still load and equal states still give equal bytes.
+    #[test]
+    fn idempotency_keys_encode_and_decode_as_a_btree_map_does() {
+        let pairs = [("run-b", 2), ("run-a", 1), ("run-c", 30_000)];
+        let keys: IdempotencyKeys = pairs
+            .iter()
+            .map(|(key, job)| (key.to_string(), JobId(*job)))
+            .collect();
+        let btree: BTreeMap<String, JobId> = pairs
+            .iter()
+            .map(|(key, job)| (key.to_string(), JobId(*job)))
+            .collect();
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        encode(&keys, &mut ours);
+        encode(&btree, &mut theirs);
+        assert_eq!(ours, theirs);
+        let (decoded, read): (IdempotencyKeys, usize) =
+            bincode::serde::decode_from_slice(&theirs, config()).expect("decodes");
+        assert_eq!(read, theirs.len());
+        assert_eq!(decoded, keys);
     }
 }

@@ -178,6 +178,9 @@ impl NodeRecord {
     }
 }
 
+/// Idempotency keys and the jobs they made, in key order.
+pub type IdempotencyKeys = imbl::OrdMap<String, JobId>;
+
 /// The canonical, replicated half of the state: what a snapshot holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateData {
@@ -187,7 +190,9 @@ pub struct StateData {
     pub node_ids: BTreeMap<String, NodeId>,
     /// Indexed by `NodeId.0`.
     pub nodes: Vec<NodeRecord>,
-    pub idempotency: BTreeMap<String, JobId>,
+    /// The job each idempotency key made. A persistent map, so that a snapshot takes it
+    /// without copying it under the state's lock; it encodes exactly as a `BTreeMap`.
+    pub idempotency: IdempotencyKeys,
     /// The index of the last applied command.
     pub last_applied_index: u64,
 }

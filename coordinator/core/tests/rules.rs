@@ -717,7 +717,8 @@ fn a_job_class_is_needed_only_when_the_share_has_several() {
 }
 
 /// A snapshot captured under the lock and encoded later is the state as it was at capture,
-/// byte for byte, whatever is applied in between; and it is the same bytes as one encoding of
+/// byte for byte, whatever is applied in between (jobs changed and added, idempotency keys
+/// added); and it is the same bytes as one encoding of
 /// the whole `StateData`.
 #[test]
 fn a_captured_snapshot_is_the_state_at_capture_however_it_changes_after() {
@@ -746,7 +747,9 @@ fn a_captured_snapshot_is_the_state_at_capture_however_it_changes_after() {
     sim.ok(Command::CancelJob {
         job: quotient_common::JobId(15),
     });
-    sim.submit(job("a", "later", 1, 1));
+    let mut later = job("a", "later", 1, 1);
+    later.idempotency_key = Some("key-later".into());
+    sim.submit(later);
     sim.round();
     assert_ne!(
         sim.state.to_snapshot_bytes(),

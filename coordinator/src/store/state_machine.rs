@@ -12,7 +12,8 @@
 //! with the metadata in the store's codec and the state in `State::to_snapshot_bytes`; every
 //! length is checked against a named limit before anything is allocated. Building one holds
 //! the state's lock only to capture it (`State::capture_snapshot`: the small fields encoded,
-//! the job table cloned copy-on-write); the jobs are encoded after, while applies go on.
+//! the job table and the idempotency keys cloned copy-on-write); the jobs and keys are encoded
+//! after, while applies go on.
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -243,8 +244,9 @@ impl RaftSnapshotBuilder<TypeConfig> for QuotientStateMachine {
         let subject = ErrorSubject::Snapshot(None);
         let (meta, bytes) = self
             .blocking(subject.clone(), ErrorVerb::Write, move |shared| {
-                // Only the capture holds the lock (the small fields encoded, the job table
-                // cloned copy-on-write); the jobs are encoded after, while applies go on.
+                // Only the capture holds the lock (the small fields encoded, the job table and
+                // the idempotency keys cloned copy-on-write); the rest is encoded after, while
+                // applies go on.
                 let (capture, last_log_id, last_membership) = {
                     let applied = shared.read_applied();
                     (
