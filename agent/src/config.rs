@@ -41,6 +41,30 @@ pub enum AgentCommand {
     Inventory(InventoryFlags),
     /// Run the agent (the same as giving no subcommand).
     Run(Box<RunFlags>),
+    /// Watch one container against the agent's lease (the agent starts this itself; see
+    /// `runtime::docker`).
+    #[command(name = "container-watchdog", hide = true)]
+    ContainerWatchdog(ContainerWatchdogFlags),
+}
+
+/// The flags the agent gives a container's orphan watchdog.
+#[derive(Debug, Args)]
+pub struct ContainerWatchdogFlags {
+    /// The container's id.
+    #[arg(long)]
+    pub container: String,
+    /// The agent's lease file.
+    #[arg(long)]
+    pub lease_file: PathBuf,
+    /// The folder of the watchdogs' lock and log files.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The job's checkpoint signal, e.g. SIGUSR1.
+    #[arg(long)]
+    pub signal: String,
+    /// The job's grace period.
+    #[arg(long)]
+    pub grace_period_ms: u64,
 }
 
 /// Output formats: `table` for people, `json` for machines (one document on stdout).

@@ -9,7 +9,8 @@
 //!
 //! # The lease file
 //! The agent also publishes its lease to its jobs' wrappers, so that a job outlives a dead or
-//! frozen agent by no more than the lease ([`crate::runtime::process`] has the watchdog). The
+//! frozen agent by no more than the lease ([`crate::runtime::process`] and
+//! [`crate::runtime::docker`] have the watchdogs). The
 //! file is `<state_dir>/`[`LEASE_FILE`], one line, replaced whole (written to a temporary file,
 //! then renamed) on every acknowledged heartbeat or registration:
 //!
@@ -106,6 +107,31 @@ pub fn lease_file_line(
     }
 }
 
+/// The largest lease file read back; a longer one is not the agent's.
+pub const LEASE_FILE_BYTES_MAX: u64 = 256;
+
+/// Reads the lease file at `path`: the expiry (milliseconds of the boot clock) and whether
+/// the agent marked it `fencing`. `None` when it is missing, too long or not a lease line.
+pub fn read_lease_file(path: &Path) -> Option<(u64, bool)> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut text = String::new();
+    file.take(LEASE_FILE_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    if text.len() as u64 > LEASE_FILE_BYTES_MAX {
+        return None;
+    }
+    let mut words = text.split_whitespace();
+    let expiry = words.next()?.parse().ok()?;
+    let fencing = match words.next() {
+        None => false,
+        Some(LEASE_FENCING_MARK) => true,
+        Some(_) => return None,
+    };
+    Some((expiry, fencing))
+}
+
 /// Writes the lease file at `path` whole (temporary file, then rename); see the module docs.
 pub fn write_lease_file(path: &Path, clock: &LeaseClock, fencing: bool) -> std::io::Result<()> {
     let now = Instant::now();
@@ -151,6 +177,26 @@ mod tests {
             expiry <= boot + 1_000 && expiry + 2_000 > boot,
             "{expiry} vs {boot}"
         );
+    }
+
+    /// What the agent writes reads back; anything else reads as no lease.
+    #[test]
+    fn the_lease_file_reads_back_and_refuses_what_is_not_a_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LEASE_FILE);
+        assert_eq!(read_lease_file(&path), None, "missing");
+        for (text, read) in [
+            ("50700\n", Some((50_700, false))),
+            ("50700 fencing\n", Some((50_700, true))),
+            ("", None),
+            ("soon\n", None),
+            ("50700 maybe\n", None),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(read_lease_file(&path), read, "{text:?}");
+        }
+        std::fs::write(&path, "1".repeat(LEASE_FILE_BYTES_MAX as usize + 1)).unwrap();
+        assert_eq!(read_lease_file(&path), None, "too long");
     }
 
     /// The lease runs out lease_ms after the last acknowledged send, and only moves forward.

@@ -76,6 +76,8 @@ pub enum RunError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error("cannot find the agent's own binary, which watches each container: {0}")]
+    OwnBinary(#[source] std::io::Error),
 }
 
 /// Loads the agent's certificate and checks that it names an agent called `name`.
@@ -131,7 +133,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
         }
         RuntimeKind::Docker => {
-            let runtime = DockerRuntime::connect(&config.name, !backend.is_simulated()).await?;
+            let program = std::env::current_exe().map_err(RunError::OwnBinary)?;
+            let runtime = DockerRuntime::connect(&config.name, !backend.is_simulated())
+                .await?
+                .with_orphan_watchdog(
+                    &program,
+                    &config.state_dir.join(LEASE_FILE),
+                    &config.state_dir,
+                );
             drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
         }
     }

@@ -41,12 +41,12 @@
 //! once. Exits caused by fencing are reported, as `ExitedAfterSignal`, once a leader answers
 //! again.
 //!
-//! The same bound holds for an agent that cannot fence because it was killed or is frozen,
-//! on the process runtime: each job's wrapper watches the lease file the agent renews with
-//! every acknowledgement and stops the job itself, adding at most
-//! [`crate::runtime::process::WATCHDOG_SLACK_MS`] and two polls of
-//! [`crate::runtime::process::WATCHDOG_POLL_S`] (2.5 s), inside the coordinators' default
-//! 5 s margin. The Docker runtime has no such wrapper (agent/README.md).
+//! The same bound holds for an agent that cannot fence because it was killed or is frozen:
+//! each job's watchdog (the wrapper of a process job, a watchdog process per container on the
+//! Docker runtime) watches the lease file the agent renews with every acknowledgement and
+//! stops the job itself, adding at most [`crate::runtime::process::WATCHDOG_SLACK_MS`] and two
+//! polls of [`crate::runtime::process::WATCHDOG_POLL_S`] (2.5 s), inside the coordinators'
+//! default 5 s margin.
 //!
 //! A desired state whose fence is the default (term 0) is "none yet" and is not acted on: a
 //! real leader's term is at least 1, and acting on an empty state would kill re-found jobs.

@@ -1,6 +1,7 @@
 //! The real `quotient-agent` binary against a fake leader (support/fake_leader.rs), on the
 //! process runtime with simulated GPUs: registration and heartbeats, starting and stopping a
-//! job, a restart mid-job, self-fencing when cut off, failover, and bad input.
+//! job, a restart mid-job, self-fencing when cut off, the orphan watchdog (on the Docker
+//! runtime too), failover, and bad input.
 
 mod support;
 
@@ -19,6 +20,7 @@ use quotient_common::agent_api::{
     ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, WireJobEvent,
 };
 use quotient_common::JobId;
+use support::docker;
 use support::fake_leader::{make_certs, FakeLeader, Mode};
 use support::*;
 
@@ -90,6 +92,17 @@ struct Agent {
 
 impl Agent {
     fn start(node: &Node, cert_name: &str, coordinators: &[String], lease_ms: u64) -> Agent {
+        Agent::start_on(node, cert_name, coordinators, lease_ms, "process")
+    }
+
+    /// An agent with the runtime `runtime` (`process` or `docker`).
+    fn start_on(
+        node: &Node,
+        cert_name: &str,
+        coordinators: &[String],
+        lease_ms: u64,
+        runtime: &str,
+    ) -> Agent {
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -116,7 +129,7 @@ impl Agent {
                 "--state-dir",
                 node.state.to_str().unwrap(),
                 "--runtime",
-                "process",
+                runtime,
                 "--simulated-gpus",
                 "2xa10g",
                 "--lease-ms",
@@ -488,6 +501,37 @@ async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
     );
 }
 
+/// Kills `agent` outright and waits for job `job`'s watchdog to send its checkpoint signal
+/// (the job records it in `signals`), which must come once the lease has run out and within
+/// the watchdog's slack and poll (plus `slack_ms`). When it was killed, how long the signal
+/// took, and the `signals` file.
+async fn kill_and_await_the_watchdogs_signal(
+    agent: &mut Agent,
+    node: &Node,
+    job: u64,
+    lease_ms: u64,
+    slack_ms: u64,
+) -> (Instant, Duration, PathBuf) {
+    agent.kill();
+    let killed_at = Instant::now();
+    let watchdog_ms = WATCHDOG_SLACK_MS + WATCHDOG_POLL_S * 1_000;
+    let signals = node.checkpoint_dir(job).join("signals");
+    wait_until("the watchdog sends the checkpoint signal", || {
+        signals.exists()
+    })
+    .await;
+    let signalled = killed_at.elapsed();
+    assert!(
+        signalled >= Duration::from_millis(lease_ms - 2 * HEARTBEAT_MS),
+        "the job was signalled before the lease ran out: {signalled:?}"
+    );
+    assert!(
+        signalled <= Duration::from_millis(lease_ms + watchdog_ms + slack_ms),
+        "the job was signalled only after {signalled:?}"
+    );
+    (killed_at, signalled, signals)
+}
+
 /// An agent killed outright (SIGKILL, no restart) cannot fence itself: its job's wrapper gets
 /// the job its checkpoint signal once the agent's lease file has not been renewed for the
 /// lease, and kills it after the grace period, recording exit code 137.
@@ -509,23 +553,9 @@ async fn agent_killed_outright_leaves_no_job_running_past_its_lease() {
     .await;
 
     // --- the agent dies without a word; nothing restarts it
-    agent.kill();
-    let killed_at = Instant::now();
+    let (killed_at, signalled, signals) =
+        kill_and_await_the_watchdogs_signal(&mut agent, &node, 13, LEASE_MS, SLACK_MS).await;
     let watchdog_ms = WATCHDOG_SLACK_MS + WATCHDOG_POLL_S * 1_000;
-    let signals = node.checkpoint_dir(13).join("signals");
-    wait_until("the wrapper sends the checkpoint signal", || {
-        signals.exists()
-    })
-    .await;
-    let signalled = killed_at.elapsed();
-    assert!(
-        signalled >= Duration::from_millis(LEASE_MS - 2 * HEARTBEAT_MS),
-        "the job was signalled before the lease ran out: {signalled:?}"
-    );
-    assert!(
-        signalled <= Duration::from_millis(LEASE_MS + watchdog_ms + SLACK_MS),
-        "the job was signalled only after {signalled:?}"
-    );
     wait_until("the job is gone", || !job_pid_alive(&node.state, 13)).await;
     let gone = killed_at.elapsed();
     assert!(
@@ -551,6 +581,61 @@ async fn agent_killed_outright_leaves_no_job_running_past_its_lease() {
         "one checkpoint signal"
     );
     assert_eq!(node.starts(13), 1);
+}
+
+/// On the Docker runtime too: an agent killed outright leaves its container to the container's
+/// watchdog process, which gets the job its checkpoint signal once the lease file has not been
+/// renewed for the lease and kills it after the grace period (Docker reports 137).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_outright_leaves_no_container_running_past_its_lease() {
+    const LEASE_MS: u64 = 1_500;
+    /// Slack for process start-up, Docker API calls and a loaded test machine.
+    const SLACK_MS: u64 = 2_500;
+    const JOB: u64 = 16;
+    if let Err(why) = docker::ensure_image() {
+        docker::unavailable(why);
+        return;
+    }
+    let container = format!("quotient-{NODE}-j-{JOB}-1");
+    let _containers = docker::RemoveContainers(vec![format!("name={container}")]);
+    drop(docker::RemoveContainers(vec![format!("name={container}")]));
+    let node = Node::new();
+    let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
+    let mut stubborn = allocation(NODE, JOB, vec![0], WireIntent::Run);
+    stubborn.spec = job_spec(Some(docker::IMAGE), shell(STUBBORN_JOB));
+    leader.set_desired(desired(1, 1, vec![stubborn]));
+    let mut agent = Agent::start_on(&node, NODE, &[leader.address()], LEASE_MS, "docker");
+    wait_until("the job is reported running", || {
+        reported(&leader, JOB, WireJobEvent::Running)
+    })
+    .await;
+    let running = || {
+        Command::new("docker")
+            .args(["inspect", "--format", "{{.State.Running}}", &container])
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "true")
+    };
+    assert!(running(), "the container runs");
+
+    let (killed_at, signalled, signals) =
+        kill_and_await_the_watchdogs_signal(&mut agent, &node, JOB, LEASE_MS, SLACK_MS).await;
+    wait_until("the container is gone", || !running()).await;
+    let gone = killed_at.elapsed();
+    assert!(
+        gone >= signalled + Duration::from_millis(SHORT_GRACE_MS),
+        "the container was killed before its grace period ran out: {gone:?} after {signalled:?}"
+    );
+    let exit = Command::new("docker")
+        .args(["inspect", "--format", "{{.State.ExitCode}}", &container])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&exit.stdout).trim(), "137");
+    assert_eq!(
+        std::fs::read_to_string(&signals).unwrap().lines().count(),
+        1,
+        "one checkpoint signal"
+    );
+    assert_eq!(node.starts(JOB), 1);
 }
 
 /// An agent killed outright and restarted within its lease renews the lease file on

@@ -1,7 +1,8 @@
 //! The Docker runtime against the real daemon, with an image built offline by
 //! `tests/docker/build-test-image.sh` (busybox-static, `docker import`): environment and GPUs,
-//! the checkpoint signal, preemption (trapped and ignored signals), exit codes, and
-//! re-adoption by label after a restart without touching other containers.
+//! the checkpoint signal, preemption (trapped and ignored signals), exit codes,
+//! re-adoption by label after a restart without touching other containers, and the orphan
+//! watchdog.
 //!
 //! Without a reachable daemon these tests fail when `CI=true` (they must never be skipped
 //! there) and otherwise skip with a loud message.
@@ -9,19 +10,21 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::process::Command;
 use std::time::Instant;
 
 use quotient_agent::executor::Executor;
+use quotient_agent::lease::{boot_time_ms, LEASE_FILE};
 use quotient_agent::reconcile::Intent;
-use quotient_agent::runtime::docker::{DockerRuntime, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE};
+use quotient_agent::runtime::docker::{
+    watchdog_lock, watchdog_log, DockerRuntime, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE, WATCHDOGS_DIR,
+};
+use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use quotient_agent::runtime::{JobStatus, Runtime};
 use quotient_common::{JobId, Signal};
 use quotient_core::JobEvent;
+use support::docker::{ensure_image, unavailable, RemoveContainers, IMAGE};
 use support::*;
-
-const IMAGE: &str = "quotient-test-busybox:latest";
 
 /// A script that checkpoints on SIGUSR1: writes a file, then exits 0.
 const TRAPPING_JOB: &str = r#"trap 'echo checkpointed > "$QUOTIENT_CHECKPOINT_DIR/checkpoint"; exit 0' USR1
@@ -30,83 +33,6 @@ while :; do sleep 0.05; done"#;
 /// A script with no handler for its checkpoint signal: as PID 1 of the container it ignores it.
 const IGNORING_JOB: &str = r#"echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
 while :; do sleep 0.05; done"#;
-
-/// Serialises building the test image across the tests of this binary.
-static IMAGE_BUILD: Mutex<()> = Mutex::new(());
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| value == "true" || value == "1")
-}
-
-/// Fails in CI, skips loudly elsewhere.
-fn unavailable(why: String) {
-    if in_ci() {
-        panic!("Docker tests cannot run in CI: {why}");
-    }
-    eprintln!(
-        "\n!!!!!!!! SKIPPING a Docker runtime test: {why}\n!!!!!!!! (with CI=true this fails)\n"
-    );
-}
-
-fn ensure_image() -> Result<(), String> {
-    let _guard = IMAGE_BUILD
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let present = Command::new("docker")
-        .args(["image", "inspect", IMAGE])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|error| format!("cannot run the docker CLI: {error}"))?
-        .success();
-    if present {
-        return Ok(());
-    }
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/docker/build-test-image.sh"
-    );
-    let output = Command::new("bash")
-        .arg(script)
-        .output()
-        .map_err(|error| format!("cannot run {script}: {error}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{script} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ))
-    }
-}
-
-/// Removes every container of a test's node when the test ends, pass or fail.
-struct RemoveContainers(Vec<String>);
-
-impl Drop for RemoveContainers {
-    fn drop(&mut self) {
-        for filter in &self.0 {
-            let Ok(output) = Command::new("docker")
-                .args(["ps", "-aq", "--filter", filter])
-                .output()
-            else {
-                continue;
-            };
-            let ids: Vec<String> = String::from_utf8_lossy(&output.stdout)
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            if !ids.is_empty() {
-                let _ = Command::new("docker")
-                    .args(["rm", "-f"])
-                    .args(&ids)
-                    .stdout(Stdio::null())
-                    .status();
-            }
-        }
-    }
-}
 
 /// A runtime for a node name unique to this test, or `None` (skip) outside CI.
 async fn runtime_for(test: &str) -> Option<(DockerRuntime, String, RemoveContainers)> {
@@ -401,4 +327,91 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&running.stdout).trim(), "true");
+}
+
+/// With the orphan watchdog (the `quotient-agent` binary, as the agent starts it), a container
+/// under a live lease runs on untouched; once the agent's lease file runs out, with no agent
+/// around, the watchdog sends a trapping job its checkpoint signal (it checkpoints and exits
+/// 0) and kills a job that ignores it after its grace period. A second watchdog for the same
+/// container (a restarted agent adopting it) exits at once, and a watchdog that had nothing to
+/// do leaves no files behind.
+#[tokio::test]
+async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() {
+    let Some((runtime, node, _cleanup)) = runtime_for("watchdog").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let lease_file = state.path().join(LEASE_FILE);
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_quotient-agent"));
+    let runtime = runtime.with_orphan_watchdog(agent, &lease_file, state.path());
+    let watchdogs = state.path().join(WATCHDOGS_DIR);
+
+    let quick = launch(state.path(), 51, 1, Some(IMAGE), shell("sleep 0.2; exit 3"));
+    let handle = runtime.start(&quick).await.unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(
+        code,
+        Some(Some(3)),
+        "a live lease leaves the exit code alone"
+    );
+    let quick_log = watchdog_log(&watchdogs, &handle.id);
+    wait_for("the quick job's watchdog to clean up after itself", || {
+        let gone = !quick_log.exists() && !watchdog_lock(&watchdogs, &handle.id).exists();
+        async move { gone.then_some(()) }
+    })
+    .await;
+
+    let trapping = launch(state.path(), 52, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let trapping_handle = runtime.start(&trapping).await.unwrap();
+    let ignoring = launch(state.path(), 53, 1, Some(IMAGE), shell(IGNORING_JOB));
+    let ignoring_handle = runtime.start(&ignoring).await.unwrap();
+    wait_ready(&trapping.checkpoint_dir).await;
+    wait_ready(&ignoring.checkpoint_dir).await;
+    // Adopting both again starts no second watchdog that acts: it finds the lock taken.
+    let adopting = DockerRuntime::connect(&node, false)
+        .await
+        .unwrap()
+        .with_orphan_watchdog(agent, &lease_file, state.path());
+    assert_eq!(adopting.list_own().await.unwrap().len(), 3);
+    tokio::time::sleep(std::time::Duration::from_millis(
+        WATCHDOG_SLACK_MS + 2 * WATCHDOG_POLL_S * 1_000,
+    ))
+    .await;
+    for handle in [&trapping_handle, &ignoring_handle] {
+        assert_eq!(
+            runtime.status(handle).await.unwrap(),
+            JobStatus::Running,
+            "a live lease leaves the container alone"
+        );
+    }
+
+    let expired_at = Instant::now();
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms.saturating_sub(1))).unwrap();
+    let checkpoint = trapping.checkpoint_dir.join("checkpoint");
+    wait_for("the watchdog sends the checkpoint signal", || {
+        let exists = checkpoint.exists();
+        async move { exists.then_some(()) }
+    })
+    .await;
+    let took = expired_at.elapsed();
+    assert!(
+        took.as_millis() as u64 <= WATCHDOG_SLACK_MS + WATCHDOG_POLL_S * 1_000 + 2_500,
+        "signalled only after {took:?}"
+    );
+    let code = runtime.wait(&trapping_handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(
+        code,
+        Some(Some(0)),
+        "the job's own exit after its checkpoint"
+    );
+    let code = runtime.wait(&ignoring_handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(137)), "killed after its grace period");
+    let log = std::fs::read_to_string(watchdog_log(&watchdogs, &ignoring_handle.id)).unwrap();
+    assert!(log.contains("the agent's lease ran out"), "{log}");
+    assert!(log.contains("grace period over"), "{log}");
+    let signals = log.matches("stopping the container").count();
+    assert_eq!(signals, 1, "one watchdog acted, not two:\n{log}");
 }

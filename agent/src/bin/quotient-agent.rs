@@ -8,11 +8,16 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use quotient_agent::config::{
-    node_name, AgentCommand, AgentFlags, InventoryFlags, OutputFormat, RunFlags,
+    node_name, AgentCommand, AgentFlags, ContainerWatchdogFlags, InventoryFlags, OutputFormat,
+    RunFlags,
 };
 use quotient_agent::gpu::nvml::NvmlBackend;
 use quotient_agent::gpu::simulated::SimulatedBackend;
 use quotient_agent::gpu::{DeviceStatus, GpuBackend};
+use quotient_agent::runtime::docker::{
+    connect_docker, watch_container, watchdog_lock, watchdog_log, WatchEnd,
+};
+use quotient_common::Signal;
 use tracing_subscriber::EnvFilter;
 
 fn main() {
@@ -25,12 +30,68 @@ fn main() {
     let result = match flags.command {
         Some(AgentCommand::Inventory(inventory)) => print_inventory(inventory),
         Some(AgentCommand::Run(run_flags)) => run(*run_flags),
+        Some(AgentCommand::ContainerWatchdog(watchdog)) => container_watchdog(watchdog),
         None => run(flags.run),
     };
     if let Err(error) = result {
         eprintln!("quotient-agent: {error:#}");
         std::process::exit(1);
     }
+}
+
+/// Watches one container (see `quotient_agent::runtime::docker`): exits at once when another
+/// watchdog holds the container's lock.
+fn container_watchdog(flags: ContainerWatchdogFlags) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let signal = Signal::parse(&flags.signal).context("invalid --signal")?;
+    if flags.container.is_empty()
+        || !flags
+            .container
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        anyhow::bail!(
+            "--container {:?} is not a container id or name",
+            flags.container
+        );
+    }
+    std::fs::create_dir_all(&flags.dir)
+        .with_context(|| format!("cannot create {}", flags.dir.display()))?;
+    let lock_path = watchdog_lock(&flags.dir, &flags.container);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    // SAFETY: flock on a descriptor this process owns; it is released when the process ends.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // Another watchdog watches this container.
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let end = runtime.block_on(async {
+        let docker = connect_docker().await?;
+        anyhow::Ok(
+            watch_container(
+                &docker,
+                &flags.container,
+                &flags.lease_file,
+                signal,
+                flags.grace_period_ms,
+            )
+            .await,
+        )
+    })?;
+    let _ = std::fs::remove_file(&lock_path);
+    if end == WatchEnd::Gone {
+        // Nothing happened worth keeping.
+        let _ = std::fs::remove_file(watchdog_log(&flags.dir, &flags.container));
+    }
+    Ok(())
 }
 
 fn init_tracing(json: bool) {

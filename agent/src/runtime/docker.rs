@@ -14,9 +14,29 @@
 //! The signal goes to the container's main process (PID 1 in its namespace). Like any PID 1, it
 //! ignores signals it has no handler for, so a job that does not trap its checkpoint signal is
 //! killed when the grace period ends, exactly as a process job that ignores it.
+//!
+//! # The orphan watchdog
+//! A container outlives its agent on purpose (a restarted agent re-adopts it by label), but
+//! not its agent's lease, for the reason the process runtime gives (`super::process`). With
+//! [`DockerRuntime::with_orphan_watchdog`] (the agent always sets it) every container gets a
+//! watchdog process on the host, `quotient-agent container-watchdog`, started in its own
+//! process group so that it outlives a killed agent. It holds an exclusive `flock` on
+//! `<state_dir>/watchdogs/<container id>.lock` (a second one for the same container exits at
+//! once, so a restarted agent simply starts one for every running container it finds) and,
+//! every [`WATCHDOG_POLL_S`] second, reads the agent's lease file ([`crate::lease`]) and asks
+//! the daemon whether the container still runs. It ends when the container does. Once the
+//! lease's expiry is [`WATCHDOG_SLACK_MS`] behind it sends the checkpoint signal (not when the
+//! file says `fencing`: the agent sent it already), waits the grace period and kills the
+//! container, exactly as the process runtime's watchdog does, and leaves what it did in
+//! `<state_dir>/watchdogs/<container id>.log` (removed when it had nothing to do). A missing or
+//! unreadable lease file keeps the last expiry read (none yet: expired, fail closed), and a
+//! daemon that does not answer is asked again at the next poll.
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use bollard::container::{
     Config, CreateContainerOptions, KillContainerOptions, ListContainersOptions, LogsOptions,
@@ -28,10 +48,12 @@ use bollard::Docker;
 use futures_util::StreamExt;
 use quotient_common::{JobId, Signal};
 
+use super::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use super::{
     job_environment, FoundJob, GpuNumbering, JobHandle, JobStatus, LaunchSpec, Runtime,
     RuntimeError, LOG_READ_BYTES_MAX,
 };
+use crate::lease::{boot_time_ms, read_lease_file};
 
 /// The deadline of every call to the Docker daemon.
 pub const DOCKER_CALL_TIMEOUT_S: u64 = 30;
@@ -46,38 +68,126 @@ pub const LABEL_NODE: &str = "quotient.node";
 pub const LABEL_CHECKPOINT_SIGNAL: &str = "quotient.checkpoint-signal";
 pub const LABEL_GRACE_PERIOD_MS: &str = "quotient.grace-period-ms";
 
+/// The subcommand of `quotient-agent` that watches one container.
+pub const WATCHDOG_SUBCOMMAND: &str = "container-watchdog";
+/// The folder under the state dir with the watchdogs' lock and log files.
+pub const WATCHDOGS_DIR: &str = "watchdogs";
+
 /// Runs jobs as Docker containers.
 pub struct DockerRuntime {
     docker: Docker,
     node: String,
     /// Ask the nvidia driver for the job's GPUs (real GPUs only).
     gpu_device_requests: bool,
+    watchdog: Option<WatchdogSetup>,
+    /// Containers this agent started a watchdog for.
+    watched: Mutex<BTreeSet<String>>,
+}
+
+/// How the agent starts a container's watchdog.
+#[derive(Debug, Clone)]
+struct WatchdogSetup {
+    /// The `quotient-agent` binary.
+    program: PathBuf,
+    lease_file: PathBuf,
+    /// `<state_dir>/watchdogs`.
+    dir: PathBuf,
+}
+
+/// Connects to the local daemon (`DOCKER_HOST` or the default socket), agrees on an API
+/// version (daemons older than bollard's default refuse it otherwise) and checks that the
+/// daemon answers.
+pub async fn connect_docker() -> Result<Docker, RuntimeError> {
+    let docker = Docker::connect_with_local_defaults()
+        .map_err(|error| docker_error("connect", error))?
+        .with_timeout(Duration::from_secs(DOCKER_CALL_TIMEOUT_S));
+    let docker = docker
+        .negotiate_version()
+        .await
+        .map_err(|error| docker_error("negotiate the API version", error))?;
+    docker
+        .ping()
+        .await
+        .map_err(|error| docker_error("ping", error))?;
+    Ok(docker)
 }
 
 impl DockerRuntime {
-    /// Connects to the local daemon (`DOCKER_HOST` or the default socket), agrees on an API
-    /// version (daemons older than bollard's default refuse it otherwise) and checks that the
-    /// daemon answers.
+    /// A runtime for node `node` on the local daemon ([`connect_docker`]).
     pub async fn connect(
         node: &str,
         gpu_device_requests: bool,
     ) -> Result<DockerRuntime, RuntimeError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(|error| docker_error("connect", error))?
-            .with_timeout(Duration::from_secs(DOCKER_CALL_TIMEOUT_S));
-        let docker = docker
-            .negotiate_version()
-            .await
-            .map_err(|error| docker_error("negotiate the API version", error))?;
-        docker
-            .ping()
-            .await
-            .map_err(|error| docker_error("ping", error))?;
         Ok(DockerRuntime {
-            docker,
+            docker: connect_docker().await?,
             node: node.to_string(),
             gpu_device_requests,
+            watchdog: None,
+            watched: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// Gives every container an orphan watchdog (see the module docs): `program` is the
+    /// `quotient-agent` binary, `lease_file` the agent's lease file, `state_dir` its state dir.
+    pub fn with_orphan_watchdog(
+        mut self,
+        program: &Path,
+        lease_file: &Path,
+        state_dir: &Path,
+    ) -> DockerRuntime {
+        self.watchdog = Some(WatchdogSetup {
+            program: program.to_path_buf(),
+            lease_file: lease_file.to_path_buf(),
+            dir: state_dir.join(WATCHDOGS_DIR),
+        });
+        self
+    }
+
+    /// Starts the watchdog of container `id` unless this agent started one already; one that
+    /// an earlier agent started keeps the lock, and the new one exits.
+    fn watch(&self, id: &str, signal: Signal, grace_period_ms: u64) {
+        let Some(setup) = &self.watchdog else {
+            return;
+        };
+        if !self
+            .watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_string())
+        {
+            return;
+        }
+        let started = std::fs::create_dir_all(&setup.dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(watchdog_log(&setup.dir, id))
+            })
+            .and_then(|log| {
+                tokio::process::Command::new(&setup.program)
+                    .arg(WATCHDOG_SUBCOMMAND)
+                    .arg("--container")
+                    .arg(id)
+                    .arg("--lease-file")
+                    .arg(&setup.lease_file)
+                    .arg("--dir")
+                    .arg(&setup.dir)
+                    .arg("--signal")
+                    .arg(signal.name())
+                    .arg("--grace-period-ms")
+                    .arg(grace_period_ms.to_string())
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    // Its own group: a signal to the agent's group does not reach it.
+                    .process_group(0)
+                    .spawn()
+            });
+        // A dropped child is reaped by tokio once it exits.
+        if let Err(error) = started {
+            tracing::error!(container = %id, error = %error, program = %setup.program.display(), "could not start the container's orphan watchdog; it runs without one");
+        }
     }
 
     /// The container name of one attempt on this node.
@@ -202,6 +312,7 @@ impl Runtime for DockerRuntime {
             return Err(docker_error("start container", error));
         }
         tracing::info!(job = %spec.job, attempt = spec.attempt, container = %name, "started container job");
+        self.watch(&created.id, spec.checkpoint_signal, spec.grace_period_ms);
         Ok(JobHandle {
             job: spec.job,
             attempt: spec.attempt,
@@ -270,17 +381,22 @@ impl Runtime for DockerRuntime {
             }
             let handle = JobHandle { job, attempt, id };
             let status = self.status(&handle).await?;
+            let checkpoint_signal = labels
+                .get(LABEL_CHECKPOINT_SIGNAL)
+                .and_then(|name| Signal::parse(name).ok())
+                .unwrap_or(Signal::Sigterm);
+            let grace_period_ms = labels
+                .get(LABEL_GRACE_PERIOD_MS)
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or(quotient_common::job::GRACE_PERIOD_DEFAULT_MS);
+            if status == JobStatus::Running {
+                self.watch(&handle.id, checkpoint_signal, grace_period_ms);
+            }
             found.push(FoundJob {
                 handle,
                 status,
-                checkpoint_signal: labels
-                    .get(LABEL_CHECKPOINT_SIGNAL)
-                    .and_then(|name| Signal::parse(name).ok())
-                    .unwrap_or(Signal::Sigterm),
-                grace_period_ms: labels
-                    .get(LABEL_GRACE_PERIOD_MS)
-                    .and_then(|ms| ms.parse().ok())
-                    .unwrap_or(quotient_common::job::GRACE_PERIOD_DEFAULT_MS),
+                checkpoint_signal,
+                grace_period_ms,
             });
         }
         found.sort_by(|a, b| a.handle.cmp(&b.handle));
@@ -302,7 +418,13 @@ impl Runtime for DockerRuntime {
             Ok(())
             | Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => Ok(()),
+            }) => {
+                self.watched
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&handle.id);
+                Ok(())
+            }
             Err(error) => Err(docker_error("remove container", error)),
         }
     }
@@ -328,6 +450,93 @@ impl Runtime for DockerRuntime {
             }
         }
         Ok(text)
+    }
+}
+
+/// The log file of container `id`'s watchdog in `dir`.
+pub fn watchdog_log(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.log"))
+}
+
+/// The lock file of container `id`'s watchdog in `dir`.
+pub fn watchdog_lock(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.lock"))
+}
+
+/// How a container's watchdog ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEnd {
+    /// The container stopped (or was removed) under a live lease.
+    Gone,
+    /// The lease ran out: the watchdog stopped the container; `killed` when the grace period
+    /// ran out first.
+    Stopped { killed: bool },
+}
+
+/// Whether container `id` runs: `None` when the daemon does not say.
+async fn container_running(docker: &Docker, id: &str) -> Option<bool> {
+    match docker.inspect_container(id, None).await {
+        Ok(inspected) => Some(inspected.state.and_then(|s| s.running) == Some(true)),
+        Err(DockerError::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Some(false),
+        Err(error) => {
+            tracing::warn!(container = %id, error = %error, "the Docker daemon did not say whether the container runs; asking again");
+            None
+        }
+    }
+}
+
+/// Watches container `id` against the agent's lease file until the container ends, or stops
+/// it once the lease has run out (see the module docs).
+pub async fn watch_container(
+    docker: &Docker,
+    id: &str,
+    lease_file: &Path,
+    signal: Signal,
+    grace_period_ms: u64,
+) -> WatchEnd {
+    let poll = Duration::from_secs(WATCHDOG_POLL_S);
+    let (mut expiry, mut fencing) = (0, false);
+    let now = loop {
+        if container_running(docker, id).await == Some(false) {
+            return WatchEnd::Gone;
+        }
+        if let Some(read) = read_lease_file(lease_file) {
+            (expiry, fencing) = read;
+        }
+        match boot_time_ms() {
+            Some(now) if now > expiry.saturating_add(WATCHDOG_SLACK_MS) => break now,
+            Some(_) => {}
+            None => tracing::error!("the boot clock is unreadable; the lease cannot be checked"),
+        }
+        tokio::time::sleep(poll).await;
+    };
+    tracing::warn!(container = %id, expiry_ms = expiry, now_ms = now, "the agent's lease ran out; stopping the container");
+    let send = |signal: &'static str| async move {
+        let options = KillContainerOptions { signal };
+        if let Err(error) = docker.kill_container(id, Some(options)).await {
+            tracing::warn!(container = %id, signal, error = %error, "could not signal the container");
+        }
+    };
+    if !fencing {
+        send(signal.name()).await;
+    }
+    let end = Instant::now() + Duration::from_millis(grace_period_ms);
+    while Instant::now() < end {
+        if container_running(docker, id).await == Some(false) {
+            tracing::warn!(container = %id, "the container stopped within its grace period");
+            return WatchEnd::Stopped { killed: false };
+        }
+        tokio::time::sleep(poll.min(end.saturating_duration_since(Instant::now()))).await;
+    }
+    tracing::warn!(container = %id, "grace period over; killing the container");
+    loop {
+        send("SIGKILL").await;
+        if container_running(docker, id).await == Some(false) {
+            return WatchEnd::Stopped { killed: true };
+        }
+        tokio::time::sleep(poll).await;
     }
 }
 

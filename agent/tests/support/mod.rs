@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod docker;
 pub mod fake_leader;
 
 use std::collections::{BTreeMap, BTreeSet};
