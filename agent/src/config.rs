@@ -43,7 +43,7 @@ pub enum AgentCommand {
     Run(Box<RunFlags>),
     /// Watch one container against the agent's lease (the agent starts this itself; see
     /// `runtime::docker`).
-    #[command(name = "container-watchdog", hide = true)]
+    #[command(name = crate::runtime::docker::WATCHDOG_SUBCOMMAND, hide = true)]
     ContainerWatchdog(ContainerWatchdogFlags),
 }
 

@@ -468,9 +468,9 @@ pub fn watchdog_lock(dir: &Path, id: &str) -> PathBuf {
 pub enum WatchEnd {
     /// The container stopped (or was removed) under a live lease.
     Gone,
-    /// The lease ran out: the watchdog stopped the container; `killed` when the grace period
-    /// ran out first.
-    Stopped { killed: bool },
+    /// The lease ran out: the watchdog stopped the container (its log says whether the
+    /// container exited within its grace period or was killed).
+    Stopped,
 }
 
 /// Whether container `id` runs: `None` when the daemon does not say.
@@ -526,7 +526,7 @@ pub async fn watch_container(
     while Instant::now() < end {
         if container_running(docker, id).await == Some(false) {
             tracing::warn!(container = %id, "the container stopped within its grace period");
-            return WatchEnd::Stopped { killed: false };
+            return WatchEnd::Stopped;
         }
         tokio::time::sleep(poll.min(end.saturating_duration_since(Instant::now()))).await;
     }
@@ -534,7 +534,7 @@ pub async fn watch_container(
     loop {
         send("SIGKILL").await;
         if container_running(docker, id).await == Some(false) {
-            return WatchEnd::Stopped { killed: true };
+            return WatchEnd::Stopped;
         }
         tokio::time::sleep(poll).await;
     }
