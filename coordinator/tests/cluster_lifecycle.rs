@@ -169,7 +169,7 @@ async fn a_coordinator_joins_as_learner_then_voter_and_can_be_removed() {
     let added = admin
         .call(ApiRequest::AddMember {
             id: 4,
-            address: cluster.address(4),
+            address: cluster.advertised_address(4),
         })
         .await;
     assert!(matches!(added, Ok(ApiResponse::Done)), "{added:?}");

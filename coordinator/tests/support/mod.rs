@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
+pub mod fault_proxy;
 pub mod no_network;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,6 +20,8 @@ use quotient_common::certs::{self, Role};
 use quotient_common::tls::TlsFiles;
 use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
 use quotient_coordinator::ApiClient;
+
+use fault_proxy::{udp_ports_of, FaultProxy};
 
 /// How long a cluster may take to elect a leader or converge, on a slow CI machine.
 pub const CONVERGE: Duration = Duration::from_secs(60);
@@ -72,7 +75,11 @@ pub fn free_ports(count: usize) -> Vec<u16> {
 
 /// One coordinator process.
 struct Member {
+    /// Where the other coordinators know it (its entry in `--peers`).
     address: String,
+    /// Where it listens, and where the tests' clients reach it: its `address` too, unless
+    /// the cluster runs behind fault proxies.
+    listen: String,
     data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -88,6 +95,8 @@ pub struct Cluster {
     /// The ids that bootstrap the cluster; the others join later with `AddMember`.
     initial: u64,
     extra_args: Vec<String>,
+    /// The relay in front of each coordinator, when the cluster was started behind them.
+    proxies: BTreeMap<u64, FaultProxy>,
 }
 
 impl Cluster {
@@ -100,6 +109,38 @@ impl Cluster {
     /// cluster; start the others with [`Cluster::start_member`] and add them with
     /// `ApiRequest::AddMember`.
     pub fn start_partial(size: u64, initial: u64, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Cluster::prepare(size, initial, extra_args);
+        cluster.start_initial();
+        cluster
+    }
+
+    /// Starts `size` coordinators, each advertised to the others at its own
+    /// [`FaultProxy`], so that [`Cluster::isolate`] can cut one off.
+    pub async fn start_behind_proxies(size: u64, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Cluster::prepare(size, size, extra_args);
+        for (id, member) in cluster.members.iter_mut() {
+            let target = member.listen.parse().expect("a loopback address");
+            let proxy = FaultProxy::start(target).await;
+            member.address = proxy.address().to_string();
+            cluster.proxies.insert(*id, proxy);
+        }
+        cluster.start_initial();
+        cluster
+    }
+
+    fn start_initial(&mut self) {
+        for id in 1..=self.initial {
+            self.start_member(id);
+        }
+        eprintln!(
+            "cluster of {} under {}",
+            self.members.len(),
+            self.root.path().display()
+        );
+    }
+
+    /// The cluster's directories and addresses; starts nothing.
+    fn prepare(size: u64, initial: u64, extra_args: &[&str]) -> Cluster {
         let root = tempfile::tempdir().expect("a temporary directory");
         let certs = Certs::create(root.path());
         let ports = free_ports(size as usize);
@@ -110,6 +151,7 @@ impl Cluster {
                     id,
                     Member {
                         address: format!("127.0.0.1:{port}"),
+                        listen: format!("127.0.0.1:{port}"),
                         data_dir: root.path().join(format!("data-{id}")),
                         log: root.path().join(format!("coord-{id}.log")),
                         child: None,
@@ -118,18 +160,14 @@ impl Cluster {
                 )
             })
             .collect();
-        let mut cluster = Cluster {
+        Cluster {
             root,
             certs,
             members,
             initial,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-        };
-        for id in 1..=initial {
-            cluster.start_member(id);
+            proxies: BTreeMap::new(),
         }
-        eprintln!("cluster of {size} under {}", cluster.root.path().display());
-        cluster
     }
 
     /// The initial members, plus `id` itself when it joins later.
@@ -160,7 +198,7 @@ impl Cluster {
             .arg("--id")
             .arg(id.to_string())
             .arg("--listen")
-            .arg(&member.address)
+            .arg(&member.listen)
             .arg("--data-dir")
             .arg(&member.data_dir)
             .arg("--peers")
@@ -190,16 +228,74 @@ impl Cluster {
         }
     }
 
+    /// Where a client reaches coordinator `id` (never through a fault proxy).
     pub fn address(&self, id: u64) -> String {
+        self.members[&id].listen.clone()
+    }
+
+    /// Where the other coordinators reach coordinator `id`.
+    pub fn advertised_address(&self, id: u64) -> String {
         self.members[&id].address.clone()
     }
 
-    /// The addresses of the initial members.
+    /// Cuts coordinator `id` off from every other coordinator, both ways (clients still
+    /// reach it). The cluster must have been started with [`Cluster::start_behind_proxies`].
+    pub fn isolate(&self, id: u64) {
+        let ports = self.proxied_ports(id);
+        for (other, proxy) in &self.proxies {
+            if *other == id {
+                proxy.drop_all();
+            } else {
+                proxy.block_ports(&ports);
+            }
+        }
+    }
+
+    /// A one-way fault: what coordinator `id` sends still reaches the others, but nothing
+    /// from them reaches it, neither answers nor their own requests.
+    pub fn deafen(&self, id: u64) {
+        let ports = self.proxied_ports(id);
+        for (other, proxy) in &self.proxies {
+            if *other == id {
+                proxy.drop_all();
+            } else {
+                proxy.deafen_ports(&ports);
+            }
+        }
+    }
+
+    /// The UDP ports coordinator `id` sends from, which must be behind a proxy.
+    fn proxied_ports(&self, id: u64) -> BTreeSet<u16> {
+        assert!(
+            self.proxies.contains_key(&id),
+            "start the cluster with Cluster::start_behind_proxies to cut a coordinator off"
+        );
+        let pid = self.members[&id]
+            .child
+            .as_ref()
+            .expect("a running coordinator to cut off")
+            .id();
+        let ports = udp_ports_of(pid);
+        assert!(
+            !ports.is_empty(),
+            "coordinator {id} (pid {pid}) holds no UDP socket"
+        );
+        ports
+    }
+
+    /// Ends every partition.
+    pub fn heal(&self) {
+        for proxy in self.proxies.values() {
+            proxy.heal();
+        }
+    }
+
+    /// The client addresses of the initial members.
     pub fn addresses(&self) -> Vec<String> {
         self.members
             .iter()
             .filter(|(id, _)| **id <= self.initial)
-            .map(|(_, m)| m.address.clone())
+            .map(|(_, m)| m.listen.clone())
             .collect()
     }
 

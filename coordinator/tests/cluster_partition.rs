@@ -1,0 +1,179 @@
+//! Network partitions between real coordinator processes on loopback (each behind a UDP relay
+//! that a test can make drop traffic, `support::fault_proxy`): a leader cut off from the
+//! others acknowledges no write and serves no read, the others elect a new leader and go on,
+//! and once the partition heals the old leader drops what it could not commit and holds
+//! exactly the others' state. A one-way fault (the leader's messages arrive, nothing reaches
+//! it) ends the same way: the followers stop hearing it once its connections give up, and
+//! elect another.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::{JobId, JobSpec};
+use quotient_coordinator::ClientError;
+use support::{create_share, job, jobs, submit, Cluster};
+
+/// A call to the cut-off leader gives up after this; longer than one attempt
+/// (`quotient_coordinator::client::ATTEMPT_TIMEOUT_MS`), so a read is tried twice.
+const CALL_TO_THE_CUT_OFF_LEADER: Duration = Duration::from_secs(8);
+
+/// A leader that hears nothing is replaced within this: its connections give up after a few
+/// unanswered RPCs, then the followers' election timeout runs (about 3 s here); QUIC's idle
+/// timeout (`quotient_common::transport::IDLE_TIMEOUT_MS`, 30 s) alone would take longer.
+const DEAF_LEADER_REPLACED_WITHIN: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_their_state() {
+    let cluster = Cluster::start_behind_proxies(3, &[]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    eprintln!("--- coordinator {leader} leads; a share and a job before the partition");
+    create_share(&cluster.admin(), "team").await;
+    let everyone = cluster.client_of("bob", cluster.addresses());
+    let mut acknowledged = vec![submit(&everyone, job("team", 5)).await];
+    cluster.wait_converged(&[1, 2, 3]).await;
+
+    eprintln!("--- coordinator {leader} cut off from {others:?}");
+    cluster.isolate(leader);
+    let old_leader = cluster
+        .client_of("bob", vec![cluster.address(leader)])
+        .with_call_timeout(CALL_TO_THE_CUT_OFF_LEADER);
+    let (write, read) = tokio::join!(
+        old_leader.call(ApiRequest::SubmitJob(unacknowledged_job())),
+        old_leader.call(ApiRequest::ListJobs {
+            share: None,
+            state: None,
+        }),
+    );
+    eprintln!("write to the cut-off leader: {write:?}");
+    eprintln!("read from the cut-off leader: {read:?}");
+    assert!(
+        matches!(write, Err(ClientError::Uncertain(_))),
+        "a leader without a quorum must not acknowledge a write: {write:?}"
+    );
+    assert!(
+        matches!(read, Err(ClientError::Unavailable { .. })),
+        "a leader without a quorum must not serve a linearizable read: {read:?}"
+    );
+    old_leader.close();
+
+    eprintln!("--- the other two elect a leader and take writes");
+    let new_leader = cluster.wait_for_leader(&others).await;
+    assert_ne!(new_leader, leader);
+    let majority = cluster.client_of(
+        "bob",
+        others.iter().map(|id| cluster.address(*id)).collect(),
+    );
+    for priority in [1, 2, 3] {
+        acknowledged.push(submit(&majority, job("team", priority)).await);
+    }
+
+    eprintln!("--- healed: coordinator {leader} rejoins");
+    cluster.heal();
+    let leader_after = cluster.wait_for_leader(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    eprintln!("coordinator {leader_after} leads after the heal");
+    holds_exactly(&cluster, &acknowledged).await;
+
+    eprintln!("--- and the whole cluster takes writes again");
+    acknowledged.push(submit(&everyone, job("team", 4)).await);
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let last = *acknowledged.last().expect("an acknowledged job");
+    match everyone.call(ApiRequest::GetJob { job: last }).await {
+        Ok(ApiResponse::Job(view)) => assert_eq!(view.priority, 4),
+        other => panic!("reading the last job failed: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_can_send_but_not_hear_is_replaced_and_rejoins_with_the_others_state() {
+    // Raft's classic liveness trap: followers that keep receiving a leader's AppendEntries
+    // never start an election, while the leader, hearing no answer, commits nothing.
+    let cluster = Cluster::start_behind_proxies(3, &[]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    create_share(&cluster.admin(), "team").await;
+    let everyone = cluster.client_of("bob", cluster.addresses());
+    let mut acknowledged = vec![submit(&everyone, job("team", 5)).await];
+    cluster.wait_converged(&[1, 2, 3]).await;
+
+    eprintln!("--- coordinator {leader} still reaches {others:?} but hears nothing back");
+    let deafened = Instant::now();
+    cluster.deafen(leader);
+    let new_leader = cluster.wait_for_leader(&others).await;
+    let took = deafened.elapsed();
+    eprintln!("coordinator {new_leader} took over {took:?} after the fault");
+    assert!(
+        took < DEAF_LEADER_REPLACED_WITHIN,
+        "the deaf leader was replaced only after {took:?}: its connections should give up \
+         after a few unanswered RPCs (network::RECONNECT_AFTER_TIMEOUTS), long before QUIC's \
+         idle timeout"
+    );
+    let majority = cluster.client_of(
+        "bob",
+        others.iter().map(|id| cluster.address(*id)).collect(),
+    );
+    acknowledged.push(submit(&majority, job("team", 1)).await);
+    let old_leader = cluster
+        .client_of("bob", vec![cluster.address(leader)])
+        .with_call_timeout(CALL_TO_THE_CUT_OFF_LEADER);
+    let write = old_leader
+        .call(ApiRequest::SubmitJob(unacknowledged_job()))
+        .await;
+    eprintln!("write to the deaf leader: {write:?}");
+    assert!(
+        write.is_err(),
+        "a leader that hears no follower must not acknowledge a write: {write:?}"
+    );
+    old_leader.close();
+    acknowledged.push(submit(&majority, job("team", 2)).await);
+
+    eprintln!("--- healed");
+    cluster.heal();
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    holds_exactly(&cluster, &acknowledged).await;
+    acknowledged.push(submit(&everyone, job("team", 3)).await);
+    cluster.wait_converged(&[1, 2, 3]).await;
+    holds_exactly(&cluster, &acknowledged).await;
+}
+
+/// The name of the job the tests send to a leader that cannot commit.
+const UNACKNOWLEDGED: &str = "sent-to-the-cut-off-leader";
+
+fn unacknowledged_job() -> JobSpec {
+    let mut spec = job("team", 9);
+    spec.name = Some(UNACKNOWLEDGED.to_string());
+    spec
+}
+
+/// Checks that every coordinator, asked alone, holds exactly the `acknowledged` jobs, in
+/// order, and not the one sent to a leader that could not commit it.
+async fn holds_exactly(cluster: &Cluster, acknowledged: &[JobId]) {
+    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
+    for id in cluster.ids() {
+        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
+        let seen = jobs(&alone).await;
+        alone.close();
+        let ids: Vec<String> = seen.iter().map(|job| job.id.clone()).collect();
+        assert_eq!(
+            ids, expected,
+            "coordinator {id} must hold every acknowledged job and nothing else"
+        );
+        assert!(
+            seen.iter()
+                .all(|job| job.name.as_deref() != Some(UNACKNOWLEDGED)),
+            "coordinator {id} applied the write the cut-off leader never committed"
+        );
+    }
+}
