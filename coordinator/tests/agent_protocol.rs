@@ -1,6 +1,7 @@
 //! The agent protocol's coordinator side, against a fake agent speaking `quotient-agent/1`
 //! with an agent certificate: who may speak it, registration, desired state as a long poll,
-//! reports, reclaim through desired state, and node leases.
+//! reports, reclaim through desired state, node leases, and a leader cut off from the others
+//! refusing heartbeats.
 
 mod support;
 
@@ -15,6 +16,8 @@ use quotient_common::api::{ApiRequest, ApiResponse, JobView, NodeView};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::transport::{Client, PeerConnection, ALPN_AGENT};
 use quotient_common::{GpuDevice, JobId, NodeInventory, ShareSpec, ShareState, Strategy};
+use quotient_coordinator::agent_service::LEADER_QUORUM_ACK_MAX_MS;
+use quotient_coordinator::config::AGENT_LEASE_DEFAULT_MS;
 use quotient_coordinator::ApiClient;
 use support::{class, poll_until, Cluster, CONVERGE};
 
@@ -30,9 +33,17 @@ struct FakeAgent {
 impl FakeAgent {
     /// Connects with the certificate of `cert_name` to whichever coordinator leads.
     async fn connect(cluster: &Cluster, cert_name: &str) -> FakeAgent {
+        FakeAgent::connect_among(cluster, cert_name, cluster.addresses()).await
+    }
+
+    /// Connects with the certificate of `cert_name` to whichever of `addresses` leads.
+    async fn connect_among(
+        cluster: &Cluster,
+        cert_name: &str,
+        addresses: Vec<String>,
+    ) -> FakeAgent {
         let tls = TlsIdentity::load(&cluster.certs.files(cert_name)).expect("agent TLS files");
         let client = Client::new(tls);
-        let addresses = cluster.addresses();
         let connection = poll_until("a connection to the leader", CONVERGE, || async {
             for address in &addresses {
                 let Ok(connection) = client.connect_to(address, ALPN_AGENT).await else {
@@ -559,7 +570,7 @@ async fn a_follower_names_the_leader_and_writes_nothing() {
             leader_address,
         }) => {
             assert_eq!(leader_id, Some(leader));
-            assert_eq!(leader_address, Some(cluster.address(leader)));
+            assert_eq!(leader_address, Some(cluster.advertised_address(leader)));
         }
         other => panic!("a follower answered {other:?}"),
     }
@@ -568,6 +579,77 @@ async fn a_follower_names_the_leader_and_writes_nothing() {
     admin.close();
     connection.close();
     client.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_others_stops_answering_heartbeats_and_the_agent_moves_on() {
+    // Proves that a leader without a quorum cannot keep an agent's lease alive (it may already
+    // be deposed, and the new leader counts the node's lease from its own heartbeats): it
+    // refuses heartbeats within about LEADER_QUORUM_ACK_MAX_MS, the agent finds the new
+    // leader, and after the heal the old one names it.
+    let cluster = Cluster::start_behind_proxies(3, &[]).await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    let agent = FakeAgent::connect(&cluster, "node-1").await;
+    agent.register("node-1", 1).await;
+    assert_eq!(
+        agent.heartbeat("node-1", 1).await,
+        AgentResponse::HeartbeatAck
+    );
+
+    eprintln!("--- coordinator {leader} cut off from the others; the agent still reaches it");
+    cluster.isolate(leader);
+    let cut = Instant::now();
+    let refusal = poll_until(
+        "the cut-off leader refusing heartbeats",
+        CONVERGE,
+        || async {
+            match agent.heartbeat("node-1", 1).await {
+                AgentResponse::HeartbeatAck => None,
+                other => Some(other),
+            }
+        },
+    )
+    .await;
+    let took = cut.elapsed();
+    eprintln!("refused after {took:?}: {refusal:?}");
+    assert!(
+        matches!(refusal, AgentResponse::Error(AgentError::Unavailable(_))),
+        "{refusal:?}"
+    );
+    // Well inside the agent's lease, so the agent has time to find the new leader.
+    assert!(
+        took < Duration::from_millis(LEADER_QUORUM_ACK_MAX_MS + AGENT_LEASE_DEFAULT_MS / 4),
+        "the cut-off leader answered heartbeats for {took:?}"
+    );
+
+    eprintln!("--- the agent finds the new leader among {others:?}");
+    let new_leader = cluster.wait_for_leader(&others).await;
+    let moved = FakeAgent::connect_among(
+        &cluster,
+        "node-1",
+        others.iter().map(|id| cluster.address(*id)).collect(),
+    )
+    .await;
+    assert_eq!(
+        moved.heartbeat("node-1", 1).await,
+        AgentResponse::HeartbeatAck
+    );
+
+    eprintln!("--- healed: coordinator {leader} names coordinator {new_leader}");
+    cluster.heal();
+    let after = cluster.wait_for_leader(&[1, 2, 3]).await;
+    match agent.heartbeat("node-1", 1).await {
+        AgentResponse::Error(AgentError::NotLeader { leader_id, .. }) => {
+            assert_eq!(leader_id, Some(after))
+        }
+        AgentResponse::HeartbeatAck => assert_eq!(after, leader, "only a leader answers"),
+        other => panic!("the old leader answered {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
