@@ -33,17 +33,31 @@ struct Rules {
     blocked_ports: BTreeSet<u16>,
     /// Pass on what a sender with one of these ports sends, but drop the answers to it.
     deaf_ports: BTreeSet<u16>,
+    /// Drop this share of the datagrams it would pass, either way, chosen at random.
+    loss_percent: u32,
+    /// The state of the generator that picks the datagrams lost (xorshift64).
+    random: u64,
 }
 
 impl Rules {
     /// Whether a datagram from `sender` is dropped.
-    fn drops_from(&self, sender: SocketAddr) -> bool {
-        self.drop_all || self.blocked_ports.contains(&sender.port())
+    fn drops_from(&mut self, sender: SocketAddr) -> bool {
+        self.drop_all || self.blocked_ports.contains(&sender.port()) || self.loses_one()
     }
 
     /// Whether an answer to `sender` is dropped.
-    fn drops_to(&self, sender: SocketAddr) -> bool {
+    fn drops_to(&mut self, sender: SocketAddr) -> bool {
         self.drops_from(sender) || self.deaf_ports.contains(&sender.port())
+    }
+
+    fn loses_one(&mut self) -> bool {
+        if self.loss_percent == 0 {
+            return false;
+        }
+        self.random ^= self.random << 13;
+        self.random ^= self.random >> 7;
+        self.random ^= self.random << 17;
+        self.random % 100 < u64::from(self.loss_percent)
     }
 }
 
@@ -91,6 +105,14 @@ impl FaultProxy {
     /// Passes on what senders with one of `ports` send, but drops the answers to them.
     pub fn deafen_ports(&self, ports: &BTreeSet<u16>) {
         self.rules().deaf_ports.extend(ports);
+    }
+
+    /// Loses `percent` of the datagrams, chosen at random (the same choices for the same
+    /// `seed` and traffic).
+    pub fn lose(&self, percent: u32, seed: u64) {
+        let mut rules = self.rules();
+        rules.loss_percent = percent.min(100);
+        rules.random = seed | 1;
     }
 
     /// Lets everything through again.

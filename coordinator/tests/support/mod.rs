@@ -283,7 +283,14 @@ impl Cluster {
         ports
     }
 
-    /// Ends every partition.
+    /// Loses `percent` of the datagrams between coordinators, each way, at random.
+    pub fn lose(&self, percent: u32) {
+        for (id, proxy) in &self.proxies {
+            proxy.lose(percent, 0x9e37_79b9_7f4a_7c15 ^ id);
+        }
+    }
+
+    /// Ends every partition and loss.
     pub fn heal(&self) {
         for proxy in self.proxies.values() {
             proxy.heal();
