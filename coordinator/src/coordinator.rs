@@ -52,6 +52,10 @@ pub enum CoordinatorError {
     Raft(String),
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// Raft stopped by itself while serving: a storage write failed, say. Nothing unsynced
+    /// was reported durable; the data directory holds everything synced before.
+    #[error("raft stopped: {0}")]
+    RaftStopped(String),
 }
 
 /// A running coordinator.
@@ -207,6 +211,20 @@ impl Coordinator {
         &self.state_machine
     }
 
+    /// Completes when Raft stops by itself (a fatal error: a storage write failed, say),
+    /// with the reason; never while Raft runs.
+    pub async fn raft_stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped without saying why".to_string();
+            }
+        }
+    }
+
     /// Stops Raft and closes the endpoint.
     pub async fn shutdown(self) {
         tracing::info!(id = self.id, "coordinator shutting down");
@@ -228,14 +246,29 @@ impl Coordinator {
 }
 
 /// Starts a coordinator, serves until `shutdown` completes, then stops it.
+///
+/// If Raft stops by itself first (a log write failed: a full or failing disk), this stops
+/// the rest and returns [`CoordinatorError::RaftStopped`], so that the process exits and its
+/// supervisor sees it, rather than staying up as a member that answers nothing. A write is
+/// never retried after a failed sync, whose outcome on disk is unknown; a restart reads back
+/// what the disk holds.
 pub async fn run(
     config: CoordinatorConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), CoordinatorError> {
     let coordinator = Coordinator::start(config).await?;
-    shutdown.await;
+    let stopped = tokio::select! {
+        () = shutdown => None,
+        reason = coordinator.raft_stopped() => Some(reason),
+    };
+    if let Some(reason) = &stopped {
+        tracing::error!(id = coordinator.id, reason = %reason, "raft stopped; the coordinator exits");
+    }
     coordinator.shutdown().await;
-    Ok(())
+    match stopped {
+        None => Ok(()),
+        Some(reason) => Err(CoordinatorError::RaftStopped(reason)),
+    }
 }
 
 /// Initialises a pristine cluster with its first members. Safe to call on a restart: it does

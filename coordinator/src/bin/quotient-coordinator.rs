@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use quotient_coordinator::config::{parse_peers, AgentTuning, CoordinatorConfig, RaftTuning};
+use quotient_coordinator::CoordinatorError;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc: less CPU per submit than glibc's malloc under load (docs/architecture.md).
@@ -164,12 +165,16 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(config: CoordinatorConfig) -> Result<()> {
-    let id = config.id;
-    quotient_coordinator::run(config, shutdown_signal())
-        .await
-        .with_context(|| format!("coordinator {id} failed"))?;
-    Ok(())
+/// What to do about an error that stopped the coordinator.
+fn hint(error: &CoordinatorError) -> &'static str {
+    match error {
+        CoordinatorError::RaftStopped(_) => {
+            "the coordinator stopped serving because its Raft node did; fix what the error \
+             names (a full or failing disk, say) and start it again: it recovers from its data \
+             directory and catches up from the others"
+        }
+        _ => "check the certificate files, the listen address and the data directory",
+    }
 }
 
 fn main() {
@@ -190,9 +195,10 @@ fn main() {
             std::process::exit(FAILURE_EXIT_CODE);
         }
     };
-    if let Err(error) = runtime.block_on(run(config)) {
-        eprintln!("error: {error:#}");
-        eprintln!("hint: check the certificate files, the listen address and the data directory");
+    let id = config.id;
+    if let Err(error) = runtime.block_on(quotient_coordinator::run(config, shutdown_signal())) {
+        eprintln!("error: coordinator {id} failed: {error}");
+        eprintln!("hint: {}", hint(&error));
         std::process::exit(FAILURE_EXIT_CODE);
     }
 }

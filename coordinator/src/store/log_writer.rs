@@ -583,13 +583,18 @@ fn write_batch<NID: NodeId>(
     mut last_index: Option<u64>,
     mut generation: u64,
 ) -> Result<(Option<u64>, u64, Option<Option<LogId<NID>>>), Arc<str>> {
+    // The log's own errors name their segment file; redb's name nothing, so they get its path.
     let context = |error: &dyn std::fmt::Display| -> Arc<str> {
         format!("raft log store {}: {error}", shared.path.display()).into()
     };
+    let wal_error = |error: &dyn std::fmt::Display| -> Arc<str> { error.to_string().into() };
     let mut records: Vec<Record<'_>> = Vec::new();
     let mut committed = None;
     let flush = |records: &mut Vec<Record<'_>>| -> Result<(), Arc<str>> {
-        shared.wal.write(records).map_err(|error| context(&error))?;
+        shared
+            .wal
+            .write(records)
+            .map_err(|error| wal_error(&error))?;
         records.clear();
         Ok(())
     };
@@ -631,7 +636,7 @@ fn write_batch<NID: NodeId>(
                 flush(&mut records)?;
                 write_meta(&shared.db, &[(KEY_LAST_PURGED, purged)])
                     .map_err(|error| context(&error))?;
-                shared.wal.purge(*upto).map_err(|error| context(&error))?;
+                shared.wal.purge(*upto).map_err(|error| wal_error(&error))?;
                 last_index = last_index.max(Some(*upto));
             }
             Op::Barrier { .. } => {}

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::future::Future;
 use std::net::UdpSocket;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -192,9 +193,20 @@ impl Cluster {
         );
         member.starts += 1;
         let log_path = member.log.with_extension(format!("{}.log", member.starts));
-        let log = File::create(&log_path).expect("a log file");
+        let mut log = File::create(&log_path).expect("a log file");
         let files = TlsFiles::in_dir(&certs_dir, &format!("coord-{id}"));
-        let child = Command::new(BINARY)
+        let mut command = Command::new(BINARY);
+        // SAFETY: between fork and exec the closure calls only `signal`, which is
+        // async-signal-safe, and touches no memory of the parent.
+        unsafe {
+            // A write past a file size limit (`Cluster::limit_file_size`) then fails with
+            // EFBIG, as a full disk fails with ENOSPC, instead of killing the process.
+            command.pre_exec(|| {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let mut child = command
             .arg("--id")
             .arg(id.to_string())
             .arg("--listen")
@@ -213,9 +225,15 @@ impl Cluster {
             .env("RUST_LOG", "info,openraft=warn,quinn=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            // Through a pipe, so that the log is written by this process, under no limit
+            // set on the coordinator's own files.
+            .stderr(Stdio::piped())
             .spawn()
             .expect("the coordinator binary starts");
+        let mut stderr = child.stderr.take().expect("the coordinator's stderr");
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut stderr, &mut log);
+        });
         member.child = Some(child);
     }
 
@@ -226,6 +244,64 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Lets coordinator `id` write no file at or past `bytes` from now on (RLIMIT_FSIZE):
+    /// its next write there fails with EFBIG, as on a full disk.
+    pub fn limit_file_size(&self, id: u64, bytes: u64) {
+        let pid = self.members[&id]
+            .child
+            .as_ref()
+            .expect("a running coordinator")
+            .id();
+        let limit = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: bytes,
+        };
+        // SAFETY: `limit` is a valid rlimit; a null old-limit pointer is allowed.
+        let result = unsafe {
+            libc::prlimit(
+                pid as libc::pid_t,
+                libc::RLIMIT_FSIZE,
+                &limit,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(
+            result,
+            0,
+            "prlimit on coordinator {id}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Waits up to `timeout` for coordinator `id` to exit by itself; its exit status.
+    pub async fn wait_exit(&mut self, id: u64, timeout: Duration) -> std::process::ExitStatus {
+        let member = self.members.get_mut(&id).expect("a member of the cluster");
+        let child = member.child.as_mut().expect("a running coordinator");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("the coordinator's status") {
+                member.child = None;
+                return status;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "coordinator {id} still runs after {timeout:?}"
+            );
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Everything coordinator `id` logged, over all its starts.
+    pub fn log_text(&self, id: u64) -> String {
+        let member = &self.members[&id];
+        (1..=member.starts)
+            .map(|start| {
+                std::fs::read_to_string(member.log.with_extension(format!("{start}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// Where a client reaches coordinator `id` (never through a fault proxy).

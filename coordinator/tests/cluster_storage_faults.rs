@@ -1,0 +1,72 @@
+//! A coordinator whose disk fails under it: its next log write fails (here with EFBIG, through
+//! a file size limit set on the running process, as a full disk fails with ENOSPC), Raft
+//! stops, and the process exits with the reason instead of staying up as a member that
+//! answers nothing; the others go on, and once started again it recovers from its data
+//! directory and catches up.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{create_share, job, jobs, submit, Cluster};
+
+/// How long the failing coordinator may take to exit after its write failed.
+const EXIT_WITHIN: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_whose_log_write_fails_exits_with_the_reason_and_recovers_on_restart() {
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let failing = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    create_share(&cluster.admin(), "team").await;
+    let client = cluster.client_of("bob", cluster.addresses());
+    let mut acknowledged = vec![submit(&client, job("team", 1)).await];
+    cluster.wait_converged(&[1, 2, 3]).await;
+
+    eprintln!("--- coordinator {failing} can write no more than one byte into any file");
+    cluster.limit_file_size(failing, 1);
+    // Its next log write fails; the other two still make a majority.
+    acknowledged.push(submit(&client, job("team", 2)).await);
+    let status = cluster.wait_exit(failing, EXIT_WITHIN).await;
+    eprintln!("coordinator {failing} exited: {status}");
+    assert_eq!(status.code(), Some(1), "{status}");
+    let log = cluster.log_text(failing);
+    for line in log
+        .lines()
+        .filter(|line| line.contains("ERROR") || line.starts_with("error"))
+    {
+        eprintln!("  {line}");
+    }
+    assert!(
+        log.contains("raft stopped") && log.contains("File too large"),
+        "the log must say that Raft stopped and why:\n{log}"
+    );
+    assert!(
+        log.contains("hint: the coordinator stopped serving because its Raft node did"),
+        "the log must say what to do:\n{log}"
+    );
+
+    eprintln!("--- the others keep serving");
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != failing)
+        .collect();
+    acknowledged.push(submit(&client, job("team", 3)).await);
+
+    eprintln!("--- started again, with room to write, it recovers and catches up");
+    cluster.start_member(failing);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
+    for id in [failing].into_iter().chain(others) {
+        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
+        let ids: Vec<String> = jobs(&alone).await.iter().map(|j| j.id.clone()).collect();
+        assert_eq!(ids, expected, "coordinator {id}");
+        alone.close();
+    }
+}
