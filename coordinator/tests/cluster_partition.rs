@@ -5,7 +5,8 @@
 //! exactly the others' state. A one-way fault (the leader's messages arrive, nothing reaches
 //! it) ends the same way: the followers stop hearing it once its connections give up, and
 //! elect another. And with a third of the datagrams between coordinators lost, writes still
-//! commit, and none is lost or applied twice.
+//! commit, and none is lost or applied twice. A leader frozen (SIGSTOP) while the others
+//! elect a new one resumes as a follower, and a write it took before it found out lands once.
 
 mod support;
 
@@ -46,7 +47,7 @@ async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_
         .client_of("bob", vec![cluster.address(leader)])
         .with_call_timeout(CALL_TO_THE_CUT_OFF_LEADER);
     let (write, read) = tokio::join!(
-        old_leader.call(ApiRequest::SubmitJob(unacknowledged_job())),
+        old_leader.call(ApiRequest::SubmitJob(job_sent_to_the_old_leader())),
         old_leader.call(ApiRequest::ListJobs {
             share: None,
             state: None,
@@ -129,7 +130,7 @@ async fn a_leader_that_can_send_but_not_hear_is_replaced_and_rejoins_with_the_ot
         .client_of("bob", vec![cluster.address(leader)])
         .with_call_timeout(CALL_TO_THE_CUT_OFF_LEADER);
     let write = old_leader
-        .call(ApiRequest::SubmitJob(unacknowledged_job()))
+        .call(ApiRequest::SubmitJob(job_sent_to_the_old_leader()))
         .await;
     eprintln!("write to the deaf leader: {write:?}");
     assert!(
@@ -149,12 +150,12 @@ async fn a_leader_that_can_send_but_not_hear_is_replaced_and_rejoins_with_the_ot
     holds_exactly(&cluster, &acknowledged).await;
 }
 
-/// The name of the job the tests send to a leader that cannot commit.
-const UNACKNOWLEDGED: &str = "sent-to-the-cut-off-leader";
+/// The name of the job the tests send to a leader that was cut off or frozen.
+const SENT_TO_THE_OLD_LEADER: &str = "sent-to-the-old-leader";
 
-fn unacknowledged_job() -> JobSpec {
+fn job_sent_to_the_old_leader() -> JobSpec {
     let mut spec = job("team", 9);
-    spec.name = Some(UNACKNOWLEDGED.to_string());
+    spec.name = Some(SENT_TO_THE_OLD_LEADER.to_string());
     spec
 }
 
@@ -173,7 +174,7 @@ async fn holds_exactly(cluster: &Cluster, acknowledged: &[JobId]) {
         );
         assert!(
             seen.iter()
-                .all(|job| job.name.as_deref() != Some(UNACKNOWLEDGED)),
+                .all(|job| job.name.as_deref() != Some(SENT_TO_THE_OLD_LEADER)),
             "coordinator {id} applied the write the cut-off leader never committed"
         );
     }
@@ -214,3 +215,74 @@ async fn writes_commit_through_heavy_datagram_loss_and_none_is_lost_or_doubled()
 const LOSS_PERCENT: u32 = 30;
 /// How many submits it makes through the loss.
 const LOSSY_SUBMITS: u32 = 60;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_resumes_as_a_follower_and_a_write_sent_to_it_lands_once() {
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    create_share(&cluster.admin(), "team").await;
+    let mut acknowledged = vec![
+        submit(
+            &cluster.client_of("bob", cluster.addresses()),
+            job("team", 5),
+        )
+        .await,
+    ];
+    // A connection to the leader, opened before it freezes.
+    let to_frozen = cluster.client_of("bob", vec![cluster.address(leader)]);
+    assert_eq!(jobs(&to_frozen).await.len(), 1);
+
+    eprintln!("--- coordinator {leader} frozen; the others elect a leader and take a write");
+    cluster.pause(leader);
+    let new_leader = cluster.wait_for_leader(&others).await;
+    let majority = cluster.client_of(
+        "bob",
+        others.iter().map(|id| cluster.address(*id)).collect(),
+    );
+    acknowledged.push(submit(&majority, job("team", 1)).await);
+
+    eprintln!("--- a write sent to the frozen coordinator {leader}, which then resumes");
+    let write = tokio::spawn({
+        let to_frozen = to_frozen.clone();
+        async move {
+            to_frozen
+                .call(ApiRequest::SubmitJob(job_sent_to_the_old_leader()))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.resume(leader);
+    let write = write.await.expect("the write task");
+    eprintln!("the write sent to the frozen leader: {write:?}");
+    // It woke up as leader of an old term: the write was either refused before it was
+    // proposed, or proposed and then replaced by the new leader's log; either way it reached
+    // the new leader through a redirect and was applied there, once.
+    let Ok(ApiResponse::JobSubmitted { job: landed, .. }) = write else {
+        panic!("the write should have been redirected to coordinator {new_leader}: {write:?}");
+    };
+    acknowledged.push(landed);
+    let after = cluster.wait_for_leader(&[1, 2, 3]).await;
+    assert_ne!(
+        after, leader,
+        "the frozen leader must come back as a follower"
+    );
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
+    for id in cluster.ids() {
+        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
+        let seen = jobs(&alone).await;
+        alone.close();
+        let ids: Vec<String> = seen.iter().map(|job| job.id.clone()).collect();
+        assert_eq!(ids, expected, "coordinator {id}");
+        let landed_times = seen
+            .iter()
+            .filter(|job| job.name.as_deref() == Some(SENT_TO_THE_OLD_LEADER))
+            .count();
+        assert_eq!(landed_times, 1, "coordinator {id}");
+    }
+}

@@ -275,6 +275,27 @@ impl Cluster {
         );
     }
 
+    /// Freezes coordinator `id` (SIGSTOP), as a long stall of its machine would.
+    pub fn pause(&self, id: u64) {
+        self.signal(id, libc::SIGSTOP);
+    }
+
+    /// Lets a paused coordinator `id` run again (SIGCONT).
+    pub fn resume(&self, id: u64) {
+        self.signal(id, libc::SIGCONT);
+    }
+
+    fn signal(&self, id: u64, signal: libc::c_int) {
+        let pid = self.members[&id]
+            .child
+            .as_ref()
+            .expect("a running coordinator")
+            .id();
+        // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
+        let result = unsafe { libc::kill(pid as libc::pid_t, signal) };
+        assert_eq!(result, 0, "signal {signal} to coordinator {id}");
+    }
+
     /// Waits up to `timeout` for coordinator `id` to exit by itself; its exit status.
     pub async fn wait_exit(&mut self, id: u64, timeout: Duration) -> std::process::ExitStatus {
         let member = self.members.get_mut(&id).expect("a member of the cluster");
