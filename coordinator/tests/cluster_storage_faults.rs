@@ -1,4 +1,4 @@
-//! A coordinator whose disk fails under it: its next log write fails (here with EFBIG, through
+//! A coordinator, follower or leader, whose disk fails under it: its next log write fails (here with EFBIG, through
 //! a file size limit set on the running process, as a full disk fails with ENOSPC), Raft
 //! stops, and the process exits with the reason instead of staying up as a member that
 //! answers nothing; the others go on, and once started again it recovers from its data
@@ -14,23 +14,57 @@ use support::{create_share, job, jobs, submit, Cluster};
 const EXIT_WITHIN: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_coordinator_whose_log_write_fails_exits_with_the_reason_and_recovers_on_restart() {
+async fn a_follower_whose_log_write_fails_exits_with_the_reason_and_recovers_on_restart() {
+    a_log_write_fails_on(Role::Follower).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_log_write_fails_exits_and_the_others_elect_a_new_one() {
+    a_log_write_fails_on(Role::Leader).await;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Leader,
+    Follower,
+}
+
+/// Makes the next log write of the coordinator in `role` fail, and checks that it exits
+/// saying why, that the others go on, and that it catches up when started again.
+async fn a_log_write_fails_on(role: Role) {
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
-    let failing = cluster
+    let failing = match role {
+        Role::Leader => leader,
+        Role::Follower => cluster
+            .ids()
+            .into_iter()
+            .find(|id| *id != leader)
+            .expect("a follower"),
+    };
+    let others: Vec<u64> = cluster
         .ids()
         .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+        .filter(|id| *id != failing)
+        .collect();
     create_share(&cluster.admin(), "team").await;
     let client = cluster.client_of("bob", cluster.addresses());
-    let mut acknowledged = vec![submit(&client, job("team", 1)).await];
+    // Keyed submits: one whose answer the dying leader never sends is retried safely.
+    let keyed = |n: u32| {
+        let mut spec = job("team", n);
+        spec.idempotency_key = Some(format!("submit-{n}"));
+        spec
+    };
+    let mut acknowledged = vec![submit(&client, keyed(1)).await];
     cluster.wait_converged(&[1, 2, 3]).await;
 
-    eprintln!("--- coordinator {failing} can write no more than one byte into any file");
+    eprintln!(
+        "--- the {role:?}, coordinator {failing}, can write no more than one byte into any file"
+    );
     cluster.limit_file_size(failing, 1);
-    // Its next log write fails; the other two still make a majority.
-    acknowledged.push(submit(&client, job("team", 2)).await);
+    // Its next log write fails; the other two still make a majority (after an election when
+    // it led).
+    acknowledged.push(submit(&client, keyed(2)).await);
     let status = cluster.wait_exit(failing, EXIT_WITHIN).await;
     eprintln!("coordinator {failing} exited: {status}");
     assert_eq!(status.code(), Some(1), "{status}");
@@ -51,12 +85,9 @@ async fn a_coordinator_whose_log_write_fails_exits_with_the_reason_and_recovers_
     );
 
     eprintln!("--- the others keep serving");
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != failing)
-        .collect();
-    acknowledged.push(submit(&client, job("team", 3)).await);
+    let new_leader = cluster.wait_for_leader(&others).await;
+    eprintln!("coordinator {new_leader} leads");
+    acknowledged.push(submit(&client, keyed(3)).await);
 
     eprintln!("--- started again, with room to write, it recovers and catches up");
     cluster.start_member(failing);
