@@ -1,8 +1,11 @@
 //! A three-coordinator cluster of real processes on loopback: it elects a leader, takes
 //! writes through any coordinator, keeps every acknowledged write across the loss of its
-//! leader, and comes back intact after every process is killed.
+//! leader, and comes back intact after every process is killed; five coordinators serve with
+//! two down and write nothing with three down.
 
 mod support;
+
+use std::time::Duration;
 
 use quotient_common::api::{ApiRequest, ApiResponse};
 use support::{create_share, job, jobs, shares, submit, Cluster};
@@ -224,4 +227,80 @@ async fn concurrent_submits_each_get_their_own_job_and_one_key_gives_one_job() {
     assert_eq!(ids.len(), SUBMITS - 1);
     assert_eq!(jobs(&admin).await.len(), SUBMITS - 1);
     cluster.wait_converged(&[1, 2, 3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_five_node_cluster_serves_with_two_down_and_stops_writing_with_three() {
+    // Proves the five-coordinator shape: a quorum of three keeps it serving through the loss
+    // of two (the leader among them), a minority of two writes nothing, and the three back
+    // again catch up to one state.
+    let all = [1, 2, 3, 4, 5];
+    let mut cluster = Cluster::start(5, &[]);
+    let leader = cluster.wait_for_leader(&all).await;
+    create_share(&cluster.admin(), "team").await;
+    let client = cluster.client_of("bob", cluster.addresses());
+    let keyed = |name: &str| {
+        let mut spec = job("team", 5);
+        spec.idempotency_key = Some(name.to_string());
+        spec
+    };
+    let mut acknowledged = vec![submit(&client, keyed("five-up")).await];
+
+    let follower = *all.iter().find(|id| **id != leader).expect("a follower");
+    eprintln!("--- kill -9 the leader {leader} and coordinator {follower}");
+    cluster.kill(leader);
+    cluster.kill(follower);
+    let up: Vec<u64> = all
+        .into_iter()
+        .filter(|id| *id != leader && *id != follower)
+        .collect();
+    let new_leader = cluster.wait_for_leader(&up).await;
+    eprintln!("--- coordinator {new_leader} leads {up:?}");
+    acknowledged.push(submit(&client, keyed("three-up")).await);
+
+    let third = *up.iter().find(|id| **id != new_leader).expect("a follower");
+    eprintln!("--- kill -9 coordinator {third} too: two of five are left");
+    cluster.kill(third);
+    let minority = cluster
+        .client_of(
+            "bob",
+            up.iter()
+                .filter(|id| **id != third)
+                .map(|id| cluster.address(*id))
+                .collect(),
+        )
+        .with_call_timeout(Duration::from_secs(8));
+    let refused = minority.call(ApiRequest::SubmitJob(keyed("two-up"))).await;
+    eprintln!("a write with two of five up: {refused:?}");
+    assert!(
+        refused.is_err(),
+        "two of five must not acknowledge a write: {refused:?}"
+    );
+    minority.close();
+
+    eprintln!("--- the three come back");
+    for id in [leader, follower, third] {
+        cluster.start_member(id);
+    }
+    cluster.wait_for_leader(&all).await;
+    cluster.wait_converged(&all).await;
+    acknowledged.push(submit(&client, keyed("five-back")).await);
+    cluster.wait_converged(&all).await;
+    // The refused write may still commit once a quorum is back (its entry may sit in the
+    // log of the minority's leader), but only once; every acknowledged write is there.
+    for id in all {
+        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
+        let listed: Vec<String> = jobs(&alone).await.into_iter().map(|j| j.id).collect();
+        alone.close();
+        for job_id in &acknowledged {
+            assert!(
+                listed.contains(&job_id.to_string()),
+                "{job_id} was lost on coordinator {id}"
+            );
+        }
+        assert!(
+            listed.len() == acknowledged.len() || listed.len() == acknowledged.len() + 1,
+            "coordinator {id} holds {listed:?}, acknowledged {acknowledged:?}"
+        );
+    }
 }
