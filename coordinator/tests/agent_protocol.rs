@@ -589,11 +589,7 @@ async fn a_leader_cut_off_from_the_others_stops_answering_heartbeats_and_the_age
     // leader, and after the heal the old one names it.
     let cluster = Cluster::start_behind_proxies(3, &[]).await;
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let others = cluster.ids_except(&[leader]);
     let agent = FakeAgent::connect(&cluster, "node-1").await;
     agent.register("node-1", 1).await;
     assert_eq!(

@@ -94,11 +94,7 @@ async fn killing_the_leader_loses_no_acknowledged_submit_and_it_catches_up_on_re
 
     eprintln!("--- kill -9 coordinator {leader}, the leader");
     cluster.kill(leader);
-    let survivors: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let survivors = cluster.ids_except(&[leader]);
     let new_leader = cluster.wait_for_leader(&survivors).await;
     assert_ne!(new_leader, leader);
     eprintln!("--- coordinator {new_leader} leads now");
@@ -250,10 +246,7 @@ async fn a_five_node_cluster_serves_with_two_down_and_stops_writing_with_three()
     eprintln!("--- kill -9 the leader {leader} and coordinator {follower}");
     cluster.kill(leader);
     cluster.kill(follower);
-    let up: Vec<u64> = all
-        .into_iter()
-        .filter(|id| *id != leader && *id != follower)
-        .collect();
+    let up = cluster.ids_except(&[leader, follower]);
     let new_leader = cluster.wait_for_leader(&up).await;
     eprintln!("--- coordinator {new_leader} leads {up:?}");
     acknowledged.push(submit(&client, keyed("three-up")).await);
@@ -262,13 +255,7 @@ async fn a_five_node_cluster_serves_with_two_down_and_stops_writing_with_three()
     eprintln!("--- kill -9 coordinator {third} too: two of five are left");
     cluster.kill(third);
     let minority = cluster
-        .client_of(
-            "bob",
-            up.iter()
-                .filter(|id| **id != third)
-                .map(|id| cluster.address(*id))
-                .collect(),
-        )
+        .client_of_ids("bob", &cluster.ids_except(&[leader, follower, third]))
         .with_call_timeout(Duration::from_secs(8));
     let refused = minority.call(ApiRequest::SubmitJob(keyed("two-up"))).await;
     eprintln!("a write with two of five up: {refused:?}");

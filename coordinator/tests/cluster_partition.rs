@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::{JobId, JobSpec};
-use quotient_coordinator::ClientError;
+use quotient_coordinator::{ApiClient, ClientError};
 use support::{create_share, job, jobs, submit, Cluster};
 
 /// A call to the cut-off leader gives up after this; longer than one attempt
@@ -28,18 +28,13 @@ const DEAF_LEADER_REPLACED_WITHIN: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_their_state() {
-    let cluster = Cluster::start_behind_proxies(3, &[]).await;
-    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
-    eprintln!("--- coordinator {leader} leads; a share and a job before the partition");
-    create_share(&cluster.admin(), "team").await;
-    let everyone = cluster.client_of("bob", cluster.addresses());
-    let mut acknowledged = vec![submit(&everyone, job("team", 5)).await];
-    cluster.wait_converged(&[1, 2, 3]).await;
+    let Setup {
+        cluster,
+        leader,
+        others,
+        everyone,
+        mut acknowledged,
+    } = Setup::behind_proxies().await;
 
     eprintln!("--- coordinator {leader} cut off from {others:?}");
     cluster.isolate(leader);
@@ -68,10 +63,7 @@ async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_
     eprintln!("--- the other two elect a leader and take writes");
     let new_leader = cluster.wait_for_leader(&others).await;
     assert_ne!(new_leader, leader);
-    let majority = cluster.client_of(
-        "bob",
-        others.iter().map(|id| cluster.address(*id)).collect(),
-    );
+    let majority = cluster.client_of_ids("bob", &others);
     for priority in [1, 2, 3] {
         acknowledged.push(submit(&majority, job("team", priority)).await);
     }
@@ -97,17 +89,13 @@ async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_
 async fn a_leader_that_can_send_but_not_hear_is_replaced_and_rejoins_with_the_others_state() {
     // Raft's classic liveness trap: followers that keep receiving a leader's AppendEntries
     // never start an election, while the leader, hearing no answer, commits nothing.
-    let cluster = Cluster::start_behind_proxies(3, &[]).await;
-    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
-    create_share(&cluster.admin(), "team").await;
-    let everyone = cluster.client_of("bob", cluster.addresses());
-    let mut acknowledged = vec![submit(&everyone, job("team", 5)).await];
-    cluster.wait_converged(&[1, 2, 3]).await;
+    let Setup {
+        cluster,
+        leader,
+        others,
+        everyone,
+        mut acknowledged,
+    } = Setup::behind_proxies().await;
 
     eprintln!("--- coordinator {leader} still reaches {others:?} but hears nothing back");
     let deafened = Instant::now();
@@ -121,10 +109,7 @@ async fn a_leader_that_can_send_but_not_hear_is_replaced_and_rejoins_with_the_ot
          after a few unanswered RPCs (network::RECONNECT_AFTER_TIMEOUTS), long before QUIC's \
          idle timeout"
     );
-    let majority = cluster.client_of(
-        "bob",
-        others.iter().map(|id| cluster.address(*id)).collect(),
-    );
+    let majority = cluster.client_of_ids("bob", &others);
     acknowledged.push(submit(&majority, job("team", 1)).await);
     let old_leader = cluster
         .client_of("bob", vec![cluster.address(leader)])
@@ -148,6 +133,37 @@ async fn a_leader_that_can_send_but_not_hear_is_replaced_and_rejoins_with_the_ot
     acknowledged.push(submit(&everyone, job("team", 3)).await);
     cluster.wait_converged(&[1, 2, 3]).await;
     holds_exactly(&cluster, &acknowledged).await;
+}
+
+/// Three coordinators behind fault proxies, with a share and one acknowledged job that every
+/// coordinator holds.
+struct Setup {
+    cluster: Cluster,
+    leader: u64,
+    /// The ids but the leader's.
+    others: Vec<u64>,
+    /// A client of all three.
+    everyone: ApiClient,
+    acknowledged: Vec<JobId>,
+}
+
+impl Setup {
+    async fn behind_proxies() -> Setup {
+        let cluster = Cluster::start_behind_proxies(3, &[]).await;
+        let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+        eprintln!("--- coordinator {leader} leads; a share and a job before the fault");
+        create_share(&cluster.admin(), "team").await;
+        let everyone = cluster.client_of("bob", cluster.addresses());
+        let acknowledged = vec![submit(&everyone, job("team", 5)).await];
+        cluster.wait_converged(&[1, 2, 3]).await;
+        Setup {
+            others: cluster.ids_except(&[leader]),
+            cluster,
+            leader,
+            everyone,
+            acknowledged,
+        }
+    }
 }
 
 /// The name of the job the tests send to a leader that was cut off or frozen.
@@ -220,11 +236,7 @@ const LOSSY_SUBMITS: u32 = 60;
 async fn a_frozen_leader_resumes_as_a_follower_and_a_write_sent_to_it_lands_once() {
     let cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let others = cluster.ids_except(&[leader]);
     create_share(&cluster.admin(), "team").await;
     let mut acknowledged = vec![
         submit(
@@ -240,10 +252,7 @@ async fn a_frozen_leader_resumes_as_a_follower_and_a_write_sent_to_it_lands_once
     eprintln!("--- coordinator {leader} frozen; the others elect a leader and take a write");
     cluster.pause(leader);
     let new_leader = cluster.wait_for_leader(&others).await;
-    let majority = cluster.client_of(
-        "bob",
-        others.iter().map(|id| cluster.address(*id)).collect(),
-    );
+    let majority = cluster.client_of_ids("bob", &others);
     acknowledged.push(submit(&majority, job("team", 1)).await);
 
     eprintln!("--- a write sent to the frozen coordinator {leader}, which then resumes");

@@ -42,11 +42,7 @@ async fn a_log_write_fails_on(role: Role) {
             .find(|id| *id != leader)
             .expect("a follower"),
     };
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != failing)
-        .collect();
+    let others = cluster.ids_except(&[failing]);
     create_share(&cluster.admin(), "team").await;
     let client = cluster.client_of("bob", cluster.addresses());
     // Keyed submits: one whose answer the dying leader never sends is retried safely.

@@ -249,11 +249,7 @@ impl Cluster {
     /// Lets coordinator `id` write no file at or past `bytes` from now on (RLIMIT_FSIZE):
     /// its next write there fails with EFBIG, as on a full disk.
     pub fn limit_file_size(&self, id: u64, bytes: u64) {
-        let pid = self.members[&id]
-            .child
-            .as_ref()
-            .expect("a running coordinator")
-            .id();
+        let pid = self.pid(id);
         let limit = libc::rlimit {
             rlim_cur: bytes,
             rlim_max: bytes,
@@ -275,6 +271,15 @@ impl Cluster {
         );
     }
 
+    /// The process id of running coordinator `id`.
+    fn pid(&self, id: u64) -> u32 {
+        self.members[&id]
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("coordinator {id} is not running"))
+            .id()
+    }
+
     /// Freezes coordinator `id` (SIGSTOP), as a long stall of its machine would.
     pub fn pause(&self, id: u64) {
         self.signal(id, libc::SIGSTOP);
@@ -286,11 +291,7 @@ impl Cluster {
     }
 
     fn signal(&self, id: u64, signal: libc::c_int) {
-        let pid = self.members[&id]
-            .child
-            .as_ref()
-            .expect("a running coordinator")
-            .id();
+        let pid = self.pid(id);
         // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
         let result = unsafe { libc::kill(pid as libc::pid_t, signal) };
         assert_eq!(result, 0, "signal {signal} to coordinator {id}");
@@ -367,11 +368,7 @@ impl Cluster {
             self.proxies.contains_key(&id),
             "start the cluster with Cluster::start_behind_proxies to cut a coordinator off"
         );
-        let pid = self.members[&id]
-            .child
-            .as_ref()
-            .expect("a running coordinator to cut off")
-            .id();
+        let pid = self.pid(id);
         let ports = udp_ports_of(pid);
         assert!(
             !ports.is_empty(),
@@ -406,6 +403,19 @@ impl Cluster {
     /// The ids of the initial members.
     pub fn ids(&self) -> Vec<u64> {
         (1..=self.initial).collect()
+    }
+
+    /// The ids of the initial members but `excluded`.
+    pub fn ids_except(&self, excluded: &[u64]) -> Vec<u64> {
+        self.ids()
+            .into_iter()
+            .filter(|id| !excluded.contains(id))
+            .collect()
+    }
+
+    /// A client of coordinators `ids` alone, with the certificate of `name`.
+    pub fn client_of_ids(&self, name: &str, ids: &[u64]) -> ApiClient {
+        self.client_of(name, ids.iter().map(|id| self.address(*id)).collect())
     }
 
     pub fn data_dir(&self, id: u64) -> PathBuf {
