@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::api::{ApiRequest, ApiResponse, HealthView};
 use support::{create_share, job, jobs, shares, submit, Cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,3 +291,63 @@ async fn a_five_node_cluster_serves_with_two_down_and_stops_writing_with_three()
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_leader_hands_over_quietly_and_it_can_be_added_back() {
+    // Proves the maintenance path: the leader itself removed, the other two elect one of
+    // them, the removed coordinator (still running) does not disturb them, and it joins
+    // again from its own data directory.
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    let mut acknowledged = vec![submit(&admin, job("team", 1)).await];
+
+    eprintln!("--- coordinator {leader}, the leader, is removed");
+    let removed = admin.call(ApiRequest::RemoveMember { id: leader }).await;
+    assert!(matches!(removed, Ok(ApiResponse::Done)), "{removed:?}");
+    let others = cluster.ids_except(&[leader]);
+    let new_leader = cluster.wait_for_leader(&others).await;
+    let remaining = cluster.client_of_ids("alice", &others);
+    let status = cluster.status(&remaining).await;
+    assert_eq!(
+        status.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+        others,
+        "{status:?}"
+    );
+    acknowledged.push(submit(&remaining, job("team", 2)).await);
+
+    eprintln!("--- coordinator {new_leader} leads; the removed one, still up, changes nothing");
+    let term = |health: Option<HealthView>| health.map(|h| (h.leader, h.term));
+    let before = term(cluster.health(new_leader).await);
+    tokio::time::sleep(QUIET_FOR).await;
+    assert_eq!(
+        term(cluster.health(new_leader).await),
+        before,
+        "no election may follow the removal"
+    );
+
+    eprintln!("--- coordinator {leader} is added back and catches up");
+    let added = remaining
+        .call(ApiRequest::AddMember {
+            id: leader,
+            address: cluster.advertised_address(leader),
+        })
+        .await;
+    assert!(matches!(added, Ok(ApiResponse::Done)), "{added:?}");
+    acknowledged.push(submit(&admin, job("team", 3)).await);
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let status = cluster.status(&admin).await;
+    assert_eq!(status.members.len(), 3, "{status:?}");
+    for id in cluster.ids() {
+        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
+        let listed: Vec<String> = jobs(&alone).await.into_iter().map(|j| j.id).collect();
+        alone.close();
+        let expected: Vec<String> = acknowledged.iter().map(|j| j.to_string()).collect();
+        assert_eq!(listed, expected, "coordinator {id}");
+    }
+}
+
+/// How long a cluster must stay without an election after a member's removal: several
+/// election timeouts (600-1,200 ms by default).
+const QUIET_FOR: Duration = Duration::from_secs(4);
