@@ -4,7 +4,7 @@
 //! and once the partition heals the old leader drops what it could not commit and holds
 //! exactly the others' state. A one-way fault (the leader's messages arrive, nothing reaches
 //! it) ends the same way: the followers stop hearing it once its connections give up, and
-//! elect another. And with a third of the datagrams between coordinators lost, writes still
+//! elect another. And with 30% of the datagrams between coordinators lost, writes still
 //! commit, and none is lost or applied twice. A leader frozen (SIGSTOP) while the others
 //! elect a new one resumes as a follower, and a write it took before it found out lands once.
 
