@@ -406,26 +406,18 @@ async fn process_watchdog_stops_a_job_once_the_agents_lease_file_runs_out() {
     let trapping = launch(state.path(), 42, 1, None, shell(TRAPPING_JOB));
     let handle = runtime.start(&trapping).await.unwrap();
     wait_ready(&trapping.checkpoint_dir).await;
-    tokio::time::sleep(std::time::Duration::from_millis(
-        WATCHDOG_SLACK_MS + 2 * WATCHDOG_POLL_S * 1_000,
-    ))
-    .await;
+    give_the_watchdogs_time().await;
     assert_eq!(
         runtime.status(&handle).await.unwrap(),
         JobStatus::Running,
         "a live lease leaves the job alone"
     );
 
-    let expired_at = Instant::now();
-    let now_ms = boot_time_ms().expect("the boot clock");
-    std::fs::write(&lease_file, format!("{}\n", now_ms.saturating_sub(1))).unwrap();
-    let checkpoint = trapping.checkpoint_dir.join("checkpoint");
-    wait_for("the wrapper sends the checkpoint signal", || {
-        let exists = checkpoint.exists();
-        async move { exists.then_some(()) }
-    })
+    let took = expire_the_lease_and_await_the_checkpoint(
+        &lease_file,
+        &trapping.checkpoint_dir.join("checkpoint"),
+    )
     .await;
-    let took = expired_at.elapsed();
     assert!(
         took.as_millis() as u64 <= WATCHDOG_SLACK_MS + WATCHDOG_POLL_S * 1_000 + 1_500,
         "signalled only after {took:?}"

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use quotient_agent::executor::Executor;
+use quotient_agent::lease::boot_time_ms;
 use quotient_agent::reconcile::{Desired, DesiredAllocation, Intent};
+use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use quotient_agent::runtime::{checkpoint_dir, log_path, LaunchSpec, Runtime};
 use quotient_common::{JobId, JobPayload, JobSpec, Signal};
 use quotient_core::{JobEvent, JobReport};
@@ -41,6 +43,32 @@ where
         );
         tokio::time::sleep(POLL_INTERVAL).await;
     }
+}
+
+/// Waits as long as an orphan watchdog needs to act on an expired lease (its slack and two
+/// polls), so that a job still running after it shows a live lease was left alone.
+pub async fn give_the_watchdogs_time() {
+    tokio::time::sleep(Duration::from_millis(
+        WATCHDOG_SLACK_MS + 2 * WATCHDOG_POLL_S * 1_000,
+    ))
+    .await;
+}
+
+/// Writes `lease_file` as a lease that ran out a millisecond ago, waits for the job to write
+/// `checkpoint` (it does when its watchdog signals it), and returns how long that took.
+pub async fn expire_the_lease_and_await_the_checkpoint(
+    lease_file: &Path,
+    checkpoint: &Path,
+) -> Duration {
+    let expired_at = Instant::now();
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(lease_file, format!("{}\n", now_ms.saturating_sub(1))).unwrap();
+    wait_for("the watchdog sends the checkpoint signal", || {
+        let exists = checkpoint.exists();
+        async move { exists.then_some(()) }
+    })
+    .await;
+    expired_at.elapsed()
 }
 
 /// A shell command: `sh -c SCRIPT`.
