@@ -214,14 +214,14 @@ impl Coordinator {
     /// Completes when Raft stops by itself (a fatal error: a storage write failed, say),
     /// with the reason; never while Raft runs.
     pub async fn raft_stopped(&self) -> String {
-        let mut metrics = self.raft.metrics();
-        loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
-                return fatal.to_string();
-            }
-            if metrics.changed().await.is_err() {
-                return "raft stopped without saying why".to_string();
-            }
+        // The server metrics change only with elections and membership, not with every
+        // write as the full metrics do, and their channel closes when Raft's core ends,
+        // after it has put the reason in the full metrics.
+        let mut server = self.raft.server_metrics();
+        while server.changed().await.is_ok() {}
+        match &self.raft.metrics().borrow().running_state {
+            Err(fatal) => fatal.to_string(),
+            Ok(()) => "raft stopped without saying why".to_string(),
         }
     }
 
