@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use quotient_common::api::{ApiRequest, ApiResponse, HealthView};
-use support::{create_share, job, jobs, shares, submit, Cluster};
+use support::{create_share, ids_of, job, jobs, jobs_on_each, shares, submit, Cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_node_cluster_takes_writes_through_any_node_and_every_node_agrees() {
@@ -275,10 +275,8 @@ async fn a_five_node_cluster_serves_with_two_down_and_stops_writing_with_three()
     cluster.wait_converged(&all).await;
     // The refused write may still commit once a quorum is back (its entry may sit in the
     // log of the minority's leader), but only once; every acknowledged write is there.
-    for id in all {
-        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
-        let listed: Vec<String> = jobs(&alone).await.into_iter().map(|j| j.id).collect();
-        alone.close();
+    for (id, seen) in jobs_on_each(&cluster, &all).await {
+        let listed = ids_of(&seen);
         for job_id in &acknowledged {
             assert!(
                 listed.contains(&job_id.to_string()),
@@ -339,12 +337,9 @@ async fn removing_the_leader_hands_over_quietly_and_it_can_be_added_back() {
     cluster.wait_converged(&[1, 2, 3]).await;
     let status = cluster.status(&admin).await;
     assert_eq!(status.members.len(), 3, "{status:?}");
-    for id in cluster.ids() {
-        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
-        let listed: Vec<String> = jobs(&alone).await.into_iter().map(|j| j.id).collect();
-        alone.close();
-        let expected: Vec<String> = acknowledged.iter().map(|j| j.to_string()).collect();
-        assert_eq!(listed, expected, "coordinator {id}");
+    let expected: Vec<String> = acknowledged.iter().map(|j| j.to_string()).collect();
+    for (id, seen) in jobs_on_each(&cluster, &cluster.ids()).await {
+        assert_eq!(ids_of(&seen), expected, "coordinator {id}");
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::{JobId, JobSpec};
 use quotient_coordinator::{ApiClient, ClientError};
-use support::{create_share, job, jobs, submit, Cluster};
+use support::{create_share, ids_of, job, jobs, jobs_on_each, submit, Cluster};
 
 /// A call to the cut-off leader gives up after this; longer than one attempt
 /// (`quotient_coordinator::client::ATTEMPT_TIMEOUT_MS`), so a read is tried twice.
@@ -179,13 +179,10 @@ fn job_sent_to_the_old_leader() -> JobSpec {
 /// order, and not the one sent to a leader that could not commit it.
 async fn holds_exactly(cluster: &Cluster, acknowledged: &[JobId]) {
     let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
-    for id in cluster.ids() {
-        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
-        let seen = jobs(&alone).await;
-        alone.close();
-        let ids: Vec<String> = seen.iter().map(|job| job.id.clone()).collect();
+    for (id, seen) in jobs_on_each(cluster, &cluster.ids()).await {
         assert_eq!(
-            ids, expected,
+            ids_of(&seen),
+            expected,
             "coordinator {id} must hold every acknowledged job and nothing else"
         );
         assert!(
@@ -282,12 +279,8 @@ async fn a_frozen_leader_resumes_as_a_follower_and_a_write_sent_to_it_lands_once
     );
     cluster.wait_converged(&[1, 2, 3]).await;
     let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
-    for id in cluster.ids() {
-        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
-        let seen = jobs(&alone).await;
-        alone.close();
-        let ids: Vec<String> = seen.iter().map(|job| job.id.clone()).collect();
-        assert_eq!(ids, expected, "coordinator {id}");
+    for (id, seen) in jobs_on_each(&cluster, &cluster.ids()).await {
+        assert_eq!(ids_of(&seen), expected, "coordinator {id}");
         let landed_times = seen
             .iter()
             .filter(|job| job.name.as_deref() == Some(SENT_TO_THE_OLD_LEADER))

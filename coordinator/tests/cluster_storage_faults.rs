@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{create_share, job, jobs, submit, Cluster};
+use support::{create_share, ids_of, job, jobs_on_each, submit, Cluster};
 
 /// How long the failing coordinator may take to exit after its write failed.
 const EXIT_WITHIN: Duration = Duration::from_secs(30);
@@ -90,10 +90,7 @@ async fn a_log_write_fails_on(role: Role) {
     cluster.wait_for_leader(&[1, 2, 3]).await;
     cluster.wait_converged(&[1, 2, 3]).await;
     let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
-    for id in [failing].into_iter().chain(others) {
-        let alone = cluster.client_of("bob", vec![cluster.address(id)]);
-        let ids: Vec<String> = jobs(&alone).await.iter().map(|j| j.id.clone()).collect();
-        assert_eq!(ids, expected, "coordinator {id}");
-        alone.close();
+    for (id, seen) in jobs_on_each(&cluster, &cluster.ids()).await {
+        assert_eq!(ids_of(&seen), expected, "coordinator {id}");
     }
 }

@@ -600,6 +600,25 @@ pub async fn jobs(client: &ApiClient) -> Vec<quotient_common::api::JobView> {
     }
 }
 
+/// Every job as each of `ids` sees it, asked alone (a linearizable read through each).
+pub async fn jobs_on_each(
+    cluster: &Cluster,
+    ids: &[u64],
+) -> Vec<(u64, Vec<quotient_common::api::JobView>)> {
+    let mut seen = Vec::new();
+    for id in ids {
+        let alone = cluster.client_of("bob", vec![cluster.address(*id)]);
+        seen.push((*id, jobs(&alone).await));
+        alone.close();
+    }
+    seen
+}
+
+/// The ids of `jobs`, in order.
+pub fn ids_of(jobs: &[quotient_common::api::JobView]) -> Vec<String> {
+    jobs.iter().map(|job| job.id.clone()).collect()
+}
+
 /// Every share as the leader sees it.
 pub async fn shares(client: &ApiClient) -> Vec<quotient_common::api::ShareView> {
     match client.call(ApiRequest::ListShares).await {
