@@ -233,7 +233,7 @@ impl State {
                 job.state = JobState::Cancelled;
                 job.nomination = None;
                 job.reason = Some(WaitReason::Ended("cancelled while queued".into()));
-                job.ended_ms = Some(ctx.time_ms);
+                job.ended_ms = Some(job.stamp(ctx.time_ms));
             });
         } else {
             // It holds GPUs: the agent stops it like a preemption, and the GPUs stay held
@@ -376,6 +376,7 @@ impl State {
     /// cancelled. Frees its GPUs.
     fn finish_stop(&mut self, id: JobId, code: Option<i32>, ctx: ApplyCtx) {
         self.update_job(id, |job| {
+            let now = job.stamp(ctx.time_ms);
             job.allocation = None;
             job.exit_code = code;
             job.started_ms = None;
@@ -383,7 +384,7 @@ impl State {
                 Some(StopCause::Cancelled) => {
                     job.state = JobState::Cancelled;
                     job.reason = Some(WaitReason::Ended("cancelled".into()));
-                    job.ended_ms = Some(ctx.time_ms);
+                    job.ended_ms = Some(now);
                 }
                 Some(StopCause::Preempted(p)) => {
                     job.preemptions += 1;
@@ -397,7 +398,7 @@ impl State {
                                 kind.as_str(),
                                 job.preemptions
                             )));
-                            job.ended_ms = Some(ctx.time_ms);
+                            job.ended_ms = Some(now);
                         }
                         _ => {
                             job.state = JobState::Runnable;
@@ -443,7 +444,7 @@ impl State {
                 if matches!(state, JobState::Scheduled | JobState::Starting) {
                     self.update_job(id, |job| {
                         job.state = JobState::Running;
-                        job.started_ms = Some(ctx.time_ms);
+                        job.started_ms = Some(job.stamp(ctx.time_ms));
                     });
                 }
             }
@@ -456,7 +457,7 @@ impl State {
             JobEvent::Exited { code } => self.update_job(id, |job| {
                 job.allocation = None;
                 job.exit_code = Some(code);
-                job.ended_ms = Some(ctx.time_ms);
+                job.ended_ms = Some(job.stamp(ctx.time_ms));
                 if code == 0 {
                     job.state = JobState::Succeeded;
                     job.reason = Some(WaitReason::Ended("exited with code 0".into()));

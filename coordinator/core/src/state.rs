@@ -143,6 +143,16 @@ impl JobRecord {
         }
     }
 
+    /// The time to record for something that happens to this job now: the leader's clock
+    /// (`ApplyCtx::time_ms`), but never before what the job already records. After a failover
+    /// the new leader's clock may be behind the old one's, and a job must not end before it
+    /// started. Derived from the replicated state alone, so every replica records the same.
+    pub fn stamp(&self, time_ms: u64) -> u64 {
+        time_ms
+            .max(self.submitted_ms)
+            .max(self.started_ms.unwrap_or(0))
+    }
+
     pub fn class(&self) -> &GpuClass {
         self.spec
             .gpu_class
