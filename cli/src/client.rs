@@ -4,7 +4,10 @@
 //! at once and starts with the first that answers (so a stopped coordinator early in the list
 //! costs nothing); [`call`] then tries them in order; a follower
 //! answers `NotLeader` with the leader's address, which is followed at once (at most
-//! [`REDIRECTS_MAX`] hops), so the user never sees "not leader". While a leader is being
+//! [`REDIRECTS_MAX`] hops), so the user never sees "not leader". When that address cannot be
+//! reached from here (the coordinators know each other by names or addresses of a network this
+//! client is not on), the request goes back to the follower wrapped as
+//! [`ApiRequest::ViaLeader`], and the follower forwards it to the leader. While a leader is being
 //! elected (`Unavailable`, or `NotLeader` naming no leader) it backs off briefly and asks
 //! again, within one overall deadline. An address that cannot be reached is skipped for the
 //! next; if none can be reached the call fails with what each one said.
@@ -124,6 +127,10 @@ pub async fn call<E: Exchange>(
     let retry_safe = is_retry_safe(request);
     let mut redirects = 0;
     let mut redirect_to: Option<String> = None;
+    // The follower whose redirect is being followed, and the request as sent once a redirect
+    // led out of this client's reach: wrapped, so that a follower forwards it to the leader.
+    let mut redirected_by: Option<String> = None;
+    let mut via_leader: Option<ApiRequest> = None;
     let mut next_index = 0;
     let mut backoff = policy.backoff;
     // What each address said last, for the final error message.
@@ -155,7 +162,9 @@ pub async fn call<E: Exchange>(
             backoff = (backoff * 2).min(policy.backoff_max);
             pause
         };
-        match exchange.exchange(&address, request, attempt_deadline).await {
+        let following = redirected_by.take();
+        let sent = via_leader.as_ref().unwrap_or(request);
+        match exchange.exchange(&address, sent, attempt_deadline).await {
             Ok(ApiResponse::Error(ApiError::NotLeader {
                 leader_address: Some(leader),
                 ..
@@ -172,6 +181,7 @@ pub async fn call<E: Exchange>(
                 }
                 last_errors.insert(address.clone(), format!("redirected to {leader}"));
                 redirect_to = Some(leader);
+                redirected_by = Some(address);
             }
             Ok(ApiResponse::Error(ApiError::NotLeader {
                 leader_address: None,
@@ -187,6 +197,14 @@ pub async fn call<E: Exchange>(
                 tokio::time::sleep(pause).await;
             }
             Ok(response) => return Ok(response),
+            Err(ExchangeError::Unreachable(why)) if following.is_some() => {
+                // The leader's address as the coordinators know it is out of this client's
+                // reach (another network, a name only they resolve): the follower that
+                // redirected serves the request through the leader instead.
+                last_errors.insert(address.clone(), why);
+                via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
+                redirect_to = following;
+            }
             Err(ExchangeError::Unreachable(why)) => {
                 last_errors.insert(address.clone(), why);
                 unreachable_in_a_row += 1;
@@ -539,6 +557,7 @@ mod tests {
     struct FakeExchange {
         scripts: BTreeMap<String, VecDeque<Result<ApiResponse, ExchangeError>>>,
         tried: Vec<String>,
+        sent: Vec<ApiRequest>,
     }
 
     impl FakeExchange {
@@ -555,10 +574,11 @@ mod tests {
         async fn exchange(
             &mut self,
             address: &str,
-            _request: &ApiRequest,
+            request: &ApiRequest,
             _deadline: Duration,
         ) -> Result<ApiResponse, ExchangeError> {
             self.tried.push(address.to_string());
+            self.sent.push(request.clone());
             self.scripts
                 .get_mut(address)
                 .and_then(|queue| queue.pop_front())
@@ -619,6 +639,30 @@ mod tests {
         let answer = run(&mut fake, &ApiRequest::ListShares, &fast()).unwrap();
         assert_eq!(answer, health());
         assert_eq!(fake.tried, ["a:1", "b:1"]);
+    }
+
+    #[test]
+    fn a_redirect_out_of_reach_goes_back_to_the_follower_to_be_forwarded() {
+        // Proves that when the leader's address cannot be reached, the follower that
+        // redirected gets the request again, asking it to serve it through the leader.
+        let mut fake = FakeExchange::default()
+            .script("a:1", not_leader(Some("leader.internal:7400")))
+            .script(
+                "leader.internal:7400",
+                Err(ExchangeError::Unreachable("no such host".into())),
+            )
+            .script("a:1", Ok(health()));
+        let answer = run(&mut fake, &ApiRequest::ListShares, &fast()).unwrap();
+        assert_eq!(answer, health());
+        assert_eq!(fake.tried, ["a:1", "leader.internal:7400", "a:1"]);
+        assert_eq!(
+            fake.sent,
+            [
+                ApiRequest::ListShares,
+                ApiRequest::ListShares,
+                ApiRequest::ViaLeader(Box::new(ApiRequest::ListShares)),
+            ]
+        );
     }
 
     #[test]

@@ -77,14 +77,36 @@ pub enum ApiRequest {
         offset: u64,
         max_bytes: u32,
     },
+    /// `request`, served through the leader when the coordinator it is sent to is not the
+    /// leader. A client sends it once a follower's redirect led to an address it cannot
+    /// reach (coordinators that know each other by names or addresses of a network the
+    /// client is not on), so that the follower forwards it instead.
+    ViaLeader(Box<ApiRequest>),
+    /// `request` of `caller` (the identity URI of its certificate, `quotient://ROLE/NAME`),
+    /// forwarded by a follower to the leader. Only a coordinator's certificate may send it;
+    /// the leader authorises `request` as `caller`'s.
+    Forwarded {
+        caller: String,
+        request: Box<ApiRequest>,
+    },
 }
 
 impl ApiRequest {
+    /// The request itself, out of a [`ApiRequest::ViaLeader`] or [`ApiRequest::Forwarded`].
+    pub fn unwrapped(&self) -> &ApiRequest {
+        match self {
+            ApiRequest::ViaLeader(request) | ApiRequest::Forwarded { request, .. } => {
+                request.unwrapped()
+            }
+            request => request,
+        }
+    }
+
     /// Whether the request changes state (and so needs the admin role for shares and
     /// membership, and a Raft commit).
     pub fn is_write(&self) -> bool {
         !matches!(
-            self,
+            self.unwrapped(),
             ApiRequest::ListShares
                 | ApiRequest::GetShare { .. }
                 | ApiRequest::GetJob { .. }
@@ -100,7 +122,7 @@ impl ApiRequest {
     /// Whether only an admin may send it: share, node and membership management.
     pub fn needs_admin(&self) -> bool {
         matches!(
-            self,
+            self.unwrapped(),
             ApiRequest::CreateShare(_)
                 | ApiRequest::UpdateShare { .. }
                 | ApiRequest::DeleteShare { .. }

@@ -19,7 +19,7 @@
 //! for a learner to catch up).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
@@ -27,11 +27,14 @@ use openraft::{BasicNode, ChangeMembers};
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse, HealthView};
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::job::validate_priority;
-use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS};
+use quotient_common::transport::{
+    Client, PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS,
+};
 use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
 use crate::agent_links::AgentLinks;
+use crate::client::{ApiClient, ClientError};
 use crate::job_logs;
 use crate::network::PeerConnections;
 use crate::proposer::Proposer;
@@ -59,6 +62,30 @@ struct Inner {
     peers: PeerConnections,
     proposer: Proposer,
     agent_links: AgentLinks,
+    forwarder: Forwarder,
+}
+
+/// The client a follower forwards requests to the leader with, over this coordinator's own
+/// QUIC client; one connection to the leader last forwarded to, kept between requests.
+struct Forwarder {
+    client: Arc<Client>,
+    leader: Mutex<Option<(String, ApiClient)>>,
+}
+
+impl Forwarder {
+    fn client_of(&self, leader: &str) -> Result<ApiClient, ClientError> {
+        let mut cached = self.leader.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((address, client)) = cached.as_ref() {
+            if address == leader {
+                return Ok(client.clone());
+            }
+        }
+        let client = ApiClient::over(Arc::clone(&self.client), vec![leader.to_string()])?;
+        if let Some((_, old)) = cached.replace((leader.to_string(), client.clone())) {
+            old.close_connections();
+        }
+        Ok(client)
+    }
 }
 
 impl std::fmt::Debug for ApiService {
@@ -91,6 +118,45 @@ pub fn authorise(peer: &PeerIdentity, request: &ApiRequest) -> Result<(), ApiErr
     )))
 }
 
+/// Who a request is served for and the request itself, out of its wrapper, and whether the
+/// caller asked for it to be served through the leader ([`ApiRequest::ViaLeader`]). A
+/// [`ApiRequest::Forwarded`] one is served for the caller it names, and only a coordinator may
+/// send it (the follower that forwarded it authenticated that caller).
+fn unwrap_request(
+    peer: &PeerIdentity,
+    request: ApiRequest,
+) -> Result<(PeerIdentity, ApiRequest, bool), ApiError> {
+    let (caller, request, via_leader) = match request {
+        ApiRequest::ViaLeader(request) => (peer.clone(), *request, true),
+        ApiRequest::Forwarded { caller, request } => {
+            if peer.role != Role::Coordinator {
+                return Err(ApiError::Unauthorized(format!(
+                    "{peer} may not forward requests for others; only coordinators do"
+                )));
+            }
+            let caller = match PeerIdentity::from_uri(&caller) {
+                Ok(Some(caller)) => caller,
+                _ => {
+                    return Err(ApiError::BadRequest(format!(
+                        "a forwarded request must name its caller as quotient://ROLE/NAME, not {caller:?}"
+                    )))
+                }
+            };
+            (caller, *request, false)
+        }
+        request => (peer.clone(), request, false),
+    };
+    if matches!(
+        request,
+        ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
+    ) {
+        return Err(ApiError::BadRequest(
+            "a request served through the leader cannot hold another one".to_string(),
+        ));
+    }
+    Ok((caller, request, via_leader))
+}
+
 fn not_leader(forward: &ForwardToLeader<NodeId, BasicNode>) -> ApiError {
     ApiError::NotLeader {
         leader_id: forward.leader_id,
@@ -116,6 +182,10 @@ impl ApiService {
                 proposer,
                 raft,
                 state_machine,
+                forwarder: Forwarder {
+                    client: peers.client(),
+                    leader: Mutex::new(None),
+                },
                 peers,
                 agent_links: AgentLinks::new(),
             }),
@@ -174,19 +244,36 @@ impl ApiService {
 
     /// Authorises and answers one request, within its deadline.
     pub async fn handle(&self, peer: &PeerIdentity, request: ApiRequest) -> ApiResponse {
+        let (caller, request, via_leader) = match unwrap_request(peer, request) {
+            Ok(parts) => parts,
+            Err(error) => {
+                tracing::warn!(%peer, error = %error, "refused a wrapped api request");
+                return ApiResponse::Error(error);
+            }
+        };
+        let peer = &caller;
         if let Err(error) = authorise(peer, &request) {
             tracing::warn!(%peer, request = request_kind(&request), "refused an unauthorised api request");
             return ApiResponse::Error(error);
         }
-        let deadline_ms = match request {
+        let deadline = Duration::from_millis(match request {
             ApiRequest::AddMember { .. } | ApiRequest::RemoveMember { .. } => MEMBERSHIP_TIMEOUT_MS,
             _ => API_REQUEST_TIMEOUT_MS,
-        };
+        });
+        let started = tokio::time::Instant::now();
         let write = request.is_write();
-        let answer =
-            tokio::time::timeout(Duration::from_millis(deadline_ms), self.answer(request)).await;
+        let forwardable = via_leader.then(|| request.clone());
+        let answer = tokio::time::timeout(deadline, self.answer(request)).await;
         match answer {
             Ok(Ok(response)) => response,
+            Ok(Err(ApiError::NotLeader {
+                leader_address: Some(leader),
+                ..
+            })) if forwardable.is_some() => {
+                let request = forwardable.expect("checked by the guard");
+                let within = deadline.saturating_sub(started.elapsed());
+                self.forward(peer, request, leader, within).await
+            }
             Ok(Err(error)) => {
                 if write && !matches!(error, ApiError::NotLeader { .. }) {
                     tracing::info!(%peer, error = %error, "api write refused");
@@ -194,7 +281,34 @@ impl ApiService {
                 ApiResponse::Error(error)
             }
             Err(_) => ApiResponse::Error(ApiError::Unavailable(format!(
-                "no answer within {deadline_ms} ms (is a quorum of coordinators up?)"
+                "no answer within {} ms (is a quorum of coordinators up?)",
+                deadline.as_millis()
+            ))),
+        }
+    }
+
+    /// Sends `request` of `caller` to the leader at `leader` (its address among the
+    /// coordinators) and returns its answer, within `within`.
+    async fn forward(
+        &self,
+        caller: &PeerIdentity,
+        request: ApiRequest,
+        leader: String,
+        within: Duration,
+    ) -> ApiResponse {
+        let client = match self.inner.forwarder.client_of(&leader) {
+            Ok(client) => client.with_call_timeout(within),
+            Err(error) => return ApiResponse::Error(ApiError::Unavailable(error.to_string())),
+        };
+        let forwarded = ApiRequest::Forwarded {
+            caller: caller.uri(),
+            request: Box::new(request),
+        };
+        match client.call(forwarded).await {
+            Ok(response) => response,
+            Err(ClientError::Api(error)) => ApiResponse::Error(error),
+            Err(error) => ApiResponse::Error(ApiError::Unavailable(format!(
+                "forwarding to the leader at {leader}: {error}"
             ))),
         }
     }
@@ -444,6 +558,8 @@ fn request_kind(request: &ApiRequest) -> &'static str {
         ApiRequest::RemoveMember { .. } => "RemoveMember",
         ApiRequest::Health => "Health",
         ApiRequest::JobLogs { .. } => "JobLogs",
+        ApiRequest::ViaLeader(_) => "ViaLeader",
+        ApiRequest::Forwarded { .. } => "Forwarded",
     }
 }
 

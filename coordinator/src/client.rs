@@ -64,6 +64,10 @@ struct ClientState {
     /// The address that last answered (the leader, most likely).
     preferred: Option<String>,
     connections: BTreeMap<String, PeerConnection>,
+    /// Set once a follower redirected a call to an address this client could not reach:
+    /// from then on every request asks to be served through the leader
+    /// ([`ApiRequest::ViaLeader`]), so that a follower forwards it.
+    via_leader: bool,
 }
 
 /// What one attempt on one address gave.
@@ -92,8 +96,17 @@ impl ApiClient {
         if addresses.is_empty() {
             return Err(ClientError::NoAddresses);
         }
+        Self::over(Arc::new(Client::new(identity)), addresses)
+    }
+
+    /// A client of the coordinators at `addresses` that connects with `client`, already
+    /// set up (a coordinator's own, to forward requests to the leader).
+    pub fn over(client: Arc<Client>, addresses: Vec<String>) -> Result<Self, ClientError> {
+        if addresses.is_empty() {
+            return Err(ClientError::NoAddresses);
+        }
         Ok(ApiClient {
-            client: Arc::new(Client::new(identity)),
+            client,
             addresses,
             state: Arc::new(Mutex::new(ClientState::default())),
             call_timeout: Duration::from_millis(CALL_TIMEOUT_DEFAULT_MS),
@@ -138,6 +151,9 @@ impl ApiClient {
         let mut next: Option<String> = self.lock().preferred.clone();
         let mut redirects = 0u32;
         let mut round = 0usize;
+        // The follower that redirected this call, while the redirect is being followed.
+        let mut redirected_by: Option<String> = None;
+        let mut via_leader: Option<ApiRequest> = None;
         while started.elapsed() < call_timeout {
             let address = match next.take() {
                 Some(address) => address,
@@ -150,7 +166,12 @@ impl ApiClient {
                     address
                 }
             };
-            match self.attempt(&address, &request).await {
+            if via_leader.is_none() && self.lock().via_leader {
+                via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
+            }
+            let sent = via_leader.as_ref().unwrap_or(&request);
+            let following = redirected_by.take();
+            match self.attempt(&address, sent).await {
                 Attempt::Answer(response) => {
                     self.lock().preferred = Some(address);
                     return match *response {
@@ -166,11 +187,22 @@ impl ApiClient {
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                     }
                     match leader {
-                        Some(leader) if leader != address => next = Some(leader),
+                        Some(leader) if leader != address => {
+                            next = Some(leader);
+                            redirected_by = Some(address);
+                        }
                         _ => tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await,
                     }
                 }
-                Attempt::Retry(why) => last = format!("{address}: {why}"),
+                Attempt::Retry(why) => {
+                    last = format!("{address}: {why}");
+                    if let Some(follower) = following {
+                        // The leader's address as the coordinators know it is out of this
+                        // client's reach: the follower serves it through the leader instead.
+                        self.lock().via_leader = true;
+                        next = Some(follower);
+                    }
+                }
                 Attempt::Lost(why) => {
                     if !retry_after_loss {
                         return Err(ClientError::Uncertain(format!("{address}: {why}")));
@@ -249,7 +281,13 @@ impl ApiClient {
 
     /// Closes every connection.
     pub fn close(&self) {
-        self.lock().connections.clear();
+        self.close_connections();
         self.client.close();
+    }
+
+    /// Drops this client's connections but leaves the QUIC client it was made
+    /// [`over`](ApiClient::over), and that client's other connections, open.
+    pub fn close_connections(&self) {
+        self.lock().connections.clear();
     }
 }

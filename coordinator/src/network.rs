@@ -104,6 +104,11 @@ impl PeerConnections {
         }
     }
 
+    /// The QUIC client the pool connects with (this coordinator's certificate).
+    pub fn client(&self) -> Arc<Client> {
+        Arc::clone(&self.client)
+    }
+
     fn lock(&self) -> MutexGuard<'_, PoolInner> {
         // The pool holds no invariant a panic could break; keep using it.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)

@@ -12,7 +12,8 @@ use support::{create_share, ids_of, job, jobs, jobs_on_each, shares, submit, Clu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_node_cluster_takes_writes_through_any_node_and_every_node_agrees() {
-    // Proves leader election, redirects from followers, idempotent submit and replication.
+    // Proves leader election, redirects from followers, a follower forwarding to the leader,
+    // idempotent submit and replication.
     let cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
     eprintln!("--- coordinator {leader} leads");
@@ -47,6 +48,26 @@ async fn a_three_node_cluster_takes_writes_through_any_node_and_every_node_agree
         other => panic!("the retried submit failed: {other:?}"),
     }
     submitted.push(first);
+
+    let follower = cluster.ids_except(&[leader])[0];
+    eprintln!("--- coordinator {follower}, a follower, serves requests through the leader");
+    // What a client sends once the leader's address is out of its reach (`ViaLeader`).
+    let user = cluster.client_of("bob", vec![cluster.address(follower)]);
+    let via_leader = |request: ApiRequest| ApiRequest::ViaLeader(Box::new(request));
+    match user
+        .call(via_leader(ApiRequest::SubmitJob(job("team-1", 8))))
+        .await
+    {
+        Ok(ApiResponse::JobSubmitted { job, duplicate }) => {
+            assert!(!duplicate);
+            submitted.push(job);
+        }
+        other => panic!("a submit forwarded by a follower failed: {other:?}"),
+    }
+    match user.call(via_leader(ApiRequest::ClusterStatus)).await {
+        Ok(ApiResponse::Cluster(view)) => assert_eq!(view.leader, Some(leader)),
+        other => panic!("a read forwarded by a follower failed: {other:?}"),
+    }
 
     eprintln!("--- every coordinator holds the same state");
     cluster.wait_converged(&[1, 2, 3]).await;

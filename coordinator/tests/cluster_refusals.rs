@@ -164,6 +164,65 @@ async fn bad_clients_and_bad_frames_are_refused_and_change_nothing() {
     // A user may read and submit, though.
     assert_eq!(shares(&user).await.len(), 1);
 
+    eprintln!("--- a user wrapping an admin command, or posing as an admin in a forwarded one");
+    let sneaky = ApiRequest::CreateShare(share("sneaky"));
+    let follower = cluster.ids_except(&[leader])[0];
+    for address in [cluster.address(leader), cluster.address(follower)] {
+        let user = cluster.client_of("bob", vec![address]);
+        for wrapped in [
+            ApiRequest::ViaLeader(Box::new(sneaky.clone())),
+            ApiRequest::Forwarded {
+                caller: "quotient://admin/alice".to_string(),
+                request: Box::new(sneaky.clone()),
+            },
+        ] {
+            match user.call(wrapped.clone()).await {
+                Err(ClientError::Api(ApiError::Unauthorized(text))) => {
+                    assert!(text.contains("bob"), "{text}")
+                }
+                other => panic!("{wrapped:?} by a user: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+    let coordinator = cluster.client_of("coord-1", vec![leader_address.clone()]);
+    let as_bob = ApiRequest::Forwarded {
+        caller: "quotient://user/bob".to_string(),
+        request: Box::new(sneaky.clone()),
+    };
+    match coordinator.call(as_bob).await {
+        Err(ClientError::Api(ApiError::Unauthorized(text))) => {
+            assert!(
+                text.contains("bob"),
+                "authorised as the caller it names: {text}"
+            )
+        }
+        other => panic!("an admin command forwarded for a user: {other:?}"),
+    }
+    for malformed in [
+        ApiRequest::Forwarded {
+            caller: "alice".to_string(),
+            request: Box::new(ApiRequest::ListShares),
+        },
+        ApiRequest::Forwarded {
+            caller: "quotient://admin/alice".to_string(),
+            request: Box::new(ApiRequest::ViaLeader(Box::new(sneaky.clone()))),
+        },
+    ] {
+        match coordinator.call(malformed.clone()).await {
+            Err(ClientError::Api(ApiError::BadRequest(_))) => {}
+            other => panic!("{malformed:?}: expected a bad request, got {other:?}"),
+        }
+    }
+    match admin
+        .call(ApiRequest::ViaLeader(Box::new(ApiRequest::ViaLeader(
+            Box::new(sneaky.clone()),
+        ))))
+        .await
+    {
+        Err(ClientError::Api(ApiError::BadRequest(_))) => {}
+        other => panic!("a request wrapped twice: expected a bad request, got {other:?}"),
+    }
+
     eprintln!("--- an agent certificate on the API and on Raft");
     let agent = cluster.client_of("node-1", cluster.addresses());
     match agent.call(ApiRequest::ListShares).await {
