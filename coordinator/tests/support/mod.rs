@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
+pub mod docker_hosts;
 pub mod fault_proxy;
 pub mod no_network;
 
@@ -22,6 +23,7 @@ use quotient_common::tls::TlsFiles;
 use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
 use quotient_coordinator::ApiClient;
 
+use docker_hosts::{DockerHosts, DOCKER_PORT};
 use fault_proxy::{udp_ports_of, FaultProxy};
 
 /// How long a cluster may take to elect a leader or converge, on a slow CI machine.
@@ -42,11 +44,16 @@ pub struct Certs {
 
 impl Certs {
     pub fn create(root: &Path) -> Certs {
+        Certs::create_with_sans(root, |_| Vec::new())
+    }
+
+    /// As [`Certs::create`], coordinator `id`'s certificate also naming `sans(id)`.
+    pub fn create_with_sans(root: &Path, sans: impl Fn(u64) -> Vec<String>) -> Certs {
         let dir = root.join("certs");
         let other_dir = root.join("other-certs");
         certs::init_ca(&dir).expect("a CA");
         for id in 1..=5 {
-            certs::issue(&dir, Role::Coordinator, &format!("coord-{id}"), &[])
+            certs::issue(&dir, Role::Coordinator, &format!("coord-{id}"), &sans(id))
                 .expect("a coordinator certificate");
         }
         certs::issue(&dir, Role::Admin, "alice", &[]).expect("an admin certificate");
@@ -78,14 +85,30 @@ pub fn free_ports(count: usize) -> Vec<u16> {
 struct Member {
     /// Where the other coordinators know it (its entry in `--peers`).
     address: String,
-    /// Where it listens, and where the tests' clients reach it: its `address` too, unless
-    /// the cluster runs behind fault proxies.
+    /// Where it listens: its `address` too, unless the cluster runs behind fault proxies or
+    /// in containers.
     listen: String,
+    /// Where the tests' clients reach it: `listen`, or its container's address.
+    client: String,
     data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
     /// How many times it was started, to keep each start's log.
     starts: u32,
+}
+
+impl Member {
+    fn new(root: &Path, id: u64, address: &str, listen: &str, client: &str) -> Member {
+        Member {
+            address: address.to_string(),
+            listen: listen.to_string(),
+            client: client.to_string(),
+            data_dir: root.join(format!("data-{id}")),
+            log: root.join(format!("coord-{id}.log")),
+            child: None,
+            starts: 0,
+        }
+    }
 }
 
 /// A cluster of coordinator processes; every process is killed when this is dropped.
@@ -98,6 +121,8 @@ pub struct Cluster {
     extra_args: Vec<String>,
     /// The relay in front of each coordinator, when the cluster was started behind them.
     proxies: BTreeMap<u64, FaultProxy>,
+    /// The network the coordinators' containers run on, when each runs in its own.
+    docker: Option<DockerHosts>,
 }
 
 impl Cluster {
@@ -148,16 +173,10 @@ impl Cluster {
         let members = (1..=size)
             .zip(ports)
             .map(|(id, port)| {
+                let address = format!("127.0.0.1:{port}");
                 (
                     id,
-                    Member {
-                        address: format!("127.0.0.1:{port}"),
-                        listen: format!("127.0.0.1:{port}"),
-                        data_dir: root.path().join(format!("data-{id}")),
-                        log: root.path().join(format!("coord-{id}.log")),
-                        child: None,
-                        starts: 0,
-                    },
+                    Member::new(root.path(), id, &address, &address, &address),
                 )
             })
             .collect();
@@ -168,7 +187,41 @@ impl Cluster {
             initial,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             proxies: BTreeMap::new(),
+            docker: None,
         }
+    }
+
+    /// Starts `size` coordinators, each in its own container on a network of its own (see
+    /// [`DockerHosts`]): a host name, an address and a network interface each, reached from
+    /// this process at their containers' addresses. `None` (skip, said loudly) where Docker
+    /// is not reachable, except under `CI=true`, where that fails the test.
+    pub fn start_in_docker(size: u64, extra_args: &[&str]) -> Option<Cluster> {
+        let docker = DockerHosts::create()?;
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let certs = Certs::create_with_sans(root.path(), |id| vec![docker.host(id), docker.ip(id)]);
+        let members = (1..=size)
+            .map(|id| {
+                let member = Member::new(
+                    root.path(),
+                    id,
+                    &format!("{}:{DOCKER_PORT}", docker.host(id)),
+                    &format!("0.0.0.0:{DOCKER_PORT}"),
+                    &format!("{}:{DOCKER_PORT}", docker.ip(id)),
+                );
+                (id, member)
+            })
+            .collect();
+        let mut cluster = Cluster {
+            root,
+            certs,
+            members,
+            initial: size,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            proxies: BTreeMap::new(),
+            docker: Some(docker),
+        };
+        cluster.start_initial();
+        Some(cluster)
     }
 
     /// The initial members, plus `id` itself when it joins later.
@@ -194,8 +247,14 @@ impl Cluster {
         member.starts += 1;
         let log_path = member.log.with_extension(format!("{}.log", member.starts));
         let mut log = File::create(&log_path).expect("a log file");
-        let files = TlsFiles::in_dir(&certs_dir, &format!("coord-{id}"));
-        let mut command = Command::new(BINARY);
+        let (mut command, files, data_dir) = match &self.docker {
+            None => (
+                Command::new(BINARY),
+                TlsFiles::in_dir(&certs_dir, &format!("coord-{id}")),
+                member.data_dir.clone(),
+            ),
+            Some(docker) => docker.run(id, &certs_dir, &member.data_dir),
+        };
         // SAFETY: between fork and exec the closure calls only `signal`, which is
         // async-signal-safe, and touches no memory of the parent.
         unsafe {
@@ -212,7 +271,7 @@ impl Cluster {
             .arg("--listen")
             .arg(&member.listen)
             .arg("--data-dir")
-            .arg(&member.data_dir)
+            .arg(&data_dir)
             .arg("--peers")
             .arg(&peers)
             .arg("--ca")
@@ -239,6 +298,9 @@ impl Cluster {
 
     /// Kills coordinator `id` with SIGKILL and reaps it.
     pub fn kill(&mut self, id: u64) {
+        if let Some(docker) = &self.docker {
+            docker.remove(id);
+        }
         let member = self.members.get_mut(&id).expect("a member of the cluster");
         if let Some(mut child) = member.child.take() {
             let _ = child.kill();
@@ -280,14 +342,38 @@ impl Cluster {
             .id()
     }
 
-    /// Freezes coordinator `id` (SIGSTOP), as a long stall of its machine would.
+    /// Freezes coordinator `id` (SIGSTOP, or its container's cgroup frozen), as a long stall
+    /// of its machine would.
     pub fn pause(&self, id: u64) {
-        self.signal(id, libc::SIGSTOP);
+        match &self.docker {
+            None => self.signal(id, libc::SIGSTOP),
+            Some(docker) => docker.container_command(id, "pause"),
+        }
     }
 
-    /// Lets a paused coordinator `id` run again (SIGCONT).
+    /// Lets a paused coordinator `id` run again.
     pub fn resume(&self, id: u64) {
-        self.signal(id, libc::SIGCONT);
+        match &self.docker {
+            None => self.signal(id, libc::SIGCONT),
+            Some(docker) => docker.container_command(id, "unpause"),
+        }
+    }
+
+    /// Unplugs coordinator `id`'s container from the network: nothing reaches it or leaves
+    /// it, clients included, and its name no longer resolves. Docker clusters only.
+    pub fn unplug(&self, id: u64) {
+        self.docker_hosts().unplug(id);
+    }
+
+    /// Plugs coordinator `id`'s container back in, at the same address.
+    pub fn plug(&self, id: u64) {
+        self.docker_hosts().plug(id);
+    }
+
+    fn docker_hosts(&self) -> &DockerHosts {
+        self.docker
+            .as_ref()
+            .expect("start the cluster with Cluster::start_in_docker to unplug a coordinator")
     }
 
     fn signal(&self, id: u64, signal: libc::c_int) {
@@ -328,7 +414,7 @@ impl Cluster {
 
     /// Where a client reaches coordinator `id` (never through a fault proxy).
     pub fn address(&self, id: u64) -> String {
-        self.members[&id].listen.clone()
+        self.members[&id].client.clone()
     }
 
     /// Where the other coordinators reach coordinator `id`.
@@ -396,7 +482,7 @@ impl Cluster {
         self.members
             .iter()
             .filter(|(id, _)| **id <= self.initial)
-            .map(|(_, m)| m.listen.clone())
+            .map(|(_, m)| m.client.clone())
             .collect()
     }
 
@@ -516,7 +602,10 @@ impl Drop for Cluster {
         if std::thread::panicking() {
             self.dump_logs();
         }
-        for member in self.members.values_mut() {
+        for (id, member) in self.members.iter_mut() {
+            if let Some(docker) = &self.docker {
+                docker.remove(*id);
+            }
             if let Some(mut child) = member.child.take() {
                 let _ = child.kill();
                 let _ = child.wait();

@@ -1,0 +1,126 @@
+//! Three coordinators on hosts of their own: each in a Docker container with its own host
+//! name, address and network interface on a private network (`support::docker_hosts`), the
+//! others reaching it by name through Docker's DNS and the tests reaching it at its address.
+//! A client of any one host is served (a follower forwards to the leader across the network);
+//! a leader unplugged from the network is replaced, and when it is plugged back in it drops
+//! what it could not commit and holds exactly the others' state; a frozen host (its cgroup
+//! frozen) and a killed one come back and catch up.
+//!
+//! Docker must be reachable: under `CI=true` these tests fail without it, elsewhere they skip
+//! with a message.
+
+mod support;
+
+use std::time::Duration;
+
+use quotient_common::api::ApiRequest;
+use quotient_common::JobId;
+use quotient_coordinator::ClientError;
+use support::{create_share, ids_of, job, jobs_on_each, submit, Cluster};
+
+/// A call to the unplugged leader gives up after this.
+const CALL_TO_THE_UNPLUGGED_LEADER: Duration = Duration::from_secs(5);
+
+/// Checks that every coordinator, asked alone, holds exactly the `acknowledged` jobs, in order.
+async fn holds_exactly(cluster: &Cluster, acknowledged: &[JobId]) {
+    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
+    for (id, seen) in jobs_on_each(cluster, &cluster.ids()).await {
+        assert_eq!(
+            ids_of(&seen),
+            expected,
+            "coordinator {id} must hold every acknowledged job and nothing else"
+        );
+    }
+}
+
+/// A cluster in containers with a leader, a share and one job through each coordinator
+/// alone; `None` when Docker is not reachable outside CI.
+async fn started() -> Option<(Cluster, u64, Vec<JobId>)> {
+    let cluster = Cluster::start_in_docker(3, &[])?;
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    eprintln!("--- coordinator {leader} leads; one job through each host alone");
+    create_share(&cluster.admin(), "team").await;
+    let mut acknowledged = Vec::new();
+    for id in cluster.ids() {
+        let alone = cluster.client_of_ids("bob", &[id]);
+        acknowledged.push(submit(&alone, job("team", id as u32)).await);
+        alone.close();
+    }
+    cluster.wait_converged(&[1, 2, 3]).await;
+    holds_exactly(&cluster, &acknowledged).await;
+    Some((cluster, leader, acknowledged))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_unplugged_from_the_network_is_replaced_and_rejoins_with_the_others_state() {
+    let Some((cluster, leader, mut acknowledged)) = started().await else {
+        return;
+    };
+    let others = cluster.ids_except(&[leader]);
+
+    eprintln!("--- coordinator {leader} unplugged");
+    cluster.unplug(leader);
+    let unplugged = cluster
+        .client_of("bob", vec![cluster.address(leader)])
+        .with_call_timeout(CALL_TO_THE_UNPLUGGED_LEADER);
+    let answer = unplugged.call(ApiRequest::Health).await;
+    assert!(
+        matches!(answer, Err(ClientError::Unavailable { .. })),
+        "an unplugged host cannot answer: {answer:?}"
+    );
+    unplugged.close();
+
+    let new_leader = cluster.wait_for_leader(&others).await;
+    assert_ne!(new_leader, leader);
+    eprintln!("--- coordinator {new_leader} leads the two left; they take writes");
+    let majority = cluster.client_of_ids("bob", &others);
+    for priority in [11, 12, 13] {
+        acknowledged.push(submit(&majority, job("team", priority)).await);
+    }
+
+    eprintln!("--- coordinator {leader} plugged back in");
+    cluster.plug(leader);
+    let leader_after = cluster.wait_for_leader(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    eprintln!("coordinator {leader_after} leads after the heal");
+    holds_exactly(&cluster, &acknowledged).await;
+
+    let everyone = cluster.client_of("bob", cluster.addresses());
+    acknowledged.push(submit(&everyone, job("team", 14)).await);
+    cluster.wait_converged(&[1, 2, 3]).await;
+    holds_exactly(&cluster, &acknowledged).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_host_and_a_killed_one_come_back_and_catch_up() {
+    let Some((mut cluster, leader, mut acknowledged)) = started().await else {
+        return;
+    };
+    let others = cluster.ids_except(&[leader]);
+
+    eprintln!("--- coordinator {leader}'s container frozen");
+    cluster.pause(leader);
+    let new_leader = cluster.wait_for_leader(&others).await;
+    assert_ne!(new_leader, leader);
+    let majority = cluster.client_of_ids("bob", &others);
+    acknowledged.push(submit(&majority, job("team", 21)).await);
+    majority.close();
+    cluster.resume(leader);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    holds_exactly(&cluster, &acknowledged).await;
+
+    let follower = cluster.ids_except(&[new_leader])[0];
+    eprintln!("--- coordinator {follower}'s container killed; writes go on without it");
+    cluster.kill(follower);
+    let two = cluster.client_of_ids("bob", &cluster.ids_except(&[follower]));
+    for priority in [22, 23] {
+        acknowledged.push(submit(&two, job("team", priority)).await);
+    }
+    two.close();
+    eprintln!("--- coordinator {follower} started again on its data directory");
+    cluster.start_member(follower);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    holds_exactly(&cluster, &acknowledged).await;
+}
