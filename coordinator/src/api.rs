@@ -46,6 +46,11 @@ use crate::views;
 pub const API_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
 /// Deadline for answering one request, Raft commit included (milliseconds).
 pub const API_REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// Longest a follower spends forwarding one request to the leader (milliseconds): less than
+/// a client's deadline for one attempt (`client::ATTEMPT_TIMEOUT_MS`, the CLI's 10 s), so
+/// that a forward that reached no leader comes back as "no leader yet", which the client
+/// retries, rather than as a lost answer.
+pub const FORWARD_TIMEOUT_MS: u64 = 3_000;
 /// Deadline for a membership change: the new member must catch up first (milliseconds).
 pub const MEMBERSHIP_TIMEOUT_MS: u64 = 120_000;
 
@@ -296,6 +301,7 @@ impl ApiService {
         leader: String,
         within: Duration,
     ) -> ApiResponse {
+        let within = within.min(Duration::from_millis(FORWARD_TIMEOUT_MS));
         let client = match self.inner.forwarder.client_of(&leader) {
             Ok(client) => client.with_call_timeout(within),
             Err(error) => return ApiResponse::Error(ApiError::Unavailable(error.to_string())),
@@ -307,6 +313,15 @@ impl ApiService {
         match client.call(forwarded).await {
             Ok(response) => response,
             Err(ClientError::Api(error)) => ApiResponse::Error(error),
+            // It reached no leader that would carry it out (the one this coordinator knows
+            // is gone, or none is elected yet): as "no leader yet", which clients retry.
+            Err(ClientError::Unavailable { last, .. }) => {
+                tracing::debug!(%leader, %last, "could not forward a request to the leader");
+                ApiResponse::Error(ApiError::NotLeader {
+                    leader_id: None,
+                    leader_address: None,
+                })
+            }
             Err(error) => ApiResponse::Error(ApiError::Unavailable(format!(
                 "forwarding to the leader at {leader}: {error}"
             ))),

@@ -166,7 +166,11 @@ impl ApiClient {
                     address
                 }
             };
-            if via_leader.is_none() && self.lock().via_leader {
+            let wrapped = matches!(
+                request,
+                ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
+            );
+            if via_leader.is_none() && !wrapped && self.lock().via_leader {
                 via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
             }
             let sent = via_leader.as_ref().unwrap_or(&request);

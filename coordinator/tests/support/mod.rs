@@ -32,6 +32,9 @@ pub const CONVERGE: Duration = Duration::from_secs(60);
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Deadline of a call through a health client (one address, no redirects).
 pub const HEALTH_CALL: Duration = Duration::from_secs(2);
+/// How long a coordinator may take to exit once told to stop (`docker stop` kills it after
+/// 10 s).
+pub const STOP_WITHIN: Duration = Duration::from_secs(20);
 /// The coordinator binary built by cargo for these tests.
 pub const BINARY: &str = env!("CARGO_BIN_EXE_quotient-coordinator");
 
@@ -306,6 +309,16 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Stops coordinator `id` the way an operator does (SIGTERM; `docker stop` in a
+    /// container) and waits for it to exit; its exit status.
+    pub async fn stop(&mut self, id: u64) -> std::process::ExitStatus {
+        match &self.docker {
+            None => self.signal(id, libc::SIGTERM),
+            Some(docker) => docker.container_command(id, "stop"),
+        }
+        self.wait_exit(id, STOP_WITHIN).await
     }
 
     /// Lets coordinator `id` write no file at or past `bytes` from now on (RLIMIT_FSIZE):
