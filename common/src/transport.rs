@@ -104,7 +104,7 @@ pub enum TransportError {
         #[source]
         source: quinn::ConnectError,
     },
-    #[error("handshake with {address} failed: {source}; check that both sides have certificates from the same cluster CA")]
+    #[error("handshake with {address} failed: {source}{hint}", hint = handshake_hint(source))]
     Handshake {
         address: SocketAddr,
         #[source]
@@ -130,6 +130,20 @@ pub enum TransportError {
     ConnectionLost(#[source] ConnectionError),
     #[error("cannot read the local address: {0}")]
     LocalAddress(#[source] std::io::Error),
+}
+
+/// What to check after a failed handshake. A peer that closed the connection itself gave up
+/// on it (its own deadline, or it is shutting down): no certificate problem, whatever else
+/// went wrong.
+fn handshake_hint(error: &ConnectionError) -> &'static str {
+    match error {
+        ConnectionError::ApplicationClosed(_) => {
+            "; the peer gave up on the connection (its own deadline ran out, or it is shutting down)"
+        }
+        ConnectionError::TimedOut => "; is the peer running and reachable?",
+        ConnectionError::LocallyClosed => "",
+        _ => "; check that both sides have certificates from the same cluster CA",
+    }
 }
 
 /// Why one request failed. The connection may still be good for others.
@@ -710,11 +724,36 @@ impl RequestStream {
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_failed_handshake_says_what_to_check() {
+        let address: SocketAddr = "127.0.0.1:7401".parse().expect("an address");
+        let said =
+            |source: ConnectionError| TransportError::Handshake { address, source }.to_string();
+        let gave_up = said(ConnectionError::ApplicationClosed(
+            quinn::ApplicationClose {
+                error_code: VarInt::from_u32(0),
+                reason: Default::default(),
+            },
+        ));
+        assert!(
+            gave_up.contains("gave up") && !gave_up.contains("CA"),
+            "{gave_up}"
+        );
+        let timed_out = said(ConnectionError::TimedOut);
+        assert!(
+            timed_out.contains("reachable") && !timed_out.contains("CA"),
+            "{timed_out}"
+        );
+        let reset = said(ConnectionError::Reset);
+        assert!(reset.contains("same cluster CA"), "{reset}");
+    }
+
     /// The most receive buffer the kernel grants one socket without privileges.
+    #[cfg(target_os = "linux")]
     fn rmem_max() -> usize {
         std::fs::read_to_string("/proc/sys/net/core/rmem_max")
             .ok()
@@ -723,6 +762,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn an_endpoint_socket_gets_the_buffers_it_asks_for_up_to_the_kernel_cap() {
         for client in [false, true] {
             let socket = udp_socket(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), client)

@@ -324,6 +324,7 @@ async fn a_server_certificate_from_another_ca_is_refused_by_the_client() {
     );
     let message = format!("{error:#}");
     assert!(message.contains("UnknownIssuer"), "{message}");
+    assert!(message.contains("same cluster CA"), "{message}");
 }
 
 #[tokio::test]
