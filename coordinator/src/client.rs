@@ -93,9 +93,6 @@ impl ApiClient {
         addresses: Vec<String>,
         identity: TlsIdentity,
     ) -> Result<Self, ClientError> {
-        if addresses.is_empty() {
-            return Err(ClientError::NoAddresses);
-        }
         Self::over(Arc::new(Client::new(identity)), addresses)
     }
 
@@ -154,6 +151,10 @@ impl ApiClient {
         // The follower that redirected this call, while the redirect is being followed.
         let mut redirected_by: Option<String> = None;
         let mut via_leader: Option<ApiRequest> = None;
+        let wrapped = matches!(
+            request,
+            ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
+        );
         while started.elapsed() < call_timeout {
             let address = match next.take() {
                 Some(address) => address,
@@ -166,10 +167,6 @@ impl ApiClient {
                     address
                 }
             };
-            let wrapped = matches!(
-                request,
-                ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
-            );
             if via_leader.is_none() && !wrapped && self.lock().via_leader {
                 via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
             }

@@ -46,12 +46,8 @@ pub struct Certs {
 }
 
 impl Certs {
-    pub fn create(root: &Path) -> Certs {
-        Certs::create_with_sans(root, |_| Vec::new())
-    }
-
-    /// As [`Certs::create`], coordinator `id`'s certificate also naming `sans(id)`.
-    pub fn create_with_sans(root: &Path, sans: impl Fn(u64) -> Vec<String>) -> Certs {
+    /// The certificates under `root`, coordinator `id`'s also naming `sans(id)`.
+    pub fn create(root: &Path, sans: impl Fn(u64) -> Vec<String>) -> Certs {
         let dir = root.join("certs");
         let other_dir = root.join("other-certs");
         certs::init_ca(&dir).expect("a CA");
@@ -170,17 +166,50 @@ impl Cluster {
 
     /// The cluster's directories and addresses; starts nothing.
     fn prepare(size: u64, initial: u64, extra_args: &[&str]) -> Cluster {
-        let root = tempfile::tempdir().expect("a temporary directory");
-        let certs = Certs::create(root.path());
         let ports = free_ports(size as usize);
+        Cluster::assemble(size, initial, extra_args, None, |id| {
+            let address = format!("127.0.0.1:{}", ports[id as usize - 1]);
+            [address.clone(), address.clone(), address]
+        })
+    }
+
+    /// Starts `size` coordinators, each in its own container on a network of its own (see
+    /// [`DockerHosts`]): a host name, an address and a network interface each, reached from
+    /// this process at their containers' addresses. `None` (skip, said loudly) where Docker
+    /// is not reachable, except under `CI=true`, where that fails the test.
+    pub fn start_in_docker(size: u64, extra_args: &[&str]) -> Option<Cluster> {
+        let docker = DockerHosts::create()?;
+        let addresses = |id| {
+            [
+                format!("{}:{DOCKER_PORT}", docker.host(id)),
+                format!("0.0.0.0:{DOCKER_PORT}"),
+                format!("{}:{DOCKER_PORT}", docker.ip(id)),
+            ]
+        };
+        let mut cluster = Cluster::assemble(size, size, extra_args, Some(&docker), addresses);
+        cluster.docker = Some(docker);
+        cluster.start_initial();
+        Some(cluster)
+    }
+
+    /// The cluster's certificates and members, coordinator `id` known to the others, listening
+    /// and reached by clients at the three `addresses(id)`; starts nothing. Coordinators in
+    /// `docker` containers also carry their host names and addresses in their certificates.
+    fn assemble(
+        size: u64,
+        initial: u64,
+        extra_args: &[&str],
+        docker: Option<&DockerHosts>,
+        addresses: impl Fn(u64) -> [String; 3],
+    ) -> Cluster {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let certs = Certs::create(root.path(), |id| {
+            docker.map_or_else(Vec::new, |docker| vec![docker.host(id), docker.ip(id)])
+        });
         let members = (1..=size)
-            .zip(ports)
-            .map(|(id, port)| {
-                let address = format!("127.0.0.1:{port}");
-                (
-                    id,
-                    Member::new(root.path(), id, &address, &address, &address),
-                )
+            .map(|id| {
+                let [address, listen, client] = addresses(id);
+                (id, Member::new(root.path(), id, &address, &listen, &client))
             })
             .collect();
         Cluster {
@@ -192,39 +221,6 @@ impl Cluster {
             proxies: BTreeMap::new(),
             docker: None,
         }
-    }
-
-    /// Starts `size` coordinators, each in its own container on a network of its own (see
-    /// [`DockerHosts`]): a host name, an address and a network interface each, reached from
-    /// this process at their containers' addresses. `None` (skip, said loudly) where Docker
-    /// is not reachable, except under `CI=true`, where that fails the test.
-    pub fn start_in_docker(size: u64, extra_args: &[&str]) -> Option<Cluster> {
-        let docker = DockerHosts::create()?;
-        let root = tempfile::tempdir().expect("a temporary directory");
-        let certs = Certs::create_with_sans(root.path(), |id| vec![docker.host(id), docker.ip(id)]);
-        let members = (1..=size)
-            .map(|id| {
-                let member = Member::new(
-                    root.path(),
-                    id,
-                    &format!("{}:{DOCKER_PORT}", docker.host(id)),
-                    &format!("0.0.0.0:{DOCKER_PORT}"),
-                    &format!("{}:{DOCKER_PORT}", docker.ip(id)),
-                );
-                (id, member)
-            })
-            .collect();
-        let mut cluster = Cluster {
-            root,
-            certs,
-            members,
-            initial: size,
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            proxies: BTreeMap::new(),
-            docker: Some(docker),
-        };
-        cluster.start_initial();
-        Some(cluster)
     }
 
     /// The initial members, plus `id` itself when it joins later.
