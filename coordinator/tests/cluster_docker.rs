@@ -17,22 +17,10 @@ use std::time::Duration;
 use quotient_common::api::ApiRequest;
 use quotient_common::JobId;
 use quotient_coordinator::ClientError;
-use support::{create_share, ids_of, job, jobs_on_each, submit, Cluster};
+use support::{create_share, holds_exactly, job, submit, Cluster};
 
 /// A call to the unplugged leader gives up after this.
 const CALL_TO_THE_UNPLUGGED_LEADER: Duration = Duration::from_secs(5);
-
-/// Checks that every coordinator, asked alone, holds exactly the `acknowledged` jobs, in order.
-async fn holds_exactly(cluster: &Cluster, acknowledged: &[JobId]) {
-    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
-    for (id, seen) in jobs_on_each(cluster, &cluster.ids()).await {
-        assert_eq!(
-            ids_of(&seen),
-            expected,
-            "coordinator {id} must hold every acknowledged job and nothing else"
-        );
-    }
-}
 
 /// A cluster in containers with a leader, a share and one job through each coordinator
 /// alone; `None` when Docker is not reachable outside CI.

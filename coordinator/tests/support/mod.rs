@@ -712,6 +712,24 @@ pub async fn jobs_on_each(
     seen
 }
 
+/// Checks that every initial member of `cluster`, asked alone, holds exactly the
+/// `acknowledged` jobs, in order; returns what each one holds.
+pub async fn holds_exactly(
+    cluster: &Cluster,
+    acknowledged: &[quotient_common::JobId],
+) -> Vec<(u64, Vec<quotient_common::api::JobView>)> {
+    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
+    let seen = jobs_on_each(cluster, &cluster.ids()).await;
+    for (id, jobs) in &seen {
+        assert_eq!(
+            ids_of(jobs),
+            expected,
+            "coordinator {id} must hold every acknowledged job and nothing else"
+        );
+    }
+    seen
+}
+
 /// The ids of `jobs`, in order.
 pub fn ids_of(jobs: &[quotient_common::api::JobView]) -> Vec<String> {
     jobs.iter().map(|job| job.id.clone()).collect()
