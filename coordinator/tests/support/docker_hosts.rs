@@ -77,7 +77,8 @@ impl DockerHosts {
             docker(&["image", "inspect", IMAGE]).status.success(),
             "the image {IMAGE} is missing: build it with `bash agent/tests/docker/build-test-image.sh`"
         );
-        let prefix = format!("quotient-test-{}-{}", std::process::id(), unique());
+        remove_leftovers();
+        let prefix = format!("{PREFIX}{}-{}", std::process::id(), unique());
         // A /24 of 172.30.0.0/16 that no other network holds; another test may take one at
         // the same time, so a refused one is skipped.
         for attempt in 0..64u32 {
@@ -187,6 +188,45 @@ impl Drop for DockerHosts {
             let _ = docker(&["rm", "--force", container]);
         }
         let _ = docker(&["network", "rm", &self.network]);
+    }
+}
+
+/// What the names of the networks and containers of these tests start with, followed by the
+/// test process's id.
+const PREFIX: &str = "quotient-test-";
+
+/// Removes the networks (and their containers) that test processes no longer running left
+/// behind, killed before they could clean up, so that their addresses are free again.
+fn remove_leftovers() {
+    let listed = docker(&[
+        "network",
+        "ls",
+        "--quiet",
+        "--format",
+        "{{.Name}}",
+        "--filter",
+        &format!("name={PREFIX}"),
+    ]);
+    for network in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+        let pid = network
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let containers = docker(&[
+            "ps",
+            "--all",
+            "--quiet",
+            "--filter",
+            &format!("network={network}"),
+        ]);
+        for container in String::from_utf8_lossy(&containers.stdout).split_whitespace() {
+            let _ = docker(&["rm", "--force", container]);
+        }
+        let _ = docker(&["network", "rm", network]);
     }
 }
 
