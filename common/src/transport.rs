@@ -136,9 +136,16 @@ pub enum TransportError {
 /// on it (its own deadline, or it is shutting down): no certificate problem, whatever else
 /// went wrong.
 fn handshake_hint(error: &ConnectionError) -> &'static str {
+    const GAVE_UP: &str =
+        "; the peer gave up on the connection (its own deadline ran out, or it is shutting down)";
     match error {
-        ConnectionError::ApplicationClosed(_) => {
-            "; the peer gave up on the connection (its own deadline ran out, or it is shutting down)"
+        // An application that closes during the handshake must say so with the transport
+        // code APPLICATION_ERROR (RFC 9000, 10.2.3), as it has no 1-RTT keys yet.
+        ConnectionError::ApplicationClosed(_) => GAVE_UP,
+        ConnectionError::ConnectionClosed(close)
+            if close.error_code == quinn::TransportErrorCode::APPLICATION_ERROR =>
+        {
+            GAVE_UP
         }
         ConnectionError::TimedOut => "; is the peer running and reachable?",
         ConnectionError::LocallyClosed => "",
@@ -742,6 +749,16 @@ mod tests {
         assert!(
             gave_up.contains("gave up") && !gave_up.contains("CA"),
             "{gave_up}"
+        );
+        let gave_up_in_handshake =
+            said(ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+                error_code: quinn::TransportErrorCode::APPLICATION_ERROR,
+                frame_type: None,
+                reason: Default::default(),
+            }));
+        assert!(
+            gave_up_in_handshake.contains("gave up"),
+            "{gave_up_in_handshake}"
         );
         let timed_out = said(ConnectionError::TimedOut);
         assert!(
