@@ -7,11 +7,15 @@
 //! frozen) and a killed one come back and catch up; and a rolling restart (each host stopped
 //! with `docker stop` and started again in turn) loses no acknowledged write.
 //!
+//! The `quotient` CLI, given only a follower's address, is served through that follower too.
+//!
 //! Docker must be reachable: under `CI=true` these tests fail without it, elsewhere they skip
 //! with a message.
 
 mod support;
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use quotient_common::api::ApiRequest;
@@ -136,4 +140,100 @@ async fn a_rolling_restart_of_every_host_keeps_every_acknowledged_write() {
         cluster.wait_converged(&[1, 2, 3]).await;
     }
     holds_exactly(&cluster, &acknowledged).await;
+}
+
+/// The `quotient` CLI the workspace built next to the coordinator binary.
+fn cli_binary() -> PathBuf {
+    let path = Path::new(support::BINARY).with_file_name("quotient");
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace first (`cargo build` at its root, with the tests' \
+         profile), so that quotient sits next to quotient-coordinator",
+        path.display()
+    );
+    path
+}
+
+/// Runs `quotient ARGUMENTS` with the client config `config`; it must succeed. Its stdout.
+fn quotient(config: &Path, arguments: &[&str]) -> String {
+    let output = Command::new(cli_binary())
+        .args(arguments)
+        .env("QUOTIENT_CONFIG", config)
+        .output()
+        .expect("the quotient CLI runs");
+    assert!(
+        output.status.success(),
+        "quotient {arguments:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_given_only_a_follower_is_served_through_it() {
+    let Some((cluster, leader, _)) = started().await else {
+        return;
+    };
+    let follower = cluster.ids_except(&[leader])[0];
+    // The follower redirects to the leader's host name, which only the containers resolve:
+    // the CLI then asks the follower to serve its requests through the leader.
+    let files = cluster.certs.files("alice");
+    let config = cluster.root.path().join("client.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "coordinators = [\"{}\"]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            cluster.address(follower),
+            files.ca,
+            files.cert,
+            files.key
+        ),
+    )
+    .expect("a client config");
+    eprintln!("--- quotient, configured with coordinator {follower} (a follower) alone");
+    quotient(
+        &config,
+        &[
+            "share",
+            "create",
+            "cli-team",
+            "--limit",
+            "a10g=2",
+            "--strategy",
+            "lend",
+        ],
+    );
+    let job = quotient(
+        &config,
+        &[
+            "job",
+            "submit",
+            "--share",
+            "cli-team",
+            "--priority",
+            "5",
+            "--gpus",
+            "1",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    let job = job.trim();
+    let listed: serde_json::Value =
+        serde_json::from_str(&quotient(&config, &["job", "list", "-o", "json"]))
+            .expect("job list -o json is JSON");
+    assert!(
+        listed
+            .as_array()
+            .expect("an array of jobs")
+            .iter()
+            .any(|entry| entry["id"] == job),
+        "the job submitted through the follower is listed: {listed}"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&quotient(&config, &["cluster", "status", "-o", "json"]))
+            .expect("cluster status -o json is JSON");
+    assert_eq!(status["leader"], leader, "{status}");
+    cluster.wait_converged(&[1, 2, 3]).await;
 }
