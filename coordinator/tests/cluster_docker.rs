@@ -8,6 +8,9 @@
 //! with `docker stop` and started again in turn) loses no acknowledged write.
 //!
 //! The `quotient` CLI, given only a follower's address, is served through that follower too.
+//! And two agents on hosts of their own (containers with one simulated GPU each, the process
+//! runtime): when the host of the one running a job is unplugged, it stops the job within its
+//! lease, and the leader runs the job on the other host only after that.
 //!
 //! Docker must be reachable: under `CI=true` these tests fail without it, elsewhere they skip
 //! with a message.
@@ -236,4 +239,128 @@ async fn the_cli_given_only_a_follower_is_served_through_it() {
             .expect("cluster status -o json is JSON");
     assert_eq!(status["leader"], leader, "{status}");
     cluster.wait_converged(&[1, 2, 3]).await;
+}
+
+/// The state and node of job `id` as the leader sees it.
+async fn placement(
+    client: &quotient_coordinator::ApiClient,
+    id: &str,
+) -> Option<(String, Option<String>, u32)> {
+    support::jobs(client)
+        .await
+        .into_iter()
+        .find(|job| job.id == id)
+        .map(|job| (job.state, job.node, job.attempts))
+}
+
+/// Whether node `name` is `ready` as the leader sees it.
+async fn is_ready(client: &quotient_coordinator::ApiClient, name: &str) -> bool {
+    match client.call(ApiRequest::ListNodes).await {
+        Ok(quotient_common::api::ApiResponse::Nodes(nodes)) => nodes
+            .iter()
+            .any(|node| node.name == name && node.state == "ready"),
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_host_unplugged_stops_its_job_before_it_runs_again_on_another_host() {
+    // Short leases: the agent stops its jobs 2 s after it last heard a leader; the leader
+    // marks its node lost after 2 s + the job's 1 s grace + 1 s.
+    let timing = [
+        "--agent-lease-ms",
+        "2000",
+        "--agent-heartbeat-ms",
+        "250",
+        "--node-lease-margin-ms",
+        "1000",
+    ];
+    let Some(cluster) = Cluster::start_in_docker(3, &timing) else {
+        return;
+    };
+    let hosts = cluster.docker_hosts();
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    let mut agents: Vec<std::process::Child> = (1..=2)
+        .map(|node| {
+            hosts.start_agent(
+                node,
+                3,
+                &cluster.certs.dir,
+                &cluster.root.path().join(format!("state-{node}")),
+                2_000,
+                &cluster.root.path().join(format!("agent-{node}.log")),
+            )
+        })
+        .collect();
+    for node in ["node-1", "node-2"] {
+        support::poll_until(&format!("{node} ready"), support::CONVERGE, || async {
+            is_ready(&admin, node).await.then_some(())
+        })
+        .await;
+    }
+
+    let mut spec =
+        quotient_common::JobSpec::new("team", 5, 1, vec!["sleep".to_string(), "600".to_string()]);
+    spec.grace_period_ms = 1_000;
+    let id = submit(&admin, spec).await.to_string();
+    let first = support::poll_until("the job running", support::CONVERGE, || async {
+        match placement(&admin, &id).await? {
+            (state, Some(node), _) if state == "RUNNING" => Some(node),
+            _ => None,
+        }
+    })
+    .await;
+    let first_node: u64 = first
+        .strip_prefix("node-")
+        .and_then(|n| n.parse().ok())
+        .expect("a node-N name");
+    let first_host = hosts.agent_host(first_node);
+    assert!(
+        hosts.processes(&first_host).contains("sleep 600"),
+        "the job runs on {first_host}"
+    );
+
+    eprintln!("--- {first}'s host unplugged");
+    hosts.unplug_host(&first_host);
+    let second = support::poll_until(
+        "the job running again on the other host",
+        support::CONVERGE,
+        || async {
+            match placement(&admin, &id).await? {
+                (state, Some(node), attempts) if state == "RUNNING" && node != first => {
+                    Some((node, attempts))
+                }
+                _ => None,
+            }
+        },
+    )
+    .await;
+    eprintln!("the job runs on {} (attempt {})", second.0, second.1);
+    assert_eq!(second.1, 2, "a second attempt");
+    assert!(
+        !hosts.processes(&first_host).contains("sleep 600"),
+        "the unplugged host stopped its job before the job ran anywhere else: {}",
+        hosts.processes(&first_host)
+    );
+
+    eprintln!("--- {first}'s host plugged back in");
+    hosts.plug_host(&first_host, &hosts.agent_ip(first_node));
+    support::poll_until(
+        &format!("{first} ready again"),
+        support::CONVERGE,
+        || async { is_ready(&admin, &first).await.then_some(()) },
+    )
+    .await;
+    assert!(!hosts.processes(&first_host).contains("sleep 600"));
+    assert_eq!(
+        placement(&admin, &id).await,
+        Some(("RUNNING".to_string(), Some(second.0.clone()), 2)),
+        "the job stays where it runs now"
+    );
+    for agent in &mut agents {
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
 }

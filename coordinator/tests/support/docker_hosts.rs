@@ -24,6 +24,7 @@ pub const DOCKER_PORT: u16 = 7400;
 const DATA_IN_CONTAINER: &str = "/data";
 const CERTS_IN_CONTAINER: &str = "/certs";
 const BINARY_IN_CONTAINER: &str = "/usr/bin/quotient-coordinator";
+const AGENT_IN_CONTAINER: &str = "/usr/bin/quotient-agent";
 
 fn docker(args: &[&str]) -> Output {
     Command::new("docker")
@@ -51,8 +52,20 @@ pub struct DockerHosts {
     subnet: String,
     /// The containers' names (and host names) are this, a dash and the coordinator's id.
     prefix: String,
-    /// `-v` arguments that mount the binary and the libraries it links.
+    /// `-v` arguments that mount the coordinator binary and the libraries it links.
     binary_mounts: Vec<String>,
+}
+
+/// The agent binary the workspace built next to the coordinator's.
+pub fn agent_binary() -> PathBuf {
+    let path = Path::new(BINARY).with_file_name("quotient-agent");
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace first (`cargo build` at its root, with the tests' \
+         profile), so that quotient-agent sits next to quotient-coordinator",
+        path.display()
+    );
+    path
 }
 
 impl DockerHosts {
@@ -98,7 +111,7 @@ impl DockerHosts {
                     network: prefix.clone(),
                     subnet,
                     prefix,
-                    binary_mounts: binary_mounts(),
+                    binary_mounts: binary_mounts(Path::new(BINARY), BINARY_IN_CONTAINER),
                 });
             }
         }
@@ -118,29 +131,112 @@ impl DockerHosts {
     /// The command that runs coordinator `id` in a new container, attached (its log comes
     /// out of the command's stderr); the certificate files and data directory to pass it.
     pub fn run(&self, id: u64, certs_dir: &Path, data_dir: &Path) -> (Command, TlsFiles, PathBuf) {
-        // A container of that name left by an earlier start goes first.
-        self.remove(id);
-        std::fs::create_dir_all(data_dir).expect("a data directory");
-        // SAFETY: getuid and getgid cannot fail and touch no memory.
-        let user = unsafe { format!("{}:{}", libc::getuid(), libc::getgid()) };
-        let host = self.host(id);
-        let mut command = Command::new("docker");
-        command
-            .args(["run", "--rm"])
-            .args(["--name", &host, "--hostname", &host])
-            .args(["--network", &self.network, "--ip", &self.ip(id)])
-            .args(["--user", &user])
-            .args(["-e", "RUST_LOG=info,openraft=warn,quinn=warn"])
-            .arg("-v")
-            .arg(format!("{}:{CERTS_IN_CONTAINER}:ro", certs_dir.display()))
-            .arg("-v")
-            .arg(format!("{}:{DATA_IN_CONTAINER}", data_dir.display()));
+        let mut command = self.container(&self.host(id), &self.ip(id), certs_dir, data_dir);
         for mount in &self.binary_mounts {
             command.arg("-v").arg(mount);
         }
         command.arg(IMAGE).arg(BINARY_IN_CONTAINER);
         let files = TlsFiles::in_dir(Path::new(CERTS_IN_CONTAINER), &format!("coord-{id}"));
         (command, files, PathBuf::from(DATA_IN_CONTAINER))
+    }
+
+    /// `docker run` of a new container `host` at `ip`, attached, with the certificates and a
+    /// data directory mounted (the image and command follow); an earlier one of that name
+    /// goes first.
+    fn container(&self, host: &str, ip: &str, certs_dir: &Path, data_dir: &Path) -> Command {
+        let _ = docker(&["rm", "--force", host]);
+        std::fs::create_dir_all(data_dir).expect("a data directory");
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        let user = unsafe { format!("{}:{}", libc::getuid(), libc::getgid()) };
+        let mut command = Command::new("docker");
+        command
+            .args(["run", "--rm"])
+            .args(["--name", host, "--hostname", host])
+            .args(["--network", &self.network, "--ip", ip])
+            .args(["--user", &user])
+            .args(["-e", "RUST_LOG=info,openraft=warn,quinn=warn"])
+            .arg("-v")
+            .arg(format!("{}:{CERTS_IN_CONTAINER}:ro", certs_dir.display()))
+            .arg("-v")
+            .arg(format!("{}:{DATA_IN_CONTAINER}", data_dir.display()));
+        command
+    }
+
+    /// The container name of the agent of node `node-N`.
+    pub fn agent_host(&self, node: u64) -> String {
+        format!("{}-node-{node}", self.prefix)
+    }
+
+    /// Starts the agent of node `node-N` (certificate `node-N`) in a container of its own with
+    /// one simulated a10g GPU and the process runtime, talking to coordinators
+    /// `1..=coordinators` by name; its log goes to `log`. Killing the returned child does not
+    /// stop the container: removing it (or the network's teardown) does.
+    pub fn start_agent(
+        &self,
+        node: u64,
+        coordinators: u64,
+        certs_dir: &Path,
+        state_dir: &Path,
+        lease_ms: u64,
+        log: &Path,
+    ) -> std::process::Child {
+        let host = self.agent_host(node);
+        let ip = self.agent_ip(node);
+        let mut command = self.container(&host, &ip, certs_dir, state_dir);
+        for mount in binary_mounts(&agent_binary(), AGENT_IN_CONTAINER) {
+            command.arg("-v").arg(mount);
+        }
+        let name = format!("node-{node}");
+        let addresses: Vec<String> = (1..=coordinators)
+            .map(|id| format!("{}:{DOCKER_PORT}", self.host(id)))
+            .collect();
+        let files = TlsFiles::in_dir(Path::new(CERTS_IN_CONTAINER), &name);
+        command
+            .arg(IMAGE)
+            .arg(AGENT_IN_CONTAINER)
+            .args(["--name", &name])
+            .arg("--coordinators")
+            .arg(addresses.join(","))
+            .arg("--ca")
+            .arg(&files.ca)
+            .arg("--cert")
+            .arg(&files.cert)
+            .arg("--key")
+            .arg(&files.key)
+            .args(["--state-dir", DATA_IN_CONTAINER])
+            .args(["--runtime", "process"])
+            .args(["--lease-ms", &lease_ms.to_string()])
+            .args(["--simulated-gpus", "1xa10g"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("an agent log file"));
+        command.spawn().expect("docker runs the agent")
+    }
+
+    /// The command lines of the processes running in container `host`.
+    pub fn processes(&self, host: &str) -> String {
+        let output = docker(&["exec", host, "ps", "-o", "args"]);
+        assert!(
+            output.status.success(),
+            "docker exec {host} ps failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Unplugs container `host` from the network.
+    pub fn unplug_host(&self, host: &str) {
+        docker_ok(&["network", "disconnect", "--force", &self.network, host]);
+    }
+
+    /// Plugs container `host` back in at `ip`.
+    pub fn plug_host(&self, host: &str, ip: &str) {
+        docker_ok(&["network", "connect", "--ip", ip, &self.network, host]);
+    }
+
+    /// The address of the agent of node `node-N`.
+    pub fn agent_ip(&self, node: u64) -> String {
+        format!("{}.{}", self.subnet, 100 + node)
     }
 
     /// `docker VERB` on coordinator `id`'s container, which must succeed.
@@ -154,13 +250,7 @@ impl DockerHosts {
     }
 
     pub fn unplug(&self, id: u64) {
-        docker_ok(&[
-            "network",
-            "disconnect",
-            "--force",
-            &self.network,
-            &self.host(id),
-        ]);
+        self.unplug_host(&self.host(id));
     }
 
     pub fn plug(&self, id: u64) {
@@ -236,11 +326,11 @@ fn unique() -> u32 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// `-v` arguments mounting the test binary and every shared library `ldd` says it loads, each
-/// read-only at its own path, so that the binary runs in an image without a C library.
-fn binary_mounts() -> Vec<String> {
+/// `-v` arguments mounting `binary` at `inside` and every shared library `ldd` says it loads,
+/// each read-only at its own path, so that the binary runs in an image without a C library.
+fn binary_mounts(binary: &Path, inside: &str) -> Vec<String> {
     let output = Command::new("ldd")
-        .arg(BINARY)
+        .arg(binary)
         .output()
         .expect("ldd runs (Debian's libc-bin)");
     let text = String::from_utf8_lossy(&output.stdout);
@@ -249,7 +339,7 @@ fn binary_mounts() -> Vec<String> {
         .flat_map(|line| line.split_whitespace())
         .filter(|word| word.starts_with('/'))
         .collect();
-    let mut mounts = vec![format!("{BINARY}:{BINARY_IN_CONTAINER}:ro")];
+    let mut mounts = vec![format!("{}:{inside}:ro", binary.display())];
     mounts.extend(libraries.iter().map(|path| format!("{path}:{path}:ro")));
     mounts
 }

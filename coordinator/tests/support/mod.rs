@@ -57,7 +57,9 @@ impl Certs {
         }
         certs::issue(&dir, Role::Admin, "alice", &[]).expect("an admin certificate");
         certs::issue(&dir, Role::User, "bob", &[]).expect("a user certificate");
-        certs::issue(&dir, Role::Agent, "node-1", &[]).expect("an agent certificate");
+        for node in ["node-1", "node-2"] {
+            certs::issue(&dir, Role::Agent, node, &[]).expect("an agent certificate");
+        }
         certs::init_ca(&other_dir).expect("another CA");
         certs::issue(&other_dir, Role::Admin, "mallory", &[]).expect("a foreign admin");
         certs::issue(&other_dir, Role::Coordinator, "coord-9", &[]).expect("a foreign coordinator");
@@ -379,7 +381,7 @@ impl Cluster {
         self.docker_hosts().plug(id);
     }
 
-    fn docker_hosts(&self) -> &DockerHosts {
+    pub fn docker_hosts(&self) -> &DockerHosts {
         self.docker
             .as_ref()
             .expect("start the cluster with Cluster::start_in_docker to unplug a coordinator")
