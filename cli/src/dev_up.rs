@@ -196,12 +196,7 @@ fn start_coordinator(
         .arg(&entry.data_dir)
         .arg("--peers")
         .arg(peers)
-        .arg("--ca")
-        .arg(&tls.ca)
-        .arg("--cert")
-        .arg(&tls.cert)
-        .arg("--key")
-        .arg(&tls.key);
+        .args(tls.flags());
     spawn_logged(command, &entry.log)
 }
 
@@ -299,12 +294,7 @@ fn start_agent(
         .arg(&entry.name)
         .arg("--coordinators")
         .arg(coordinators)
-        .arg("--ca")
-        .arg(&tls.ca)
-        .arg("--cert")
-        .arg(&tls.cert)
-        .arg("--key")
-        .arg(&tls.key)
+        .args(tls.flags())
         .arg("--state-dir")
         .arg(&entry.state_dir)
         // Every node of a one-host cluster shares the checkpoints, as shared storage would:

@@ -50,6 +50,18 @@ impl TlsFiles {
             key: issued.key,
         }
     }
+
+    /// The files as the binaries' flags take them: `--ca CA --cert CERT --key KEY`.
+    pub fn flags(&self) -> [&std::ffi::OsStr; 6] {
+        [
+            "--ca".as_ref(),
+            self.ca.as_os_str(),
+            "--cert".as_ref(),
+            self.cert.as_os_str(),
+            "--key".as_ref(),
+            self.key.as_os_str(),
+        ]
+    }
 }
 
 /// Which of the three files a [`TlsError`] is about; decides the hint on what to do.

@@ -305,12 +305,7 @@ fn start_quotient(root: &Path) -> (Processes, Vec<String>) {
             ])
             .arg("--data-dir")
             .arg(root.join(format!("data-{id}")))
-            .arg("--ca")
-            .arg(&files.ca)
-            .arg("--cert")
-            .arg(&files.cert)
-            .arg("--key")
-            .arg(&files.key)
+            .args(files.flags())
             .env(
                 "RUST_LOG",
                 std::env::var("QUOTIENT_BENCH_LOG").unwrap_or_else(|_| "warn".to_string()),
