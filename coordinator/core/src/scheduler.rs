@@ -149,6 +149,9 @@ struct Queue<'a> {
 /// that can never fit costs a round nothing.
 struct Heads<'a> {
     sizes: Vec<Peekable<std::collections::btree_set::Iter<'a, QueueKey>>>,
+    /// [`Heads::first`] once found, until [`Heads::next`] moves on: a round asks for a
+    /// queue's head several times (to rank it, to take it, to skip it) between moves.
+    first: Option<Option<(usize, &'a QueueKey)>>,
 }
 
 impl<'a> Heads<'a> {
@@ -159,16 +162,22 @@ impl<'a> Heads<'a> {
             .filter(|(gpus, _)| fits(**gpus))
             .map(|(_, jobs)| jobs.iter().peekable())
             .collect();
-        Heads { sizes }
+        Heads { sizes, first: None }
     }
 
     /// The first job in queue order across the sizes, and which size holds it.
     fn first(&mut self) -> Option<(usize, &'a QueueKey)> {
-        self.sizes
+        if let Some(first) = self.first {
+            return first;
+        }
+        let first = self
+            .sizes
             .iter_mut()
             .enumerate()
             .filter_map(|(size, jobs)| jobs.peek().map(|key| (size, *key)))
-            .min_by_key(|(_, key)| *key)
+            .min_by_key(|(_, key)| *key);
+        self.first = Some(first);
+        first
     }
 
     fn peek(&mut self) -> Option<&'a QueueKey> {
@@ -179,6 +188,7 @@ impl<'a> Heads<'a> {
         if let Some((size, _)) = self.first() {
             self.sizes[size].next();
         }
+        self.first = None;
     }
 }
 
