@@ -28,6 +28,82 @@ pub fn reserved_idle_of(spec: &ShareSpec, class: &GpuClass, usage: u64) -> u64 {
     }
 }
 
+/// Why the quota rules refuse a placement, without the names a [`WaitReason`] carries: the
+/// scheduler checks queue heads in every round and names only the reasons it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    NoFreeCapacity { free: u64 },
+    ShareLimit { limit: u64, usage: u64 },
+    BorrowLimit { cap: u64, usage: u64 },
+    NoBorrowableCapacity { reserved_idle: u64 },
+}
+
+impl Refusal {
+    /// The reason a job of `share` waiting for `class` is given.
+    pub fn reason(self, share: &ShareSpec, class: &GpuClass) -> WaitReason {
+        match self {
+            Refusal::NoFreeCapacity { free } => WaitReason::NoFreeCapacity {
+                class: class.clone(),
+                free,
+            },
+            Refusal::ShareLimit { limit, usage } => WaitReason::ShareLimit {
+                share: share.name.clone(),
+                class: class.clone(),
+                limit,
+                usage,
+            },
+            Refusal::BorrowLimit { cap, usage } => WaitReason::BorrowLimit {
+                share: share.name.clone(),
+                class: class.clone(),
+                cap,
+                usage,
+            },
+            Refusal::NoBorrowableCapacity { reserved_idle } => WaitReason::NoBorrowableCapacity {
+                share: share.name.clone(),
+                class: class.clone(),
+                reserved_idle,
+            },
+        }
+    }
+
+    /// Whether `reason` equals `self.reason(share, class)`, without building that.
+    pub fn is_reason(self, reason: &WaitReason, share: &ShareSpec, class: &GpuClass) -> bool {
+        match (self, reason) {
+            (
+                Refusal::NoFreeCapacity { free },
+                WaitReason::NoFreeCapacity { class: c, free: f },
+            ) => c == class && *f == free,
+            (
+                Refusal::ShareLimit { limit, usage },
+                WaitReason::ShareLimit {
+                    share: s,
+                    class: c,
+                    limit: l,
+                    usage: u,
+                },
+            ) => *s == share.name && c == class && *l == limit && *u == usage,
+            (
+                Refusal::BorrowLimit { cap, usage },
+                WaitReason::BorrowLimit {
+                    share: s,
+                    class: c,
+                    cap: k,
+                    usage: u,
+                },
+            ) => *s == share.name && c == class && *k == cap && *u == usage,
+            (
+                Refusal::NoBorrowableCapacity { reserved_idle },
+                WaitReason::NoBorrowableCapacity {
+                    share: s,
+                    class: c,
+                    reserved_idle: r,
+                },
+            ) => *s == share.name && c == class && *r == reserved_idle,
+            _ => false,
+        }
+    }
+}
+
 /// May a share holding `usage` GPUs of `class`, with `kept` more kept free for its nominated
 /// jobs, take `gpus` more, when `available` GPUs of the class are free (not held, not kept)
 /// and `reserved_idle_total` of them are the idle quota of reserve shares (this share's own
@@ -41,6 +117,28 @@ pub fn admit(
     available: u64,
     reserved_idle_total: u64,
 ) -> Result<Admission, WaitReason> {
+    check_admission(
+        share,
+        class,
+        usage,
+        kept,
+        gpus,
+        available,
+        reserved_idle_total,
+    )
+    .map_err(|refusal| refusal.reason(share, class))
+}
+
+/// [`admit`], with a refusal not yet named.
+pub fn check_admission(
+    share: &ShareSpec,
+    class: &GpuClass,
+    usage: u64,
+    kept: u64,
+    gpus: u32,
+    available: u64,
+    reserved_idle_total: u64,
+) -> Result<Admission, Refusal> {
     let gpus = u64::from(gpus);
     let limit = limit_of(share, class);
     let own_reserved = reserved_idle_of(share, class, usage + kept);
@@ -50,36 +148,21 @@ pub fn admit(
         return if usable >= gpus {
             Ok(Admission::WithinLimit)
         } else {
-            Err(WaitReason::NoFreeCapacity {
-                class: class.clone(),
-                free: usable,
-            })
+            Err(Refusal::NoFreeCapacity { free: usable })
         };
     }
     if !share.strategy.borrows() {
-        return Err(WaitReason::ShareLimit {
-            share: share.name.clone(),
-            class: class.clone(),
-            limit,
-            usage,
-        });
+        return Err(Refusal::ShareLimit { limit, usage });
     }
     if let Some(cap) = share.usage_cap(class) {
         if usage + gpus > cap {
-            return Err(WaitReason::BorrowLimit {
-                share: share.name.clone(),
-                class: class.clone(),
-                cap,
-                usage,
-            });
+            return Err(Refusal::BorrowLimit { cap, usage });
         }
     }
     if usable >= gpus {
         Ok(Admission::Borrowing)
     } else {
-        Err(WaitReason::NoBorrowableCapacity {
-            share: share.name.clone(),
-            class: class.clone(),
+        Err(Refusal::NoBorrowableCapacity {
             reserved_idle: others_reserved,
         })
     }
@@ -92,6 +175,9 @@ pub fn never_fits(
     gpus: u32,
     largest_node: u32,
 ) -> Option<WaitReason> {
+    if can_ever_fit(share, class, largest_node)(gpus) {
+        return None;
+    }
     if gpus > largest_node {
         return Some(WaitReason::LargestNode {
             class: class.clone(),
@@ -113,6 +199,18 @@ pub fn never_fits(
     None
 }
 
+/// The test [`never_fits`] makes, for one share and class, with the share's cap looked up
+/// once: whether a job of some number of GPUs could ever fit. The scheduler asks it for every
+/// job size of every queue in every round, where building the reason would cost more.
+pub fn can_ever_fit(
+    share: &ShareSpec,
+    class: &GpuClass,
+    largest_node: u32,
+) -> impl Fn(u32) -> bool {
+    let cap = share.usage_cap(class);
+    move |gpus| gpus <= largest_node && cap.is_none_or(|cap| u64::from(gpus) <= cap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +229,56 @@ mod tests {
 
     fn a10g() -> GpuClass {
         GpuClass::parse("a10g").unwrap()
+    }
+
+    #[test]
+    fn a_refusal_is_the_reason_it_names_and_no_other() {
+        let class = a10g();
+        let spec = share(Strategy::LendAndBorrow, 4, Some(50));
+        let other = share(Strategy::Lend, 4, None);
+        let h100 = GpuClass::parse("h100-80gb").unwrap();
+        let refusals = [
+            Refusal::NoFreeCapacity { free: 1 },
+            Refusal::NoFreeCapacity { free: 2 },
+            Refusal::ShareLimit { limit: 4, usage: 4 },
+            Refusal::ShareLimit { limit: 4, usage: 3 },
+            Refusal::BorrowLimit { cap: 6, usage: 6 },
+            Refusal::BorrowLimit { cap: 6, usage: 5 },
+            Refusal::NoBorrowableCapacity { reserved_idle: 2 },
+            Refusal::NoBorrowableCapacity { reserved_idle: 3 },
+        ];
+        for a in refusals {
+            for b in refusals {
+                for (s, c) in [(&spec, &class), (&other, &class), (&spec, &h100)] {
+                    let reason = b.reason(s, c);
+                    assert_eq!(
+                        a.is_reason(&reason, &spec, &class),
+                        a.reason(&spec, &class) == reason,
+                        "{a:?} against {reason:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn can_ever_fit_agrees_with_never_fits() {
+        let class = a10g();
+        for strategy in [Strategy::Reserve, Strategy::Lend, Strategy::LendAndBorrow] {
+            for borrow in [None, Some(0), Some(50)] {
+                let spec = share(strategy, 4, borrow);
+                for largest in [0, 2, 8] {
+                    let fits = can_ever_fit(&spec, &class, largest);
+                    for gpus in 0..12 {
+                        assert_eq!(
+                            fits(gpus),
+                            never_fits(&spec, &class, gpus, largest).is_none(),
+                            "{strategy:?} borrow {borrow:?} largest {largest} gpus {gpus}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::index::{ClassCapacity, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
-use crate::rules::{admit, limit_of, never_fits, reserved_idle_of, Admission};
+use crate::rules::{can_ever_fit, check_admission, limit_of, reserved_idle_of, Admission, Refusal};
 use crate::state::{JobRecord, NodeId, PreemptionKind, State};
 
 /// Computes one scheduling round. See the module docs.
@@ -133,14 +133,24 @@ impl<'a> ClassScratch<'a> {
 struct Queue<'a> {
     share: &'a ShareSpec,
     class: &'a GpuClass,
+    /// The queue's entry in the state's index (its holding jobs, for in-share victims).
+    index: &'a ShareClassIndex,
     heads: Heads<'a>,
     usage: u64,
     /// GPUs kept free for the queue's nominated jobs (see `index::Nominee::kept`).
     kept: u64,
     /// The head that waits, and why; the queue takes no further part in phases 1-3.
-    blocked: Option<(JobId, WaitReason)>,
+    blocked: Option<(JobId, Blocked)>,
     /// Set when GPUs are being freed for the head: nothing more to do this round.
     nominated: bool,
+}
+
+/// Why a queue's head waits. Most often the quota rules refused it, in every round alike:
+/// such a refusal is named (share and class copied into a [`WaitReason`]) only at the round's
+/// end, and only if it is not the reason the job already has.
+enum Blocked {
+    Refused(Refusal),
+    Reason(WaitReason),
 }
 
 /// A queue's jobs that can fit at all, in queue order: its per-size sets up to the largest
@@ -226,9 +236,8 @@ impl<'a> Round<'a> {
                 queues.push(Queue {
                     share: spec,
                     class,
-                    heads: Heads::new(index, |gpus| {
-                        never_fits(spec, class, gpus, largest).is_none()
-                    }),
+                    index,
+                    heads: Heads::new(index, can_ever_fit(spec, class, largest)),
                     usage: index.usage,
                     kept: index.kept,
                     blocked: None,
@@ -308,10 +317,10 @@ impl<'a> Round<'a> {
                     self.queues[q].nominated = true;
                     self.queues[q].blocked = Some((
                         id,
-                        WaitReason::WaitingForPreemption {
+                        Blocked::Reason(WaitReason::WaitingForPreemption {
                             node: node_name,
                             victims: victims.iter().copied().collect(),
-                        },
+                        }),
                     ));
                 }
                 _ => {
@@ -352,7 +361,7 @@ impl<'a> Round<'a> {
         }
         let available = scratch.available_total - u64::from(slot.available()) + u64::from(for_it);
         let queue = &self.queues[q];
-        if admit(
+        if check_admission(
             queue.share,
             class,
             queue.usage,
@@ -432,17 +441,14 @@ impl<'a> Round<'a> {
     }
 
     /// Places a job on the best-fitting node if its share's rules allow it.
-    fn try_place(&mut self, q: usize, job: &'a JobRecord) -> Result<(), WaitReason> {
+    fn try_place(&mut self, q: usize, job: &'a JobRecord) -> Result<(), Blocked> {
         let class = job.class();
         let reserved = self.reserved(class);
         let queue = &self.queues[q];
         let Some(scratch) = self.classes.get_mut(class) else {
-            return Err(WaitReason::NoFreeCapacity {
-                class: class.clone(),
-                free: 0,
-            });
+            return Err(Blocked::Refused(Refusal::NoFreeCapacity { free: 0 }));
         };
-        admit(
+        check_admission(
             queue.share,
             class,
             queue.usage,
@@ -450,12 +456,13 @@ impl<'a> Round<'a> {
             job.gpus(),
             scratch.available_total,
             reserved,
-        )?;
+        )
+        .map_err(Blocked::Refused)?;
         let Some(node) = scratch.best_fit(job.gpus()) else {
-            return Err(WaitReason::Fragmented {
+            return Err(Blocked::Reason(WaitReason::Fragmented {
                 class: class.clone(),
                 gpus: job.gpus(),
-            });
+            }));
         };
         let slot = scratch.slot(node).expect("best_fit returns a known node");
         self.bind(q, job, node, slot, 0);
@@ -538,7 +545,7 @@ impl<'a> Round<'a> {
     fn reclaim(&mut self) {
         let mut failed_gpus: BTreeMap<&'a GpuClass, u32> = BTreeMap::new();
         for q in self.blocked_in_order() {
-            let (id, _) = self.queues[q].blocked.clone().expect("blocked");
+            let id = self.queues[q].blocked.as_ref().expect("blocked").0;
             let job = self.job(id);
             let queue = &self.queues[q];
             if queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class) {
@@ -618,16 +625,12 @@ impl<'a> Round<'a> {
             if !self.queues[q].share.in_share_preemption || self.queues[q].nominated {
                 continue;
             }
-            let (id, _) = self.queues[q].blocked.clone().expect("blocked");
+            let id = self.queues[q].blocked.as_ref().expect("blocked").0;
             let job = self.job(id);
             let queue = &self.queues[q];
-            let index = self
-                .state
-                .index
-                .share_class(&queue.share.name, queue.class)
-                .expect("a queue has an index entry");
             // Reverse rank order is victim order: lowest priority, most recently started.
-            let candidates: Vec<JobId> = index
+            let candidates: Vec<JobId> = queue
+                .index
                 .holding
                 .iter()
                 .rev()
@@ -720,7 +723,7 @@ impl<'a> Round<'a> {
             queue.usage + queue.kept,
         )) + reserved_idle_of(queue.share, queue.class, usage + queue.kept);
         matches!(
-            admit(
+            check_admission(
                 queue.share,
                 queue.class,
                 usage,
@@ -764,10 +767,10 @@ impl<'a> Round<'a> {
         queue.nominated = true;
         queue.blocked = Some((
             job.id,
-            WaitReason::WaitingForPreemption {
+            Blocked::Reason(WaitReason::WaitingForPreemption {
                 node: node_name,
                 victims,
-            },
+            }),
         ));
     }
 
@@ -793,13 +796,23 @@ impl<'a> Round<'a> {
     // --- phase 5 -------------------------------------------------------------------------
 
     /// Records why each blocked head waits, where that changed.
+    /// The last phase: it takes the queues' reasons, which no phase reads after it.
     fn reasons(&mut self) {
-        let blocked: Vec<(JobId, WaitReason)> = self
-            .queues
-            .iter()
-            .filter_map(|q| q.blocked.clone())
-            .collect();
-        for (id, reason) in blocked {
+        for q in 0..self.queues.len() {
+            let Some((id, blocked)) = self.queues[q].blocked.take() else {
+                continue;
+            };
+            let reason = match blocked {
+                Blocked::Refused(refusal) => {
+                    let queue = &self.queues[q];
+                    let known = self.job(id).reason.as_ref();
+                    if known.is_some_and(|r| refusal.is_reason(r, queue.share, queue.class)) {
+                        continue;
+                    }
+                    refusal.reason(queue.share, queue.class)
+                }
+                Blocked::Reason(reason) => reason,
+            };
             self.wait(id, reason);
         }
     }
