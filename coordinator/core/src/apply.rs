@@ -586,7 +586,10 @@ impl State {
             self.index.reserved_idle(class),
         )
         .map(|_| ())
-        .map_err(|reason| Rejection::StalePlan(format!("place {id}: {reason}")))
+        .map_err(|refusal| {
+            let reason = refusal.reason(&share.spec, class);
+            Rejection::StalePlan(format!("place {id}: {reason}"))
+        })
     }
 
     fn place(&mut self, id: JobId, node: NodeId, gpu_mask: u64, ctx: ApplyCtx) {

@@ -107,30 +107,9 @@ impl Refusal {
 /// May a share holding `usage` GPUs of `class`, with `kept` more kept free for its nominated
 /// jobs, take `gpus` more, when `available` GPUs of the class are free (not held, not kept)
 /// and `reserved_idle_total` of them are the idle quota of reserve shares (this share's own
-/// included, if it is one)?
+/// included, if it is one)? A refusal names no share or class until asked
+/// ([`Refusal::reason`]).
 pub fn admit(
-    share: &ShareSpec,
-    class: &GpuClass,
-    usage: u64,
-    kept: u64,
-    gpus: u32,
-    available: u64,
-    reserved_idle_total: u64,
-) -> Result<Admission, WaitReason> {
-    check_admission(
-        share,
-        class,
-        usage,
-        kept,
-        gpus,
-        available,
-        reserved_idle_total,
-    )
-    .map_err(|refusal| refusal.reason(share, class))
-}
-
-/// [`admit`], with a refusal not yet named.
-pub fn check_admission(
     share: &ShareSpec,
     class: &GpuClass,
     usage: u64,
@@ -311,7 +290,7 @@ mod tests {
         );
         assert!(matches!(
             admit(&s, &a10g(), 0, 1, 2, 2, 2),
-            Err(WaitReason::NoFreeCapacity { free: 1, .. })
+            Err(Refusal::NoFreeCapacity { free: 1 })
         ));
     }
 
@@ -320,7 +299,7 @@ mod tests {
         let lend = share(Strategy::Lend, 1, None);
         assert!(matches!(
             admit(&lend, &a10g(), 1, 0, 1, 5, 0),
-            Err(WaitReason::ShareLimit { .. })
+            Err(Refusal::ShareLimit { .. })
         ));
         let lab = share(Strategy::LendAndBorrow, 1, Some(100));
         assert_eq!(
@@ -329,11 +308,11 @@ mod tests {
         );
         assert!(matches!(
             admit(&lab, &a10g(), 2, 0, 1, 5, 0),
-            Err(WaitReason::BorrowLimit { .. })
+            Err(Refusal::BorrowLimit { .. })
         ));
         assert!(matches!(
             admit(&lab, &a10g(), 1, 0, 1, 1, 1),
-            Err(WaitReason::NoBorrowableCapacity { .. })
+            Err(Refusal::NoBorrowableCapacity { .. })
         ));
     }
 }

@@ -27,7 +27,7 @@ use crate::index::{ClassCapacity, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
-use crate::rules::{can_ever_fit, check_admission, limit_of, reserved_idle_of, Admission, Refusal};
+use crate::rules::{admit, can_ever_fit, limit_of, reserved_idle_of, Admission, Refusal};
 use crate::state::{JobRecord, NodeId, PreemptionKind, State};
 
 /// Computes one scheduling round. See the module docs.
@@ -361,7 +361,7 @@ impl<'a> Round<'a> {
         }
         let available = scratch.available_total - u64::from(slot.available()) + u64::from(for_it);
         let queue = &self.queues[q];
-        if check_admission(
+        if admit(
             queue.share,
             class,
             queue.usage,
@@ -448,7 +448,7 @@ impl<'a> Round<'a> {
         let Some(scratch) = self.classes.get_mut(class) else {
             return Err(Blocked::Refused(Refusal::NoFreeCapacity { free: 0 }));
         };
-        check_admission(
+        admit(
             queue.share,
             class,
             queue.usage,
@@ -723,7 +723,7 @@ impl<'a> Round<'a> {
             queue.usage + queue.kept,
         )) + reserved_idle_of(queue.share, queue.class, usage + queue.kept);
         matches!(
-            check_admission(
+            admit(
                 queue.share,
                 queue.class,
                 usage,
