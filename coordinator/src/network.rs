@@ -227,9 +227,18 @@ pub struct PeerNetwork {
     acknowledged: Option<Acknowledged>,
 }
 
+/// The last log id a follower holds once it accepts `rpc`: its last entry, or where it
+/// starts when it carries none.
+pub fn last_log_id_sent(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<LogId<NodeId>> {
+    rpc.entries
+        .last()
+        .map(|entry| entry.log_id)
+        .or(rpc.prev_log_id)
+}
+
 /// What a follower acknowledged: the leader's vote, the follower's last log id and the commit
 /// index it was told, and when the request was sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Acknowledged {
     vote: Vote<NodeId>,
     last_log_id: Option<LogId<NodeId>>,
@@ -242,11 +251,7 @@ impl Acknowledged {
     pub fn of(rpc: &AppendEntriesRequest<TypeConfig>, sent: Instant) -> Acknowledged {
         Acknowledged {
             vote: rpc.vote,
-            last_log_id: rpc
-                .entries
-                .last()
-                .map(|entry| entry.log_id)
-                .or(rpc.prev_log_id),
+            last_log_id: last_log_id_sent(rpc),
             commit: rpc.leader_commit,
             sent,
         }

@@ -123,11 +123,7 @@ pub async fn append_entries(
     rpc: AppendEntriesRequest<TypeConfig>,
 ) -> Option<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
     let generation = durability.generation();
-    let last_sent = rpc
-        .entries
-        .last()
-        .map(|entry| entry.log_id)
-        .or(rpc.prev_log_id);
+    let last_sent = crate::network::last_log_id_sent(&rpc);
     let result = raft.append_entries(rpc).await;
     let matching = match &result {
         Ok(AppendEntriesResponse::Success) => last_sent,
