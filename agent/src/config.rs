@@ -130,6 +130,10 @@ pub struct RunFlags {
     /// Use simulated GPUs instead of NVML, e.g. 8xa10g.
     #[arg(long, env = "QUOTIENT_SIMULATED_GPUS")]
     pub simulated_gpus: Option<String>,
+    /// The only cluster this agent may join (32 hexadecimal digits, from `quotient cluster
+    /// status`) [default: the cluster of its first registration, kept in STATE_DIR/cluster-id].
+    #[arg(long, env = "QUOTIENT_CLUSTER_ID")]
+    pub cluster_id: Option<quotient_common::ClusterId>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     pub log_json: bool,
@@ -149,6 +153,8 @@ pub struct AgentConfig {
     pub runtime: RuntimeKind,
     pub lease_ms: u64,
     pub simulated_gpus: Option<String>,
+    /// `--cluster-id`: the only cluster this agent may join.
+    pub cluster_id: Option<quotient_common::ClusterId>,
 }
 
 /// A flag that is missing or wrong, worded to say what to do.
@@ -192,6 +198,7 @@ impl RunFlags {
             runtime: self.runtime,
             lease_ms: self.lease_ms,
             simulated_gpus: self.simulated_gpus,
+            cluster_id: self.cluster_id,
         })
     }
 }

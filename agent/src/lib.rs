@@ -14,6 +14,7 @@
 //! - [`reconcile`]: the pure diff of desired allocations against local jobs.
 //! - [`executor`]: carries reconcile's actions out, tracks grace-period deadlines.
 //! - [`config`]: the command line of `quotient-agent`.
+//! - [`cluster`]: the cluster this agent belongs to, kept in its state dir.
 //! - [`session`]: the session with the coordinators (ALPN `quotient-agent/1`): leader
 //!   finding, registration, heartbeats, the desired-state long poll, reports; and the
 //!   self-fencing timing contract.
@@ -24,6 +25,7 @@
 //! - [`run`]: the long-running agent, `run(config, shutdown)`: the executor loop and the
 //!   session.
 
+pub mod cluster;
 pub mod config;
 pub mod executor;
 pub mod gpu;

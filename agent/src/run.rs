@@ -78,6 +78,8 @@ pub enum RunError {
     Journal(#[from] JournalError),
     #[error("cannot find the agent's own binary, which watches each container: {0}")]
     OwnBinary(#[source] std::io::Error),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterFileError),
 }
 
 /// Loads the agent's certificate and checks that it names an agent called `name`.
@@ -155,6 +157,7 @@ async fn drive<R: Runtime + 'static>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let journal = Journal::open(&config.state_dir)?;
+    let cluster = crate::cluster::AgentCluster::open(&config.state_dir, config.cluster_id)?;
     let mut executor = Executor::new(runtime, &config.name, &config.state_dir, gpu_uuids)
         .with_checkpoint_root(&config.checkpoint_root)
         .defer_removals();
@@ -182,6 +185,7 @@ async fn drive<R: Runtime + 'static>(
         backend,
         lease_file: Some(config.state_dir.join(LEASE_FILE)),
         logs: log_source(&config),
+        cluster,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let session = Session::new(

@@ -131,6 +131,8 @@ pub struct Shared {
     pub lease_file: Option<PathBuf>,
     /// Where this agent's job logs are, for the leader's log reads ([`crate::log_server`]).
     pub logs: crate::log_server::LogSource,
+    /// The cluster this agent belongs to, sent with every registration ([`crate::cluster`]).
+    pub cluster: crate::cluster::AgentCluster,
 }
 
 impl Shared {
@@ -468,7 +470,11 @@ impl Session {
         };
         let actual = self.shared.actual.borrow().clone();
         let sent_at = Instant::now();
-        let request = AgentRequest::Register { inventory, actual };
+        let request = AgentRequest::Register {
+            inventory,
+            actual,
+            cluster: self.shared.cluster.get(),
+        };
         let response = connection
             .request::<_, AgentResponse>(&request, Duration::from_millis(REGISTER_DEADLINE_MS))
             .await
@@ -478,7 +484,14 @@ impl Session {
                 node_epoch,
                 agent_lease_ms,
                 heartbeat_ms,
+                cluster,
             } => {
+                if let Err(error) = self.shared.cluster.learn(cluster) {
+                    tracing::error!(
+                        "a coordinator registered this node in another cluster: {error}"
+                    );
+                    return Err(Ended::Lost(error.to_string()));
+                }
                 let lease_ms = agent_lease_ms.max(self.lease_min_ms);
                 let heartbeat_ms = heartbeat_ms
                     .min(lease_ms / HEARTBEATS_PER_LEASE_MIN)
@@ -490,6 +503,10 @@ impl Session {
                     heartbeat_ms,
                     lease_ms,
                 })
+            }
+            AgentResponse::Error(error @ AgentError::OtherCluster { .. }) => {
+                tracing::error!("refused by the coordinators: {error}");
+                Err(ended_by(error))
             }
             AgentResponse::Error(error) => Err(ended_by(error)),
             other => Err(Ended::Lost(format!(

@@ -30,6 +30,7 @@ use anyhow::{anyhow, bail, Context};
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::transport::{self, PeerConnection, RequestError};
+use quotient_common::ClusterId;
 use tokio::time::Instant;
 
 use crate::client_config::{self, ClientConfig};
@@ -326,14 +327,19 @@ pub struct QuicExchange {
     client: Arc<transport::Client>,
     connections: BTreeMap<String, PeerConnection>,
     connect_deadline: Duration,
+    /// The cluster every request is sent for ([`ApiRequest::InCluster`]), when the config
+    /// names one.
+    cluster: Option<ClusterId>,
 }
 
 impl QuicExchange {
-    pub fn new(identity: TlsIdentity) -> Self {
+    /// An exchange presenting `identity`, sending requests for `cluster` when it is known.
+    pub fn new(identity: TlsIdentity, cluster: Option<ClusterId>) -> Self {
         QuicExchange {
             client: Arc::new(transport::Client::new(identity)),
             connections: BTreeMap::new(),
             connect_deadline: Duration::from_millis(CONNECT_DEADLINE_MS),
+            cluster,
         }
     }
 
@@ -433,8 +439,12 @@ impl Exchange for QuicExchange {
         deadline: Duration,
     ) -> Result<ApiResponse, ExchangeError> {
         let connection = self.connection(address, deadline).await?;
+        let in_cluster = self.cluster.map(|cluster| ApiRequest::InCluster {
+            cluster,
+            request: Box::new(request.clone()),
+        });
         match connection
-            .request::<ApiRequest, ApiResponse>(request, deadline)
+            .request::<ApiRequest, ApiResponse>(in_cluster.as_ref().unwrap_or(request), deadline)
             .await
         {
             Ok(response) => Ok(response),
@@ -476,7 +486,7 @@ impl Session {
             .build()
             .context("cannot start the async runtime")?;
         Ok(Session {
-            exchange: Some(QuicExchange::new(identity)),
+            exchange: Some(QuicExchange::new(identity, config.cluster_id)),
             addresses: config.coordinators.clone(),
             policy: RetryPolicy::default(),
             runtime,
@@ -517,8 +527,19 @@ impl Session {
     /// Sends `request` to the coordinator at `address` only: no redirects, no retries (for
     /// `Health`, which is about the coordinator that answers).
     pub fn call_one(&mut self, address: &str, request: ApiRequest) -> anyhow::Result<ApiResponse> {
-        let exchange = self.exchange.as_mut().context("the session is closed")?;
         let deadline = self.policy.attempt_deadline;
+        self.call_one_within(address, request, deadline)
+    }
+
+    /// [`Session::call_one`] with a deadline of its own (`cluster init` waits for the other
+    /// coordinators to catch up).
+    pub fn call_one_within(
+        &mut self,
+        address: &str,
+        request: ApiRequest,
+        deadline: Duration,
+    ) -> anyhow::Result<ApiResponse> {
+        let exchange = self.exchange.as_mut().context("the session is closed")?;
         let response = self
             .runtime
             .block_on(exchange.exchange(address, &request, deadline))
@@ -608,6 +629,8 @@ mod tests {
             last_applied: 0,
             healthy: true,
             state_digest: 0,
+            cluster_id: None,
+            problems: Vec::new(),
         })
     }
 

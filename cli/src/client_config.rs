@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use quotient_common::tls::TlsFiles;
+use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 
 /// The environment variable naming the config file when `--config` is not given.
@@ -37,6 +38,11 @@ pub struct ClientConfig {
     pub cert: PathBuf,
     /// The client's private key.
     pub key: PathBuf,
+    /// The cluster the coordinators must belong to (32 hexadecimal digits, from
+    /// `quotient cluster init` or `quotient cluster status`). Optional; when set, a
+    /// coordinator of another cluster refuses every request instead of serving it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<ClusterId>,
 }
 
 impl ClientConfig {

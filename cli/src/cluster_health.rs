@@ -1,11 +1,17 @@
 //! `quotient cluster health [-o json]`: asks every coordinator the config lists about itself
-//! (its id, the leader it knows, its term, applied index and state digest: replicas at the
-//! same applied index must show the same digest), without redirects, and exits 1
-//! if any is unreachable or unhealthy. It answers "is each process up?", where `cluster
-//! status` answers "what does the leader think?".
+//! (its id, the leader it knows, its term, applied index, state digest, cluster id, and what
+//! it reports wrong with itself), without redirects, and exits 1 if any is unreachable or
+//! unhealthy. It answers "is each process up?", where `cluster status` answers "what does the
+//! leader think?".
 //!
-//! With `-o json`: an array of `{"address", "health": {id, leader, term, last_applied,
-//! healthy, state_digest} | null, "error": null | "..."}`.
+//! A coordinator is unhealthy when it says so (it has joined no cluster, it refused or was
+//! refused Raft requests, its state diverged from the leader's, Raft stopped), and also, as
+//! seen here, when it names another cluster than the leader does, or holds another state
+//! digest than the leader at the same applied index.
+//!
+//! With `-o json`: an array of `{"address", "healthy", "problems": [...], "health": {id,
+//! leader, term, last_applied, healthy, state_digest, cluster_id, problems} | null,
+//! "error": null | "..."}`.
 
 use anyhow::bail;
 use quotient_common::api::{ApiRequest, ApiResponse, HealthView};
@@ -19,18 +25,61 @@ use crate::GlobalArgs;
 #[derive(Debug, clap::Args)]
 pub struct ClusterHealthArgs {}
 
-/// What one coordinator said.
+/// What one coordinator said, and the verdict on it.
 #[derive(Debug, Clone, Serialize)]
 pub struct HealthEntry {
     pub address: String,
+    /// Answered, said it is healthy, and agrees with the leader.
+    pub healthy: bool,
+    /// Everything wrong with it: its own problems and its disagreements with the leader.
+    pub problems: Vec<String>,
     pub health: Option<HealthView>,
     pub error: Option<String>,
+}
+
+/// Fills in each entry's verdict: its own problems, and its disagreements with the leader
+/// that answered (the member that says it is the leader).
+pub fn judge(entries: &mut [HealthEntry]) {
+    let leader = entries
+        .iter()
+        .filter_map(|entry| entry.health.clone())
+        .find(|view| view.leader == Some(view.id));
+    for entry in entries.iter_mut() {
+        let Some(view) = &entry.health else {
+            entry.healthy = false;
+            entry.problems = entry.error.iter().cloned().collect();
+            continue;
+        };
+        let mut problems = view.problems.clone();
+        if !view.healthy && problems.is_empty() {
+            problems.push("it reports itself unhealthy; see its log".to_string());
+        }
+        if let Some(leader) = leader.as_ref().filter(|leader| leader.id != view.id) {
+            if let (Some(mine), Some(leaders)) = (&view.cluster_id, &leader.cluster_id) {
+                if mine != leaders {
+                    problems.push(format!(
+                        "it belongs to cluster {mine}, but the leader (coordinator {}) to cluster {leaders}",
+                        leader.id
+                    ));
+                }
+            }
+            if view.last_applied == leader.last_applied && view.state_digest != leader.state_digest
+            {
+                problems.push(format!(
+                    "its state digest {:016x} differs from the leader's {:016x} at the same applied index {}: its state has diverged",
+                    view.state_digest, leader.state_digest, view.last_applied
+                ));
+            }
+        }
+        entry.healthy = problems.is_empty();
+        entry.problems = problems;
+    }
 }
 
 /// Asks each address for its health; an error is recorded, not returned.
 pub fn probe(session: &mut Session) -> Vec<HealthEntry> {
     let addresses = session.addresses().to_vec();
-    addresses
+    let mut entries = addresses
         .into_iter()
         .map(|address| {
             let request = ApiRequest::Health;
@@ -42,6 +91,8 @@ pub fn probe(session: &mut Session) -> Vec<HealthEntry> {
             match result {
                 Ok(view) => HealthEntry {
                     address,
+                    healthy: view.healthy,
+                    problems: Vec::new(),
                     health: Some(view),
                     error: None,
                 },
@@ -54,13 +105,17 @@ pub fn probe(session: &mut Session) -> Vec<HealthEntry> {
                         .unwrap_or(text);
                     HealthEntry {
                         address,
+                        healthy: false,
+                        problems: Vec::new(),
                         health: None,
                         error: Some(text),
                     }
                 }
             }
         })
-        .collect()
+        .collect::<Vec<_>>();
+    judge(&mut entries);
+    entries
 }
 
 fn table(entries: &[HealthEntry]) -> String {
@@ -72,7 +127,7 @@ fn table(entries: &[HealthEntry]) -> String {
             Some(view) => vec![
                 entry.address.clone(),
                 view.id.to_string(),
-                if view.healthy { "yes" } else { "no" }.to_string(),
+                if entry.healthy { "yes" } else { "no" }.to_string(),
                 view.leader.map(|id| id.to_string()).unwrap_or_default(),
                 view.term.to_string(),
                 view.last_applied.to_string(),
@@ -92,7 +147,15 @@ fn table(entries: &[HealthEntry]) -> String {
         };
         table.row(row);
     }
-    table.render()
+    let mut text = table.render();
+    for entry in entries {
+        if let Some(view) = entry.health.as_ref().filter(|_| !entry.problems.is_empty()) {
+            for problem in &entry.problems {
+                text.push_str(&format!("coordinator {}: {problem}\n", view.id));
+            }
+        }
+    }
+    text
 }
 
 pub fn run(global: &GlobalArgs, _args: &ClusterHealthArgs) -> anyhow::Result<()> {
@@ -102,10 +165,7 @@ pub fn run(global: &GlobalArgs, _args: &ClusterHealthArgs) -> anyhow::Result<()>
         OutputFormat::Table => output::print_text(&table(&entries))?,
         OutputFormat::Json => output::print_json(&entries)?,
     }
-    let unhealthy = entries
-        .iter()
-        .filter(|entry| !entry.health.as_ref().is_some_and(|view| view.healthy))
-        .count();
+    let unhealthy = entries.iter().filter(|entry| !entry.healthy).count();
     if unhealthy > 0 {
         bail!(
             "{unhealthy} of {} coordinators are unreachable or unhealthy; see their logs",
@@ -113,4 +173,75 @@ pub fn run(global: &GlobalArgs, _args: &ClusterHealthArgs) -> anyhow::Result<()>
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u64, applied: u64, digest: u64, cluster: &str) -> HealthEntry {
+        HealthEntry {
+            address: format!("127.0.0.1:740{id}"),
+            healthy: true,
+            problems: Vec::new(),
+            health: Some(HealthView {
+                id,
+                leader: Some(1),
+                term: 2,
+                last_applied: applied,
+                healthy: true,
+                state_digest: digest,
+                cluster_id: Some(cluster.repeat(32)),
+                problems: Vec::new(),
+            }),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_member_that_disagrees_with_the_leader_is_not_healthy() {
+        // Proves a self-declared healthy member is judged unhealthy when its digest differs
+        // from the leader's at the same applied index, or when it names another cluster; a
+        // member merely behind, and the leader itself, stay healthy.
+        let mut entries = vec![
+            entry(1, 10, 0xaaaa, "a"),
+            entry(2, 10, 0xbbbb, "a"),
+            entry(3, 9, 0xcccc, "a"),
+            entry(4, 12, 0xdddd, "b"),
+        ];
+        judge(&mut entries);
+        assert!(entries[0].healthy, "{:?}", entries[0].problems);
+        assert!(!entries[1].healthy);
+        assert!(
+            entries[1].problems[0].contains("diverged"),
+            "{:?}",
+            entries[1].problems
+        );
+        assert!(entries[2].healthy, "{:?}", entries[2].problems);
+        assert!(!entries[3].healthy);
+        assert!(
+            entries[3].problems[0].contains(&"b".repeat(32))
+                && entries[3].problems[0].contains(&"a".repeat(32)),
+            "{:?}",
+            entries[3].problems
+        );
+        let text = table(&entries);
+        assert!(text.contains("coordinator 2: its state digest"), "{text}");
+    }
+
+    #[test]
+    fn a_member_that_reports_a_problem_is_not_healthy() {
+        // Proves the problems a coordinator reports about itself make it unhealthy here.
+        let mut entries = vec![entry(1, 10, 1, "a"), entry(2, 10, 1, "a")];
+        if let Some(view) = entries[1].health.as_mut() {
+            view.healthy = false;
+            view.problems = vec!["coordinator 2 has joined no cluster".to_string()];
+        }
+        judge(&mut entries);
+        assert!(!entries[1].healthy);
+        assert_eq!(
+            entries[1].problems,
+            vec!["coordinator 2 has joined no cluster"]
+        );
+    }
 }

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 
 /// `cluster.json` in DIR.
@@ -66,6 +67,9 @@ pub struct AgentEntry {
 /// `DIR/cluster.json`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterFile {
+    /// The cluster's id, once `dev up` has initialised it (`quotient cluster init`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<ClusterId>,
     pub coordinators: Vec<CoordinatorEntry>,
     #[serde(default)]
     pub agents: Vec<AgentEntry>,
@@ -183,6 +187,7 @@ mod tests {
     fn cluster_json_has_the_spec_shape_and_round_trips() {
         // Proves the field names of spec/cli.md and that a stopped process is pid null.
         let cluster = ClusterFile {
+            cluster_id: None,
             coordinators: vec![CoordinatorEntry {
                 id: 1,
                 pid: Some(1234),

@@ -3,8 +3,10 @@
 //!
 //! It makes the certificates in DIR/certs, picks free UDP ports on 127.0.0.1, starts
 //! `quotient-coordinator` processes (found next to this executable) in the background with
-//! their own data dir and log, waits until a leader is elected and every coordinator answers,
-//! writes DIR/client.toml and DIR/cluster.json, and prints `export QUOTIENT_CONFIG=...`
+//! their own data dir and log, bootstraps the cluster on coordinator 1 (`quotient cluster
+//! init`; a DIR whose cluster was initialised before is not initialised again), waits until a
+//! leader is elected and every coordinator answers, writes DIR/client.toml (with the cluster's
+//! id) and DIR/cluster.json, and prints `export QUOTIENT_CONFIG=...`
 //! (with `-o json`: `{"export", "client_config", "cluster"}`, the last as in cluster.json).
 //! Run again on the same DIR, it starts only the processes that are not running, on their old
 //! data and ports (the layout is in [`crate::dev_cluster`]).
@@ -25,9 +27,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use quotient_common::api::ApiRequest;
+use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::certs::{self, Role};
-use quotient_common::{GpuClass, GPUS_PER_NODE_MAX};
+use quotient_common::{ClusterId, GpuClass, GPUS_PER_NODE_MAX};
 
 use crate::client::{RetryPolicy, Session};
 use crate::client_config::ClientConfig;
@@ -149,6 +151,7 @@ fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
         })
         .collect();
     Ok(ClusterFile {
+        cluster_id: None,
         coordinators,
         agents: Vec::new(),
     })
@@ -200,6 +203,68 @@ fn start_coordinator(
     spawn_logged(command, &entry.log)
 }
 
+/// Fails when a coordinator just started has exited, with the end of its log.
+fn check_started(started: &mut BTreeMap<u64, (Child, PathBuf)>) -> anyhow::Result<()> {
+    for (id, (child, log)) in started.iter_mut() {
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!(
+                "coordinator {id} exited at start ({status}); the end of its log {}:\n{}",
+                log.display(),
+                dev_cluster::log_tail(log)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Bootstraps the cluster on the coordinator at `first` once it answers (`quotient cluster
+/// init`), or reads the cluster it already belongs to (a DIR whose cluster.json lost the id);
+/// returns the cluster's id.
+fn initialise(
+    session: &mut Session,
+    first: &str,
+    started: &mut BTreeMap<u64, (Child, PathBuf)>,
+) -> anyhow::Result<ClusterId> {
+    let deadline = Instant::now() + Duration::from_millis(READY_DEADLINE_MS);
+    loop {
+        check_started(started)?;
+        let attempt = session
+            .call_one(first, ApiRequest::Health)
+            .and_then(|answer| match answer {
+                ApiResponse::Health(view) => match view.cluster_id {
+                    Some(joined) => Ok(joined),
+                    None => {
+                        let view = crate::cluster_init::init(session, first)?;
+                        for member in &view.pending {
+                            eprintln!(
+                                "coordinator {} did not join in time: {}",
+                                member.id, member.reason
+                            );
+                        }
+                        Ok(view.cluster_id)
+                    }
+                },
+                other => Err(crate::client::unexpected(&ApiRequest::Health, &other)),
+            })
+            .and_then(|text| text.parse::<ClusterId>().map_err(anyhow::Error::from));
+        let problem = match attempt {
+            Ok(cluster_id) => {
+                eprintln!("cluster {cluster_id} initialised");
+                return Ok(cluster_id);
+            }
+            Err(problem) => problem,
+        };
+        if Instant::now() >= deadline {
+            bail!(
+                "could not initialise the cluster on {first} within {} s (last: {problem:#}); \
+                 see the logs in each coord-N folder",
+                READY_DEADLINE_MS / 1_000
+            );
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+}
+
 /// Waits until a leader is elected and every coordinator answers its health request, while
 /// checking that the processes just started have not died.
 fn wait_until_ready(
@@ -208,15 +273,7 @@ fn wait_until_ready(
 ) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_millis(READY_DEADLINE_MS);
     loop {
-        for (id, (child, log)) in started.iter_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                bail!(
-                    "coordinator {id} exited at start ({status}); the end of its log {}:\n{}",
-                    log.display(),
-                    dev_cluster::log_tail(log)
-                );
-            }
-        }
+        check_started(started)?;
         let problem = match probe(session) {
             Ok(leader) => return Ok(leader),
             Err(problem) => problem,
@@ -391,7 +448,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
     let ids: Vec<u64> = cluster.coordinators.iter().map(|entry| entry.id).collect();
     make_certificates(&certs_dir, &ids)?;
     let admin = quotient_common::tls::TlsFiles::in_dir(&certs_dir, ADMIN_CERT_NAME);
-    let client_config = ClientConfig {
+    let mut client_config = ClientConfig {
         coordinators: cluster
             .coordinators
             .iter()
@@ -400,6 +457,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         ca: admin.ca,
         cert: admin.cert,
         key: admin.key,
+        cluster_id: cluster.cluster_id,
     };
     let client_config_path = dir.join(CLIENT_CONFIG_FILE);
     fs::write(&client_config_path, client_config.to_toml()?)
@@ -437,6 +495,16 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         ..RetryPolicy::default()
     };
     let mut session = Session::from_config(&client_config)?.with_policy(policy);
+    if cluster.cluster_id.is_none() {
+        let first = client_config.coordinators[0].clone();
+        let cluster_id = initialise(&mut session, &first, &mut started)?;
+        cluster.cluster_id = Some(cluster_id);
+        cluster.write(&dir)?;
+        client_config.cluster_id = Some(cluster_id);
+        fs::write(&client_config_path, client_config.to_toml()?)
+            .with_context(|| format!("cannot write {}", client_config_path.display()))?;
+        session = Session::from_config(&client_config)?.with_policy(policy);
+    }
     let leader = wait_until_ready(&mut session, &mut started)?;
     eprintln!("coordinator {leader} is the leader");
 

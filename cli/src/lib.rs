@@ -16,7 +16,8 @@
 //! - `job_submit`, `job_get`, `job_list`, `job_update`, `job_cancel`, `job_explain`,
 //!   `job_logs`.
 //! - `node_list`, `node_cordon`, `node_uncordon`, `node_drain`.
-//! - `cluster_status`, `cluster_health`, `cluster_add_member`, `cluster_remove_member`.
+//! - `cluster_init`, `cluster_status`, `cluster_health`, `cluster_add_member`,
+//!   `cluster_remove_member`.
 //! - [`demo`]: `quotient demo`, the spec's walkthrough on a fresh local cluster.
 //! - [`dev_cluster`]: the local cluster's directory layout, `cluster.json` and processes;
 //!   [`dev_up`] and [`dev_down`] are `quotient dev up` and `quotient dev down`.
@@ -29,6 +30,7 @@ pub mod client;
 pub mod client_config;
 pub mod cluster_add_member;
 pub mod cluster_health;
+pub mod cluster_init;
 pub mod cluster_remove_member;
 pub mod cluster_status;
 pub mod demo;

@@ -111,6 +111,8 @@ enum NodeCommand {
 
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
+    /// Bootstrap a new cluster on one coordinator, once; the others join it (admin).
+    Init(cluster_init::ClusterInitArgs),
     /// The leader, the term and each coordinator's role.
     Status(cluster_status::ClusterStatusArgs),
     /// Ask each configured coordinator whether it is up; exits 1 if any is not.
@@ -141,6 +143,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Node(NodeCommand::Cordon(args)) => node_cordon::run(global, &args),
         Command::Node(NodeCommand::Uncordon(args)) => node_uncordon::run(global, &args),
         Command::Node(NodeCommand::Drain(args)) => node_drain::run(global, &args),
+        Command::Cluster(ClusterCommand::Init(args)) => cluster_init::run(global, &args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster_status::run(global, &args),
         Command::Cluster(ClusterCommand::Health(args)) => cluster_health::run(global, &args),
         Command::Cluster(ClusterCommand::AddMember(args)) => cluster_add_member::run(global, &args),

@@ -270,6 +270,9 @@ pub fn cluster_table(cluster: &ClusterView) -> String {
         "leader: {leader}  term: {}  last applied: {}\n",
         cluster.term, cluster.last_applied
     );
+    if let Some(cluster_id) = &cluster.cluster_id {
+        text.push_str(&format!("cluster: {cluster_id}\n"));
+    }
     let mut table = Table::new(&["ID", "ADDRESS", "ROLE", "REACHABLE"]);
     for member in &cluster.members {
         table.row(vec![
@@ -280,6 +283,11 @@ pub fn cluster_table(cluster: &ClusterView) -> String {
         ]);
     }
     text.push_str(&table.render());
+    for member in &cluster.members {
+        if let Some(problem) = &member.problem {
+            text.push_str(&format!("coordinator {}: {problem}\n", member.id));
+        }
+    }
     text
 }
 
@@ -394,22 +402,40 @@ a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1        
     fn the_cluster_table_names_the_leader() {
         // Proves the summary line and a member row.
         let view = ClusterView {
+            cluster_id: Some("ab".repeat(16)),
             leader: Some(1),
             term: 3,
-            members: vec![MemberView {
-                id: 1,
-                address: "127.0.0.1:7401".into(),
-                role: "leader".into(),
-                reachable: true,
-            }],
+            members: vec![
+                MemberView {
+                    id: 1,
+                    address: "127.0.0.1:7401".into(),
+                    role: "leader".into(),
+                    reachable: true,
+                    problem: None,
+                },
+                MemberView {
+                    id: 2,
+                    address: "127.0.0.1:7402".into(),
+                    role: "follower".into(),
+                    reachable: true,
+                    problem: Some("its data directory is empty".into()),
+                },
+            ],
             last_applied: 9,
         };
         let text = cluster_table(&view);
         assert!(
-            text.starts_with("leader: 1  term: 3  last applied: 9\n"),
+            text.starts_with(&format!(
+                "leader: 1  term: 3  last applied: 9\ncluster: {}\n",
+                "ab".repeat(16)
+            )),
             "{text}"
         );
-        assert!(text.contains("1   127.0.0.1:7401  leader  yes"), "{text}");
+        assert!(text.contains("1   127.0.0.1:7401  leader    yes"), "{text}");
+        assert!(
+            text.contains("coordinator 2: its data directory is empty"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{GpuDevice, JobId, JobSpec, NodeInventory};
+use crate::{ClusterId, GpuDevice, JobId, JobSpec, NodeInventory};
 
 /// The largest agent-protocol frame.
 pub const AGENT_FRAME_BYTES_MAX: usize = 16 << 20;
@@ -126,6 +126,10 @@ pub enum AgentRequest {
     Register {
         inventory: NodeInventory,
         actual: Vec<ActualAttempt>,
+        /// The cluster this agent belongs to, once it has registered with one (kept in its
+        /// state directory) or was configured with one; a coordinator of another cluster
+        /// refuses it. `None` on an agent's first registration.
+        cluster: Option<ClusterId>,
     },
     Heartbeat {
         node: String,
@@ -151,6 +155,8 @@ pub enum AgentResponse {
         /// The agent stops its jobs after this long without a heartbeat answer from a leader.
         agent_lease_ms: u64,
         heartbeat_ms: u64,
+        /// The cluster the agent registered with; the agent keeps it and refuses any other.
+        cluster: ClusterId,
     },
     HeartbeatAck,
     Desired(DesiredState),
@@ -179,6 +185,12 @@ pub enum AgentError {
     Unavailable(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// The agent belongs to another cluster than the coordinator it reached.
+    #[error("the coordinators belong to cluster {coordinator_cluster}, but this agent belongs to cluster {agent_cluster}: check --coordinators, or move the agent's state directory away (or --cluster-id) if the host really moved to this cluster")]
+    OtherCluster {
+        coordinator_cluster: String,
+        agent_cluster: String,
+    },
 }
 
 /// A request from the leader to an agent, on a stream the leader opens on the connection the

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::{JobId, JobSpec, JobState, ShareSpec, ShareUpdate};
+use crate::{ClusterId, JobId, JobSpec, JobState, ShareSpec, ShareUpdate};
 
 /// The largest API request or response frame.
 pub const API_FRAME_BYTES_MAX: usize = 16 << 20;
@@ -89,15 +89,27 @@ pub enum ApiRequest {
         caller: String,
         request: Box<ApiRequest>,
     },
+    /// `request`, for the coordinators of cluster `cluster` only: one of another cluster
+    /// refuses it ([`ApiError::OtherCluster`]). Clients whose config names a cluster id wrap
+    /// every request in it.
+    InCluster {
+        cluster: ClusterId,
+        request: Box<ApiRequest>,
+    },
+    /// Bootstraps a new cluster on the coordinator it is sent to, once: that coordinator makes
+    /// the cluster id, becomes its first voter, and adds its other initial peers (its
+    /// `--peers`) as learners, then voters, as they catch up. Never forwarded; refused by a
+    /// coordinator that already belongs to a cluster.
+    InitCluster,
 }
 
 impl ApiRequest {
     /// The request itself, out of a [`ApiRequest::ViaLeader`] or [`ApiRequest::Forwarded`].
     pub fn unwrapped(&self) -> &ApiRequest {
         match self {
-            ApiRequest::ViaLeader(request) | ApiRequest::Forwarded { request, .. } => {
-                request.unwrapped()
-            }
+            ApiRequest::ViaLeader(request)
+            | ApiRequest::Forwarded { request, .. }
+            | ApiRequest::InCluster { request, .. } => request.unwrapped(),
             request => request,
         }
     }
@@ -131,6 +143,7 @@ impl ApiRequest {
                 | ApiRequest::DrainNode { .. }
                 | ApiRequest::AddMember { .. }
                 | ApiRequest::RemoveMember { .. }
+                | ApiRequest::InitCluster
         )
     }
 }
@@ -165,6 +178,8 @@ pub enum ApiResponse {
         next_offset: u64,
         complete: bool,
     },
+    /// The answer to `InitCluster`.
+    ClusterInitialised(ClusterInitView),
 }
 
 /// Why a request failed. `NotLeader` is for the CLI to follow, never for the user to see.
@@ -190,6 +205,14 @@ pub enum ApiError {
     /// or did not answer. Not retried by the CLI: the text names the node and what to check.
     #[error("{0}")]
     AgentUnavailable(String),
+    /// The coordinator belongs to another cluster than the one the client's config names.
+    /// Not retried: the config or the address list is wrong.
+    #[error("coordinator {coordinator_id} belongs to cluster {coordinator_cluster}, but this client's config names cluster {client_cluster}: check the coordinators' addresses and `cluster_id` in the client config")]
+    OtherCluster {
+        coordinator_id: u64,
+        coordinator_cluster: String,
+        client_cluster: String,
+    },
 }
 
 /// A share as `quotient share get -o json` prints it.
@@ -255,11 +278,16 @@ pub struct MemberView {
     /// leader, follower or learner.
     pub role: String,
     pub reachable: bool,
+    /// Why the leader cannot replicate to it, when the member refused it: it belongs to
+    /// another cluster, or it lost its data directory while a voter.
+    pub problem: Option<String>,
 }
 
 /// `quotient cluster status -o json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterView {
+    /// The cluster's id (32 hexadecimal digits), as the leader holds it.
+    pub cluster_id: Option<String>,
     pub leader: Option<u64>,
     pub term: u64,
     pub members: Vec<MemberView>,
@@ -278,4 +306,30 @@ pub struct HealthView {
     /// replicas that applied the same log give the same digest, so comparing them checks
     /// replication without a read through the leader.
     pub state_digest: u64,
+    /// The cluster this coordinator belongs to; `None` until it is initialised or added.
+    pub cluster_id: Option<String>,
+    /// Why it is not healthy, each with what to do; empty when healthy.
+    pub problems: Vec<String>,
+}
+
+/// What `quotient cluster init` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterInitView {
+    /// The new cluster's id: put it in client configs as `cluster_id`.
+    pub cluster_id: String,
+    /// The coordinator that bootstrapped it (its first voter).
+    pub bootstrapped_by: u64,
+    /// The voters once the initial peers that caught up were added.
+    pub voters: Vec<u64>,
+    /// Initial peers that did not catch up in time, with why; add each later with
+    /// `quotient cluster add-member`.
+    pub pending: Vec<PendingMember>,
+}
+
+/// An initial peer that `cluster init` could not make a voter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMember {
+    pub id: u64,
+    pub address: String,
+    pub reason: String,
 }

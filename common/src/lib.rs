@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`agent_api`]: the agent protocol's messages and the fencing epoch.
 //! - [`api`]: the client API's requests, responses and views (spec/cli.md's JSON).
+//! - [`cluster_id`]: a cluster's identity, carried in every exchange between its parts.
 //! - [`name`]: validation of share, job and node names.
 //! - [`gpu_class`]: normalised GPU class names, mapped from NVML model strings.
 //! - [`share`]: the share spec (limits, strategy, borrow limit, in-share preemption, state).
@@ -23,6 +24,7 @@ pub mod agent_api;
 pub mod api;
 #[cfg(feature = "net")]
 pub mod certs;
+pub mod cluster_id;
 #[cfg(feature = "net")]
 pub mod frame;
 pub mod gpu_class;
@@ -36,6 +38,7 @@ pub mod tls;
 #[cfg(feature = "net")]
 pub mod transport;
 
+pub use cluster_id::ClusterId;
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};
 pub use node::{GpuDevice, NodeInventory, NodeState, GPUS_PER_NODE_MAX};

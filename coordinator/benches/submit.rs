@@ -334,6 +334,16 @@ impl QuotientCluster {
         let members = processes.pids();
         let tls = TlsIdentity::load(&TlsFiles::in_dir(&root.join("certs"), "bench")).expect("tls");
         let admin = ApiClient::with_identity(addresses.clone(), tls.clone()).expect("a client");
+        let first = ApiClient::with_identity(vec![addresses[0].clone()], tls.clone())
+            .expect("a client")
+            .with_call_timeout(STARTUP);
+        match first.call(ApiRequest::InitCluster).await {
+            Ok(ApiResponse::ClusterInitialised(view)) => {
+                assert!(view.pending.is_empty(), "{view:?}")
+            }
+            other => panic!("cluster init failed: {other:?}"),
+        }
+        first.close();
         let share = ShareSpec {
             name: "bench".to_string(),
             limits: BTreeMap::from([(class(), 1_000)]),

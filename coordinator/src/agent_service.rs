@@ -40,6 +40,7 @@ use tokio::sync::Notify;
 use crate::agent_links::AgentLinks;
 use crate::config::AgentTuning;
 use crate::desired::DesiredTracker;
+use crate::identity::ClusterIdentity;
 use crate::node_leases::NodeLeases;
 use crate::proposer::{ProposalError, Proposer};
 use crate::store::type_config::Raft;
@@ -72,6 +73,7 @@ struct Inner {
     tuning: AgentTuning,
     scheduler: Arc<Notify>,
     links: AgentLinks,
+    identity: ClusterIdentity,
 }
 
 impl std::fmt::Debug for AgentService {
@@ -92,6 +94,8 @@ pub struct AgentServiceParts {
     pub scheduler: Arc<Notify>,
     /// Where each agent's connection is recorded, for the leader's requests to agents.
     pub links: AgentLinks,
+    /// This coordinator's cluster: an agent of another is refused at registration.
+    pub identity: ClusterIdentity,
 }
 
 /// The node a request is about.
@@ -151,6 +155,7 @@ impl AgentService {
                 tuning: parts.tuning,
                 scheduler: parts.scheduler,
                 links: parts.links,
+                identity: parts.identity,
             }),
         }
     }
@@ -277,7 +282,22 @@ impl AgentService {
 
     async fn answer(&self, request: AgentRequest) -> Result<AgentResponse, AgentError> {
         match request {
-            AgentRequest::Register { inventory, actual } => {
+            AgentRequest::Register {
+                inventory,
+                actual,
+                cluster: agent_cluster,
+            } => {
+                let Some(cluster) = self.inner.identity.cluster() else {
+                    return Err(AgentError::Unavailable(
+                        "this coordinator has joined no cluster yet".to_string(),
+                    ));
+                };
+                if let Some(agent_cluster) = agent_cluster.filter(|agent| *agent != cluster) {
+                    return Err(AgentError::OtherCluster {
+                        coordinator_cluster: cluster.to_string(),
+                        agent_cluster: agent_cluster.to_string(),
+                    });
+                }
                 if actual.len() > ACTUAL_ATTEMPTS_MAX {
                     return Err(bad_request(format!(
                         "{} actual attempts; at most {ACTUAL_ATTEMPTS_MAX}",
@@ -298,6 +318,7 @@ impl AgentService {
                             node_epoch: epoch,
                             agent_lease_ms: self.inner.tuning.agent_lease_ms,
                             heartbeat_ms: self.inner.tuning.agent_heartbeat_ms,
+                            cluster,
                         })
                     }
                     other => Err(AgentError::Unavailable(format!(

@@ -18,7 +18,7 @@
 //! [`API_REQUEST_TIMEOUT_MS`] ([`MEMBERSHIP_TIMEOUT_MS`] for membership changes, which wait
 //! for a learner to catch up).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -35,12 +35,13 @@ use quotient_core::{Command, Outcome, Rejection};
 
 use crate::agent_links::AgentLinks;
 use crate::client::{ApiClient, ClientError};
-use crate::job_logs;
+use crate::identity::ClusterIdentity;
 use crate::network::PeerConnections;
 use crate::proposer::Proposer;
 use crate::store::type_config::Raft;
 use crate::store::{NodeId, QuotientStateMachine};
 use crate::views;
+use crate::{cluster_init, job_logs};
 
 /// Deadline for a client to deliver its request once it opened the stream (milliseconds).
 pub const API_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
@@ -53,6 +54,9 @@ pub const API_REQUEST_TIMEOUT_MS: u64 = 10_000;
 pub const FORWARD_TIMEOUT_MS: u64 = 3_000;
 /// Deadline for a membership change: the new member must catch up first (milliseconds).
 pub const MEMBERSHIP_TIMEOUT_MS: u64 = 120_000;
+/// How long `AddMember` waits for the new learner to catch up before it makes it a voter
+/// (milliseconds); under [`MEMBERSHIP_TIMEOUT_MS`], so the answer says why when it does not.
+pub const LEARNER_CATCH_UP_MS: u64 = 100_000;
 
 /// What the API handlers share: this coordinator's Raft, its state machine and its peers.
 #[derive(Clone)]
@@ -62,6 +66,9 @@ pub struct ApiService {
 
 struct Inner {
     id: NodeId,
+    identity: ClusterIdentity,
+    /// `--peers`: the members `cluster init` starts the cluster with.
+    initial_peers: BTreeMap<NodeId, String>,
     raft: Raft,
     state_machine: QuotientStateMachine,
     peers: PeerConnections,
@@ -74,6 +81,7 @@ struct Inner {
 /// QUIC client; one connection to the leader last forwarded to, kept between requests.
 struct Forwarder {
     client: Arc<Client>,
+    identity: ClusterIdentity,
     leader: Mutex<Option<(String, ApiClient)>>,
 }
 
@@ -85,7 +93,8 @@ impl Forwarder {
                 return Ok(client.clone());
             }
         }
-        let client = ApiClient::over(Arc::clone(&self.client), vec![leader.to_string()])?;
+        let client = ApiClient::over(Arc::clone(&self.client), vec![leader.to_string()])?
+            .with_cluster(self.identity.cluster());
         if let Some((_, old)) = cached.replace((leader.to_string(), client.clone())) {
             old.close_connections();
         }
@@ -153,7 +162,7 @@ fn unwrap_request(
     };
     if matches!(
         request,
-        ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
+        ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. } | ApiRequest::InCluster { .. }
     ) {
         return Err(ApiError::BadRequest(
             "a request served through the leader cannot hold another one".to_string(),
@@ -175,7 +184,8 @@ fn invalid(error: quotient_common::SpecError) -> ApiError {
 
 impl ApiService {
     pub fn new(
-        id: NodeId,
+        identity: ClusterIdentity,
+        initial_peers: BTreeMap<NodeId, String>,
         raft: Raft,
         state_machine: QuotientStateMachine,
         peers: PeerConnections,
@@ -183,12 +193,15 @@ impl ApiService {
     ) -> Self {
         ApiService {
             inner: Arc::new(Inner {
-                id,
+                id: identity.member(),
+                identity: identity.clone(),
+                initial_peers,
                 proposer,
                 raft,
                 state_machine,
                 forwarder: Forwarder {
                     client: peers.client(),
+                    identity,
                     leader: Mutex::new(None),
                 },
                 peers,
@@ -249,6 +262,13 @@ impl ApiService {
 
     /// Authorises and answers one request, within its deadline.
     pub async fn handle(&self, peer: &PeerIdentity, request: ApiRequest) -> ApiResponse {
+        let request = match self.for_this_cluster(request) {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::warn!(%peer, error = %error, "refused an api request for another cluster");
+                return ApiResponse::Error(error);
+            }
+        };
         let (caller, request, via_leader) = match unwrap_request(peer, request) {
             Ok(parts) => parts,
             Err(error) => {
@@ -262,7 +282,9 @@ impl ApiService {
             return ApiResponse::Error(error);
         }
         let deadline = Duration::from_millis(match request {
-            ApiRequest::AddMember { .. } | ApiRequest::RemoveMember { .. } => MEMBERSHIP_TIMEOUT_MS,
+            ApiRequest::AddMember { .. }
+            | ApiRequest::RemoveMember { .. }
+            | ApiRequest::InitCluster => MEMBERSHIP_TIMEOUT_MS,
             _ => API_REQUEST_TIMEOUT_MS,
         });
         let started = tokio::time::Instant::now();
@@ -291,6 +313,28 @@ impl ApiService {
                 "no answer within {} ms (is a quorum of coordinators up?)",
                 deadline.as_millis()
             ))),
+        }
+    }
+
+    /// `request` out of its [`ApiRequest::InCluster`] wrapper, when the cluster it names is
+    /// this coordinator's (or this coordinator has joined none yet, and so cannot tell).
+    /// `Health` is answered whatever the cluster: it is about the coordinator that answers,
+    /// and names its cluster, so that `quotient cluster health` can show the mismatch.
+    fn for_this_cluster(&self, request: ApiRequest) -> Result<ApiRequest, ApiError> {
+        let ApiRequest::InCluster { cluster, request } = request else {
+            return Ok(request);
+        };
+        match self.inner.identity.cluster() {
+            _ if matches!(*request, ApiRequest::Health) => Ok(*request),
+            Some(mine) if mine != cluster => Err(ApiError::OtherCluster {
+                coordinator_id: self.inner.id,
+                coordinator_cluster: mine.to_string(),
+                client_cluster: cluster.to_string(),
+            }),
+            _ if matches!(*request, ApiRequest::InCluster { .. }) => Err(ApiError::BadRequest(
+                "a request for a cluster cannot hold another one".to_string(),
+            )),
+            _ => Ok(*request),
         }
     }
 
@@ -384,6 +428,14 @@ impl ApiService {
     ) -> Result<ApiResponse, ApiError> {
         match request {
             ApiRequest::AddMember { id, address } => self.add_member(id, address).await,
+            ApiRequest::InitCluster => cluster_init::init(
+                &self.inner.raft,
+                &self.inner.identity,
+                &self.inner.peers,
+                &self.inner.initial_peers,
+            )
+            .await
+            .map(ApiResponse::ClusterInitialised),
             ApiRequest::RemoveMember { id } => self.remove_member(id).await,
             ApiRequest::ListShares => {
                 self.linearizable().await?;
@@ -451,24 +503,37 @@ impl ApiService {
                 self.linearizable().await?;
                 let metrics = self.inner.raft.metrics().borrow().clone();
                 let peers = &self.inner.peers;
-                Ok(ApiResponse::Cluster(views::cluster_view(&metrics, |id| {
-                    peers.is_reachable(id)
-                })))
+                Ok(ApiResponse::Cluster(views::cluster_view(
+                    self.inner.identity.cluster(),
+                    &metrics,
+                    |id| peers.is_reachable(id),
+                    |id| peers.refusal(id),
+                )))
             }
             write => unreachable!("{} is answered by `answer`", request_kind(&write)),
         }
     }
 
-    /// This coordinator's own view of itself; never forwarded.
+    /// This coordinator's own view of itself; never forwarded. Unhealthy while Raft stopped,
+    /// while it has joined no cluster, for a while after it refused or was refused a Raft
+    /// request, and for good once its state diverged from the leader's.
     fn health(&self) -> HealthView {
         let metrics = self.inner.raft.metrics().borrow().clone();
+        let mut problems = Vec::new();
+        if let Err(fatal) = &metrics.running_state {
+            problems.push(format!("raft stopped: {fatal}"));
+        }
+        problems.extend(self.inner.identity.problems());
+        problems.extend(self.inner.state_machine.digest_checks().problem());
         HealthView {
             id: self.inner.id,
             leader: metrics.current_leader,
             term: metrics.current_term,
             last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
-            healthy: metrics.running_state.is_ok(),
+            healthy: problems.is_empty(),
             state_digest: self.inner.state_machine.read(views::state_digest),
+            cluster_id: self.inner.identity.cluster().map(|id| id.to_string()),
+            problems,
         }
     }
 
@@ -517,9 +582,24 @@ impl ApiService {
         tracing::info!(id, %address, "adding a coordinator as a learner");
         self.inner
             .raft
-            .add_learner(id, BasicNode::new(address), true)
+            .add_learner(id, BasicNode::new(address.clone()), false)
             .await
             .map_err(write_error)?;
+        let caught_up = cluster_init::wait_caught_up(
+            &self.inner.raft,
+            BTreeSet::from([id]),
+            Duration::from_millis(LEARNER_CATCH_UP_MS),
+        )
+        .await;
+        if caught_up.is_empty() {
+            let why = self.inner.peers.refusal(id).unwrap_or_else(|| {
+                format!("is it running, and reachable from the leader at {address}?")
+            });
+            return Err(ApiError::Unavailable(format!(
+                "coordinator {id} was added as a learner but did not catch up within {} s, so it is not a voter: {why}; run add-member again once it is fixed",
+                LEARNER_CATCH_UP_MS / 1_000
+            )));
+        }
         tracing::info!(id, "learner caught up; making it a voter");
         self.inner
             .raft
@@ -577,6 +657,8 @@ fn request_kind(request: &ApiRequest) -> &'static str {
         ApiRequest::JobLogs { .. } => "JobLogs",
         ApiRequest::ViaLeader(_) => "ViaLeader",
         ApiRequest::Forwarded { .. } => "Forwarded",
+        ApiRequest::InCluster { .. } => "InCluster",
+        ApiRequest::InitCluster => "InitCluster",
     }
 }
 

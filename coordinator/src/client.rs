@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::tls::{TlsError, TlsFiles, TlsIdentity};
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_API};
+use quotient_common::ClusterId;
 
 /// Default deadline of one [`ApiClient::call`], retries and redirects included (milliseconds).
 pub const CALL_TIMEOUT_DEFAULT_MS: u64 = 30_000;
@@ -57,6 +58,8 @@ pub struct ApiClient {
     addresses: Vec<String>,
     state: Arc<Mutex<ClientState>>,
     call_timeout: Duration,
+    /// The cluster every request is for ([`ApiRequest::InCluster`]), when known.
+    cluster: Option<ClusterId>,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +110,7 @@ impl ApiClient {
             addresses,
             state: Arc::new(Mutex::new(ClientState::default())),
             call_timeout: Duration::from_millis(CALL_TIMEOUT_DEFAULT_MS),
+            cluster: None,
         })
     }
 
@@ -119,7 +123,15 @@ impl ApiClient {
             addresses: self.addresses.clone(),
             state: Arc::new(Mutex::new(ClientState::default())),
             call_timeout: self.call_timeout,
+            cluster: self.cluster,
         }
+    }
+
+    /// The same client, sending every request for `cluster` only: a coordinator of another
+    /// cluster refuses it with [`ApiError::OtherCluster`]. `None` sends requests bare.
+    pub fn with_cluster(mut self, cluster: Option<ClusterId>) -> Self {
+        self.cluster = cluster;
+        self
     }
 
     /// The same client with another deadline per call.
@@ -137,7 +149,9 @@ impl ApiClient {
     pub async fn call(&self, request: ApiRequest) -> Result<ApiResponse, ClientError> {
         let started = Instant::now();
         let call_timeout = match request {
-            ApiRequest::AddMember { .. } | ApiRequest::RemoveMember { .. } => self
+            ApiRequest::AddMember { .. }
+            | ApiRequest::RemoveMember { .. }
+            | ApiRequest::InitCluster => self
                 .call_timeout
                 .max(Duration::from_millis(MEMBERSHIP_ATTEMPT_TIMEOUT_MS)),
             _ => self.call_timeout,
@@ -243,13 +257,20 @@ impl ApiClient {
             },
         };
         let attempt_timeout_ms = match request {
-            ApiRequest::AddMember { .. } | ApiRequest::RemoveMember { .. } => {
-                MEMBERSHIP_ATTEMPT_TIMEOUT_MS
-            }
+            ApiRequest::AddMember { .. }
+            | ApiRequest::RemoveMember { .. }
+            | ApiRequest::InitCluster => MEMBERSHIP_ATTEMPT_TIMEOUT_MS,
             _ => ATTEMPT_TIMEOUT_MS,
         };
+        let in_cluster = self.cluster.map(|cluster| ApiRequest::InCluster {
+            cluster,
+            request: Box::new(request.clone()),
+        });
         let result = connection
-            .request::<_, ApiResponse>(request, Duration::from_millis(attempt_timeout_ms))
+            .request::<_, ApiResponse>(
+                in_cluster.as_ref().unwrap_or(request),
+                Duration::from_millis(attempt_timeout_ms),
+            )
             .await;
         match result {
             Ok(ApiResponse::Error(ApiError::NotLeader { leader_address, .. })) => {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use openraft::{Config, SnapshotPolicy};
 use quotient_common::tls::TlsFiles;
+use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 
 /// Default Raft heartbeat interval (milliseconds).
@@ -43,6 +44,12 @@ pub const AGENT_HEARTBEAT_DEFAULT_MS: u64 = 1_000;
 /// Default margin the leader adds to the agent lease and the jobs' grace periods before it
 /// marks a silent node lost (milliseconds).
 pub const NODE_LEASE_MARGIN_DEFAULT_MS: u64 = 5_000;
+/// Default interval between two checks that every replica holds the leader's state
+/// (`digest_check`), in milliseconds. Each costs every replica one encoding of its state, off
+/// the apply path; once a minute finds a divergence long before an operator would.
+pub const DIGEST_CHECK_INTERVAL_DEFAULT_MS: u64 = 60_000;
+/// The shortest interval between digest checks that may be set (milliseconds); 0 turns them off.
+pub const DIGEST_CHECK_INTERVAL_MIN_MS: u64 = 100;
 /// The Raft cluster name, checked by nothing but shown in openraft's logs.
 pub const CLUSTER_NAME: &str = "quotient";
 
@@ -77,6 +84,14 @@ pub struct RaftTuning {
     pub snapshot_logs: u64,
     /// Entries kept in the log behind the snapshot.
     pub logs_kept_after_snapshot: u64,
+    /// How often the leader has every replica compare its state with the leader's
+    /// (milliseconds; 0: never).
+    #[serde(default = "digest_check_interval_default_ms")]
+    pub digest_check_interval_ms: u64,
+}
+
+fn digest_check_interval_default_ms() -> u64 {
+    DIGEST_CHECK_INTERVAL_DEFAULT_MS
 }
 
 impl Default for RaftTuning {
@@ -87,6 +102,7 @@ impl Default for RaftTuning {
             election_timeout_max_ms: ELECTION_TIMEOUT_MAX_DEFAULT_MS,
             snapshot_logs: SNAPSHOT_LOGS_DEFAULT,
             logs_kept_after_snapshot: LOGS_KEPT_AFTER_SNAPSHOT_DEFAULT,
+            digest_check_interval_ms: DIGEST_CHECK_INTERVAL_DEFAULT_MS,
         }
     }
 }
@@ -124,8 +140,9 @@ pub struct CoordinatorConfig {
     pub listen: SocketAddr,
     /// Where the Raft log (`raft.redb`) and the snapshot (`snapshot.bin`) live.
     pub data_dir: PathBuf,
-    /// The initial members: id to `HOST:PORT` (how the others reach each one). Used to
-    /// bootstrap the cluster once; afterwards membership lives in the Raft log. In TOML,
+    /// The initial members: id to `HOST:PORT` (how the others reach each one). Used by
+    /// `quotient cluster init`, sent to this coordinator, to bootstrap the cluster once;
+    /// afterwards membership lives in the Raft log. In TOML,
     /// either a table (`[peers]` with `1 = "127.0.0.1:7401"`) or the flag's string.
     #[serde(
         deserialize_with = "deserialize_peers",
@@ -135,6 +152,11 @@ pub struct CoordinatorConfig {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// The only cluster this coordinator may belong to (32 hexadecimal digits). Optional: a
+    /// coordinator learns its cluster at `cluster init` or when it is added. Needed once to
+    /// start on a data directory written before clusters had ids.
+    #[serde(default)]
+    pub cluster_id: Option<ClusterId>,
     #[serde(default)]
     pub raft: RaftTuning,
     #[serde(default)]
@@ -217,6 +239,14 @@ impl CoordinatorConfig {
                 tuning.heartbeat_interval_ms,
                 tuning.election_timeout_min_ms,
                 tuning.election_timeout_max_ms
+            ));
+        }
+        if tuning.digest_check_interval_ms != 0
+            && tuning.digest_check_interval_ms < DIGEST_CHECK_INTERVAL_MIN_MS
+        {
+            return invalid(format!(
+                "digest_check_interval_ms must be 0 (off) or at least {DIGEST_CHECK_INTERVAL_MIN_MS}, not {}",
+                tuning.digest_check_interval_ms
             ));
         }
         if tuning.snapshot_logs == 0 {

@@ -4,17 +4,17 @@
 //!
 //! [`Coordinator::start`] returns once the endpoint is bound, so tests can run a coordinator
 //! in-process and read its address; [`run`] is start, wait for `shutdown`, stop (the shape
-//! the binary uses). On first start the coordinator with the lowest id among the initial
-//! peers bootstraps the cluster, once, and only if its Raft log and vote are empty; the others
-//! wait to be contacted. A restart finds the log and snapshot on disk and just rejoins.
+//! the binary uses). A coordinator never bootstraps a cluster by itself: one on an empty data
+//! directory waits until `quotient cluster init` is sent to it (`cluster_init`) or a leader adds
+//! it as a learner (`cluster add-member`, or `cluster init` on another initial peer); a restart
+//! finds its cluster identity, log and snapshot on disk and rejoins (`identity`).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{InitializeError, RaftError};
-use openraft::BasicNode;
+use openraft::storage::RaftLogStorage;
 use quotient_common::certs::Role;
 use quotient_common::tls::{TlsError, TlsIdentity};
 use quotient_common::transport::{Client, Server, TransportError, ALPN_AGENT, ALPN_API, ALPN_RAFT};
@@ -26,13 +26,14 @@ use crate::agent_service::{AgentService, AgentServiceParts};
 use crate::api::ApiService;
 use crate::config::{ConfigError, CoordinatorConfig};
 use crate::desired::DesiredTracker;
+use crate::identity::{ClusterIdentity, IdentityError};
 use crate::network::PeerConnections;
 use crate::node_leases::NodeLeases;
 use crate::proposer::Proposer;
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
 use crate::store::{self, NodeId, QuotientStateMachine};
-use crate::{raft_service, scheduler_loop};
+use crate::{digest_check, raft_service, scheduler_loop};
 
 /// How long shutdown waits for connections to close cleanly (milliseconds).
 pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
@@ -50,6 +51,8 @@ pub enum CoordinatorError {
     Storage(String),
     #[error("cannot start raft: {0}")]
     Raft(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     #[error(transparent)]
     Transport(#[from] TransportError),
     /// Raft stopped by itself while serving: a storage write failed, say. Nothing unsynced
@@ -81,8 +84,7 @@ impl std::fmt::Debug for Coordinator {
 }
 
 impl Coordinator {
-    /// Opens the storage, starts Raft, binds the endpoint and, on a pristine first start of
-    /// the lowest-id peer, bootstraps the cluster in the background.
+    /// Opens the storage and the cluster identity, starts Raft and binds the endpoint.
     pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
         config.validate()?;
         let tls = TlsIdentity::load(&config.tls_files())?;
@@ -90,15 +92,22 @@ impl Coordinator {
             return Err(CoordinatorError::WrongRole(tls.identity().to_string()));
         }
         let data_dir = config.data_dir.clone();
-        let (log_store, state_machine) =
+        let (mut log_store, state_machine) =
             tokio::task::spawn_blocking(move || store::open(&data_dir).map_err(|e| e.to_string()))
                 .await
                 .map_err(|error| CoordinatorError::Storage(error.to_string()))?
                 .map_err(CoordinatorError::Storage)?;
+        let raft_state_present = has_raft_state(&mut log_store, &state_machine).await?;
+        let (data_dir, id, configured) = (config.data_dir.clone(), config.id, config.cluster_id);
+        let identity = tokio::task::spawn_blocking(move || {
+            ClusterIdentity::open(&data_dir, id, raft_state_present, configured)
+        })
+        .await
+        .map_err(|error| CoordinatorError::Storage(error.to_string()))??;
         let raft_config = config.raft_config()?;
         let durability = log_store.durability();
         let client = Arc::new(Client::new(tls.clone()));
-        let peers = PeerConnections::new(client.clone(), durability.clone());
+        let peers = PeerConnections::new(client.clone(), durability.clone(), identity.clone());
         let raft = Raft::new(
             config.id,
             raft_config,
@@ -108,6 +117,7 @@ impl Coordinator {
         )
         .await
         .map_err(|error| CoordinatorError::Raft(error.to_string()))?;
+        peers.watch_membership(raft.metrics());
 
         let server = Arc::new(Server::bind(
             config.listen,
@@ -118,7 +128,8 @@ impl Coordinator {
         let proposer = Proposer::start(raft.clone());
         let agent_links = AgentLinks::new();
         let api = ApiService::new(
-            config.id,
+            identity.clone(),
+            config.peers.clone(),
             raft.clone(),
             state_machine.clone(),
             peers,
@@ -137,8 +148,9 @@ impl Coordinator {
             tuning: config.agents.clone(),
             scheduler: scheduler.clone(),
             links: agent_links,
+            identity: identity.clone(),
         });
-        let loops = vec![
+        let mut loops = vec![
             tokio::spawn(scheduler_loop::run(
                 raft.clone(),
                 state_machine.clone(),
@@ -146,7 +158,7 @@ impl Coordinator {
                 scheduler.clone(),
                 desired.clone(),
             )),
-            tokio::spawn(leases.run(raft.clone(), state_machine.clone(), proposer)),
+            tokio::spawn(leases.run(raft.clone(), state_machine.clone(), proposer.clone())),
             tokio::spawn(follow_applies(
                 raft.clone(),
                 state_machine.clone(),
@@ -154,10 +166,19 @@ impl Coordinator {
                 scheduler,
             )),
         ];
+        if config.raft.digest_check_interval_ms > 0 {
+            loops.push(tokio::spawn(digest_check::run(
+                raft.clone(),
+                state_machine.clone(),
+                proposer.clone(),
+                Duration::from_millis(config.raft.digest_check_interval_ms),
+            )));
+        }
         let accept_task = tokio::spawn(accept_loop(
             server.clone(),
             raft.clone(),
             durability,
+            identity.clone(),
             api,
             agents,
         ));
@@ -168,16 +189,11 @@ impl Coordinator {
             identity = %tls.identity(),
             "coordinator listening"
         );
-
-        let lowest = config.peers.keys().next().copied();
-        if lowest == Some(config.id) {
-            let raft = raft.clone();
-            let members = config
-                .peers
-                .iter()
-                .map(|(id, address)| (*id, BasicNode::new(address.clone())))
-                .collect::<std::collections::BTreeMap<_, _>>();
-            tokio::spawn(async move { bootstrap(raft, members).await });
+        match identity.cluster() {
+            Some(cluster) => tracing::info!(%cluster, "rejoining the cluster recorded in the data directory"),
+            None => tracing::info!(
+                "the data directory holds no Raft state: waiting to be added to a cluster (`quotient cluster add-member`), or for `quotient cluster init` to bootstrap a new one here; this coordinator does not vote until then"
+            ),
         }
         Ok(Coordinator {
             id: config.id,
@@ -271,28 +287,20 @@ pub async fn run(
     }
 }
 
-/// Initialises a pristine cluster with its first members. Safe to call on a restart: it does
-/// nothing when the log or vote already hold anything.
-async fn bootstrap(raft: Raft, members: std::collections::BTreeMap<NodeId, BasicNode>) {
-    match raft.is_initialized().await {
-        Ok(true) => {
-            tracing::info!("raft state found on disk; rejoining the cluster");
-            return;
-        }
-        Ok(false) => {}
-        Err(error) => {
-            tracing::error!(error = %error, "cannot read the raft state to decide on bootstrap");
-            return;
-        }
-    }
-    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "bootstrapping a new cluster");
-    match raft.initialize(members).await {
-        Ok(()) => tracing::info!("cluster bootstrapped"),
-        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
-            tracing::info!("cluster already initialised; nothing to bootstrap");
-        }
-        Err(error) => tracing::error!(error = %error, "bootstrap failed"),
-    }
+/// Whether the data directory holds any Raft state: a vote, log entries (or a purge mark), or
+/// a snapshot.
+async fn has_raft_state(
+    log_store: &mut store::LogStore,
+    state_machine: &QuotientStateMachine,
+) -> Result<bool, CoordinatorError> {
+    let storage =
+        |error: openraft::StorageError<NodeId>| CoordinatorError::Storage(error.to_string());
+    let log = log_store.get_log_state().await.map_err(storage)?;
+    let vote = log_store.read_vote().await.map_err(storage)?;
+    Ok(log.last_log_id.is_some()
+        || log.last_purged_log_id.is_some()
+        || vote.is_some()
+        || state_machine.last_applied().is_some())
 }
 
 /// On the leader, after every applied batch of log entries (and every change of term),
@@ -339,12 +347,14 @@ async fn accept_loop(
     server: Arc<Server>,
     raft: Raft,
     durability: LogDurability<NodeId>,
+    identity: ClusterIdentity,
     api: ApiService,
     agents: AgentService,
 ) {
     while let Some(incoming) = server.accept().await {
         let raft = raft.clone();
         let durability = durability.clone();
+        let identity = identity.clone();
         let api = api.clone();
         let agents = agents.clone();
         tokio::spawn(async move {
@@ -357,7 +367,7 @@ async fn accept_loop(
                 }
             };
             if connection.alpn() == ALPN_RAFT {
-                raft_service::serve_connection(raft, durability, connection).await;
+                raft_service::serve_connection(raft, durability, identity, connection).await;
             } else if connection.alpn() == ALPN_API {
                 api.serve_connection(connection).await;
             } else if connection.alpn() == ALPN_AGENT {

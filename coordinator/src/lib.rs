@@ -6,7 +6,12 @@
 //!   adapter with its snapshot file, and their codec.
 //! - [`config`]: the coordinator's flags / TOML config and the openraft config they give.
 //! - [`network`]: the Raft network over QUIC (client side), with one connection per peer.
-//! - [`raft_service`]: the Raft network's server side; only coordinators may speak Raft.
+//! - [`raft_service`]: the Raft network's server side; only coordinators may speak Raft, and
+//!   only those of this coordinator's cluster.
+//! - [`identity`]: which cluster this coordinator belongs to (its data directory's
+//!   `cluster-identity.toml`), and what it refused for it.
+//! - [`cluster_init`]: `quotient cluster init`, the one explicit bootstrap of a cluster.
+//! - [`digest_check`]: the leader's periodic check that every replica holds its state.
 //! - [`api`]: the client API's server side: authorisation, writes through Raft,
 //!   linearizable reads, redirects to the leader, membership changes.
 //! - [`agent_service`]: the agent protocol's server side (`quotient-agent/1`): registration,
@@ -25,9 +30,12 @@ pub mod agent_links;
 pub mod agent_service;
 pub mod api;
 pub mod client;
+pub mod cluster_init;
 pub mod config;
 pub mod coordinator;
 pub mod desired;
+pub mod digest_check;
+pub mod identity;
 pub mod job_logs;
 pub mod network;
 pub mod node_leases;

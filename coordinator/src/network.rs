@@ -13,6 +13,14 @@
 //! The pool also records when each peer last answered, which `quotient cluster status`
 //! reports as `reachable`.
 //!
+//! Every request travels in a [`RaftEnvelope`] that names the sender's cluster, the member it
+//! is for, and whether the sender counts that member as a voter. The receiver refuses
+//! ([`RaftRefusal`]) a request of another cluster, for another member, a vote request while it
+//! has joined no cluster, and entries it would take as a voter while its data directory is
+//! empty (see `identity`); the sender takes a refusal as the peer being unreachable, so
+//! openraft backs off, logs it (at most every `identity::REFUSAL_LOG_INTERVAL_MS`) and shows
+//! it in `quotient cluster status`.
+//!
 //! The commit index an AppendEntries carries is never ahead of this node's committed id on
 //! disk: the log store lets openraft count the leader's own entries before they are synced
 //! (see `store::log_writer`), so a follower must not apply an entry that the leader could
@@ -31,7 +39,7 @@
 //! (BENCHMARKS.md).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use openraft::error::{
@@ -43,12 +51,15 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, LogId, RPCTypes, Vote};
+use openraft::{BasicNode, LogId, RPCTypes, RaftMetrics, Vote};
 use quotient_common::certs::Role;
 use quotient_common::frame::FrameError;
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_RAFT};
+use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
+use crate::identity::{ClusterIdentity, REFUSAL_HEALTH_WINDOW_MS, REFUSAL_LOG_INTERVAL_MS};
 use crate::store::log_store::LogDurability;
 use crate::store::{NodeId, TypeConfig};
 
@@ -77,7 +88,20 @@ pub enum RaftRequest {
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
 }
 
-/// The answer to a [`RaftRequest`]: the receiving Raft's result, error included.
+/// A [`RaftRequest`] with what the receiver checks before its Raft sees it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RaftEnvelope {
+    /// The sender's cluster.
+    pub cluster: ClusterId,
+    /// The member the sender means to reach.
+    pub to: NodeId,
+    /// Whether the sender's membership counts `to` as a voter (in either half of a joint one).
+    pub to_voter: bool,
+    pub request: RaftRequest,
+}
+
+/// The answer to a [`RaftRequest`]: the receiving Raft's result, error included, or the
+/// receiver's refusal to hand it to its Raft at all.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum RaftResponse {
     AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
@@ -85,6 +109,36 @@ pub enum RaftResponse {
     InstallSnapshot(
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
+    Refused(RaftRefusal),
+}
+
+/// Why a coordinator would not hand a Raft request to its Raft. Each says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RaftRefusal {
+    #[error("coordinator {member} belongs to cluster {member_cluster}, but a coordinator of cluster {sender_cluster} sent it a Raft request: two clusters' members are listed together (a data directory copied from another cluster, or a wrong --peers or add-member address); give each cluster its own members and data directories")]
+    OtherCluster {
+        member: NodeId,
+        member_cluster: ClusterId,
+        sender_cluster: ClusterId,
+    },
+    #[error("a Raft request for coordinator {addressed} reached coordinator {member}: the address the cluster has for {addressed} leads to {member}; correct it (`quotient cluster remove-member --id {addressed}`, then `add-member` with the right address)")]
+    OtherMember { member: NodeId, addressed: NodeId },
+    #[error("coordinator {member} has joined no cluster (its data directory holds no Raft state), so it does not vote; bootstrap a new cluster with `quotient cluster init`, or add it to this one with `quotient cluster add-member --id {member} --address ADDR`")]
+    NotJoined { member: NodeId },
+    #[error("cluster {cluster} counts coordinator {member} as a voter, but its data directory is empty (wiped or replaced?): a voter that lost its log and vote cannot vote or acknowledge entries safely. Remove it and add it back, as a new member that copies the log first: `quotient cluster remove-member --id {member}`, then `quotient cluster add-member --id {member} --address ADDR`")]
+    EmptyVoter { member: NodeId, cluster: ClusterId },
+}
+
+impl RaftRefusal {
+    /// A fixed name per kind, for logs and the health report.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RaftRefusal::OtherCluster { .. } => "other-cluster",
+            RaftRefusal::OtherMember { .. } => "other-member",
+            RaftRefusal::NotJoined { .. } => "not-joined",
+            RaftRefusal::EmptyVoter { .. } => "empty-voter",
+        }
+    }
 }
 
 /// A pooled connection to one peer: the address it was made to, and the connection.
@@ -94,11 +148,20 @@ struct Pooled {
     connection: PeerConnection,
 }
 
+/// A peer's latest refusal, and when it was last logged.
+#[derive(Debug)]
+struct PeerRefusal {
+    refusal: RaftRefusal,
+    seen: Instant,
+    logged: Instant,
+}
+
 #[derive(Debug, Default)]
 struct PoolInner {
     connections: BTreeMap<NodeId, Pooled>,
     last_answer: BTreeMap<NodeId, Instant>,
     timeouts_in_a_row: BTreeMap<NodeId, u32>,
+    refusals: BTreeMap<NodeId, PeerRefusal>,
 }
 
 /// Connections to the other coordinators, one per peer, shared by every Raft RPC; cheap to
@@ -107,18 +170,84 @@ struct PoolInner {
 pub struct PeerConnections {
     client: Arc<Client>,
     durability: LogDurability<NodeId>,
+    identity: ClusterIdentity,
+    /// This node's Raft metrics, for the membership: set once Raft exists
+    /// ([`PeerConnections::watch_membership`]).
+    metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<NodeId, BasicNode>>>>,
     inner: Arc<Mutex<PoolInner>>,
 }
 
 impl PeerConnections {
-    /// A pool that connects with `client` (this coordinator's certificate) and holds the
-    /// commit index it sends to what `durability` says is on this node's disk.
-    pub fn new(client: Arc<Client>, durability: LogDurability<NodeId>) -> Self {
+    /// A pool that connects with `client` (this coordinator's certificate), sends requests
+    /// as a member of `identity`'s cluster, and holds the commit index it sends to what
+    /// `durability` says is on this node's disk.
+    pub fn new(
+        client: Arc<Client>,
+        durability: LogDurability<NodeId>,
+        identity: ClusterIdentity,
+    ) -> Self {
         PeerConnections {
             client,
             durability,
+            identity,
+            metrics: Arc::new(OnceLock::new()),
             inner: Arc::new(Mutex::new(PoolInner::default())),
         }
+    }
+
+    /// Reads the membership from `metrics` (this node's Raft's) from now on.
+    pub fn watch_membership(&self, metrics: watch::Receiver<RaftMetrics<NodeId, BasicNode>>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Whether this node's membership counts `peer` as a voter; `true` when it cannot tell,
+    /// the cautious answer (an empty member then refuses rather than joins).
+    fn counts_as_voter(&self, peer: NodeId) -> bool {
+        self.metrics.get().is_none_or(|metrics| {
+            metrics
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|voter| voter == peer)
+        })
+    }
+
+    /// Why `peer` last refused this node's Raft requests, if it did within
+    /// `identity::REFUSAL_HEALTH_WINDOW_MS`.
+    pub fn refusal(&self, peer: NodeId) -> Option<String> {
+        self.lock().refusals.get(&peer).and_then(|refused| {
+            (refused.seen.elapsed() < Duration::from_millis(REFUSAL_HEALTH_WINDOW_MS))
+                .then(|| refused.refusal.to_string())
+        })
+    }
+
+    /// Records that `peer` refused a request, and logs it unless the same refusal was logged
+    /// within `identity::REFUSAL_LOG_INTERVAL_MS`.
+    fn record_refusal(&self, peer: NodeId, refusal: &RaftRefusal) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let logged = match inner.refusals.get(&peer) {
+            Some(previous)
+                if previous.refusal == *refusal
+                    && now.duration_since(previous.logged)
+                        < Duration::from_millis(REFUSAL_LOG_INTERVAL_MS) =>
+            {
+                previous.logged
+            }
+            _ => {
+                tracing::error!(peer, "coordinator {peer} refused a Raft request: {refusal}");
+                now
+            }
+        };
+        inner.refusals.insert(
+            peer,
+            PeerRefusal {
+                refusal: refusal.clone(),
+                seen: now,
+                logged,
+            },
+        );
     }
 
     /// The QUIC client the pool connects with (this coordinator's certificate).
@@ -273,6 +402,7 @@ impl Acknowledged {
 /// What went wrong with one RPC, before it is shaped into openraft's error for the caller.
 enum SendError {
     Unreachable(String),
+    Refused(RaftRefusal),
     Timeout(Duration),
     TooLarge,
     Network(String),
@@ -285,7 +415,7 @@ struct Message(String);
 impl PeerNetwork {
     async fn send(
         &self,
-        request: &RaftRequest,
+        request: RaftRequest,
         option: &RPCOption,
     ) -> Result<RaftResponse, SendError> {
         // The soft deadline, so that this side sees the timeout (and counts it) before
@@ -293,15 +423,31 @@ impl PeerNetwork {
         let deadline = option
             .soft_ttl()
             .min(Duration::from_millis(RAFT_RPC_TIMEOUT_MAX_MS));
+        let Some(cluster) = self.pool.identity.cluster() else {
+            return Err(SendError::Unreachable(
+                "this coordinator has joined no cluster yet".to_string(),
+            ));
+        };
+        let envelope = RaftEnvelope {
+            cluster,
+            to: self.target,
+            to_voter: self.pool.counts_as_voter(self.target),
+            request,
+        };
         let connection = self
             .pool
             .connection(self.target, &self.address)
             .await
             .map_err(SendError::Unreachable)?;
         match connection
-            .request::<_, RaftResponse>(request, deadline)
+            .request::<_, RaftResponse>(&envelope, deadline)
             .await
         {
+            Ok(RaftResponse::Refused(refusal)) => {
+                self.pool.record_answer(self.target);
+                self.pool.record_refusal(self.target, &refusal);
+                Err(SendError::Refused(refusal))
+            }
             Ok(response) => {
                 self.pool.record_answer(self.target);
                 Ok(response)
@@ -339,6 +485,9 @@ impl PeerNetwork {
             SendError::Unreachable(text) => RPCError::Unreachable(Unreachable::new(&Message(
                 format!("coordinator {} at {}: {text}", self.target, self.address),
             ))),
+            // Unreachable, so that openraft backs off instead of retrying at once: the peer
+            // will refuse again until an operator acts.
+            SendError::Refused(refusal) => RPCError::Unreachable(Unreachable::new(&refusal)),
             SendError::Timeout(after) => RPCError::Timeout(Timeout {
                 action,
                 id: vote_from,
@@ -387,7 +536,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         let entries = rpc.entries.len() as u64;
         tracing::trace!(target = self.target, entries, "append entries");
         let response = self
-            .send(&RaftRequest::AppendEntries(rpc), &option)
+            .send(RaftRequest::AppendEntries(rpc), &option)
             .await
             .map_err(|error| match error {
                 SendError::TooLarge if entries > 1 => {
@@ -416,7 +565,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
     > {
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
         let response = self
-            .send(&RaftRequest::InstallSnapshot(rpc), &option)
+            .send(RaftRequest::InstallSnapshot(rpc), &option)
             .await
             .map_err(|error| self.rpc_error(error, RPCTypes::InstallSnapshot, from))?;
         match response {
@@ -434,7 +583,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
         let response = self
-            .send(&RaftRequest::Vote(rpc), &option)
+            .send(RaftRequest::Vote(rpc), &option)
             .await
             .map_err(|error| self.rpc_error(error, RPCTypes::Vote, from))?;
         match response {

@@ -7,6 +7,13 @@
 //! within [`RAFT_REQUEST_READ_TIMEOUT_MS`] and answered within [`RAFT_HANDLE_TIMEOUT_MS`];
 //! a bad frame costs only its stream.
 //!
+//! Before its Raft sees a request, [`admit`] checks the [`RaftEnvelope`] around it against
+//! this coordinator's cluster identity (see `identity`): another cluster's request, one meant
+//! for another member, a vote request while this coordinator has joined no cluster, and
+//! entries it would take as a voter while its data directory is empty are refused with
+//! [`RaftRefusal`], logged, and shown in its health. The first entries or snapshot a leader
+//! sends it as a learner make it join that leader's cluster.
+//!
 //! An AppendEntries is answered with success only once the entries it reports are on this
 //! node's disk: the log store lets openraft go on before its writes are synced (see
 //! `store::log_writer`), and the leader counts this answer towards a commit. When a
@@ -22,7 +29,8 @@ use quotient_common::transport::{
     PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS, STREAM_CODE_TIMEOUT,
 };
 
-use crate::network::{RaftRequest, RaftResponse};
+use crate::identity::ClusterIdentity;
+use crate::network::{RaftEnvelope, RaftRefusal, RaftRequest, RaftResponse};
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
 use crate::store::{NodeId, TypeConfig};
@@ -37,6 +45,7 @@ pub const RAFT_HANDLE_TIMEOUT_MS: u64 = 30_000;
 pub async fn serve_connection(
     raft: Raft,
     durability: LogDurability<NodeId>,
+    identity: ClusterIdentity,
     connection: PeerConnection,
 ) {
     let peer = connection.peer().clone();
@@ -57,9 +66,10 @@ pub async fn serve_connection(
         };
         let raft = raft.clone();
         let durability = durability.clone();
+        let identity = identity.clone();
         let peer = peer.clone();
         tokio::spawn(async move {
-            if let Err(error) = serve_request(&raft, &durability, stream).await {
+            if let Err(error) = serve_request(&raft, &durability, &identity, stream).await {
                 tracing::debug!(%peer, error = %error, "raft request failed");
             }
         });
@@ -69,18 +79,29 @@ pub async fn serve_connection(
 async fn serve_request(
     raft: &Raft,
     durability: &LogDurability<NodeId>,
+    identity: &ClusterIdentity,
     mut stream: RequestStream,
 ) -> Result<(), quotient_common::transport::RequestError> {
-    let request: RaftRequest = match stream
+    let envelope: RaftEnvelope = match stream
         .read_request(Duration::from_millis(RAFT_REQUEST_READ_TIMEOUT_MS))
         .await
     {
-        Ok(request) => request,
+        Ok(envelope) => envelope,
         Err(error) => {
             tracing::warn!(error = %error, "refused a bad raft request");
             return Err(error);
         }
     };
+    if let Err(refusal) = admit(identity, &envelope).await {
+        identity.refused(refusal.kind(), format!("refused a Raft request: {refusal}"));
+        return stream
+            .respond(
+                &RaftResponse::Refused(refusal),
+                Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS),
+            )
+            .await;
+    }
+    let request = envelope.request;
     let handled = tokio::time::timeout(
         Duration::from_millis(RAFT_HANDLE_TIMEOUT_MS),
         handle(raft, durability, request),
@@ -93,6 +114,52 @@ async fn serve_request(
     stream
         .respond(&response, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
         .await
+}
+
+/// Whether this coordinator's Raft may see `envelope`'s request. An unjoined coordinator
+/// joins the sender's cluster here, when the sender replicates to it as a learner.
+pub async fn admit(identity: &ClusterIdentity, envelope: &RaftEnvelope) -> Result<(), RaftRefusal> {
+    let member = identity.member();
+    if envelope.to != member {
+        return Err(RaftRefusal::OtherMember {
+            member,
+            addressed: envelope.to,
+        });
+    }
+    let offered = envelope.cluster;
+    if let Some(current) = identity.cluster().or(identity.configured()) {
+        if current != offered {
+            return Err(RaftRefusal::OtherCluster {
+                member,
+                member_cluster: current,
+                sender_cluster: offered,
+            });
+        }
+    }
+    if identity.cluster().is_some() {
+        return Ok(());
+    }
+    match envelope.request {
+        RaftRequest::Vote(_) => Err(RaftRefusal::NotJoined { member }),
+        _ if envelope.to_voter => Err(RaftRefusal::EmptyVoter {
+            member,
+            cluster: offered,
+        }),
+        RaftRequest::AppendEntries(_) | RaftRequest::InstallSnapshot(_) => {
+            let joining = identity.clone();
+            match tokio::task::spawn_blocking(move || joining.join(offered)).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => {
+                    tracing::error!(error = %error, "cannot join the cluster");
+                    Err(RaftRefusal::NotJoined { member })
+                }
+                Err(error) => {
+                    tracing::error!(error = %error, "cannot join the cluster");
+                    Err(RaftRefusal::NotJoined { member })
+                }
+            }
+        }
+    }
 }
 
 /// The local Raft's answer to `request`; `None` when it must not be sent (see

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::api::{ClusterView, GpuView, JobView, MemberView, NodeView, ShareView};
-use quotient_common::{JobId, JobState};
+use quotient_common::{ClusterId, JobId, JobState};
 use quotient_core::{share_accounts, JobRecord, NodeRecord, ShareAccount, ShareRecord, State};
 
 use crate::store::NodeId;
@@ -136,8 +136,10 @@ pub fn node_views(state: &State) -> Vec<NodeView> {
 /// The cluster as this coordinator's Raft sees it. `reachable` says, per member, whether
 /// this coordinator heard from it recently (itself always).
 pub fn cluster_view(
+    cluster: Option<ClusterId>,
     metrics: &RaftMetrics<NodeId, openraft::BasicNode>,
     reachable: impl Fn(NodeId) -> bool,
+    refusal: impl Fn(NodeId) -> Option<String>,
 ) -> ClusterView {
     let membership = metrics.membership_config.membership();
     let voters: Vec<NodeId> = membership.voter_ids().collect();
@@ -156,10 +158,12 @@ pub fn cluster_view(
                 address: node.addr.clone(),
                 role: role.to_string(),
                 reachable: *id == metrics.id || reachable(*id),
+                problem: refusal(*id),
             }
         })
         .collect();
     ClusterView {
+        cluster_id: cluster.map(|cluster| cluster.to_string()),
         leader: metrics.current_leader,
         term: metrics.current_term,
         members,
@@ -181,10 +185,12 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// digests on every replica. Costs one encoding of the state, so it is for health checks
 /// and tests, not hot paths.
 pub fn state_digest(state: &State) -> u64 {
-    state
-        .to_snapshot_bytes()
-        .iter()
-        .fold(FNV_OFFSET_BASIS, |hash, byte| {
-            (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
-        })
+    digest_of_bytes(&state.to_snapshot_bytes())
+}
+
+/// The digest of a state's canonical bytes (its snapshot bytes), as [`state_digest`] gives.
+pub fn digest_of_bytes(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(FNV_OFFSET_BASIS, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
+    })
 }

@@ -15,7 +15,9 @@ use quotient_common::agent_api::{
 use quotient_common::api::{ApiRequest, ApiResponse, JobView, NodeView};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::transport::{Client, PeerConnection, ALPN_AGENT};
-use quotient_common::{GpuDevice, JobId, NodeInventory, ShareSpec, ShareState, Strategy};
+use quotient_common::{
+    ClusterId, GpuDevice, JobId, NodeInventory, ShareSpec, ShareState, Strategy,
+};
 use quotient_coordinator::agent_service::LEADER_QUORUM_ACK_MAX_MS;
 use quotient_coordinator::config::AGENT_LEASE_DEFAULT_MS;
 use quotient_coordinator::ApiClient;
@@ -80,6 +82,7 @@ impl FakeAgent {
             .call(AgentRequest::Register {
                 inventory: inventory(name, gpus),
                 actual: Vec::new(),
+                cluster: None,
             })
             .await
         {
@@ -216,6 +219,51 @@ async fn wait_job_state(client: &ApiClient, id: JobId, state: &str) -> JobView {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_of_another_cluster_is_refused_naming_both_and_one_of_this_cluster_registers() {
+    // Proves that an agent's registration carries its cluster: another cluster's agent is
+    // refused with both ids and registers nothing; this cluster's is answered with the id.
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_for_leader(&[1]).await;
+    let ours = cluster.cluster_id.expect("initialised");
+    let admin = cluster.admin();
+    let agent = FakeAgent::connect(&cluster, "node-1").await;
+    let theirs = ClusterId::from_bytes([7; 16]);
+
+    let answer = agent
+        .call(AgentRequest::Register {
+            inventory: inventory("node-1", 1),
+            actual: Vec::new(),
+            cluster: Some(theirs),
+        })
+        .await;
+    match answer {
+        AgentResponse::Error(error @ AgentError::OtherCluster { .. }) => {
+            let text = error.to_string();
+            assert!(
+                text.contains(&ours.to_string()) && text.contains(&theirs.to_string()),
+                "{text}"
+            );
+        }
+        other => panic!("another cluster's agent must be refused: {other:?}"),
+    }
+    assert!(nodes(&admin).await.is_empty(), "nothing was registered");
+
+    let answer = agent
+        .call(AgentRequest::Register {
+            inventory: inventory("node-1", 1),
+            actual: Vec::new(),
+            cluster: Some(ours),
+        })
+        .await;
+    assert!(
+        matches!(answer, AgentResponse::Registered { cluster, .. } if cluster == ours),
+        "{answer:?}"
+    );
+    assert_eq!(nodes(&admin).await.len(), 1);
+    admin.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_for_another_node_is_refused_and_nothing_written() {
     // Proves that an agent may speak only for the node its certificate names, and that only
     // agent certificates may speak the agent protocol.
@@ -228,6 +276,7 @@ async fn a_certificate_for_another_node_is_refused_and_nothing_written() {
         .call(AgentRequest::Register {
             inventory: inventory("node-2", 1),
             actual: Vec::new(),
+            cluster: None,
         })
         .await;
     assert!(
@@ -253,6 +302,7 @@ async fn a_certificate_for_another_node_is_refused_and_nothing_written() {
             &AgentRequest::Register {
                 inventory: inventory("alice", 1),
                 actual: Vec::new(),
+                cluster: None,
             },
             AGENT_CALL,
         )
@@ -464,6 +514,7 @@ async fn a_silent_node_is_lost_only_after_agent_lease_grace_and_margin() {
         .call(AgentRequest::Register {
             inventory: inventory("node-1", 1),
             actual: Vec::new(),
+            cluster: None,
         })
         .await
     {
@@ -559,6 +610,7 @@ async fn a_follower_names_the_leader_and_writes_nothing() {
             &AgentRequest::Register {
                 inventory: inventory("node-1", 1),
                 actual: Vec::new(),
+                cluster: None,
             },
             AGENT_CALL,
         )

@@ -15,7 +15,7 @@ use quotient_common::certs::{self, Role};
 use quotient_common::frame::{self, MAX_FRAME_BYTES};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
 use quotient_common::transport::{quinn, Server, ALPN_AGENT};
-use quotient_common::{GpuDevice, NodeInventory};
+use quotient_common::{ClusterId, GpuDevice, NodeInventory};
 
 /// How long the fake holds a WatchDesired with nothing new (the real leader's is longer).
 pub const WATCH_HOLD: Duration = Duration::from_millis(1_000);
@@ -47,7 +47,14 @@ pub struct LeaderState {
     pub last_heartbeat: Option<(Vec<GpuDevice>, Vec<ActualAttempt>)>,
     pub reports: Vec<WireJobReport>,
     pub desired: Option<DesiredState>,
+    /// The cluster the fake says it leads, in `Registered`.
+    pub cluster: ClusterId,
+    /// The cluster each registration said the agent belongs to.
+    pub registered_clusters: Vec<Option<ClusterId>>,
 }
+
+/// The cluster a fake leader leads unless a test sets another.
+pub const FAKE_CLUSTER: ClusterId = ClusterId::from_bytes([0x42; 16]);
 
 /// A fake leader listening on 127.0.0.1.
 pub struct FakeLeader {
@@ -84,6 +91,8 @@ impl FakeLeader {
             last_heartbeat: None,
             reports: Vec::new(),
             desired: None,
+            cluster: FAKE_CLUSTER,
+            registered_clusters: Vec::new(),
         }));
         let task = tokio::spawn(accept_loop(server.clone(), state.clone()));
         FakeLeader {
@@ -184,13 +193,19 @@ fn not_leader(address: String) -> AgentResponse {
 
 async fn answer(request: AgentRequest, state: &Mutex<LeaderState>) -> Option<AgentResponse> {
     match request {
-        AgentRequest::Register { inventory, actual } => {
+        AgentRequest::Register {
+            inventory,
+            actual,
+            cluster,
+        } => {
             let mut state = lock(state);
             state.registrations.push((inventory, actual));
+            state.registered_clusters.push(cluster);
             Some(AgentResponse::Registered {
                 node_epoch: state.registrations.len() as u64,
                 agent_lease_ms: state.lease_ms,
                 heartbeat_ms: state.heartbeat_ms,
+                cluster: state.cluster,
             })
         }
         AgentRequest::Heartbeat { gpus, actual, .. } => {

@@ -24,6 +24,11 @@ pub const JOBS_MAX: usize = 50_000_000;
 
 /// Applies one command. See the module docs.
 pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
+    if let Command::CheckDigest { .. } = command {
+        // Read by the coordinator around apply. It leaves the state exactly as it was, its
+        // last applied index included, so that a check never makes two equal states differ.
+        return Outcome::Done;
+    }
     let outcome = match command {
         Command::CreateShare(spec) => state.create_share(spec, ctx),
         Command::UpdateShare { name, update } => state.update_share(&name, &update),
@@ -50,6 +55,7 @@ pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
         Command::MarkNodeLost { node } => state.set_node_state(&node, NodeState::Lost, ctx),
         Command::ApplyPlan(plan) => Outcome::PlanApplied(state.apply_plan(plan, ctx)),
         Command::ReportJob(report) => state.report(report, ctx),
+        Command::CheckDigest { .. } => unreachable!("answered above"),
     };
     state.data.last_applied_index = ctx.log_index;
     outcome

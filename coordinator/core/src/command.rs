@@ -91,6 +91,20 @@ pub enum Command {
     },
     ApplyPlan(Plan),
     ReportJob(JobReport),
+    /// Has every replica check that its state is the leader's: `leader` is the digest the
+    /// leader's state had after the entry of the previous such command, which each replica
+    /// compares with its own digest there, and each records its digest after this entry for the
+    /// next one (the coordinator's `digest_check`). Changes nothing in the state.
+    CheckDigest {
+        leader: Option<DigestAt>,
+    },
+}
+
+/// A state's digest after the log entry at `index` (see [`Command::CheckDigest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DigestAt {
+    pub index: u64,
+    pub digest: u64,
 }
 
 /// The result of applying one action of a plan.

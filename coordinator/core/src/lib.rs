@@ -36,12 +36,14 @@ pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};
 pub use apply::apply;
-pub use command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
+pub use command::{
+    ApplyCtx, Command, DigestAt, JobEvent, JobReport, Outcome, PlanReport, Rejection,
+};
 pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
 pub use reason::WaitReason;
 pub use scheduler::plan;
-pub use snapshot::SnapshotError;
+pub use snapshot::{SnapshotCapture, SnapshotError};
 pub use state::{
     Allocation, IdempotencyKeys, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,
     ShareRecord, State, StateData, StopCause,

@@ -46,6 +46,15 @@ struct Flags {
     /// This coordinator's private key (PEM).
     #[arg(long)]
     key: Option<PathBuf>,
+    /// The only cluster this coordinator may belong to (32 hexadecimal digits, as
+    /// `quotient cluster init` printed it). Optional; needed once to start on a data
+    /// directory written before clusters had ids.
+    #[arg(long)]
+    cluster_id: Option<quotient_common::ClusterId>,
+    /// How often the leader has every replica compare its state with the leader's, in
+    /// milliseconds (0: never).
+    #[arg(long)]
+    digest_check_interval_ms: Option<u64>,
     /// Log entries since the last snapshot that trigger a new snapshot and log compaction.
     #[arg(long)]
     snapshot_logs: Option<u64>,
@@ -93,12 +102,19 @@ impl Flags {
                     ca: self.ca.clone().ok_or_else(|| missing("ca"))?,
                     cert: self.cert.clone().ok_or_else(|| missing("cert"))?,
                     key: self.key.clone().ok_or_else(|| missing("key"))?,
+                    cluster_id: None,
                     raft: RaftTuning::default(),
                     agents: AgentTuning::default(),
                 }
             }
         };
+        if self.cluster_id.is_some() {
+            config.cluster_id = self.cluster_id;
+        }
         let tuning = &mut config.raft;
+        if let Some(value) = self.digest_check_interval_ms {
+            tuning.digest_check_interval_ms = value;
+        }
         if let Some(value) = self.snapshot_logs {
             tuning.snapshot_logs = value;
         }
@@ -172,6 +188,10 @@ fn hint(error: &CoordinatorError) -> &'static str {
             "the coordinator stopped serving because its Raft node did; fix what the error \
              names (a full or failing disk, say) and start it again: it recovers from its data \
              directory and catches up from the others"
+        }
+        CoordinatorError::Identity(_) => {
+            "the data directory does not belong to this coordinator of this cluster; the error \
+             says what to do (docs/operations.md: data directories)"
         }
         _ => "check the certificate files, the listen address and the data directory",
     }

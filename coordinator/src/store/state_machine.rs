@@ -30,10 +30,11 @@ use openraft::{
     RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
 };
 use quotient_core::limits::SNAPSHOT_BYTES_MAX;
-use quotient_core::{ApplyCtx, Outcome, SnapshotError, State};
+use quotient_core::{ApplyCtx, Command, Outcome, SnapshotError, State};
 
 use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
 use super::type_config::{Entry, NodeId, Outcomes, Request, TypeConfig};
+use crate::digest_check::DigestChecks;
 
 /// The snapshot file name inside the data directory.
 pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
@@ -88,6 +89,8 @@ struct Shared {
     on_disk: Mutex<Option<Meta>>,
     /// Makes snapshot ids unique within this process.
     snapshot_seq: AtomicU64,
+    /// This replica's state digests at the leader's checks, and its verdict.
+    digest_checks: DigestChecks,
 }
 
 impl Shared {
@@ -175,6 +178,7 @@ impl QuotientStateMachine {
             }),
             on_disk: Mutex::new(None),
             snapshot_seq: AtomicU64::new(0),
+            digest_checks: DigestChecks::default(),
         };
         let loaded = read_snapshot_file(data_dir)
             .map_err(|e| shared.storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
@@ -207,6 +211,11 @@ impl QuotientStateMachine {
     /// Runs `f` on the current state (under a read lock: keep it short).
     pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
         f(&self.shared.read_applied().state)
+    }
+
+    /// This replica's state digests at the leader's checks, and whether its state diverged.
+    pub fn digest_checks(&self) -> &DigestChecks {
+        &self.shared.digest_checks
     }
 
     /// The id of the last applied log entry, if any.
@@ -311,10 +320,25 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
                         log_index: log_id.index,
                         time_ms,
                     };
-                    commands
+                    let mut checked = false;
+                    let outcomes = commands
                         .into_iter()
-                        .map(|command| quotient_core::apply(&mut applied.state, command, ctx))
-                        .collect()
+                        .map(|command| {
+                            if let Command::CheckDigest { leader } = &command {
+                                checked = true;
+                                if let Some(leader) = leader {
+                                    self.shared.digest_checks.compare(*leader);
+                                }
+                            }
+                            quotient_core::apply(&mut applied.state, command, ctx)
+                        })
+                        .collect();
+                    if checked {
+                        self.shared
+                            .digest_checks
+                            .record(log_id.index, applied.state.capture_snapshot());
+                    }
+                    outcomes
                 }
                 EntryPayload::Membership(membership) => {
                     applied.last_membership = Membership::new(Some(log_id), membership);
@@ -412,12 +436,12 @@ fn write_snapshot_file(dir: &Path, meta: &Meta, state: &[u8]) -> Result<(), Snap
 
 /// Makes a rename in `dir` durable.
 #[cfg(unix)]
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
 #[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_dir(_dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use quotient_common::api::{ApiRequest, ApiResponse, ClusterView, HealthView};
 use quotient_common::certs::{self, Role};
 use quotient_common::tls::TlsFiles;
-use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
+use quotient_common::{ClusterId, GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
 use quotient_coordinator::ApiClient;
 
 use docker_hosts::{DockerHosts, DOCKER_PORT};
@@ -28,6 +28,8 @@ use fault_proxy::{udp_ports_of, FaultProxy};
 
 /// How long a cluster may take to elect a leader or converge, on a slow CI machine.
 pub const CONVERGE: Duration = Duration::from_secs(60);
+/// How long `cluster init` may take, the wait for the coordinators to listen included.
+pub const INIT_WITHIN: Duration = Duration::from_secs(90);
 /// Pause between two polls.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Deadline of a call through a health client (one address, no redirects).
@@ -124,6 +126,9 @@ pub struct Cluster {
     proxies: BTreeMap<u64, FaultProxy>,
     /// The network the coordinators' containers run on, when each runs in its own.
     docker: Option<DockerHosts>,
+    /// The cluster's id, once [`Cluster::init`] made it; every client of
+    /// [`Cluster::client_of`] sends its requests for this cluster.
+    pub cluster_id: Option<ClusterId>,
 }
 
 impl Cluster {
@@ -164,6 +169,48 @@ impl Cluster {
             self.members.len(),
             self.root.path().display()
         );
+        self.init();
+    }
+
+    /// Bootstraps the cluster on coordinator 1 (`ApiRequest::InitCluster`, as `quotient
+    /// cluster init` does) and records its id. Blocks: it runs on a thread of its own, so that
+    /// any test runtime may call it.
+    pub fn init(&mut self) {
+        let client = self
+            .client_of("alice", vec![self.address(1)])
+            .with_call_timeout(INIT_WITHIN);
+        let health = self
+            .client_of("alice", vec![self.address(1)])
+            .with_call_timeout(HEALTH_CALL);
+        let cluster_id = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let answer = client.call(ApiRequest::InitCluster).await;
+                client.close();
+                let text = match answer {
+                    Ok(ApiResponse::ClusterInitialised(view)) => {
+                        assert!(view.pending.is_empty(), "{view:?}");
+                        view.cluster_id
+                    }
+                    // The answer was lost, or an earlier init ran: coordinator 1 knows.
+                    other => match health.call(ApiRequest::Health).await {
+                        Ok(ApiResponse::Health(view)) => view
+                            .cluster_id
+                            .unwrap_or_else(|| panic!("cluster init failed: {other:?}")),
+                        again => panic!("cluster init failed: {other:?}, then {again:?}"),
+                    },
+                };
+                health.close();
+                text.parse::<ClusterId>().expect("a cluster id")
+            })
+        })
+        .join()
+        .expect("the init thread");
+        eprintln!("cluster {cluster_id} initialised");
+        self.cluster_id = Some(cluster_id);
     }
 
     /// The cluster's directories and addresses; starts nothing.
@@ -222,6 +269,7 @@ impl Cluster {
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             proxies: BTreeMap::new(),
             docker: None,
+            cluster_id: None,
         }
     }
 
@@ -238,6 +286,17 @@ impl Cluster {
     /// Starts (or restarts) coordinator `id` on its data directory.
     pub fn start_member(&mut self, id: u64) {
         let peers = self.peers_flag(id);
+        self.start_member_with_peers(id, peers);
+    }
+
+    /// Starts coordinator `id` with only itself in `--peers`: `cluster init` sent to it then
+    /// makes a cluster of its own.
+    pub fn start_member_alone(&mut self, id: u64) {
+        let peers = format!("{id}={}", self.members[&id].address);
+        self.start_member_with_peers(id, peers);
+    }
+
+    fn start_member_with_peers(&mut self, id: u64, peers: String) {
         let certs_dir = self.certs.dir.clone();
         let extra = self.extra_args.clone();
         let member = self.members.get_mut(&id).expect("a member of the cluster");
@@ -516,7 +575,9 @@ impl Cluster {
 
     /// A client of `addresses` with the certificate of `name`.
     pub fn client_of(&self, name: &str, addresses: Vec<String>) -> ApiClient {
-        ApiClient::connect(addresses, &self.certs.files(name)).expect("a client")
+        ApiClient::connect(addresses, &self.certs.files(name))
+            .expect("a client")
+            .with_cluster(self.cluster_id)
     }
 
     /// An admin client of every coordinator.
