@@ -9,14 +9,24 @@
 //!
 //! Each step: observe (ask the runtime which attempts exited), reconcile, act. Reports come
 //! back to the caller as [`JobReport`]s for the session to send. A failed runtime call is
-//! logged and retried at the next step, except a launch the runtime can never do (no image,
-//! an image missing from the host), which is reported as an exit with
-//! [`LAUNCH_FAILED_EXIT_CODE`] so that the job fails with a reason instead of waiting forever.
+//! logged and retried at the next step, except a launch.
+//!
+//! # Launches that fail
+//! A launch that fails is tried again after [`LAUNCH_BACKOFF_FIRST_MS`], then after twice
+//! that, and so on, [`LAUNCH_TRIES_MAX`] tries in all (about 1.5 s); then the executor gives
+//! up on the attempt, never starts it again, and reports `LaunchFailed` with the runtime's
+//! last message (at most `LAUNCH_MESSAGE_BYTES_MAX` bytes) and whose fault it was
+//! ([`RuntimeError::launch_fault`]): the job's (the coordinators fail the attempt) or the
+//! node's (they put the job back in the queue). Retrying without a bound once cost a third of
+//! a core and 40 log lines a second, while the job held its GPUs with no reason given.
+//! Every try is logged. Retries pending are kept only for attempts still desired to run, so
+//! there are at most as many as the desired state has allocations.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use quotient_common::job::bounded_launch_message;
 use quotient_common::{JobId, JobSpec};
 use quotient_core::{JobEvent, JobReport};
 
@@ -27,9 +37,10 @@ use crate::runtime::{
     checkpoint_dir, log_path, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError,
 };
 
-/// The exit code reported for an attempt that could not be launched at all (as a shell does
-/// for a command it cannot find).
-pub const LAUNCH_FAILED_EXIT_CODE: i32 = 127;
+/// Tries to launch one attempt before the executor gives up on it and reports it.
+pub const LAUNCH_TRIES_MAX: u32 = 3;
+/// The wait after a first failed launch; each later wait is twice the one before.
+pub const LAUNCH_BACKOFF_FIRST_MS: u64 = 500;
 /// Finished attempts remembered so that none is started twice; the oldest are forgotten first
 /// (by then the coordinators have long moved on).
 pub const FINISHED_ATTEMPTS_MAX: usize = 65_536;
@@ -43,6 +54,20 @@ pub struct Tracked {
     pub local: LocalJob,
 }
 
+/// A failed launch of one attempt that will be tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LaunchRetry {
+    /// Tries so far, all failed.
+    tries: u32,
+    /// When the next try is due (the executor's clock, ms).
+    next_try_ms: u64,
+}
+
+/// The wait after the `tries`-th failed launch: [`LAUNCH_BACKOFF_FIRST_MS`], doubled per try.
+pub fn launch_backoff_ms(tries: u32) -> u64 {
+    LAUNCH_BACKOFF_FIRST_MS.saturating_mul(1 << tries.saturating_sub(1).min(16))
+}
+
 /// Carries out reconcile's actions on one node.
 pub struct Executor<R: Runtime> {
     runtime: R,
@@ -54,6 +79,8 @@ pub struct Executor<R: Runtime> {
     gpu_uuids: BTreeMap<u32, String>,
     jobs: BTreeMap<(JobId, u32), Tracked>,
     finished: BTreeSet<(JobId, u32)>,
+    /// Attempts whose launch failed and will be tried again.
+    launch_retries: BTreeMap<(JobId, u32), LaunchRetry>,
     fence_epoch: Option<u64>,
     epoch_start: Instant,
     /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
@@ -84,6 +111,7 @@ impl<R: Runtime> Executor<R> {
             gpu_uuids,
             jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
+            launch_retries: BTreeMap::new(),
             fence_epoch: None,
             epoch_start: Instant::now(),
             deferred_removals: None,
@@ -143,7 +171,8 @@ impl<R: Runtime> Executor<R> {
         self.epoch_start.elapsed().as_millis() as u64
     }
 
-    /// How long until the next grace period runs out, if one is running.
+    /// How long until the next grace period runs out or the next launch is tried again, if
+    /// either is pending.
     pub fn next_deadline(&self) -> Option<Duration> {
         let now = self.now_ms();
         self.jobs
@@ -155,6 +184,7 @@ impl<R: Runtime> Executor<R> {
                     .signalled_at_ms
                     .map(|at| at.saturating_add(tracked.local.grace_period_ms))
             })
+            .chain(self.launch_retries.values().map(|retry| retry.next_try_ms))
             .min()
             .map(|deadline| Duration::from_millis(deadline.saturating_sub(now)))
     }
@@ -277,6 +307,15 @@ impl<R: Runtime> Executor<R> {
                 );
             }
             self.fence_epoch = decision.fence_epoch;
+            if decision.accepted {
+                // A launch no longer desired is not tried again.
+                self.launch_retries.retain(|key, _| {
+                    desired.allocations.iter().any(|allocation| {
+                        (allocation.job, allocation.attempt) == *key
+                            && allocation.intent == Intent::Run
+                    })
+                });
+            }
         }
         let mut reports = Vec::new();
         for action in decision.actions {
@@ -303,6 +342,40 @@ impl<R: Runtime> Executor<R> {
         }
     }
 
+    /// The `tries`-th launch of an attempt failed: try again after a backoff, or give up,
+    /// never start it again, and report it.
+    fn launch_failed(
+        &mut self,
+        reports: &mut Vec<JobReport>,
+        job: JobId,
+        attempt: u32,
+        tries: u32,
+        error: RuntimeError,
+    ) {
+        let fault = error.launch_fault();
+        if tries < LAUNCH_TRIES_MAX {
+            let wait_ms = launch_backoff_ms(tries);
+            tracing::warn!(%job, attempt, tries, %fault, "launch failed; trying again in {wait_ms} ms: {error}");
+            let next_try_ms = self.now_ms().saturating_add(wait_ms);
+            self.launch_retries
+                .insert((job, attempt), LaunchRetry { tries, next_try_ms });
+            return;
+        }
+        tracing::error!(%job, attempt, tries, %fault, "launch failed; giving up on this attempt and reporting it: {error}");
+        self.launch_retries.remove(&(job, attempt));
+        self.remember_finished(job, attempt);
+        self.report(
+            reports,
+            job,
+            attempt,
+            JobEvent::LaunchFailed {
+                fault,
+                tries,
+                message: bounded_launch_message(&error.to_string()),
+            },
+        );
+    }
+
     async fn act(&mut self, action: Action, reports: &mut Vec<JobReport>) {
         match action {
             Action::Start {
@@ -313,6 +386,10 @@ impl<R: Runtime> Executor<R> {
             } => {
                 if self.jobs.len() >= LOCAL_ATTEMPTS_MAX {
                     tracing::error!(%job, "too many attempts on this node; not starting");
+                    return;
+                }
+                let retry = self.launch_retries.get(&(job, attempt)).copied();
+                if retry.is_some_and(|retry| self.now_ms() < retry.next_try_ms) {
                     return;
                 }
                 let gpu_uuids = gpu_indices
@@ -338,6 +415,7 @@ impl<R: Runtime> Executor<R> {
                 };
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {
+                        self.launch_retries.remove(&(job, attempt));
                         self.jobs.insert(
                             (job, attempt),
                             Tracked {
@@ -356,20 +434,9 @@ impl<R: Runtime> Executor<R> {
                         self.report(reports, job, attempt, JobEvent::Started);
                         self.report(reports, job, attempt, JobEvent::Running);
                     }
-                    Err(error @ RuntimeError::InvalidLaunch { .. }) => {
-                        tracing::error!(%job, attempt, "cannot launch: {error}");
-                        self.remember_finished(job, attempt);
-                        self.report(
-                            reports,
-                            job,
-                            attempt,
-                            JobEvent::Exited {
-                                code: LAUNCH_FAILED_EXIT_CODE,
-                            },
-                        );
-                    }
                     Err(error) => {
-                        tracing::warn!(%job, attempt, "launch failed, retrying at the next step: {error}")
+                        let tries = retry.map_or(0, |retry| retry.tries) + 1;
+                        self.launch_failed(reports, job, attempt, tries, error);
                     }
                 }
             }

@@ -3,7 +3,8 @@
 //!
 //! It holds three things. **Pending reports**: job events not yet acknowledged by a leader,
 //! retried until one is, so that a restart or a failover never loses an exit report. **Finished
-//! attempts**: attempts that ran here and exited, so that a restarted agent never starts one
+//! attempts**: attempts that ran here and exited (or could not be launched and were given
+//! up), so that a restarted agent never starts one
 //! again even if a stale desired state still lists it (the runtime's pid file or container is
 //! gone by then). **The last heartbeat acknowledged**, as wall-clock time, so that a restarted
 //! agent keeps counting its self-fencing lease from the last answer of a leader rather than
@@ -124,7 +125,8 @@ impl Journal {
         Ok(journal)
     }
 
-    /// Appends reports (an exit also marks its attempt finished) and writes the journal.
+    /// Appends reports (an exit or a launch given up also marks its attempt finished) and
+    /// writes the journal.
     pub fn push(&mut self, reports: Vec<WireJobReport>) -> Result<(), JournalError> {
         if reports.is_empty() {
             return Ok(());
@@ -132,7 +134,9 @@ impl Journal {
         for report in reports {
             if matches!(
                 report.event,
-                WireJobEvent::Exited { .. } | WireJobEvent::ExitedAfterSignal { .. }
+                WireJobEvent::Exited { .. }
+                    | WireJobEvent::ExitedAfterSignal { .. }
+                    | WireJobEvent::LaunchFailed { .. }
             ) && !self.file.finished.contains(&(report.job, report.attempt))
             {
                 self.file.finished.push_back((report.job, report.attempt));
@@ -264,6 +268,26 @@ mod tests {
         );
         assert_eq!(journal.finished().collect::<Vec<_>>(), vec![(JobId(1), 1)]);
         assert_eq!(journal.last_ack_unix_ms(), Some(1_234));
+    }
+
+    /// An attempt whose launch was given up is finished, like one that exited: a restarted
+    /// agent never tries it again, and the report waits for a leader.
+    #[test]
+    fn a_launch_given_up_is_a_finished_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        let failed = report(
+            5,
+            WireJobEvent::LaunchFailed {
+                fault: quotient_common::job::LaunchFault::Node,
+                tries: 3,
+                message: "docker create container: connection refused".into(),
+            },
+        );
+        journal.push(vec![failed.clone()]).unwrap();
+        let journal = Journal::open(dir.path()).unwrap();
+        assert_eq!(journal.finished().collect::<Vec<_>>(), vec![(JobId(5), 1)]);
+        assert_eq!(journal.pending(10)[0].report, failed);
     }
 
     /// A journal over the size limit or garbled is refused with a message naming the file.

@@ -196,6 +196,15 @@ pub fn wire_report(report: JobReport) -> WireJobReport {
         JobEvent::Running => WireJobEvent::Running,
         JobEvent::Exited { code } => WireJobEvent::Exited { code },
         JobEvent::ExitedAfterSignal { code } => WireJobEvent::ExitedAfterSignal { code },
+        JobEvent::LaunchFailed {
+            fault,
+            tries,
+            message,
+        } => WireJobEvent::LaunchFailed {
+            fault,
+            tries,
+            message,
+        },
     };
     WireJobReport {
         job: report.job,

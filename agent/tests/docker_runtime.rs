@@ -20,7 +20,8 @@ use quotient_agent::runtime::docker::{
     watchdog_lock, watchdog_log, DockerRuntime, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE, WATCHDOGS_DIR,
 };
 use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
-use quotient_agent::runtime::{JobStatus, Runtime};
+use quotient_agent::runtime::{JobStatus, Runtime, RuntimeError};
+use quotient_common::job::LaunchFault;
 use quotient_common::{JobId, Signal};
 use quotient_core::JobEvent;
 use support::docker::{ensure_image, unavailable, RemoveContainers, IMAGE};
@@ -222,7 +223,8 @@ async fn docker_exit_codes_are_reported() {
     assert!(events_of(&reports, 32, 1).contains(&JobEvent::Exited { code: 3 }));
 }
 
-/// A job whose image is not on the host fails with a reason, and nothing is pulled.
+/// A job whose image is not on the host fails to launch with a reason, as the node's fault
+/// (another host may have the image), and nothing is pulled.
 #[tokio::test]
 async fn docker_missing_image_fails_the_launch_without_pulling() {
     let Some((runtime, _node, _cleanup)) = runtime_for("noimage").await else {
@@ -236,8 +238,43 @@ async fn docker_missing_image_fails_the_launch_without_pulling() {
         Some("quotient-test-absent:never"),
         shell("true"),
     );
-    let error = runtime.start(&spec).await.unwrap_err().to_string();
-    assert!(error.contains("never pulls"), "{error}");
+    let error = runtime.start(&spec).await.unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::ImageMissing { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.launch_fault(), LaunchFault::Node);
+    let text = error.to_string();
+    assert!(text.contains("never pulls"), "{text}");
+}
+
+/// A command the image cannot execute is refused by the daemon when the container starts:
+/// the job's fault, with the daemon's words, and no container is left behind.
+#[tokio::test]
+async fn docker_command_the_image_cannot_execute_is_the_jobs_fault() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("nocommand").await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let spec = launch(
+        state.path(),
+        14,
+        1,
+        Some(IMAGE),
+        vec!["/no/such/command".into()],
+    );
+    let error = runtime.start(&spec).await.unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::InvalidLaunch { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.launch_fault(), LaunchFault::Job);
+    let text = error.to_string();
+    assert!(text.contains("/no/such/command"), "{text}");
+    assert!(
+        runtime.list_own().await.unwrap().is_empty(),
+        "the container that could not start is removed"
+    );
 }
 
 /// After a restart the runtime re-finds its container by label and the executor adopts it

@@ -8,13 +8,14 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use quotient_agent::executor::Executor;
+use quotient_agent::executor::{Executor, LAUNCH_TRIES_MAX};
 use quotient_agent::lease::{boot_time_ms, LEASE_FILE};
 use quotient_agent::reconcile::Intent;
 use quotient_agent::runtime::process::{
     process_state, ProcessRuntime, JOBS_DIR, WATCHDOG_POLL_S, WATCHDOG_SLACK_MS,
 };
-use quotient_agent::runtime::{JobHandle, JobStatus, Runtime};
+use quotient_agent::runtime::{JobHandle, JobStatus, Runtime, RuntimeError};
+use quotient_common::job::LaunchFault;
 use quotient_common::JobId;
 use quotient_core::JobEvent;
 use support::*;
@@ -356,8 +357,9 @@ async fn process_found_job_that_is_not_desired_is_killed() {
     assert!(executor.runtime().list_own().await.unwrap().is_empty());
 }
 
-/// A job the runtime can never launch (an image on the process runtime) fails with 127 and a
-/// logged reason, once, instead of being retried forever.
+/// A job the runtime can never launch (an image on the process runtime) is tried a bounded
+/// number of times, then reported once as a launch failure of the job with the runtime's
+/// reason, and never tried again.
 #[tokio::test]
 async fn process_job_that_cannot_launch_is_reported_failed() {
     let state = tempfile::tempdir().unwrap();
@@ -369,14 +371,44 @@ async fn process_job_that_cannot_launch_is_reported_failed() {
     );
     let spec = job_spec(Some("trainer:1"), vec![]);
     let desired = desired_one(1, 61, 1, &spec, Intent::Run);
-    let reports = executor.step(&desired).await;
+    let reports = step_until(&mut executor, &desired, "the launch failure", |report| {
+        matches!(report.event, JobEvent::LaunchFailed { .. })
+    })
+    .await;
     assert_eq!(
         events_of(&reports, 61, 1),
-        vec![JobEvent::Exited {
-            code: quotient_agent::executor::LAUNCH_FAILED_EXIT_CODE
+        vec![JobEvent::LaunchFailed {
+            fault: LaunchFault::Job,
+            tries: LAUNCH_TRIES_MAX,
+            message: "cannot launch j-61 attempt 1: the job names an image: run the agent with \
+                      --runtime docker"
+                .into()
         }]
     );
     assert!(executor.step(&desired).await.is_empty(), "not retried");
+}
+
+/// The issue's job: an environment execve refuses (E2BIG, "Argument list too long") is the
+/// job's fault, said in words, not an I/O error of the node to retry forever.
+#[tokio::test]
+async fn process_launch_too_large_for_execve_is_the_jobs_fault() {
+    let state = tempfile::tempdir().unwrap();
+    let runtime = ProcessRuntime::new(state.path());
+    let mut spec = launch(state.path(), 62, 1, None, shell("true"));
+    // 8 MB: over execve's limit whatever the stack limit (at most 6 MiB when unlimited).
+    for index in 0..80 {
+        spec.env
+            .insert(format!("LARGE_{index}"), "x".repeat(100_000));
+    }
+    let error = runtime.start(&spec).await.unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::InvalidLaunch { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.launch_fault(), LaunchFault::Job);
+    let text = error.to_string();
+    assert!(text.contains("too large to execute"), "{text}");
+    assert!(text.contains("through a file"), "{text}");
 }
 
 /// With the orphan watchdog, a job under a live lease runs and exits as before (its exit code

@@ -144,6 +144,40 @@ fn bad_arguments_are_usage_errors() {
 }
 
 #[test]
+fn a_job_too_large_to_launch_is_refused_before_anything_is_sent() {
+    // Proves `job submit` refuses arguments and environment that are each under the launch
+    // limit but over it together, naming the total and the limit, as a usage error.
+    let home = tempfile::tempdir().unwrap();
+    let value = "x".repeat(16_000);
+    let env: Vec<String> = (0..40)
+        .map(|index| format!("VALUE_{index}={value}"))
+        .collect();
+    let mut arguments = vec![
+        "job",
+        "submit",
+        "--share",
+        "team",
+        "--priority",
+        "1",
+        "--gpus",
+        "1",
+    ];
+    for variable in &env {
+        arguments.extend(["--env", variable.as_str()]);
+    }
+    arguments.extend(["--", "train.sh"]);
+    arguments.extend(std::iter::repeat_n(value.as_str(), 30));
+    let output = quotient(&arguments, None, home.path());
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(output.stdout.is_empty());
+    assert!(
+        text.contains("over the limit of 1048576 bytes") && text.contains("through a file"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_missing_config_names_where_it_looked_and_how_to_make_one() {
     // Proves the lookup order reaches the user: $QUOTIENT_CONFIG, then ~/.config/quotient.
     let home = tempfile::tempdir().unwrap();

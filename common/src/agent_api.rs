@@ -103,12 +103,23 @@ pub struct ActualAttempt {
 }
 
 /// What happened to an attempt (mirrors `quotient_core::JobEvent`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WireJobEvent {
     Started,
     Running,
-    Exited { code: i32 },
-    ExitedAfterSignal { code: Option<i32> },
+    Exited {
+        code: i32,
+    },
+    ExitedAfterSignal {
+        code: Option<i32>,
+    },
+    /// The agent gave up launching the attempt after `tries` tries; `message` is the
+    /// runtime's last error, at most `job::LAUNCH_MESSAGE_BYTES_MAX` bytes.
+    LaunchFailed {
+        fault: crate::job::LaunchFault,
+        tries: u32,
+        message: String,
+    },
 }
 
 /// One job event from an agent.

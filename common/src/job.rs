@@ -26,6 +26,20 @@ pub const COMMAND_ARGS_MAX: usize = 1_024;
 pub const FIELD_BYTES_MAX: usize = 16_384;
 /// The longest idempotency key.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+/// The most bytes a job's command and environment may take at launch, counted as Linux's
+/// execve counts them ([`JobSpec::launch_bytes`]). execve refuses a launch (E2BIG, "Argument
+/// list too long") once arguments and environment together pass a quarter of the stack limit:
+/// 2 MiB under the usual 8 MiB `ulimit -s`. The agent adds its own variables (`QUOTIENT_*`,
+/// `CUDA_*`; on the process runtime also its own environment and the wrapper's script), so
+/// a job may use half of that. No single string comes near execve's other limit
+/// (`MAX_ARG_STRLEN`, 128 KiB): fields are at most [`FIELD_BYTES_MAX`].
+pub const LAUNCH_BYTES_MAX: usize = 1 << 20;
+/// What execve counts for each argument or variable besides its own bytes: the NUL that ends
+/// it and its 8-byte pointer in argv or envp.
+pub const LAUNCH_STRING_OVERHEAD_BYTES: usize = 1 + 8;
+/// The longest runtime message a launch failure carries (the agent cuts it, and so do the
+/// coordinators before replicating it).
+pub const LAUNCH_MESSAGE_BYTES_MAX: usize = 512;
 
 /// Environment variables Quotient sets itself; a job may not override them.
 pub const RESERVED_ENV: [&str; 5] = [
@@ -222,8 +236,76 @@ impl JobSpec {
         if let Some(key) = &self.idempotency_key {
             check_len("the idempotency key", key, IDEMPOTENCY_KEY_BYTES_MAX)?;
         }
+        let launch_bytes = self.launch_bytes();
+        if launch_bytes > LAUNCH_BYTES_MAX {
+            return Err(SpecError::LaunchTooLarge {
+                bytes: launch_bytes as u64,
+                max: LAUNCH_BYTES_MAX as u64,
+            });
+        }
         Ok(())
     }
+
+    /// The bytes the job's command and environment take at launch, as execve counts them:
+    /// each argument and each `KEY=VALUE` variable, plus [`LAUNCH_STRING_OVERHEAD_BYTES`]
+    /// each. Checked against [`LAUNCH_BYTES_MAX`]; the image reference is not passed to
+    /// execve and does not count.
+    pub fn launch_bytes(&self) -> usize {
+        let arguments: usize = self
+            .payload
+            .command
+            .iter()
+            .map(|argument| argument.len() + LAUNCH_STRING_OVERHEAD_BYTES)
+            .sum();
+        let environment: usize = self
+            .env
+            .iter()
+            .map(|(key, value)| key.len() + 1 + value.len() + LAUNCH_STRING_OVERHEAD_BYTES)
+            .sum();
+        arguments + environment
+    }
+}
+
+/// Whose fault it is that an attempt could not be launched, which decides what becomes of it
+/// (docs/operations.md, "Jobs that cannot launch").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LaunchFault {
+    /// The job's own spec: a command that cannot be executed, arguments and environment too
+    /// large to execute, a container spec the runtime refuses. No node would do better, so
+    /// the attempt fails.
+    Job,
+    /// The node: its container runtime unreachable, the image missing on this host, an I/O
+    /// error in the agent's state dir. The job goes back to the queue.
+    Node,
+}
+
+impl LaunchFault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaunchFault::Job => "job",
+            LaunchFault::Node => "node",
+        }
+    }
+}
+
+impl fmt::Display for LaunchFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `text` cut to at most [`LAUNCH_MESSAGE_BYTES_MAX`] bytes on a character boundary, ending in
+/// `...` when cut: what a launch failure carries of the runtime's message.
+pub fn bounded_launch_message(text: &str) -> String {
+    if text.len() <= LAUNCH_MESSAGE_BYTES_MAX {
+        return text.to_string();
+    }
+    const CUT_MARK: &str = "...";
+    let mut end = LAUNCH_MESSAGE_BYTES_MAX - CUT_MARK.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CUT_MARK}", &text[..end])
 }
 
 /// Checks a priority is within 0-9999.
@@ -373,6 +455,53 @@ mod tests {
         let mut j = job();
         j.env.insert("1BAD".into(), "x".into());
         assert!(matches!(j.validate(), Err(SpecError::EnvName(_))));
+    }
+
+    /// The issue's job: 256 variables of 16,000 bytes each pass every per-field limit, but
+    /// take 4 MB at launch, which execve refuses: validation names the total and the limit.
+    #[test]
+    fn an_environment_too_large_to_launch_is_refused() {
+        let mut j = job();
+        for index in 0..ENV_ENTRIES_MAX {
+            j.env.insert(format!("VALUE_{index}"), "x".repeat(16_000));
+        }
+        let error = j.validate().unwrap_err();
+        let SpecError::LaunchTooLarge { bytes, max } = error else {
+            panic!("refused for another reason: {error}");
+        };
+        assert!(bytes > 4_000_000, "{bytes}");
+        assert_eq!(max, LAUNCH_BYTES_MAX as u64);
+        let text = error.to_string();
+        assert!(text.contains("1048576"), "names the limit: {text}");
+        assert!(text.contains("through a file"), "says what to do: {text}");
+
+        // Arguments count too, and a spec just at the limit is accepted.
+        let mut j = job();
+        let overhead = "train.sh".len() + LAUNCH_STRING_OVERHEAD_BYTES;
+        let per_argument = 10_000 + LAUNCH_STRING_OVERHEAD_BYTES;
+        let arguments = (LAUNCH_BYTES_MAX - overhead) / per_argument;
+        j.payload
+            .command
+            .extend((0..arguments).map(|_| "a".repeat(10_000)));
+        let rest = LAUNCH_BYTES_MAX - j.launch_bytes() - LAUNCH_STRING_OVERHEAD_BYTES;
+        j.payload.command.push("b".repeat(rest));
+        assert_eq!(j.launch_bytes(), LAUNCH_BYTES_MAX);
+        assert_eq!(j.validate(), Ok(()));
+        j.payload.command.last_mut().unwrap().push('b');
+        assert!(matches!(
+            j.validate(),
+            Err(SpecError::LaunchTooLarge { .. })
+        ));
+    }
+
+    /// A runtime's message is cut to its limit on a character boundary.
+    #[test]
+    fn launch_messages_are_bounded() {
+        assert_eq!(bounded_launch_message("short"), "short");
+        let long = "é".repeat(LAUNCH_MESSAGE_BYTES_MAX);
+        let cut = bounded_launch_message(&long);
+        assert!(cut.len() <= LAUNCH_MESSAGE_BYTES_MAX, "{}", cut.len());
+        assert!(cut.ends_with("..."));
     }
 
     #[test]

@@ -44,4 +44,6 @@ pub enum SpecError {
     Signal(String),
     #[error("node {node}: {problem}")]
     Inventory { node: String, problem: String },
+    #[error("the job's command and environment take {bytes} bytes at launch, over the limit of {max} bytes (each argument and variable counts, plus 9 bytes for its end and pointer, as execve counts them): pass large data through a file, e.g. in the checkpoint dir or on shared storage, and give its path in a variable")]
+    LaunchTooLarge { bytes: u64, max: u64 },
 }

@@ -32,6 +32,7 @@ use quotient_common::agent_api::{
     REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::certs::{PeerIdentity, Role};
+use quotient_common::job::bounded_launch_message;
 use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS};
 use quotient_common::{GpuDevice, NodeState};
 use quotient_core::{Command, JobEvent, JobReport, Outcome};
@@ -140,6 +141,16 @@ fn event_of(event: WireJobEvent) -> JobEvent {
         WireJobEvent::Running => JobEvent::Running,
         WireJobEvent::Exited { code } => JobEvent::Exited { code },
         WireJobEvent::ExitedAfterSignal { code } => JobEvent::ExitedAfterSignal { code },
+        // Cut again here, as the agent should have: the message is replicated with the job.
+        WireJobEvent::LaunchFailed {
+            fault,
+            tries,
+            message,
+        } => JobEvent::LaunchFailed {
+            fault,
+            tries,
+            message: bounded_launch_message(&message),
+        },
     }
 }
 
@@ -446,7 +457,7 @@ impl AgentService {
                 job: report.job,
                 attempt: report.attempt,
                 node: node.to_string(),
-                event: event_of(report.event),
+                event: event_of(report.event.clone()),
             });
             self.inner.proposer.propose(command)
         });

@@ -13,6 +13,7 @@ use quotient_common::agent_api::{
     WireJobReport, WATCH_TIMEOUT_MS,
 };
 use quotient_common::api::{ApiRequest, ApiResponse, JobView, NodeView};
+use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::transport::{Client, PeerConnection, ALPN_AGENT};
 use quotient_common::{
@@ -309,6 +310,92 @@ async fn a_certificate_for_another_node_is_refused_and_nothing_written() {
         .await;
     assert!(answer.is_err(), "an admin got an answer: {answer:?}");
     assert!(nodes(&admin).await.is_empty(), "nothing was registered");
+    admin.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_failure_requeues_or_fails_the_job_and_frees_its_gpu() {
+    // Proves that a LaunchFailed report reaches the replicated state: the node's fault puts
+    // the job back in the queue (placed again as attempt 2, not counted as a preemption), a
+    // stale report of attempt 1 is then refused, the job's fault fails it with the reason
+    // `job get` shows (the runtime's message cut to its limit), and its GPU goes to the next
+    // job.
+    let cluster = Cluster::start(1, &[]);
+    cluster.wait_for_leader(&[1]).await;
+    let admin = cluster.admin();
+    let agent = FakeAgent::connect(&cluster, "node-1").await;
+    agent.register("node-1", 1).await;
+    create(&admin, share_of("team", Strategy::Lend, 1)).await;
+    let id = support::submit(&admin, support::job("team", 5)).await;
+    let next = support::submit(&admin, support::job("team", 1)).await;
+    let placed = |attempt: u32| {
+        move |state: &DesiredState| {
+            state
+                .allocations
+                .iter()
+                .any(|a| a.job == id && a.attempt == attempt && a.intent == WireIntent::Run)
+        }
+    };
+    agent
+        .watch_until("node-1", "attempt 1 placed", placed(1))
+        .await;
+    let failed = |fault: LaunchFault, message: String| WireJobEvent::LaunchFailed {
+        fault,
+        tries: 3,
+        message,
+    };
+
+    eprintln!("--- the node's fault: back to the queue, placed again");
+    let node_fault = failed(
+        LaunchFault::Node,
+        "docker create container: connection refused".into(),
+    );
+    let rejected = agent
+        .report("node-1", vec![report(id, 1, node_fault.clone())])
+        .await;
+    assert!(rejected.is_empty(), "{rejected:?}");
+    agent
+        .watch_until("node-1", "attempt 2 placed", placed(2))
+        .await;
+    let view = job(&admin, id).await;
+    assert_eq!((view.attempts, view.preemptions), (2, 0), "{view:?}");
+
+    eprintln!("--- a stale report of attempt 1 is refused");
+    let rejected = agent
+        .report("node-1", vec![report(id, 1, node_fault)])
+        .await;
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(rejected[0].2.contains("another attempt"), "{rejected:?}");
+    assert_eq!(job(&admin, id).await.attempts, 2, "nothing changed");
+
+    eprintln!("--- the job's fault: FAILED with the reason, the GPU free");
+    let long = format!("exec: \"train\": not found{}", " in $PATH".repeat(1_000));
+    let rejected = agent
+        .report(
+            "node-1",
+            vec![report(id, 2, failed(LaunchFault::Job, long))],
+        )
+        .await;
+    assert!(rejected.is_empty(), "{rejected:?}");
+    let view = wait_job_state(&admin, id, "FAILED").await;
+    let reason = view.reason.expect("a reason");
+    assert!(
+        reason
+            .starts_with("launch failed on node node-1 after 3 tries: exec: \"train\": not found"),
+        "{reason}"
+    );
+    assert!(reason.contains("fix its command"), "{reason}");
+    assert!(
+        reason.len() < LAUNCH_MESSAGE_BYTES_MAX + 200,
+        "the message is cut: {} bytes",
+        reason.len()
+    );
+    assert_eq!(view.node, None);
+    agent
+        .watch_until("node-1", "the next job placed", |state| {
+            state.allocations.iter().any(|a| a.job == next)
+        })
+        .await;
     admin.close();
 }
 

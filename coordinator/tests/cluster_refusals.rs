@@ -14,6 +14,7 @@ use openraft::Vote;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::certs::{self, PeerIdentity};
 use quotient_common::frame::MAX_FRAME_BYTES;
+use quotient_common::job::LAUNCH_BYTES_MAX;
 use quotient_common::tls::{crypto_provider, TlsFiles, TlsIdentity, PROTOCOL_VERSIONS};
 use quotient_common::transport::{
     self, quinn, rustls, Client, RequestError, ALPN_API, ALPN_RAFT, CLOSE_CODE_UNAUTHORISED,
@@ -387,6 +388,22 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
         }
         other => panic!("expected not found, got {other:?}"),
     }
+
+    eprintln!("--- a command and environment too large to launch");
+    // The job: 256 values of 16,000 bytes pass every per-field limit, but execve
+    // would refuse them at every launch.
+    let mut large = job("team", 5);
+    for index in 0..256 {
+        large
+            .env
+            .insert(format!("VALUE_{index}"), "x".repeat(16_000));
+    }
+    let text = rejected(admin.call(ApiRequest::SubmitJob(large)).await);
+    assert!(
+        text.contains(&format!("over the limit of {LAUNCH_BYTES_MAX} bytes"))
+            && text.contains("through a file"),
+        "{text}"
+    );
 
     eprintln!("--- nothing changed, and the cluster still takes writes");
     let after = (shares(&admin).await, jobs(&admin).await);

@@ -9,7 +9,10 @@
 //!
 //! GPUs are passed as a device request by UUID with the `nvidia` driver, but only when the
 //! host's GPUs are real: simulated GPUs do not exist for the driver. Images are never pulled:
-//! an image that is not on the host is an error that says so.
+//! an image that is not on the host is an error that says so ([`RuntimeError::ImageMissing`],
+//! the node's fault: another host may have it). A container the daemon refuses as a bad
+//! parameter (HTTP 400: a command not found in the image, a malformed variable) is
+//! [`RuntimeError::InvalidLaunch`], the job's fault.
 //!
 //! The signal goes to the container's main process (PID 1 in its namespace). Like any PID 1, it
 //! ignores signals it has no handler for, so a job that does not trap its checkpoint signal is
@@ -285,9 +288,16 @@ impl Runtime for DockerRuntime {
                 DockerError::DockerResponseServerError {
                     status_code: 404,
                     message,
+                } => RuntimeError::ImageMissing {
+                    image: image.clone(),
+                    detail: message,
+                },
+                // A bad parameter: the container spec itself is refused, on any host.
+                DockerError::DockerResponseServerError {
+                    status_code: 400,
+                    message,
                 } => invalid(format!(
-                    "image {image} is not on this host ({message}); Quotient never pulls \
-                     images: docker pull, load or build it on the host first"
+                    "the Docker daemon refuses the container: {message}"
                 )),
                 other => docker_error("create container", other),
             })?;
@@ -309,7 +319,15 @@ impl Runtime for DockerRuntime {
             if let Err(remove_error) = removed {
                 tracing::warn!(container = %name, "could not remove a container that failed to start: {remove_error}");
             }
-            return Err(docker_error("start container", error));
+            return Err(match error {
+                // The job's command cannot be executed in its image (not found, not
+                // executable, too large), which the daemon reports as a bad parameter.
+                DockerError::DockerResponseServerError {
+                    status_code: 400,
+                    message,
+                } => invalid(format!("the container cannot start: {message}")),
+                other => docker_error("start container", other),
+            });
         }
         tracing::info!(job = %spec.job, attempt = spec.attempt, container = %name, "started container job");
         self.watch(&created.id, spec.checkpoint_signal, spec.grace_period_ms);

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use quotient_common::job::LaunchFault;
 use quotient_common::{JobId, JobPayload, Signal};
 use serde::{Deserialize, Serialize};
 
@@ -30,7 +31,8 @@ pub const LOG_READ_BYTES_MAX: u64 = 1024 * 1024;
 /// Why a runtime could not do what it was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// The launch spec cannot be run by this runtime (no command, no image, ...).
+    /// The launch spec cannot be run by this runtime, whatever the host: no command, no image,
+    /// a command and environment too large to execute, a container spec the daemon refuses.
     #[error("cannot launch {job} attempt {attempt}: {problem}")]
     InvalidLaunch {
         job: JobId,
@@ -54,9 +56,24 @@ pub enum RuntimeError {
     /// The Docker daemon is not reachable or refused a call.
     #[error("docker {operation}: {detail}")]
     Docker { operation: String, detail: String },
+    /// The job's image is not on this host, and Quotient never pulls one. Another host may
+    /// have it, so this is the node's fault, not the job's.
+    #[error("image {image} is not on this host ({detail}); Quotient never pulls images: docker pull, load or build it on the host first")]
+    ImageMissing { image: String, detail: String },
 }
 
 impl RuntimeError {
+    /// Whose fault it is when [`Runtime::start`] fails with this error. Only a launch that
+    /// this runtime can never do with the job's spec ([`RuntimeError::InvalidLaunch`]) is the
+    /// job's; anything else (the daemon, the host's files, an image not on this host) is the
+    /// node's, and the job may launch on another.
+    pub fn launch_fault(&self) -> LaunchFault {
+        match self {
+            RuntimeError::InvalidLaunch { .. } => LaunchFault::Job,
+            _ => LaunchFault::Node,
+        }
+    }
+
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> RuntimeError {
         RuntimeError::Io {
             action,

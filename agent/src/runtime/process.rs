@@ -259,13 +259,14 @@ impl Runtime for ProcessRuntime {
             attempt: spec.attempt,
             problem: problem.to_string(),
         };
-        if spec.payload.command.is_empty() {
-            return Err(invalid("the process runtime needs a command"));
-        }
+        // The image first: an image job usually has no command of its own.
         if spec.payload.image.is_some() {
             return Err(invalid(
                 "the job names an image: run the agent with --runtime docker",
             ));
+        }
+        if spec.payload.command.is_empty() {
+            return Err(invalid("the process runtime needs a command"));
         }
         if let Some(record) = self.read_record(spec.job, spec.attempt)? {
             if self.status_of(&record)? == JobStatus::Running {
@@ -320,9 +321,18 @@ impl Runtime for ProcessRuntime {
             command.env_remove(key);
         }
         command.envs(job_environment(spec, GpuNumbering::HostIndices));
-        let child = command
-            .spawn()
-            .map_err(|error| RuntimeError::io("start", Path::new(SHIM_SHELL), error))?;
+        let child = command.spawn().map_err(|error| {
+            // execve's E2BIG: the job's own arguments and environment are too large (validation
+            // keeps them under `LAUNCH_BYTES_MAX`, but the agent adds its own environment).
+            if error.raw_os_error() == Some(libc::E2BIG) {
+                invalid(&format!(
+                    "its command and environment are too large to execute ({error}): pass large \
+                     data through a file and its path in a variable"
+                ))
+            } else {
+                RuntimeError::io("start", Path::new(SHIM_SHELL), error)
+            }
+        })?;
         let pid = child.id() as i32;
         // Not yet waited on, so /proc/<pid> exists even if the job already ended (a zombie).
         let start_time_ticks = process_state(pid).map(|(_, start)| start).unwrap_or(0);

@@ -162,7 +162,7 @@ pub fn events_of(reports: &[JobReport], job: u64, attempt: u32) -> Vec<JobEvent>
     reports
         .iter()
         .filter(|r| r.job == JobId(job) && r.attempt == attempt)
-        .map(|r| r.event)
+        .map(|r| r.event.clone())
         .collect()
 }
 

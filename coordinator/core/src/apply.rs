@@ -4,13 +4,14 @@
 //! rejection as data, leaving the state untouched, whenever a command does not hold. Every job
 //! change goes through [`State::update_job`], which keeps the derived index in step.
 
+use quotient_common::job::LaunchFault;
 use quotient_common::{
     GpuClass, JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareState,
     ShareUpdate,
 };
 
 use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
-use crate::limits::{NODES_MAX, SHARES_MAX};
+use crate::limits::{LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
 use crate::rules::{admit, limit_of};
@@ -486,8 +487,59 @@ impl State {
                 });
                 self.finish_stop(id, code, ctx);
             }
+            // Asked to stop while the agent was still trying to launch it: it never ran, and
+            // the stop decides what becomes of it, as for an attempt stopped before it ran.
+            JobEvent::LaunchFailed { .. } if state == JobState::Preempting => {
+                self.finish_stop(id, None, ctx)
+            }
+            JobEvent::LaunchFailed {
+                fault,
+                tries,
+                message,
+            } => {
+                let node = report.node.clone();
+                self.launch_failed(id, node, fault, tries, message, ctx);
+            }
         }
         Outcome::Done
+    }
+
+    /// An attempt that the agent could not launch. A fault of the job fails it; a fault of
+    /// the node sends it back to the queue, unless that already happened
+    /// [`LAUNCH_REQUEUES_MAX`] times, and then fails it. Frees its GPUs either way.
+    fn launch_failed(
+        &mut self,
+        id: JobId,
+        node: String,
+        fault: LaunchFault,
+        tries: u32,
+        message: String,
+        ctx: ApplyCtx,
+    ) {
+        self.update_job(id, |job| {
+            let requeues = match fault {
+                LaunchFault::Job => job.launch_requeues(),
+                LaunchFault::Node => job.launch_requeues() + 1,
+            };
+            let requeue = fault == LaunchFault::Node && requeues <= LAUNCH_REQUEUES_MAX;
+            job.allocation = None;
+            job.started_ms = None;
+            job.exit_code = None;
+            job.reason = Some(WaitReason::LaunchFailed {
+                node,
+                tries,
+                fault,
+                message,
+                requeues,
+                requeues_max: LAUNCH_REQUEUES_MAX,
+            });
+            if requeue {
+                job.state = JobState::Runnable;
+            } else {
+                job.state = JobState::Failed;
+                job.ended_ms = Some(job.stamp(ctx.time_ms));
+            }
+        });
     }
 
     fn apply_plan(&mut self, plan: Plan, ctx: ApplyCtx) -> PlanReport {

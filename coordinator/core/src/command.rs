@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use quotient_common::job::LaunchFault;
 use quotient_common::{
     JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareUpdate, SpecError,
 };
@@ -20,7 +21,7 @@ pub struct ApplyCtx {
 }
 
 /// What an agent saw happen to a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobEvent {
     /// The agent is launching it.
     Started,
@@ -33,6 +34,13 @@ pub enum JobEvent {
     /// period): a preemption, not a failure.
     ExitedAfterSignal {
         code: Option<i32>,
+    },
+    /// The agent tried `tries` times to launch it and gave up: the attempt never ran.
+    /// `message` is the runtime's last error, at most `LAUNCH_MESSAGE_BYTES_MAX` bytes.
+    LaunchFailed {
+        fault: LaunchFault,
+        tries: u32,
+        message: String,
     },
 }
 

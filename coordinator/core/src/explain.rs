@@ -3,6 +3,7 @@
 use quotient_common::{JobId, JobState};
 
 use crate::accounting::share_accounts;
+use crate::limits::LAUNCH_REQUEUES_MAX;
 use crate::reason::WaitReason;
 use crate::state::{State, StopCause};
 
@@ -110,6 +111,12 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             format!("{id} is {}{why}", job.state)
         }
     };
+    let launch_requeues = job.launch_requeues();
+    if launch_requeues > 0 && !job.state.is_terminal() {
+        details.push(format!(
+            "went back to the queue {launch_requeues} time(s) because a node could not launch it; past {LAUNCH_REQUEUES_MAX} it fails"
+        ));
+    }
     if let Some(p) = &job.last_preemption {
         let target = match (p.for_job, &p.for_share) {
             (Some(f), Some(s)) => format!(" for {f} of share {s}"),

@@ -16,3 +16,7 @@ pub const IN_SHARE_CANDIDATES_SCAN_MAX: usize = 4_096;
 pub const SNAPSHOT_BYTES_MAX: usize = 4 << 30;
 /// The longest reason text kept on a job.
 pub const REASON_BYTES_MAX: usize = 1_024;
+/// How many times a job goes back to the queue because its attempt could not be launched
+/// for a fault of the node; the next such failure fails it. A job that never launches on any
+/// node must not cycle through the queue forever.
+pub const LAUNCH_REQUEUES_MAX: u32 = 3;

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+use quotient_common::job::LaunchFault;
 use quotient_common::{GpuClass, JobId};
 
 /// See the module docs.
@@ -56,6 +57,20 @@ pub enum WaitReason {
     QueuedBehind { job: JobId },
     /// A terminal reason: how the job ended.
     Ended(String),
+    /// Its last attempt could not be launched on `node` after `tries` tries. A fault of the
+    /// job ends it FAILED; a fault of the node sends it back to the queue, and fails it once
+    /// that has happened more than `requeues_max` times.
+    LaunchFailed {
+        node: String,
+        tries: u32,
+        fault: LaunchFault,
+        /// The runtime's last error, as the agent reported it.
+        message: String,
+        /// Times the job went back to the queue after a node's launch failure, this one
+        /// included when the fault was the node's.
+        requeues: u32,
+        requeues_max: u32,
+    },
 }
 
 impl fmt::Display for WaitReason {
@@ -100,6 +115,23 @@ impl fmt::Display for WaitReason {
                 write!(f, "queued behind {job}, which is ahead of it in its share's queue")
             }
             WaitReason::Ended(text) => f.write_str(text),
+            WaitReason::LaunchFailed { node, tries, fault, message, requeues, requeues_max } => {
+                let tries_word = if *tries == 1 { "try" } else { "tries" };
+                write!(f, "launch failed on node {node} after {tries} {tries_word}: {message}; ")?;
+                match fault {
+                    LaunchFault::Job => f.write_str(
+                        "the job cannot start as submitted: fix its command, image or environment and submit it again",
+                    ),
+                    LaunchFault::Node if requeues <= requeues_max => write!(
+                        f,
+                        "a fault of the node, so the job went back to the queue ({requeues} of at most {requeues_max} times)"
+                    ),
+                    LaunchFault::Node => write!(
+                        f,
+                        "a fault of the node, and the job failed to launch {requeues} times, more than the {requeues_max} requeues allowed: fix the nodes (see their agents' logs) and submit it again"
+                    ),
+                }
+            }
         }
     }
 }

@@ -102,6 +102,9 @@ pub struct JobRecord {
     pub submitted_ms: u64,
     /// How many times it was placed (QUOTIENT_ATTEMPT of the current or last attempt).
     pub attempts: u32,
+    /// Attempts that ended in a preemption. Every other attempt of a live job but the current
+    /// one went back to the queue after a node's launch failure: [`JobRecord::launch_requeues`]
+    /// counts them from that, so any new way of requeueing a job must count here.
     pub preemptions: u32,
     pub allocation: Option<Allocation>,
     /// The log index of its current placement: the "start order" of spec rule 2.
@@ -151,6 +154,18 @@ impl JobRecord {
         time_ms
             .max(self.submitted_ms)
             .max(self.started_ms.unwrap_or(0))
+    }
+
+    /// How many times the job went back to the queue because an attempt could not be
+    /// launched for a fault of its node. Derived, not stored (a new field would leave older
+    /// snapshots undecodable): an attempt of a live job that ended without ending the job was
+    /// either preempted, and counted in `preemptions`, or such a requeue; the current attempt,
+    /// while it holds GPUs, has not ended. Meaningful for jobs that are not terminal.
+    pub fn launch_requeues(&self) -> u32 {
+        let current = u32::from(self.state.holds_gpus());
+        self.attempts
+            .saturating_sub(self.preemptions)
+            .saturating_sub(current)
     }
 
     pub fn class(&self) -> &GpuClass {

@@ -39,6 +39,15 @@ impl State {
                     job.id, job.state, job.stop
                 ));
             }
+            // Every attempt that ended is counted once, as a preemption or a launch requeue
+            // (`JobRecord::launch_requeues`), so there are never more preemptions than ended
+            // attempts.
+            if job.preemptions + u32::from(job.state.holds_gpus()) > job.attempts {
+                return fail(format!(
+                    "{} has {} preemptions in {} attempts while {}",
+                    job.id, job.preemptions, job.attempts, job.state
+                ));
+            }
             if job.nomination.is_some() && job.state != JobState::Runnable {
                 return fail(format!("{} is {} but nominated", job.id, job.state));
             }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
+use quotient_common::job::LaunchFault;
 use quotient_common::{JobId, JobState, ShareSpec, ShareState, ShareUpdate, Strategy};
 use quotient_core::{plan, Command, NodeId, Outcome, PlanAction, PreemptionKind, State, StopCause};
 use support::*;
@@ -63,6 +64,10 @@ enum Op {
         class: usize,
         limit: u32,
     },
+    LaunchFail {
+        job: usize,
+        node_fault: bool,
+    },
     Round,
     Start,
     Stop,
@@ -103,6 +108,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => (0usize..6).prop_map(|node| Op::Uncordon { node }),
         1 => (0usize..6, 0u32..8).prop_map(|(node, gpu)| Op::Unhealthy { node, gpu }),
         1 => (0usize..5, 0usize..2, 1u32..6).prop_map(|(share, class, limit)| Op::SetLimit { share, class, limit }),
+        1 => (0usize..64, any::<bool>()).prop_map(|(job, node_fault)| Op::LaunchFail { job, node_fault }),
         6 => Just(Op::Round),
         4 => Just(Op::Start),
         3 => Just(Op::Stop),
@@ -302,6 +308,18 @@ impl Model {
                         ..ShareUpdate::default()
                     },
                 });
+            }
+            Op::LaunchFail { job, node_fault } => {
+                if let Some(id) = self.jobs.get(*job).copied() {
+                    if self.sim.state.job(id).unwrap().state == JobState::Scheduled {
+                        let fault = if *node_fault {
+                            LaunchFault::Node
+                        } else {
+                            LaunchFault::Job
+                        };
+                        self.sim.launch_fails(id, fault);
+                    }
+                }
             }
             Op::Round => self.round_checked(),
             Op::Start => {

@@ -2,6 +2,7 @@
 //! Validates the state after every apply.
 #![allow(dead_code)]
 
+use quotient_common::job::LaunchFault;
 use quotient_common::{
     GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeInventory, ShareSpec, ShareState, Strategy,
 };
@@ -162,6 +163,19 @@ impl Sim {
     /// A job ends on its own.
     pub fn finish(&mut self, id: JobId, code: i32) {
         self.report(id, JobEvent::Exited { code });
+    }
+
+    /// The agent gave up launching a job's current attempt after 3 tries.
+    pub fn launch_fails(&mut self, id: JobId, fault: LaunchFault) {
+        let message = format!("the {fault}'s fault");
+        self.report(
+            id,
+            JobEvent::LaunchFailed {
+                fault,
+                tries: 3,
+                message,
+            },
+        );
     }
 
     /// Rounds and agent actions until nothing changes; panics after `max` rounds.

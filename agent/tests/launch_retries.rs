@@ -1,0 +1,227 @@
+//! The executor against a runtime whose launches fail: a bounded number of tries with a
+//! growing wait between them, then one report naming whose fault it was, and no more tries;
+//! never a loop without bound (it once retried every 25 ms forever).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use quotient_agent::executor::{launch_backoff_ms, Executor, LAUNCH_TRIES_MAX};
+use quotient_agent::reconcile::Intent;
+use quotient_agent::runtime::{FoundJob, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError};
+use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
+use quotient_common::Signal;
+use quotient_core::{JobEvent, JobReport};
+use support::*;
+
+/// A runtime whose `start` fails the first `failures` times with the error `fail` makes,
+/// recording when each try came; later starts succeed.
+struct FlakyRuntime {
+    failures: usize,
+    fail: fn(&LaunchSpec) -> RuntimeError,
+    tries: Mutex<Vec<Instant>>,
+}
+
+impl FlakyRuntime {
+    fn new(failures: usize, fail: fn(&LaunchSpec) -> RuntimeError) -> FlakyRuntime {
+        FlakyRuntime {
+            failures,
+            fail,
+            tries: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn tries(&self) -> Vec<Instant> {
+        self.tries.lock().unwrap().clone()
+    }
+}
+
+impl Runtime for FlakyRuntime {
+    async fn start(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
+        let mut tries = self.tries.lock().unwrap();
+        tries.push(Instant::now());
+        if tries.len() <= self.failures {
+            return Err((self.fail)(spec));
+        }
+        Ok(JobHandle {
+            job: spec.job,
+            attempt: spec.attempt,
+            id: "flaky".into(),
+        })
+    }
+
+    async fn signal(&self, _: &JobHandle, _: Signal) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn kill(&self, _: &JobHandle) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn status(&self, _: &JobHandle) -> Result<JobStatus, RuntimeError> {
+        Ok(JobStatus::Running)
+    }
+
+    async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
+        Ok(Vec::new())
+    }
+
+    async fn remove(&self, _: &JobHandle) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn logs(&self, _: &JobHandle) -> Result<String, RuntimeError> {
+        Ok(String::new())
+    }
+}
+
+/// What execve says of an environment too large: the job's fault.
+fn too_large(spec: &LaunchSpec) -> RuntimeError {
+    RuntimeError::InvalidLaunch {
+        job: spec.job,
+        attempt: spec.attempt,
+        problem: "its command and environment are too large to execute (Argument list too long)"
+            .into(),
+    }
+}
+
+/// A daemon that does not answer: the node's fault, with a message far over the limit.
+fn daemon_down(_: &LaunchSpec) -> RuntimeError {
+    RuntimeError::Docker {
+        operation: "create container".into(),
+        detail: format!("connection refused{}", " and refused".repeat(1_000)),
+    }
+}
+
+fn executor(runtime: FlakyRuntime) -> Executor<FlakyRuntime> {
+    let state = std::env::temp_dir();
+    Executor::new(runtime, "gpu-2", &state, BTreeMap::new())
+}
+
+/// Steps like the agent's loop (every 25 ms) for `how_long`; every report seen.
+async fn step_for(
+    executor: &mut Executor<FlakyRuntime>,
+    desired: &quotient_agent::reconcile::Desired,
+    how_long: Duration,
+) -> Vec<JobReport> {
+    let until = Instant::now() + how_long;
+    let mut reports = Vec::new();
+    while Instant::now() < until {
+        reports.extend(executor.step(desired).await);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    reports
+}
+
+/// Tries a launch that always fails and checks the tries, their spacing and the one report.
+async fn always_failing(fail: fn(&LaunchSpec) -> RuntimeError, fault: LaunchFault) -> String {
+    let mut executor = executor(FlakyRuntime::new(usize::MAX, fail));
+    let spec = job_spec(None, shell("train"));
+    let desired = desired_one(1, 7, 1, &spec, Intent::Run);
+    let mut reports = step_until(&mut executor, &desired, "the launch failure report", |r| {
+        matches!(r.event, JobEvent::LaunchFailed { .. })
+    })
+    .await;
+    // Longer than the last wait: nothing more is tried or reported.
+    let after = Duration::from_millis(launch_backoff_ms(LAUNCH_TRIES_MAX) + 500);
+    reports.extend(step_for(&mut executor, &desired, after).await);
+
+    let tries = executor.runtime().tries();
+    assert_eq!(tries.len() as u32, LAUNCH_TRIES_MAX, "tries: {tries:?}");
+    for (index, pair) in tries.windows(2).enumerate() {
+        let waited = pair[1] - pair[0];
+        let backoff = Duration::from_millis(launch_backoff_ms(index as u32 + 1));
+        // The executor's clock counts whole milliseconds.
+        assert!(
+            waited + Duration::from_millis(1) >= backoff,
+            "try {} came {waited:?} after the one before, not after {backoff:?}",
+            index + 2
+        );
+    }
+    assert!(
+        launch_backoff_ms(2) > launch_backoff_ms(1),
+        "the wait grows"
+    );
+    assert_eq!(reports.len(), 1, "one report: {reports:?}");
+    let JobEvent::LaunchFailed {
+        fault: reported,
+        tries,
+        message,
+    } = reports[0].event.clone()
+    else {
+        panic!("not a launch failure: {reports:?}");
+    };
+    assert_eq!(reported, fault);
+    assert_eq!(tries, LAUNCH_TRIES_MAX);
+    assert!(
+        message.len() <= LAUNCH_MESSAGE_BYTES_MAX,
+        "{}",
+        message.len()
+    );
+    assert_eq!(executor.jobs().count(), 0, "nothing tracked");
+    assert_eq!(executor.next_deadline(), None, "no try pending");
+    message
+}
+
+/// A launch that fails for the job's own reason is tried LAUNCH_TRIES_MAX times, with a
+/// growing wait, then reported once as the job's fault with the runtime's message.
+#[tokio::test]
+async fn a_launch_that_always_fails_for_the_job_is_given_up_and_reported_once() {
+    let message = always_failing(too_large, LaunchFault::Job).await;
+    assert!(message.contains("Argument list too long"), "{message}");
+}
+
+/// A launch that fails for the node's reason (the daemon is down) is tried as often, then
+/// reported once as the node's fault, its long message cut to the limit.
+#[tokio::test]
+async fn a_launch_that_always_fails_for_the_node_is_given_up_and_reported_once() {
+    let message = always_failing(daemon_down, LaunchFault::Node).await;
+    assert!(message.starts_with("docker create container: connection refused"));
+    assert!(message.ends_with("..."), "cut: {message}");
+}
+
+/// A launch that fails once and then works is started once and reported running, with no
+/// launch failure.
+#[tokio::test]
+async fn a_launch_that_fails_once_then_works_runs() {
+    let mut executor = executor(FlakyRuntime::new(1, daemon_down));
+    let spec = job_spec(None, shell("train"));
+    let desired = desired_one(1, 8, 1, &spec, Intent::Run);
+    let reports = step_until(&mut executor, &desired, "the job running", |r| {
+        r.event == JobEvent::Running
+    })
+    .await;
+    assert_eq!(
+        events_of(&reports, 8, 1),
+        vec![JobEvent::Started, JobEvent::Running]
+    );
+    assert_eq!(executor.runtime().tries().len(), 2);
+    assert_eq!(executor.next_deadline(), None, "no try pending");
+}
+
+/// A launch waiting for its next try is not tried again once the attempt is no longer
+/// desired to run (cancelled, preempted, placed elsewhere).
+#[tokio::test]
+async fn a_launch_no_longer_desired_is_not_tried_again() {
+    let mut executor = executor(FlakyRuntime::new(usize::MAX, daemon_down));
+    let spec = job_spec(None, shell("train"));
+    let run = desired_one(1, 9, 1, &spec, Intent::Run);
+    assert!(executor.step(&run).await.is_empty());
+    assert_eq!(executor.runtime().tries().len(), 1);
+    assert!(executor.next_deadline().is_some(), "a try is pending");
+    let gone = quotient_agent::reconcile::Desired {
+        epoch: 2,
+        allocations: Vec::new(),
+    };
+    let reports = step_for(
+        &mut executor,
+        &gone,
+        Duration::from_millis(launch_backoff_ms(LAUNCH_TRIES_MAX) + 500),
+    )
+    .await;
+    assert!(reports.is_empty(), "{reports:?}");
+    assert_eq!(executor.runtime().tries().len(), 1, "not tried again");
+    assert_eq!(executor.next_deadline(), None);
+}

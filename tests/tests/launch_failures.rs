@@ -1,0 +1,112 @@
+//! Jobs that can never start, through real processes (a coordinator, an agent on the process
+//! runtime, the CLI): the agent gives up after a few tries, `job get` ends with the state and
+//! the reason, and the GPU is free for the next job. It once held the GPU forever, SCHEDULED
+//! with no reason, while the agent retried every 25 ms.
+
+use std::time::Duration;
+
+use quotient_tests::{poll_until, DevCluster};
+use serde_json::Value;
+
+/// How long a job may take to be placed, tried and given up (several times over for a node
+/// that cannot launch it), or to run.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// One coordinator, one agent with one GPU, and a share that may use it.
+fn cluster() -> DevCluster {
+    let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
+    cluster.create_share("team", 1, "lend", &[]);
+    cluster
+}
+
+/// Submits a job to share team; its id.
+fn submit(cluster: &DevCluster, extra: &[&str], command: &[&str]) -> String {
+    let mut arguments = vec![
+        "job",
+        "submit",
+        "--share",
+        "team",
+        "--priority",
+        "1",
+        "--gpus",
+        "1",
+    ];
+    arguments.extend_from_slice(extra);
+    arguments.push("--");
+    arguments.extend_from_slice(command);
+    cluster.ok(&arguments).trim().to_string()
+}
+
+/// `job get -o json` once the job is in `state`.
+fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) -> Value {
+    poll_until(&format!("{job} to be {state}"), SETTLE, || {
+        let view = cluster.json(&["job", "get", job, "-o", "json"]);
+        if view["state"] == state {
+            Ok(view)
+        } else {
+            Err(view.to_string())
+        }
+    })
+}
+
+/// The GPU is free: a job that needs it runs to the end.
+fn the_gpu_is_free(cluster: &DevCluster) {
+    let next = submit(cluster, &[], &["sh", "-c", "exit 0"]);
+    wait_for_state(cluster, &next, "SUCCEEDED");
+}
+
+/// A job the agent can never launch for its own reason (an image, on an agent that runs
+/// processes) fails after the agent's tries, and `job get` says why.
+#[test]
+fn a_job_that_cannot_launch_fails_with_the_reason_and_frees_its_gpu() {
+    let cluster = cluster();
+    let job = submit(&cluster, &["--image", "trainer:1"], &["train"]);
+    let view = wait_for_state(&cluster, &job, "FAILED");
+    let reason = view["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("launch failed on node node-1 after 3 tries: "),
+        "{view}"
+    );
+    assert!(
+        reason.contains("run the agent with --runtime docker"),
+        "{view}"
+    );
+    assert!(reason.contains("submit it again"), "{view}");
+    assert_eq!(view["attempts"], 1, "{view}");
+    assert_eq!(view["node"], Value::Null, "{view}");
+    let text = cluster.ok(&["job", "get", &job]);
+    assert!(text.contains("launch failed on node node-1"), "{text}");
+    the_gpu_is_free(&cluster);
+}
+
+/// A job whose launch fails for the node's reason (the agent cannot create its checkpoint
+/// folder) goes back to the queue a bounded number of times, then fails, and `job get` says
+/// why; the GPU is free for the next job.
+#[test]
+fn a_job_a_node_cannot_launch_is_requeued_a_few_times_then_fails() {
+    let cluster = cluster();
+    // The next job is j-1: a file where its checkpoint folder goes makes every launch of it
+    // fail with an I/O error in the agent's folders.
+    let checkpoints = cluster.dir.join("checkpoints");
+    std::fs::create_dir_all(&checkpoints).expect("the checkpoints folder");
+    std::fs::write(checkpoints.join("j-1"), b"in the way").expect("the blocking file");
+    let job = submit(&cluster, &[], &["sh", "-c", "exit 0"]);
+    assert_eq!(job, "j-1");
+    let view = wait_for_state(&cluster, &job, "FAILED");
+    let reason = view["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("launch failed on node node-1 after 3 tries: "),
+        "{view}"
+    );
+    assert!(reason.contains("j-1"), "the runtime's message: {view}");
+    assert!(
+        reason.contains("failed to launch 4 times, more than the 3 requeues allowed"),
+        "{view}"
+    );
+    assert_eq!(
+        view["attempts"], 4,
+        "placed once and requeued 3 times: {view}"
+    );
+    assert_eq!(view["preemptions"], 0, "{view}");
+    the_gpu_is_free(&cluster);
+}
