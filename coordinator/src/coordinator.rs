@@ -27,6 +27,7 @@ use crate::api::ApiService;
 use crate::config::{ConfigError, CoordinatorConfig};
 use crate::desired::DesiredTracker;
 use crate::network::PeerConnections;
+use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
 use crate::proposer::Proposer;
 use crate::store::log_store::LogDurability;
@@ -117,6 +118,7 @@ impl Coordinator {
         let local_addr = server.local_addr()?;
         let proposer = Proposer::start(raft.clone());
         let agent_links = AgentLinks::new();
+        let node_disks = NodeDisks::new();
         let api = ApiService::new(
             config.id,
             raft.clone(),
@@ -124,7 +126,8 @@ impl Coordinator {
             peers,
             proposer.clone(),
         )
-        .with_agent_links(agent_links.clone());
+        .with_agent_links(agent_links.clone())
+        .with_node_disks(node_disks.clone());
         let desired = DesiredTracker::new();
         let leases = NodeLeases::new(config.agents.clone());
         let scheduler = Arc::new(Notify::new());
@@ -137,6 +140,7 @@ impl Coordinator {
             tuning: config.agents.clone(),
             scheduler: scheduler.clone(),
             links: agent_links,
+            disks: node_disks,
         });
         let loops = vec![
             tokio::spawn(scheduler_loop::run(

@@ -1,7 +1,7 @@
 //! A fake leading coordinator for the agent's session tests: it speaks `quotient-agent/1`
 //! over the real transport with a coordinator certificate, registers agents, acknowledges
-//! heartbeats, serves a desired state the test sets, records reports, and can misbehave on
-//! demand (answer NotLeader, stop answering, send an oversized frame).
+//! heartbeats, serves a desired state the test sets, records reports and disk use, and can
+//! misbehave on demand (answer NotLeader, stop answering, send an oversized frame).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use quotient_common::agent_api::{
-    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireJobReport,
+    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
+    WireJobReport,
 };
 use quotient_common::certs::{self, Role};
 use quotient_common::frame::{self, MAX_FRAME_BYTES};
@@ -47,6 +48,8 @@ pub struct LeaderState {
     pub last_heartbeat: Option<(Vec<GpuDevice>, Vec<ActualAttempt>)>,
     pub reports: Vec<WireJobReport>,
     pub desired: Option<DesiredState>,
+    /// The last disk use the agent reported.
+    pub disk_usage: Option<DiskUsage>,
 }
 
 /// A fake leader listening on 127.0.0.1.
@@ -84,6 +87,7 @@ impl FakeLeader {
             last_heartbeat: None,
             reports: Vec::new(),
             desired: None,
+            disk_usage: None,
         }));
         let task = tokio::spawn(accept_loop(server.clone(), state.clone()));
         FakeLeader {
@@ -198,6 +202,10 @@ async fn answer(request: AgentRequest, state: &Mutex<LeaderState>) -> Option<Age
             state.heartbeat_count += 1;
             state.last_heartbeat = Some((gpus, actual));
             Some(AgentResponse::HeartbeatAck)
+        }
+        AgentRequest::DiskUsage { usage, .. } => {
+            lock(state).disk_usage = Some(usage);
+            Some(AgentResponse::DiskUsageRecorded)
         }
         AgentRequest::Report { reports, .. } => {
             lock(state).reports.extend(reports);
