@@ -65,6 +65,8 @@ pub const LOG_HEAD_PARTS: u64 = 4;
 /// The most entries one sweep looks at in the logs dir and in the checkpoint root each; more
 /// wait for the next sweep.
 pub const SWEEP_ENTRIES_MAX: usize = 100_000;
+/// The most removed jobs one log line names (the count is always there).
+pub const REMOVED_JOBS_NAMED_MAX: usize = 20;
 /// The most files and dirs one measurement of a tree counts; past it the use reported is a
 /// lower bound (and the agent says so).
 pub const MEASURE_ENTRIES_MAX: u64 = 1_000_000;
@@ -551,8 +553,15 @@ pub async fn run(
             Ok(Some(sweep)) => {
                 next_sweep = Instant::now() + Duration::from_millis(SWEEP_INTERVAL_MS);
                 if !sweep.removed_jobs.is_empty() {
+                    let named: Vec<String> = sweep
+                        .removed_jobs
+                        .iter()
+                        .take(REMOVED_JOBS_NAMED_MAX)
+                        .map(JobId::to_string)
+                        .collect();
                     tracing::info!(
-                        jobs = ?sweep.removed_jobs,
+                        jobs = sweep.removed_jobs.len(),
+                        first = %named.join(","),
                         freed_bytes = sweep.freed_bytes,
                         logs_bytes = sweep.usage.logs_bytes,
                         checkpoints_bytes = sweep.usage.checkpoints_bytes,

@@ -12,7 +12,9 @@
 //!   so no request can name another file); with Docker, the attempt's container
 //!   (`quotient-<node>-<job>-<attempt>`), checked to carry this node's label, through the
 //!   daemon. The Docker runtime removes a container once its exit is reported, and its log
-//!   with it; such a read says so.
+//!   with it; such a read says so. A file log whose middle the agent dropped to keep it under
+//!   its cap ([`crate::disk`]) reads as its start, one line `[... N bytes dropped ...]` and its
+//!   newest part, never as the hole's zeros; offsets still count the file's bytes.
 //! - **Limits**: at most [`LOG_CHUNK_BYTES_MAX`] bytes per answer, requests read within
 //!   [`REQUEST_READ_DEADLINE_MS`], each read done within [`LOG_READ_DEADLINE_MS`] (under the
 //!   leader's [`quotient_common::agent_api::LEADER_REQUEST_TIMEOUT_MS`]), and at most
