@@ -19,6 +19,20 @@ pub const LEASE_DEFAULT_MS: u64 = 10_000;
 pub const LEASE_MIN_MS: u64 = 500;
 /// The most coordinator addresses one agent is given.
 pub const COORDINATORS_MAX: usize = 16;
+/// Each attempt's log keeps at most this much on disk unless told otherwise (16 MiB): far
+/// more than anyone reads through `quotient job logs`, small enough that a week of attempts
+/// on a busy host fits its disk. See [`crate::disk`].
+pub const LOG_MAX_BYTES_DEFAULT: &str = "16MiB";
+/// The smallest log cap accepted: the kept start and end are whole filesystem blocks
+/// (4 KiB), and each should hold more than a few lines.
+pub const LOG_MAX_BYTES_MIN: u64 = 64 * 1024;
+/// How long the logs and checkpoint dirs of a job are kept after this node last ran it,
+/// unless told otherwise: a week, so that a failure is still readable after a long weekend
+/// and a job preempted here and placed here again within the week resumes from its
+/// checkpoint.
+pub const RETENTION_DEFAULT: &str = "7d";
+/// The longest retention accepted, in days (ten years: "never" is `off`).
+pub const RETENTION_MAX_DAYS: u64 = 3_650;
 
 /// Runs the Quotient agent on a GPU host, or prints the host's GPU inventory.
 #[derive(Debug, Parser)]
@@ -137,6 +151,100 @@ pub struct RunFlags {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     pub log_json: bool,
+    /// The most one attempt's log keeps on disk, e.g. 16MiB, 512KiB or 1048576: past it the
+    /// first quarter and the newest three quarters stay and the middle is dropped.
+    #[arg(long, value_name = "SIZE", default_value = LOG_MAX_BYTES_DEFAULT, value_parser = parse_log_max_bytes, env = "QUOTIENT_AGENT_LOG_MAX_BYTES")]
+    pub log_max_bytes: u64,
+    /// How long a job's logs are kept after this node last ran it, e.g. 7d, 12h or 30m; `off`
+    /// keeps them forever.
+    #[arg(long, value_name = "DURATION", default_value = RETENTION_DEFAULT, value_parser = parse_retention, env = "QUOTIENT_AGENT_LOG_RETENTION")]
+    pub log_retention: Retention,
+    /// How long a job's checkpoint dir is kept after this node last ran it, e.g. 7d, or `off`
+    /// [default: 7d; off with --checkpoint-root, which may be shared: another node may still
+    /// run the job].
+    #[arg(long, value_name = "DURATION", value_parser = parse_retention, env = "QUOTIENT_AGENT_CHECKPOINT_RETENTION")]
+    pub checkpoint_retention: Option<Retention>,
+}
+
+/// How long files are kept: a number of milliseconds, or forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// `None`: kept forever (`off`).
+    pub after_ms: Option<u64>,
+}
+
+impl Retention {
+    /// Kept forever.
+    pub const OFF: Retention = Retention { after_ms: None };
+
+    /// Kept for `ms` milliseconds.
+    pub fn after_ms(ms: u64) -> Retention {
+        Retention { after_ms: Some(ms) }
+    }
+}
+
+/// Parses a retention: `off`, or a whole number with s, m, h or d, e.g. `7d`.
+pub fn parse_retention(text: &str) -> Result<Retention, String> {
+    if text == "off" {
+        return Ok(Retention::OFF);
+    }
+    let hint = || {
+        format!(
+            "invalid retention {text:?}: write a whole number with s, m, h or d (e.g. 7d), or off"
+        )
+    };
+    let unit_ms = match text.chars().last() {
+        Some('s') => 1_000,
+        Some('m') => 60_000,
+        Some('h') => 3_600_000,
+        Some('d') => 86_400_000,
+        _ => return Err(hint()),
+    };
+    let number = &text[..text.len() - 1];
+    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(hint());
+    }
+    let ms = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|number| number.checked_mul(unit_ms))
+        .filter(|ms| *ms <= RETENTION_MAX_DAYS * 86_400_000)
+        .ok_or_else(|| {
+            format!("retention {text:?} is over {RETENTION_MAX_DAYS} days; write off to keep files forever")
+        })?;
+    if ms == 0 {
+        return Err(format!(
+            "retention {text:?} would remove a job's files as soon as it ends; write at least 1s, or off"
+        ));
+    }
+    Ok(Retention::after_ms(ms))
+}
+
+/// Parses a log cap: bytes, or a whole number with KiB, MiB or GiB; at least
+/// [`LOG_MAX_BYTES_MIN`].
+pub fn parse_log_max_bytes(text: &str) -> Result<u64, String> {
+    let hint = || {
+        format!("invalid size {text:?}: write bytes, or a whole number with KiB, MiB or GiB (e.g. 16MiB)")
+    };
+    let (number, unit) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
+        .into_iter()
+        .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|number| (number, unit)))
+        .unwrap_or((text, 1));
+    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(hint());
+    }
+    let bytes = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|number| number.checked_mul(unit))
+        .ok_or_else(hint)?;
+    if bytes < LOG_MAX_BYTES_MIN {
+        return Err(format!(
+            "log cap {text:?} is below the minimum of {} KiB",
+            LOG_MAX_BYTES_MIN >> 10
+        ));
+    }
+    Ok(bytes)
 }
 
 /// A checked configuration of the long-running agent.
@@ -155,6 +263,17 @@ pub struct AgentConfig {
     pub simulated_gpus: Option<String>,
     /// `--cluster-id`: the only cluster this agent may join.
     pub cluster_id: Option<quotient_common::ClusterId>,
+    /// What the agent keeps of its jobs' files, and for how long ([`crate::disk`]).
+    pub disk: DiskSettings,
+}
+
+/// What the agent keeps of its jobs' logs and checkpoint dirs ([`crate::disk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSettings {
+    /// The most one attempt's log keeps on disk.
+    pub log_max_bytes: u64,
+    pub log_retention: Retention,
+    pub checkpoint_retention: Retention,
 }
 
 /// A flag that is missing or wrong, worded to say what to do.
@@ -185,6 +304,20 @@ impl RunFlags {
         if self.lease_ms < LEASE_MIN_MS {
             return Err(ConfigError::LeaseTooShort(self.lease_ms));
         }
+        // A checkpoint root of its own choosing may be shared storage, where another node may
+        // run the job now: this agent cannot tell, so it keeps the dirs unless told.
+        let checkpoint_retention = self.checkpoint_retention.unwrap_or_else(|| {
+            if self.checkpoint_root.is_some() {
+                Retention::OFF
+            } else {
+                parse_retention(RETENTION_DEFAULT).expect("the default retention parses")
+            }
+        });
+        let disk = DiskSettings {
+            log_max_bytes: self.log_max_bytes,
+            log_retention: self.log_retention,
+            checkpoint_retention,
+        };
         Ok(AgentConfig {
             name,
             coordinators: self.coordinators,
@@ -199,6 +332,7 @@ impl RunFlags {
             lease_ms: self.lease_ms,
             simulated_gpus: self.simulated_gpus,
             cluster_id: self.cluster_id,
+            disk,
         })
     }
 }
@@ -272,6 +406,15 @@ mod tests {
         assert_eq!(config.lease_ms, 3_000);
         assert_eq!(config.state_dir, PathBuf::from(STATE_DIR_DEFAULT));
 
+        assert_eq!(
+            config.disk,
+            DiskSettings {
+                log_max_bytes: 16 << 20,
+                log_retention: Retention::after_ms(7 * 86_400_000),
+                checkpoint_retention: Retention::after_ms(7 * 86_400_000),
+            }
+        );
+
         let flags = parse(&["quotient-agent", "--name", "node-1"]);
         assert_eq!(
             flags.run.into_config(),
@@ -288,5 +431,63 @@ mod tests {
             flags.run.into_config(),
             Err(ConfigError::Name { .. })
         ));
+    }
+
+    /// Log caps and retentions parse with their units, and bad ones say what to write.
+    #[test]
+    fn disk_flags_parse_with_units() {
+        assert_eq!(parse_log_max_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_log_max_bytes("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_log_max_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_log_max_bytes("1048576"), Ok(1 << 20));
+        assert!(parse_log_max_bytes("16MB").unwrap_err().contains("16MiB"));
+        assert!(parse_log_max_bytes("1KiB").unwrap_err().contains("minimum"));
+        assert_eq!(parse_retention("7d"), Ok(Retention::after_ms(604_800_000)));
+        assert_eq!(parse_retention("90s"), Ok(Retention::after_ms(90_000)));
+        assert_eq!(parse_retention("off"), Ok(Retention::OFF));
+        assert!(parse_retention("7").unwrap_err().contains("7d"));
+        assert!(parse_retention("0d").is_err());
+        assert!(parse_retention("99999999999d").is_err());
+
+        // A checkpoint root of the operator's own is kept unless a retention is given.
+        let base = [
+            "quotient-agent",
+            "--name",
+            "node-1",
+            "--coordinators",
+            "x:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args).run.into_config().unwrap().disk
+        };
+        assert_eq!(
+            with(&["--checkpoint-root", "/shared"]).checkpoint_retention,
+            Retention::OFF
+        );
+        assert_eq!(
+            with(&[
+                "--checkpoint-root",
+                "/shared",
+                "--checkpoint-retention",
+                "2d",
+                "--log-max-bytes",
+                "1MiB",
+                "--log-retention",
+                "off"
+            ]),
+            DiskSettings {
+                log_max_bytes: 1 << 20,
+                log_retention: Retention::OFF,
+                checkpoint_retention: Retention::after_ms(2 * 86_400_000),
+            }
+        );
     }
 }

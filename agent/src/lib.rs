@@ -20,6 +20,8 @@
 //!   self-fencing timing contract.
 //! - [`lease`]: the self-fencing lease clock.
 //! - [`log_server`]: answers the leader's log reads on the agent's own connection.
+//! - [`disk`]: the cap on each attempt's log, the retention of old jobs' logs and checkpoint
+//!   dirs, and the disk use reported to the leader.
 //! - [`journal`]: unacknowledged reports, finished attempts and the last heartbeat answer,
 //!   kept across restarts in the state dir.
 //! - [`run`]: the long-running agent, `run(config, shutdown)`: the executor loop and the
@@ -27,6 +29,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod disk;
 pub mod executor;
 pub mod gpu;
 pub mod journal;

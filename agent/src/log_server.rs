@@ -12,7 +12,9 @@
 //!   so no request can name another file); with Docker, the attempt's container
 //!   (`quotient-<node>-<job>-<attempt>`), checked to carry this node's label, through the
 //!   daemon. The Docker runtime removes a container once its exit is reported, and its log
-//!   with it; such a read says so.
+//!   with it; such a read says so. A file log whose middle the agent dropped to keep it under
+//!   its cap ([`crate::disk`]) reads as its start, one line `[... N bytes dropped ...]` and its
+//!   newest part, never as the hole's zeros; offsets still count the file's bytes.
 //! - **Limits**: at most [`LOG_CHUNK_BYTES_MAX`] bytes per answer, requests read within
 //!   [`REQUEST_READ_DEADLINE_MS`], each read done within [`LOG_READ_DEADLINE_MS`] (under the
 //!   leader's [`quotient_common::agent_api::LEADER_REQUEST_TIMEOUT_MS`]), and at most
@@ -35,6 +37,7 @@ use quotient_common::transport::{
 use quotient_common::JobId;
 use tokio::sync::Semaphore;
 
+use crate::disk;
 use crate::runtime::docker::LABEL_NODE;
 use crate::runtime::{self};
 use crate::session::Shared;
@@ -166,8 +169,12 @@ async fn read_logs(
 }
 
 /// Up to `max_bytes` of the file from `offset` on. A missing file is an empty log (the attempt
-/// has not started yet); an offset past the end gives nothing.
+/// has not started yet); an offset past the end gives nothing. A span the agent dropped from a
+/// log over its cap ([`crate::disk`]) reads as one line, [`disk::dropped_marker`] (after a
+/// line break if the kept start ended mid-line), which may take the chunk past `max_bytes`
+/// by its own length; `next_offset` counts file bytes, so it then jumps the span.
 pub fn read_file_chunk(path: &Path, offset: u64, max_bytes: u32) -> Result<LogChunk, AgentError> {
+    use std::os::unix::fs::FileExt;
     let unavailable = |error: std::io::Error| {
         AgentError::Unavailable(format!("read {}: {error}", path.display()))
     };
@@ -183,24 +190,48 @@ pub fn read_file_chunk(path: &Path, offset: u64, max_bytes: u32) -> Result<LogCh
         Err(error) => return Err(unavailable(error)),
     };
     let length = file.metadata().map_err(unavailable)?.len();
-    if offset >= length {
-        return Ok(LogChunk {
-            data: Vec::new(),
-            next_offset: offset,
-            end: true,
-        });
-    }
-    file.seek(SeekFrom::Start(offset)).map_err(unavailable)?;
-    let wanted = (length - offset).min(u64::from(max_bytes));
+    let limit = u64::from(max_bytes);
     let mut data = Vec::new();
-    file.take(wanted)
-        .read_to_end(&mut data)
-        .map_err(unavailable)?;
-    let next_offset = offset + data.len() as u64;
+    let mut position = offset;
+    while position < length && (data.len() as u64) < limit {
+        if let Some(resumes) = disk::dropped_until(&file, position, length).map_err(unavailable)? {
+            let mid_line = match data.last() {
+                Some(last) => *last != b'\n',
+                None if position > 0 => {
+                    let mut before = [0u8; 1];
+                    file.read_exact_at(&mut before, position - 1)
+                        .map_err(unavailable)?;
+                    before[0] != b'\n'
+                }
+                None => false,
+            };
+            if mid_line {
+                data.push(b'\n');
+            }
+            data.extend_from_slice(disk::dropped_marker(resumes - position).as_bytes());
+            position = resumes;
+            continue;
+        }
+        let until = match disk::data_until(&file, position, length).map_err(unavailable)? {
+            until if until > position => until,
+            _ => length,
+        };
+        let wanted = (until - position).min(limit - data.len() as u64);
+        file.seek(SeekFrom::Start(position)).map_err(unavailable)?;
+        let read = (&mut file)
+            .take(wanted)
+            .read_to_end(&mut data)
+            .map_err(unavailable)?;
+        if read == 0 {
+            // The file shrank under the reader.
+            break;
+        }
+        position += read as u64;
+    }
     Ok(LogChunk {
         data,
-        next_offset,
-        end: next_offset >= length,
+        next_offset: position,
+        end: position >= length,
     })
 }
 
@@ -303,6 +334,47 @@ mod tests {
         assert!(chunk.data.is_empty() && chunk.end && chunk.next_offset == 12);
         let missing = read_file_chunk(&dir.path().join("none.log"), 0, 100).unwrap();
         assert!(missing.data.is_empty() && missing.end);
+    }
+
+    /// A log whose middle was dropped reads as its start, one marker line with the number of
+    /// bytes dropped, and its newest part, whatever the chunk size; offsets count file bytes.
+    #[test]
+    fn a_capped_log_reads_as_start_marker_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j-1-1.log");
+        let mut written = b"first line\n".to_vec();
+        while written.len() < 4 << 20 {
+            written.extend_from_slice(b"a line in the middle of the output\n");
+        }
+        written.extend_from_slice(b"last line\n");
+        std::fs::write(&path, &written).unwrap();
+        let cap = 256 * 1024;
+        assert!(disk::cap_log(&path, cap).unwrap());
+
+        for chunk_bytes in [LOG_CHUNK_BYTES_MAX, 10_000, 100] {
+            let mut text = Vec::new();
+            let mut offset = 0;
+            loop {
+                let chunk = read_file_chunk(&path, offset, chunk_bytes).unwrap();
+                assert!(chunk.next_offset > offset || chunk.end);
+                text.extend_from_slice(&chunk.data);
+                offset = chunk.next_offset;
+                if chunk.end {
+                    break;
+                }
+            }
+            assert_eq!(offset, written.len() as u64, "offsets count file bytes");
+            let text = String::from_utf8(text).unwrap();
+            assert!(text.starts_with("first line\n"), "{chunk_bytes}");
+            assert!(text.ends_with("last line\n"), "{chunk_bytes}");
+            assert!(!text.contains('\0'), "no zeros from the hole");
+            let markers: Vec<&str> = text
+                .lines()
+                .filter(|line| line.starts_with("[... ") && line.ends_with(" bytes dropped ...]"))
+                .collect();
+            assert_eq!(markers.len(), 1, "{chunk_bytes}: {markers:?}");
+            assert!(text.len() < 2 * cap as usize, "{}", text.len());
+        }
     }
 
     /// A request about another node is refused, and reads are capped at the chunk limit.

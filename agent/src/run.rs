@@ -1,5 +1,5 @@
 //! The long-running agent: [`run`] checks the certificate, builds the GPU backend, the runtime
-//! and the executor, re-finds this agent's jobs, and runs two tasks until shutdown.
+//! and the executor, re-finds this agent's jobs, and runs its tasks until shutdown.
 //!
 //! - The **executor loop** owns the [`Executor`]. It steps at once on every new desired state
 //!   and every [`CORE_TICK_MS`] otherwise (to see exits and carry out kills whose grace period
@@ -12,7 +12,12 @@
 //!   runtime each job's wrapper stops the job once that lease runs out, so a job outlives a
 //!   killed or frozen agent by no more than the lease ([`crate::runtime::process`]).
 //!
-//! Shutdown (SIGTERM, SIGINT) ends both and leaves every job running: an agent restart must
+//! - The **disk task** ([`crate::disk`]) caps the attempts' logs, removes the files of jobs
+//!   last run here longer ago than their retention and measures the disk use, which the
+//!   session sends to the leader; the executor loop tells it, before and after each step,
+//!   which jobs are in use.
+//!
+//! Shutdown (SIGTERM, SIGINT) ends them all and leaves every job running: an agent restart must
 //! not kill jobs. The restarted agent re-finds them (pid files, Docker labels), reports them in
 //! `Register`, and keeps or kills each as the first desired state says.
 
@@ -30,6 +35,7 @@ use quotient_common::transport::Client;
 use tokio::sync::{watch, Notify};
 
 use crate::config::{AgentConfig, RuntimeKind, LEASE_MIN_MS};
+use crate::disk::DiskKeeper;
 use crate::executor::Executor;
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::simulated::SimulatedBackend;
@@ -138,6 +144,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             let program = std::env::current_exe().map_err(RunError::OwnBinary)?;
             let runtime = DockerRuntime::connect(&config.name, !backend.is_simulated())
                 .await?
+                .with_log_cap(config.disk.log_max_bytes)
+                .await
                 .with_orphan_watchdog(
                     &program,
                     &config.state_dir.join(LEASE_FILE),
@@ -172,6 +180,12 @@ async fn drive<R: Runtime + 'static>(
         );
     }
     let lease = initial_lease(&journal, config.lease_ms);
+    let disk = Arc::new(DiskKeeper::new(
+        config.disk,
+        &config.state_dir,
+        &config.checkpoint_root,
+    ));
+    let (disk_usage_tx, disk_usage_rx) = watch::channel(None);
     let (actual_tx, actual_rx) = watch::channel(actual_of(&executor));
     let (desired_tx, desired_rx) = watch::channel(None);
     let shared = Arc::new(Shared {
@@ -186,6 +200,7 @@ async fn drive<R: Runtime + 'static>(
         lease_file: Some(config.state_dir.join(LEASE_FILE)),
         logs: log_source(&config),
         cluster,
+        disk_usage: disk_usage_rx,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let session = Session::new(
@@ -195,9 +210,15 @@ async fn drive<R: Runtime + 'static>(
         LEASE_MIN_MS,
     );
     let session_task = tokio::spawn(session.run(stop_rx.clone()));
+    let disk_task = tokio::spawn(crate::disk::run(
+        disk.clone(),
+        disk_usage_tx,
+        stop_rx.clone(),
+    ));
     let core_task = tokio::spawn(executor_loop(
         executor,
         shared.clone(),
+        disk,
         desired_rx,
         actual_tx,
         stop_rx,
@@ -210,6 +231,9 @@ async fn drive<R: Runtime + 'static>(
     }
     if let Err(error) = core_task.await {
         tracing::error!("the executor task failed: {error}");
+    }
+    if let Err(error) = disk_task.await {
+        tracing::error!("the disk task failed: {error}");
     }
     Ok(())
 }
@@ -259,9 +283,19 @@ pub fn actual_of<R: Runtime>(executor: &Executor<R>) -> Vec<ActualAttempt> {
         .collect()
 }
 
+/// Every attempt the executor tracks, exited ones included.
+fn tracked_attempts<R: Runtime>(
+    executor: &Executor<R>,
+) -> impl Iterator<Item = (quotient_common::JobId, u32)> + '_ {
+    executor
+        .jobs()
+        .map(|tracked| (tracked.local.job, tracked.local.attempt))
+}
+
 async fn executor_loop<R: Runtime>(
     mut executor: Executor<R>,
     shared: Arc<Shared>,
+    disk: Arc<DiskKeeper>,
     mut desired_rx: watch::Receiver<Option<Desired>>,
     actual_tx: watch::Sender<Vec<ActualAttempt>>,
     mut stop: watch::Receiver<bool>,
@@ -309,6 +343,8 @@ async fn executor_loop<R: Runtime>(
                 desired = latest;
             }
         }
+        // Before the step, so that a job about to start here is in use before it starts.
+        disk.set_in_use(desired.as_ref(), tracked_attempts(&executor));
         let reports = if fenced {
             let reports = executor.stop_all().await;
             if !fencing_published {
@@ -324,6 +360,7 @@ async fn executor_loop<R: Runtime>(
         };
         shared.record_reports(reports);
         executor.remove_forgotten().await;
+        disk.set_in_use(desired.as_ref(), tracked_attempts(&executor));
         let actual = actual_of(&executor);
         actual_tx.send_if_modified(|current| {
             if *current == actual {

@@ -10,13 +10,15 @@
 //! again after its own backoff ([`BACKOFF_MIN_MS`] doubling to [`BACKOFF_MAX_MS`]), or at once
 //! when a `NotLeader` answer names it, so a dead coordinator never delays the others. `Register` is the first request on every connection
 //! and carries the inventory and the attempts running here (found after a restart, too). Once
-//! registered three loops share the connection, one request per QUIC stream, each with a
+//! registered four loops share the connection, one request per QUIC stream, each with a
 //! deadline:
 //! - heartbeats every `heartbeat_ms` with device health and actual attempts; each answer renews
 //!   the self-fencing lease ([`crate::lease`]) and the lease file the jobs' wrappers watch;
 //! - `WatchDesired`: each new [`DesiredState`] is checked (node name, size, GPU indices this
 //!   node has) and handed to the executor loop at once; bad ones are refused and logged;
-//! - `Report`: job events from the [`Journal`], retried until a leader acknowledges them.
+//! - `Report`: job events from the [`Journal`], retried until a leader acknowledges them;
+//! - `DiskUsage`: what the agent's files take ([`crate::disk`]), on each new connection and
+//!   after each measurement.
 //!
 //! A `NotLeader` answer, a closed connection (QUIC close or idle timeout) or a single heartbeat
 //! without an answer within [`heartbeat_deadline`] end the connection, and the session finds
@@ -62,9 +64,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use quotient_common::agent_api::{
-    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireAllocation,
-    WireIntent, WireJobEvent, WireJobReport, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX,
-    WATCH_TIMEOUT_MS,
+    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
+    WireAllocation, WireIntent, WireJobEvent, WireJobReport, DESIRED_ALLOCATIONS_MAX,
+    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_AGENT};
 use quotient_common::{GpuDevice, NodeInventory};
@@ -110,6 +112,8 @@ pub const LEADER_ADDRESS_BYTES_MAX: usize = 256;
 pub const ACK_RECORD_INTERVAL_MS: u64 = 1_000;
 /// The longest the report loop sleeps before looking at the journal again.
 pub const REPORT_RECHECK_MS: u64 = 1_000;
+/// Deadline of a `DiskUsage` (answered from the leader's memory).
+pub const DISK_USAGE_DEADLINE_MS: u64 = 5_000;
 
 /// What the session shares with the executor loop ([`crate::run`]).
 pub struct Shared {
@@ -133,6 +137,8 @@ pub struct Shared {
     pub logs: crate::log_server::LogSource,
     /// The cluster this agent belongs to, sent with every registration ([`crate::cluster`]).
     pub cluster: crate::cluster::AgentCluster,
+    /// The disk use last measured ([`crate::disk`]), sent to the leader.
+    pub disk_usage: watch::Receiver<Option<DiskUsage>>,
 }
 
 impl Shared {
@@ -299,6 +305,7 @@ impl Session {
                 ended = self.heartbeat_loop(&connection, timing) => ended,
                 ended = self.watch_loop(&connection) => ended,
                 ended = self.report_loop(&connection) => ended,
+                ended = self.disk_usage_loop(&connection) => ended,
                 _ = shutdown.wait_for(|stop| *stop) => {
                     connection.close();
                     break;
@@ -778,6 +785,45 @@ impl Session {
             backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
         }
     }
+
+    /// Sends the disk use to the leader: the last measured on each new connection, then each
+    /// new measurement. Only a lost connection or a leader change ends it: a refusal (a
+    /// coordinator too old to know the request refuses its frame) is logged and the next
+    /// measurement tried.
+    async fn disk_usage_loop(&self, connection: &PeerConnection) -> Ended {
+        let mut measured = self.shared.disk_usage.clone();
+        measured.mark_changed();
+        loop {
+            if measured.changed().await.is_err() {
+                // The disk task ended (shutdown): nothing more to send.
+                std::future::pending::<()>().await;
+            }
+            let Some(usage) = *measured.borrow_and_update() else {
+                continue;
+            };
+            let request = AgentRequest::DiskUsage {
+                node: self.shared.node.clone(),
+                usage,
+            };
+            let failure = match connection
+                .request::<_, AgentResponse>(
+                    &request,
+                    Duration::from_millis(DISK_USAGE_DEADLINE_MS),
+                )
+                .await
+            {
+                Ok(AgentResponse::DiskUsageRecorded) => continue,
+                Ok(AgentResponse::Error(error)) => match ended_by(error) {
+                    ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
+                    Ended::Lost(why) => why,
+                },
+                Ok(other) => format!("unexpected answer: {}", describe(&other)),
+                Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
+                Err(error) => error.to_string(),
+            };
+            tracing::debug!("the leader did not take the disk use: {failure}");
+        }
+    }
 }
 
 fn ended_by(error: AgentError) -> Ended {
@@ -798,6 +844,7 @@ fn describe(response: &AgentResponse) -> &'static str {
         AgentResponse::Desired(_) => "Desired",
         AgentResponse::Reported { .. } => "Reported",
         AgentResponse::Error(_) => "Error",
+        AgentResponse::DiskUsageRecorded => "DiskUsageRecorded",
     }
 }
 

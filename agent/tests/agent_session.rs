@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 
 use quotient_agent::gpu::simulated::simulated_uuid;
 use quotient_agent::lease::{LEASE_FENCING_MARK, LEASE_FILE};
+use quotient_agent::log_server::read_file_chunk;
+use quotient_agent::runtime::log_path;
 use quotient_agent::runtime::process::{
     process_state, PidRecord, JOBS_DIR, WATCHDOG_KILLED_EXIT_CODE, WATCHDOG_POLL_S,
     WATCHDOG_SLACK_MS,
 };
 use quotient_common::agent_api::{
-    ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, WireJobEvent,
+    ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, WireJobEvent, LOG_CHUNK_BYTES_MAX,
 };
 use quotient_common::JobId;
 use support::docker;
@@ -38,12 +40,14 @@ while :; do sleep 0.05; done"#;
 const LONG_LEASE_MS: u64 = 10_000;
 const HEARTBEAT_MS: u64 = 100;
 
-/// One agent's files: certificates, state dir, log.
+/// One agent's files: certificates, state dir, log; and flags its agents get besides the
+/// usual ones.
 struct Node {
     _dir: tempfile::TempDir,
     certs: PathBuf,
     state: PathBuf,
     log: PathBuf,
+    agent_args: Vec<String>,
 }
 
 impl Node {
@@ -57,6 +61,7 @@ impl Node {
             certs,
             state,
             log,
+            agent_args: Vec::new(),
             _dir: dir,
         }
     }
@@ -135,6 +140,7 @@ impl Agent {
                 "--lease-ms",
                 &lease_ms.to_string(),
             ])
+            .args(&node.agent_args)
             .env_remove("QUOTIENT_SIMULATED_GPUS")
             .env_remove("QUOTIENT_COORDINATORS")
             .env("RUST_LOG", "info,quotient_agent=debug")
@@ -805,4 +811,136 @@ async fn agent_survives_an_oversized_frame_from_the_leader() {
     })
     .await;
     assert!(agent.is_running());
+}
+
+/// The log file of `job` attempt 1 in `state`, and what it takes on disk.
+fn log_on_disk(state: &Path, job: u64) -> (PathBuf, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let path = log_path(state, JobId(job), 1);
+    let allocated = std::fs::metadata(&path).map_or(0, |metadata| metadata.blocks() * 512);
+    (path, allocated)
+}
+
+/// A job that writes far more than a small log cap keeps about the cap on disk (allocated
+/// blocks, not length), and its log reads back with its first line, one line saying what was
+/// dropped, and its last line; the agent reports its disk use to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_caps_a_log_far_over_the_cap_and_reports_its_disk_use() {
+    const CAP: u64 = 256 * 1024;
+    let mut node = Node::new();
+    node.agent_args = vec!["--log-max-bytes".into(), "256KiB".into()];
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the agent reports its disk use", || {
+        leader
+            .state()
+            .disk_usage
+            .is_some_and(|usage| usage.free_bytes > 0 && usage.total_bytes >= usage.free_bytes)
+    })
+    .await;
+
+    // About 21 MB of output, 80 times the cap.
+    let script = "echo first line; yes 'a line in the middle of the output' | head -n 600000; echo last line";
+    let mut writer = allocation(NODE, 5, vec![0], WireIntent::Run);
+    writer.spec = job_spec(None, shell(script));
+    leader.set_desired(desired(1, 1, vec![writer]));
+    wait_until("the job's exit is reported", || {
+        reported(&leader, 5, WireJobEvent::Exited { code: 0 })
+    })
+    .await;
+    let (path, _) = log_on_disk(&node.state, 5);
+    let length = std::fs::metadata(&path).unwrap().len();
+    assert!(length > 20_000_000, "the job wrote {length} bytes");
+    let slack = 2 * 4096;
+    wait_until("the log is cut back to the cap", || {
+        log_on_disk(&node.state, 5).1 <= CAP + slack
+    })
+    .await;
+
+    let mut text = Vec::new();
+    let mut offset = 0;
+    loop {
+        let chunk = read_file_chunk(&path, offset, LOG_CHUNK_BYTES_MAX).unwrap();
+        text.extend_from_slice(&chunk.data);
+        offset = chunk.next_offset;
+        if chunk.end {
+            break;
+        }
+    }
+    assert_eq!(offset, length);
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.starts_with("first line\na line in the middle"),
+        "{}",
+        &text[..100]
+    );
+    assert!(text.ends_with("a line in the middle of the output\nlast line\n"));
+    let dropped: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("[... ") && line.ends_with(" bytes dropped ...]"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(
+        text.len() as u64 <= CAP + slack,
+        "{} bytes read",
+        text.len()
+    );
+}
+
+/// Logs and checkpoint dirs of a job this node last ran longer ago than the retention are
+/// removed (and the agent says so), while those of a job still placed here, however old, and
+/// of a job that ran recently stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_removes_old_jobs_files_but_keeps_placed_and_recent_ones() {
+    let mut node = Node::new();
+    node.agent_args = ["--log-retention", "1d", "--checkpoint-retention", "1d"]
+        .map(String::from)
+        .to_vec();
+    let _jobs = JobsGuard(node.state.clone());
+    // j-7 ran here two days ago, j-8 too but is placed here again, j-9 ran a minute ago.
+    let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 86_400);
+    for job in [7, 8, 9] {
+        let log = log_path(&node.state, JobId(job), 0);
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        std::fs::write(&log, "an old attempt\n").unwrap();
+        let checkpoint = node.checkpoint_dir(job);
+        std::fs::create_dir_all(&checkpoint).unwrap();
+        std::fs::write(checkpoint.join("model.ckpt"), "weights").unwrap();
+        if job != 9 {
+            for path in [&log, &checkpoint] {
+                std::fs::File::open(path)
+                    .unwrap()
+                    .set_modified(two_days_ago)
+                    .unwrap();
+            }
+        }
+    }
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 8, vec![0], WireIntent::Run)],
+    ));
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    let gone = |job: u64| {
+        !log_path(&node.state, JobId(job), 0).exists() && !node.checkpoint_dir(job).exists()
+    };
+    wait_until("j-7's log and checkpoint dir are removed", || gone(7)).await;
+    for job in [8, 9] {
+        assert!(
+            log_path(&node.state, JobId(job), 0).exists(),
+            "j-{job}'s log"
+        );
+        assert!(
+            node.checkpoint_dir(job).join("model.ckpt").exists(),
+            "j-{job}'s checkpoint"
+        );
+    }
+    assert_eq!(node.starts(8), 1, "j-8 runs");
+    assert!(
+        node.log_text()
+            .contains("removed the logs and checkpoint dirs"),
+        "the agent says what it removed"
+    );
 }

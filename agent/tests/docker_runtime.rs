@@ -114,6 +114,46 @@ async fn docker_job_gets_its_environment_and_gpus() {
     assert!(runtime.list_own().await.unwrap().is_empty());
 }
 
+/// A container that writes far more than the log cap keeps only about the cap of its newest
+/// output, through the daemon's rotation (without the cap Docker keeps all of it).
+#[tokio::test]
+async fn docker_log_is_capped_by_the_daemons_rotation() {
+    let Some((runtime, _node, _cleanup)) = runtime_for("logcap").await else {
+        return;
+    };
+    let cap: u64 = 256 * 1024;
+    let runtime = runtime.with_log_cap(cap).await;
+    let state = tempfile::tempdir().unwrap();
+    let spec = launch(
+        state.path(),
+        31,
+        1,
+        Some(IMAGE),
+        shell(
+            r#"echo first line; i=0; while [ $i -lt 40000 ]; do echo "line $i of the container output"; i=$((i+1)); done; echo last line"#,
+        ),
+    );
+    let handle = runtime.start(&spec).await.unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    let output = Command::new("docker")
+        .args(["logs", &handle.id])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.ends_with("last line\n"), "the newest output stays");
+    assert!(
+        text.len() as u64 <= cap,
+        "{} bytes of log kept for a cap of {cap}",
+        text.len()
+    );
+    assert!(
+        !text.contains("first line"),
+        "the oldest output is rotated away"
+    );
+    runtime.remove(&handle).await.unwrap();
+}
+
 /// The checkpoint signal reaches the container's job, which checkpoints and exits.
 #[tokio::test]
 async fn docker_checkpoint_signal_reaches_the_job() {

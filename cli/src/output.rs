@@ -221,7 +221,8 @@ pub fn job_detail(job: &JobView) -> String {
     )
 }
 
-/// The node table: NAME STATE GPUS CLASS FREE JOBS.
+/// The node table: NAME STATE GPUS CLASS FREE UNHEALTHY JOBS DISK-USED/FREE (the agent's
+/// logs and checkpoints, and what its state dir's filesystem has left; `-` when unknown).
 pub fn node_table(nodes: &[NodeView]) -> String {
     let mut table = Table::new(&[
         "NAME",
@@ -231,6 +232,7 @@ pub fn node_table(nodes: &[NodeView]) -> String {
         "FREE",
         "UNHEALTHY",
         "JOBS",
+        "DISK-USED/FREE",
     ]);
     for node in nodes {
         let mut classes: Vec<&str> = node.gpus.iter().map(|gpu| gpu.class.as_str()).collect();
@@ -255,9 +257,28 @@ pub fn node_table(nodes: &[NodeView]) -> String {
             free.to_string(),
             unhealthy.to_string(),
             jobs.join(","),
+            match (node.disk_used_bytes, node.disk_free_bytes) {
+                (Some(used), Some(free)) => format!("{}/{}", human_bytes(used), human_bytes(free)),
+                _ => String::new(),
+            },
         ]);
     }
     table.render()
+}
+
+/// A byte count for people, in powers of 1024 with one decimal: `512B`, `1.5KiB`, `40.0GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes}B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1}{}", UNITS[unit])
 }
 
 /// The cluster summary line and the member table: ID ADDRESS ROLE REACHABLE.
@@ -396,6 +417,36 @@ a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1        
             share_table(&[]),
             "NAME  STRATEGY  LIMIT  USAGE  BORROWED  LENT  RUNNABLE  RUNNING  STATE\n"
         );
+    }
+
+    #[test]
+    fn the_node_table_shows_the_agents_disk() {
+        // Proves the disk column: used and free when the agent reported them, `-` otherwise.
+        let node = |name: &str, disk: Option<(u64, u64)>| NodeView {
+            name: name.into(),
+            state: "ready".into(),
+            gpus: Vec::new(),
+            disk_used_bytes: disk.map(|(used, _)| used),
+            disk_logs_bytes: disk.map(|(used, _)| used),
+            disk_checkpoints_bytes: disk.map(|_| 0),
+            disk_free_bytes: disk.map(|(_, free)| free),
+        };
+        let text = node_table(&[
+            node("node-1", Some((3 << 19, 40 << 30))),
+            node("node-2", None),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("JOBS  DISK-USED/FREE"), "{text}");
+        assert!(lines[1].ends_with("1.5MiB/40.0GiB"), "{text}");
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(cells[cells.len() - 2..], ["-", "-"], "{text}");
+        assert_eq!(human_bytes(512), "512B");
+        assert_eq!(human_bytes(1536), "1.5KiB");
+        let json = serde_json::to_value(node("node-1", Some((7, 9)))).unwrap();
+        assert_eq!(json["disk_used_bytes"], 7);
+        assert_eq!(json["disk_free_bytes"], 9);
+        let json = serde_json::to_value(node("node-2", None)).unwrap();
+        assert_eq!(json["disk_used_bytes"], serde_json::Value::Null);
     }
 
     #[test]

@@ -155,6 +155,30 @@ pub enum AgentRequest {
         node: String,
         reports: Vec<WireJobReport>,
     },
+    /// What the agent's files take on its host, sent after each measurement (about once a
+    /// minute) and on every new connection. Like heartbeats, not replicated: the leader
+    /// keeps the last one in memory for `quotient node list`. A coordinator too old to know
+    /// this request refuses its frame; the agent then only logs it.
+    DiskUsage {
+        node: String,
+        usage: DiskUsage,
+    },
+}
+
+/// What an agent's files take on its host ([`AgentRequest::DiskUsage`]). Bytes are allocated
+/// blocks, not file lengths: the dropped middle of a capped log takes none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskUsage {
+    /// The attempts' logs in the agent's state dir (the process runtime's; Docker keeps its
+    /// own).
+    pub logs_bytes: u64,
+    /// The jobs' checkpoint dirs under the agent's checkpoint root (all of it: a root shared
+    /// by several agents is counted by each).
+    pub checkpoints_bytes: u64,
+    /// Free bytes, for the agent's user, on the state dir's filesystem.
+    pub free_bytes: u64,
+    /// The size of the state dir's filesystem.
+    pub total_bytes: u64,
 }
 
 /// The leader's answer.
@@ -176,6 +200,8 @@ pub enum AgentResponse {
         rejected: Vec<(JobId, u32, String)>,
     },
     Error(AgentError),
+    /// The leader recorded an [`AgentRequest::DiskUsage`].
+    DiskUsageRecorded,
 }
 
 /// Why an agent request failed.
@@ -224,7 +250,10 @@ pub enum LeaderRequest {
 pub enum LeaderResponse {
     /// `data` starts at the requested offset; `next_offset` is where the next read starts;
     /// `end` when `data` reaches the end of the log as it is now (a running attempt may
-    /// still add to it).
+    /// still add to it). A log whose middle the agent dropped (its `--log-max-bytes` cap)
+    /// reads as its start, one line `[... N bytes dropped ...]` in place of the dropped bytes,
+    /// then its newest part: `next_offset` still counts file bytes, and that line may take
+    /// `data` past `max_bytes` by its own length.
     Logs {
         data: Vec<u8>,
         next_offset: u64,

@@ -268,6 +268,13 @@ pub struct NodeView {
     pub name: String,
     pub state: String,
     pub gpus: Vec<GpuView>,
+    /// What the node's agent last reported of its disk (`None`: no report known to the
+    /// leader, e.g. just after a failover or from a lost node). Used: its logs and checkpoint
+    /// dirs together, then each; free: what its state dir's filesystem has left.
+    pub disk_used_bytes: Option<u64>,
+    pub disk_logs_bytes: Option<u64>,
+    pub disk_checkpoints_bytes: Option<u64>,
+    pub disk_free_bytes: Option<u64>,
 }
 
 /// One coordinator in the cluster view.

@@ -18,6 +18,8 @@
 //!   agent's fence, else when it changes, else after [`WATCH_TIMEOUT_MS`] with the current one.
 //! - **Report** commits one `Command::ReportJob` per event through the proposer (so they
 //!   share log entries) and answers, once committed, which were rejected and why.
+//! - **DiskUsage** records what a registered node's agent files take, in memory
+//!   ([`NodeDisks`]; not replicated), for `quotient node list`.
 //!
 //! Every request is read within [`AGENT_REQUEST_READ_TIMEOUT_MS`] and answered within
 //! [`AGENT_REQUEST_TIMEOUT_MS`] (a watch within its own timeout plus that).
@@ -42,6 +44,7 @@ use crate::agent_links::AgentLinks;
 use crate::config::AgentTuning;
 use crate::desired::DesiredTracker;
 use crate::identity::ClusterIdentity;
+use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
 use crate::proposer::{ProposalError, Proposer};
 use crate::store::type_config::Raft;
@@ -75,6 +78,7 @@ struct Inner {
     scheduler: Arc<Notify>,
     links: AgentLinks,
     identity: ClusterIdentity,
+    disks: NodeDisks,
 }
 
 impl std::fmt::Debug for AgentService {
@@ -97,6 +101,8 @@ pub struct AgentServiceParts {
     pub links: AgentLinks,
     /// This coordinator's cluster: an agent of another is refused at registration.
     pub identity: ClusterIdentity,
+    /// Where each node's disk use is kept, for `quotient node list`.
+    pub disks: NodeDisks,
 }
 
 /// The node a request is about.
@@ -105,7 +111,8 @@ fn node_of(request: &AgentRequest) -> &str {
         AgentRequest::Register { inventory, .. } => &inventory.name,
         AgentRequest::Heartbeat { node, .. }
         | AgentRequest::WatchDesired { node, .. }
-        | AgentRequest::Report { node, .. } => node,
+        | AgentRequest::Report { node, .. }
+        | AgentRequest::DiskUsage { node, .. } => node,
     }
 }
 
@@ -115,6 +122,7 @@ fn request_kind(request: &AgentRequest) -> &'static str {
         AgentRequest::Heartbeat { .. } => "Heartbeat",
         AgentRequest::WatchDesired { .. } => "WatchDesired",
         AgentRequest::Report { .. } => "Report",
+        AgentRequest::DiskUsage { .. } => "DiskUsage",
     }
 }
 
@@ -167,6 +175,7 @@ impl AgentService {
                 scheduler: parts.scheduler,
                 links: parts.links,
                 identity: parts.identity,
+                disks: parts.disks,
             }),
         }
     }
@@ -351,6 +360,11 @@ impl AgentService {
                 .await
                 .map(AgentResponse::Desired),
             AgentRequest::Report { node, reports } => self.report(&node, reports).await,
+            AgentRequest::DiskUsage { node, usage } => {
+                self.registered(&node)?;
+                self.inner.disks.record(&node, usage);
+                Ok(AgentResponse::DiskUsageRecorded)
+            }
         }
     }
 
@@ -373,6 +387,17 @@ impl AgentService {
             .state_machine
             .read(|state| desired.refresh(state, term));
         self.inner.scheduler.notify_one();
+    }
+
+    /// `Ok` when `node` is registered and not lost.
+    fn registered(&self, node: &str) -> Result<(), AgentError> {
+        self.inner.state_machine.read(|state| {
+            state
+                .node_by_name(node)
+                .filter(|record| record.state != NodeState::Lost)
+                .map(|_| ())
+                .ok_or(AgentError::NotRegistered)
+        })
     }
 
     fn heartbeat(&self, node: &str, gpus: &[GpuDevice]) -> Result<AgentResponse, AgentError> {

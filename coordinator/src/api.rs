@@ -37,6 +37,7 @@ use crate::agent_links::AgentLinks;
 use crate::client::{ApiClient, ClientError};
 use crate::identity::ClusterIdentity;
 use crate::network::PeerConnections;
+use crate::node_disks::NodeDisks;
 use crate::proposer::Proposer;
 use crate::store::type_config::Raft;
 use crate::store::{NodeId, QuotientStateMachine};
@@ -75,6 +76,7 @@ struct Inner {
     proposer: Proposer,
     agent_links: AgentLinks,
     forwarder: Forwarder,
+    node_disks: NodeDisks,
 }
 
 /// The client a follower forwards requests to the leader with, over this coordinator's own
@@ -206,6 +208,7 @@ impl ApiService {
                 },
                 peers,
                 agent_links: AgentLinks::new(),
+                node_disks: NodeDisks::new(),
             }),
         }
     }
@@ -216,6 +219,16 @@ impl ApiService {
         match Arc::get_mut(&mut self.inner) {
             Some(inner) => inner.agent_links = links,
             None => tracing::error!("agent links set on a shared ApiService; ignored"),
+        }
+        self
+    }
+
+    /// Shows the disk use agents report through `disks` (the agent service's record) in
+    /// `ListNodes`; without it no node has any.
+    pub fn with_node_disks(mut self, disks: NodeDisks) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.node_disks = disks,
+            None => tracing::error!("node disks set on a shared ApiService; ignored"),
         }
         self
     }
@@ -495,9 +508,11 @@ impl ApiService {
             }
             ApiRequest::ListNodes => {
                 self.linearizable().await?;
-                Ok(ApiResponse::Nodes(
-                    self.inner.state_machine.read(views::node_views),
-                ))
+                let mut nodes = self.inner.state_machine.read(views::node_views);
+                for node in &mut nodes {
+                    views::add_disk_usage(node, self.inner.node_disks.of(&node.name));
+                }
+                Ok(ApiResponse::Nodes(nodes))
             }
             ApiRequest::ClusterStatus => {
                 self.linearizable().await?;

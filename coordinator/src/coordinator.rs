@@ -28,6 +28,7 @@ use crate::config::{ConfigError, CoordinatorConfig};
 use crate::desired::DesiredTracker;
 use crate::identity::{ClusterIdentity, IdentityError};
 use crate::network::PeerConnections;
+use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
 use crate::proposer::Proposer;
 use crate::store::log_store::LogDurability;
@@ -127,6 +128,7 @@ impl Coordinator {
         let local_addr = server.local_addr()?;
         let proposer = Proposer::start(raft.clone());
         let agent_links = AgentLinks::new();
+        let node_disks = NodeDisks::new();
         let api = ApiService::new(
             identity.clone(),
             config.peers.clone(),
@@ -135,7 +137,8 @@ impl Coordinator {
             peers,
             proposer.clone(),
         )
-        .with_agent_links(agent_links.clone());
+        .with_agent_links(agent_links.clone())
+        .with_node_disks(node_disks.clone());
         let desired = DesiredTracker::new();
         let leases = NodeLeases::new(config.agents.clone());
         let scheduler = Arc::new(Notify::new());
@@ -149,6 +152,7 @@ impl Coordinator {
             scheduler: scheduler.clone(),
             links: agent_links,
             identity: identity.clone(),
+            disks: node_disks,
         });
         let mut loops = vec![
             tokio::spawn(scheduler_loop::run(

@@ -21,6 +21,7 @@
 //! - [`desired`]: each node's desired allocations and their fencing epoch.
 //! - [`scheduler_loop`]: the leader's scheduling rounds, committed as plans.
 //! - [`node_leases`]: the leader's in-memory heartbeat clocks; silent nodes are marked lost.
+//! - [`node_disks`]: the leader's in-memory record of each agent's disk use.
 //! - [`proposer`]: batches client commands into Raft entries (one fsync for many writes).
 //! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
 //! - [`client`]: a small Rust client of the API that follows redirects (tests, benchmarks).
@@ -38,6 +39,7 @@ pub mod digest_check;
 pub mod identity;
 pub mod job_logs;
 pub mod network;
+pub mod node_disks;
 pub mod node_leases;
 pub mod proposer;
 pub mod raft_service;

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use openraft::{RaftMetrics, ServerState};
+use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{ClusterView, GpuView, JobView, MemberView, NodeView, ShareView};
-use quotient_common::{ClusterId, JobId, JobState};
+use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{share_accounts, JobRecord, NodeRecord, ShareAccount, ShareRecord, State};
 
 use crate::store::NodeId;
@@ -125,7 +126,22 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
                 job: holders.get(&gpu.index).map(|job| job.to_string()),
             })
             .collect(),
+        disk_used_bytes: None,
+        disk_logs_bytes: None,
+        disk_checkpoints_bytes: None,
+        disk_free_bytes: None,
     }
+}
+
+/// Fills in the disk use the node's agent last reported (`None`: none known to this leader,
+/// or the node is lost and its agent's word is stale).
+pub fn add_disk_usage(view: &mut NodeView, usage: Option<DiskUsage>) {
+    let usage = usage.filter(|_| view.state != NodeState::Lost.as_str());
+    view.disk_used_bytes =
+        usage.map(|usage| usage.logs_bytes.saturating_add(usage.checkpoints_bytes));
+    view.disk_logs_bytes = usage.map(|usage| usage.logs_bytes);
+    view.disk_checkpoints_bytes = usage.map(|usage| usage.checkpoints_bytes);
+    view.disk_free_bytes = usage.map(|usage| usage.free_bytes);
 }
 
 /// Every node, in registration order.

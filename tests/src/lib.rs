@@ -59,6 +59,12 @@ pub struct DevCluster {
 impl DevCluster {
     /// `quotient dev up --dir ROOT/cluster` with `arguments` (e.g. `--nodes 3`).
     pub fn up(arguments: &[&str]) -> DevCluster {
+        DevCluster::up_with_env(arguments, &[])
+    }
+
+    /// [`DevCluster::up`] with environment variables for `dev up`, which its coordinators and
+    /// agents inherit (e.g. `QUOTIENT_AGENT_LOG_MAX_BYTES`).
+    pub fn up_with_env(arguments: &[&str], env: &[(&str, &str)]) -> DevCluster {
         let quotient = binaries().join("quotient");
         let root = tempfile::tempdir().expect("a temporary directory");
         let dir = root.path().join("cluster");
@@ -72,7 +78,12 @@ impl DevCluster {
         let dir_text = cluster.dir.display().to_string();
         let mut all = vec!["dev", "up", "--dir", &dir_text];
         all.extend_from_slice(arguments);
-        let output = cluster.run(&all);
+        let output = Command::new(&cluster.quotient)
+            .args(&all)
+            .env("QUOTIENT_CONFIG", &cluster.config)
+            .envs(env.iter().copied())
+            .output()
+            .expect("the quotient binary runs");
         assert!(
             output.status.success(),
             "dev up failed: {}{}",

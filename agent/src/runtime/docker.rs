@@ -18,6 +18,16 @@
 //! ignores signals it has no handler for, so a job that does not trap its checkpoint signal is
 //! killed when the grace period ends, exactly as a process job that ignores it.
 //!
+//! # The log cap
+//! Docker keeps a container's log itself, outside the agent's state dir, and removes it with
+//! the container once the exit is reported. With [`DockerRuntime::with_log_cap`] (the agent
+//! sets it from `--log-max-bytes`) a running container's log is bounded too, by Docker's own
+//! rotation: when the daemon's logging driver is `json-file` or `local`, each container gets
+//! that driver with `max-size` half the cap and `max-file` 2, so it keeps the newest half to
+//! whole cap of its output (the start of a long log is lost, unlike a process job's; a
+//! `--follow` across a rotation skips what was rotated away). With any other driver the
+//! agent leaves logging to it and says so at start.
+//!
 //! # The orphan watchdog
 //! A container outlives its agent on purpose (a restarted agent re-adopts it by label), but
 //! not its agent's lease, for the reason the process runtime gives (`super::process`). With
@@ -46,7 +56,7 @@ use bollard::container::{
     RemoveContainerOptions, StartContainerOptions,
 };
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerStateStatusEnum, DeviceRequest, HostConfig};
+use bollard::models::{ContainerStateStatusEnum, DeviceRequest, HostConfig, HostConfigLogConfig};
 use bollard::Docker;
 use futures_util::StreamExt;
 use quotient_common::{JobId, Signal};
@@ -71,6 +81,11 @@ pub const LABEL_NODE: &str = "quotient.node";
 pub const LABEL_CHECKPOINT_SIGNAL: &str = "quotient.checkpoint-signal";
 pub const LABEL_GRACE_PERIOD_MS: &str = "quotient.grace-period-ms";
 
+/// Logging drivers whose rotation options (`max-size`, `max-file`) the log cap sets.
+pub const ROTATING_LOG_DRIVERS: [&str; 2] = ["json-file", "local"];
+/// The log files a capped container's driver keeps: the one written and the one before.
+pub const LOG_FILES_KEPT: u64 = 2;
+
 /// The subcommand of `quotient-agent` that watches one container.
 pub const WATCHDOG_SUBCOMMAND: &str = "container-watchdog";
 /// The folder under the state dir with the watchdogs' lock and log files.
@@ -85,6 +100,8 @@ pub struct DockerRuntime {
     watchdog: Option<WatchdogSetup>,
     /// Containers this agent started a watchdog for.
     watched: Mutex<BTreeSet<String>>,
+    /// The logging setup of every container, when the log is capped.
+    log_config: Option<HostConfigLogConfig>,
 }
 
 /// How the agent starts a container's watchdog.
@@ -127,7 +144,35 @@ impl DockerRuntime {
             gpu_device_requests,
             watchdog: None,
             watched: Mutex::new(BTreeSet::new()),
+            log_config: None,
         })
+    }
+
+    /// Bounds each container's log to about `max_bytes` through the daemon's own rotation,
+    /// if its logging driver rotates (see the module docs); otherwise says why not.
+    pub async fn with_log_cap(mut self, max_bytes: u64) -> DockerRuntime {
+        let driver = match self.docker.info().await {
+            Ok(info) => info.logging_driver.unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!("cannot ask the Docker daemon for its logging driver, so containers' logs are not capped: {error}");
+                return self;
+            }
+        };
+        if !ROTATING_LOG_DRIVERS.contains(&driver.as_str()) {
+            tracing::warn!(%driver, "the Docker daemon's logging driver does not rotate, so containers' logs are not capped at --log-max-bytes: that is up to the driver");
+            return self;
+        }
+        self.log_config = Some(HostConfigLogConfig {
+            typ: Some(driver),
+            config: Some(HashMap::from([
+                (
+                    "max-size".to_string(),
+                    (max_bytes / LOG_FILES_KEPT).to_string(),
+                ),
+                ("max-file".to_string(), LOG_FILES_KEPT.to_string()),
+            ])),
+        });
+        self
     }
 
     /// Gives every container an orphan watchdog (see the module docs): `program` is the
@@ -263,6 +308,7 @@ impl Runtime for DockerRuntime {
             host_config: Some(HostConfig {
                 binds: Some(vec![format!("{checkpoint_dir}:{checkpoint_dir}")]),
                 device_requests,
+                log_config: self.log_config.clone(),
                 ..HostConfig::default()
             }),
             ..Config::default()

@@ -205,9 +205,14 @@ pub fn checkpoint_dir(checkpoint_root: &Path, job: JobId) -> PathBuf {
     checkpoint_root.join(job.to_string())
 }
 
+/// The folder of the attempts' log files in the agent's state dir.
+pub const LOGS_DIR: &str = "logs";
+
 /// The attempt's log file under the agent's state dir.
 pub fn log_path(state_dir: &Path, job: JobId, attempt: u32) -> PathBuf {
-    state_dir.join("logs").join(format!("{job}-{attempt}.log"))
+    state_dir
+        .join(LOGS_DIR)
+        .join(format!("{job}-{attempt}.log"))
 }
 
 /// The environment of an attempt: the job's own variables, then Quotient's, which win.

@@ -1,7 +1,7 @@
 //! A fake leading coordinator for the agent's session tests: it speaks `quotient-agent/1`
 //! over the real transport with a coordinator certificate, registers agents, acknowledges
-//! heartbeats, serves a desired state the test sets, records reports, and can misbehave on
-//! demand (answer NotLeader, stop answering, send an oversized frame).
+//! heartbeats, serves a desired state the test sets, records reports and disk use, and can
+//! misbehave on demand (answer NotLeader, stop answering, send an oversized frame).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use quotient_common::agent_api::{
-    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireJobReport,
+    ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
+    WireJobReport,
 };
 use quotient_common::certs::{self, Role};
 use quotient_common::frame::{self, MAX_FRAME_BYTES};
@@ -51,6 +52,8 @@ pub struct LeaderState {
     pub cluster: ClusterId,
     /// The cluster each registration said the agent belongs to.
     pub registered_clusters: Vec<Option<ClusterId>>,
+    /// The last disk use the agent reported.
+    pub disk_usage: Option<DiskUsage>,
 }
 
 /// The cluster a fake leader leads unless a test sets another.
@@ -93,6 +96,7 @@ impl FakeLeader {
             desired: None,
             cluster: FAKE_CLUSTER,
             registered_clusters: Vec::new(),
+            disk_usage: None,
         }));
         let task = tokio::spawn(accept_loop(server.clone(), state.clone()));
         FakeLeader {
@@ -213,6 +217,10 @@ async fn answer(request: AgentRequest, state: &Mutex<LeaderState>) -> Option<Age
             state.heartbeat_count += 1;
             state.last_heartbeat = Some((gpus, actual));
             Some(AgentResponse::HeartbeatAck)
+        }
+        AgentRequest::DiskUsage { usage, .. } => {
+            lock(state).disk_usage = Some(usage);
+            Some(AgentResponse::DiskUsageRecorded)
         }
         AgentRequest::Report { reports, .. } => {
             lock(state).reports.extend(reports);
