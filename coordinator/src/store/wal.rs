@@ -100,8 +100,10 @@ pub enum WalError {
     },
     #[error(
         "raft log segment {path} is damaged at byte {offset} ({what}); it is not a torn last \
-         write, so this node's log cannot be trusted: move the data directory away and add the \
-         node back to the cluster as a new member (it copies the log from the leader)"
+         write, so this node's log cannot be trusted: move the data directory away, start the \
+         coordinator on an empty one, then remove it from the cluster and add it back as a new \
+         member (`quotient cluster remove-member --id ID`, then `quotient cluster add-member \
+         --id ID --address ADDR`): it copies the log from the leader before it votes"
     )]
     Damaged {
         path: PathBuf,
