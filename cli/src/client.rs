@@ -284,7 +284,8 @@ pub fn into_result(request: &ApiRequest, response: ApiResponse) -> anyhow::Resul
             ApiError::NotFound(_),
             ApiRequest::CordonNode { .. }
             | ApiRequest::UncordonNode { .. }
-            | ApiRequest::DrainNode { .. },
+            | ApiRequest::DrainNode { .. }
+            | ApiRequest::RemoveNode { .. },
         ) => "; `quotient node list` shows the nodes",
         (ApiError::NotFound(_), ApiRequest::RemoveMember { .. }) => {
             "; `quotient cluster status` shows the members"

@@ -89,6 +89,12 @@ pub enum ApiRequest {
         caller: String,
         request: Box<ApiRequest>,
     },
+    /// Forgets a node that is out of service (cordoned, draining or lost) and holds no job.
+    /// Refused while its agent is connected to the leader: the agent would register the host
+    /// again at once, as a new node.
+    RemoveNode {
+        node: String,
+    },
 }
 
 impl ApiRequest {
@@ -131,6 +137,7 @@ impl ApiRequest {
                 | ApiRequest::DrainNode { .. }
                 | ApiRequest::AddMember { .. }
                 | ApiRequest::RemoveMember { .. }
+                | ApiRequest::RemoveNode { .. }
         )
     }
 }

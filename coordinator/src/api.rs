@@ -5,6 +5,9 @@
 //!   share, node and membership management need `admin`; jobs and reads need `user` or
 //!   `admin`; `Health` is open to every certificate of the cluster. Anything else gets
 //!   [`ApiError::Unauthorized`].
+//! - **Removing a node** is refused on the leader while the node's agent is connected to it
+//!   (the agent would register the host again at once); the state machine refuses the rest
+//!   (a ready node, one with jobs).
 //! - **Writes** go through the [`Proposer`] (several commands per Raft entry) and are
 //!   acknowledged once committed and applied; a rejection by the state machine comes back as [`ApiError::Rejected`] with the
 //!   core's words. Specs are also checked before proposing, so a malformed one never reaches
@@ -369,6 +372,10 @@ impl ApiService {
                 .await
             }
             ApiRequest::DrainNode { node } => self.write_done(Command::DrainNode { node }).await,
+            ApiRequest::RemoveNode { node } => {
+                self.check_node_removable(&node)?;
+                self.write_done(Command::RemoveNode { node }).await
+            }
             // Reads and membership changes await larger futures than a write; boxed, they do
             // not make every request's task (a submit's included) that large to spawn and move.
             read_or_membership => {
@@ -457,6 +464,32 @@ impl ApiService {
             }
             write => unreachable!("{} is answered by `answer`", request_kind(&write)),
         }
+    }
+
+    /// On the leader, `Err` when node `node` may not be removed: what the state machine would
+    /// refuse (said first, as it is what to do first: cordon or drain; stopping the agent of a
+    /// node with jobs would stop them), else its agent is connected here. An agent that still
+    /// runs registers its host again as soon as the node is removed (a new, ready node), so a
+    /// removal waits until the agent is stopped. Agents keep a connection only to the leader,
+    /// so a follower does not check: the write it redirects is checked by the leader. The
+    /// connection is not replicated: like a heartbeat, it is the leader's knowledge.
+    fn check_node_removable(&self, node: &str) -> Result<(), ApiError> {
+        let leads = views::is_leader(&self.inner.raft.metrics().borrow());
+        if !leads {
+            return Ok(());
+        }
+        self.inner
+            .state_machine
+            .read(|state| state.check_remove_node(node))
+            .map_err(|rejection| ApiError::Rejected(rejection.to_string()))?;
+        if self.inner.agent_links.get(node).is_some() {
+            return Err(ApiError::Rejected(format!(
+                "the agent of node {node} is still connected: stop it on its host first, or it \
+                 registers the host again at once as a new, ready node; then run `quotient node \
+                 remove {node}` again"
+            )));
+        }
+        Ok(())
     }
 
     /// This coordinator's own view of itself; never forwarded.
@@ -577,6 +610,7 @@ fn request_kind(request: &ApiRequest) -> &'static str {
         ApiRequest::JobLogs { .. } => "JobLogs",
         ApiRequest::ViaLeader(_) => "ViaLeader",
         ApiRequest::Forwarded { .. } => "Forwarded",
+        ApiRequest::RemoveNode { .. } => "RemoveNode",
     }
 }
 

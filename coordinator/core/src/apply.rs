@@ -335,6 +335,27 @@ impl State {
         Outcome::Done
     }
 
+    /// Whether node `name` may be removed now (see `Command::RemoveNode`): its id, or why
+    /// not. The leader's API asks it too, before anything of its own, so that a refusal
+    /// says first what the replicated state says.
+    pub fn check_remove_node(&self, name: &str) -> Result<NodeId, Rejection> {
+        let Some(&id) = self.data.node_ids.get(name) else {
+            return Err(Rejection::UnknownNode(name.to_string()));
+        };
+        if self.data.nodes[id.0 as usize].state == NodeState::Ready {
+            return Err(Rejection::NodeReady(name.to_string()));
+        }
+        let jobs = self.jobs_on_node(id);
+        if let Some(first) = jobs.iter().min() {
+            return Err(Rejection::NodeHasJobs {
+                node: name.to_string(),
+                jobs: jobs.len() as u64,
+                first: *first,
+            });
+        }
+        Ok(id)
+    }
+
     /// Drops every nomination of `node`: it keeps GPUs free for no one.
     fn clear_nominations_on(&mut self, node: NodeId) {
         let nominated: Vec<JobId> = self
@@ -355,20 +376,10 @@ impl State {
     /// are freed only when its agent reports the exit. Its slot becomes vacant, for the next
     /// new node to take; vacant slots at the end are dropped.
     fn remove_node(&mut self, name: &str) -> Outcome {
-        let Some(&id) = self.data.node_ids.get(name) else {
-            return rejected(Rejection::UnknownNode(name.to_string()));
+        let id = match self.check_remove_node(name) {
+            Ok(id) => id,
+            Err(rejection) => return rejected(rejection),
         };
-        if self.data.nodes[id.0 as usize].state == NodeState::Ready {
-            return rejected(Rejection::NodeReady(name.to_string()));
-        }
-        let jobs = self.jobs_on_node(id);
-        if let Some(first) = jobs.iter().min() {
-            return rejected(Rejection::NodeHasJobs {
-                node: name.to_string(),
-                jobs: jobs.len() as u64,
-                first: *first,
-            });
-        }
         // A node that is not ready keeps no nominations (they are dropped when it leaves
         // the ready state); dropped again in case, as a vacant slot must have none.
         self.clear_nominations_on(id);
