@@ -346,8 +346,8 @@ async fn a_snapshot_temporary_file_left_by_an_unfinished_write_is_removed_on_ope
     let tmp = dir.path().join(SNAPSHOT_TMP_FILE_NAME);
     std::fs::write(&tmp, vec![0u8; 64 * 1024]).expect("a half-written snapshot");
 
-    let (opened, log) = logged(|| QuotientStateMachine::open(dir.path()));
-    let sm = opened.expect("the data directory opens");
+    let (sm, log) =
+        logged(|| QuotientStateMachine::open(dir.path()).expect("the data directory opens"));
     assert!(!tmp.exists(), "the temporary file is still there");
     assert!(has_node(&sm, "gpu-a"), "the snapshot still loads");
     assert!(
