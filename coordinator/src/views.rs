@@ -128,7 +128,7 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
     }
 }
 
-/// Every node, in registration order.
+/// Every node, in id order: registration order, but a new node takes the place of a removed one.
 pub fn node_views(state: &State) -> Vec<NodeView> {
     state.nodes().map(|node| node_view(state, node)).collect()
 }
