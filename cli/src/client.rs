@@ -27,9 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
+use quotient_common::api::{how_to_narrow, ApiError, ApiRequest, ApiResponse};
+use quotient_common::frame::FrameError;
 use quotient_common::tls::TlsIdentity;
-use quotient_common::transport::{self, PeerConnection, RequestError};
+use quotient_common::transport::{self, PeerConnection, RequestError, STREAM_CODE_BAD_FRAME};
 use quotient_common::ClusterId;
 use tokio::time::Instant;
 
@@ -86,8 +87,9 @@ pub enum ExchangeError {
     /// The connection broke or the deadline passed after the request was sent: it may or may
     /// not have been carried out.
     Lost(String),
-    /// The coordinator refused the request's bytes or sent undecodable ones; retrying the same
-    /// bytes elsewhere will not help.
+    /// The coordinator refused the request's bytes, or its answer could not be read (over the
+    /// frame limit, cut short, undecodable); retrying the same bytes elsewhere will not help.
+    /// The text says what happened and what to do ([`exchange_error`]).
     Refused(String),
 }
 
@@ -225,10 +227,7 @@ pub async fn call<E: Exchange>(
                 last_errors.insert(address.clone(), why);
             }
             Err(ExchangeError::Refused(why)) => {
-                bail!(
-                    "coordinator {address} refused the request: {why}; are this quotient and \
-                     the coordinators the same version?"
-                );
+                bail!("coordinator {address}: {why}");
             }
         }
     }
@@ -285,7 +284,8 @@ pub fn into_result(request: &ApiRequest, response: ApiResponse) -> anyhow::Resul
             ApiError::NotFound(_),
             ApiRequest::CordonNode { .. }
             | ApiRequest::UncordonNode { .. }
-            | ApiRequest::DrainNode { .. },
+            | ApiRequest::DrainNode { .. }
+            | ApiRequest::RemoveNode { .. },
         ) => "; `quotient node list` shows the nodes",
         (ApiError::NotFound(_), ApiRequest::RemoveMember { .. }) => {
             "; `quotient cluster status` shows the members"
@@ -448,14 +448,54 @@ impl Exchange for QuicExchange {
             .await
         {
             Ok(response) => Ok(response),
-            Err(error @ (RequestError::Frame(_) | RequestError::Refused { .. })) => {
-                Err(ExchangeError::Refused(format!("{:#}", anyhow!(error))))
-            }
             Err(error) => {
-                self.connections.remove(address);
-                Err(ExchangeError::Lost(format!("{:#}", anyhow!(error))))
+                let error = exchange_error(request, error);
+                if matches!(error, ExchangeError::Lost(_)) {
+                    self.connections.remove(address);
+                }
+                Err(error)
             }
         }
+    }
+}
+
+/// Sorts a failed request by what the caller may do next, in words that say which side was at
+/// fault. An answer over the frame limit or cut short (a coordinator that could not send it
+/// whole) is about the answer's size, not a version mismatch; only bytes that do not decode
+/// are.
+pub fn exchange_error(request: &ApiRequest, error: RequestError) -> ExchangeError {
+    let narrow = how_to_narrow(request);
+    match error {
+        RequestError::Answer(FrameError::TooLarge { size, limit }) => ExchangeError::Refused(
+            format!("the answer is too large ({size} bytes, limit {limit}); {narrow}"),
+        ),
+        RequestError::Answer(FrameError::Truncated { expected, received }) => {
+            ExchangeError::Refused(format!(
+                "the answer was cut short ({received} of {expected} bytes): the coordinator \
+                 could not send it whole, most likely because it was over the frame limit (its \
+                 log says); {narrow}"
+            ))
+        }
+        RequestError::Answer(FrameError::Io(error)) => {
+            ExchangeError::Lost(format!("reading the answer failed: {error}"))
+        }
+        RequestError::Answer(error) => ExchangeError::Refused(format!(
+            "the answer does not decode ({error}); are this quotient and the coordinators the \
+             same version?"
+        )),
+        RequestError::Frame(FrameError::TooLarge { size, limit }) => ExchangeError::Refused(
+            format!("the request is too large to send ({size} bytes, limit {limit})"),
+        ),
+        RequestError::Refused { code } if code == u64::from(STREAM_CODE_BAD_FRAME) => {
+            ExchangeError::Refused(format!(
+                "{}; are this quotient and the coordinators the same version?",
+                RequestError::Refused { code }
+            ))
+        }
+        error @ (RequestError::Frame(_) | RequestError::Refused { .. }) => {
+            ExchangeError::Refused(format!("{:#}", anyhow!(error)))
+        }
+        error => ExchangeError::Lost(format!("{:#}", anyhow!(error))),
     }
 }
 
@@ -781,6 +821,74 @@ mod tests {
             .script("a:1", lost())
             .script("b:1", Ok(ApiResponse::Done));
         assert_eq!(run(&mut fake, &submit, &fast()).unwrap(), ApiResponse::Done);
+    }
+
+    #[test]
+    fn an_answer_too_large_or_cut_short_is_not_blamed_on_versions() {
+        // Proves that an answer over the frame limit, or one a coordinator cut short (what
+        // coordinators did with an answer over the limit), says so and how to narrow the
+        // request, and is not retried; only bytes that do not decode ask about versions.
+        let list = ApiRequest::ListJobs {
+            share: None,
+            state: None,
+        };
+        let said = |error| match exchange_error(&list, error) {
+            ExchangeError::Refused(text) => text,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let too_large = said(RequestError::Answer(FrameError::TooLarge {
+            size: 20_000_000,
+            limit: 16_777_216,
+        }));
+        let cut_short = said(RequestError::Answer(FrameError::Truncated {
+            expected: 4,
+            received: 0,
+        }));
+        for text in [&too_large, &cut_short] {
+            assert!(!text.contains("version"), "{text}");
+            assert!(
+                text.contains("--share NAME") && text.contains("--state"),
+                "{text}"
+            );
+        }
+        assert!(
+            too_large.contains("too large (20000000 bytes, limit 16777216)"),
+            "{too_large}"
+        );
+        assert!(cut_short.contains("cut short"), "{cut_short}");
+        let undecodable = said(RequestError::Answer(FrameError::TrailingBytes {
+            trailing: 3,
+        }));
+        assert!(undecodable.contains("same version"), "{undecodable}");
+
+        // Through the retry loop: one answer, no retry, the coordinator named.
+        let mut fake = FakeExchange::default()
+            .script("a:1", Err(ExchangeError::Refused(too_large.clone())))
+            .script("b:1", Ok(health()));
+        let error = run(&mut fake, &list, &fast()).unwrap_err().to_string();
+        assert_eq!(fake.tried, ["a:1"]);
+        assert!(
+            error.contains("a:1") && error.contains(&too_large),
+            "{error}"
+        );
+        assert!(!error.contains("version"), "{error}");
+
+        // The coordinator's own refusal reads the same way.
+        let refused = into_result(
+            &list,
+            ApiResponse::Error(ApiError::AnswerTooLarge {
+                size_bytes: 20_000_000,
+                limit_bytes: 16_777_216,
+                narrow: how_to_narrow(&list).to_string(),
+            }),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.starts_with("the answer is too large (20000000 bytes, limit 16777216)")
+                && refused.contains("quotient job list --share NAME"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! - `share_create`, `share_update`, `share_delete`, `share_list`, `share_get`.
 //! - `job_submit`, `job_get`, `job_list`, `job_update`, `job_cancel`, `job_explain`,
 //!   `job_logs`.
-//! - `node_list`, `node_cordon`, `node_uncordon`, `node_drain`.
+//! - `node_list`, `node_cordon`, `node_uncordon`, `node_drain`, `node_remove`.
 //! - `cluster_init`, `cluster_status`, `cluster_health`, `cluster_add_member`,
 //!   `cluster_remove_member`.
 //! - [`demo`]: `quotient demo`, the spec's walkthrough on a fresh local cluster.
@@ -47,6 +47,7 @@ pub mod job_update;
 pub mod node_cordon;
 pub mod node_drain;
 pub mod node_list;
+pub mod node_remove;
 pub mod node_uncordon;
 pub mod output;
 pub mod parse;

@@ -107,6 +107,9 @@ enum NodeCommand {
     Uncordon(node_uncordon::NodeUncordonArgs),
     /// Cordon a node and move its jobs elsewhere (admin).
     Drain(node_drain::NodeDrainArgs),
+    /// Forget a node that is cordoned, draining or lost, holds no job and whose agent is
+    /// stopped (admin).
+    Remove(node_remove::NodeRemoveArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -144,6 +147,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Node(NodeCommand::Uncordon(args)) => node_uncordon::run(global, &args),
         Command::Node(NodeCommand::Drain(args)) => node_drain::run(global, &args),
         Command::Cluster(ClusterCommand::Init(args)) => cluster_init::run(global, &args),
+        Command::Node(NodeCommand::Remove(args)) => node_remove::run(global, &args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster_status::run(global, &args),
         Command::Cluster(ClusterCommand::Health(args)) => cluster_health::run(global, &args),
         Command::Cluster(ClusterCommand::AddMember(args)) => cluster_add_member::run(global, &args),

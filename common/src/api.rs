@@ -101,6 +101,12 @@ pub enum ApiRequest {
     /// `--peers`) as learners, then voters, as they catch up. Never forwarded; refused by a
     /// coordinator that already belongs to a cluster.
     InitCluster,
+    /// Forgets a node that is out of service (cordoned, draining or lost) and holds no job.
+    /// Refused while its agent is connected to the leader: the agent would register the host
+    /// again at once, as a new node.
+    RemoveNode {
+        node: String,
+    },
 }
 
 impl ApiRequest {
@@ -144,6 +150,7 @@ impl ApiRequest {
                 | ApiRequest::AddMember { .. }
                 | ApiRequest::RemoveMember { .. }
                 | ApiRequest::InitCluster
+                | ApiRequest::RemoveNode { .. }
         )
     }
 }
@@ -213,6 +220,31 @@ pub enum ApiError {
         coordinator_cluster: String,
         client_cluster: String,
     },
+    /// The answer would be over [`API_FRAME_BYTES_MAX`]; the coordinator sent this instead
+    /// (and logged a warning). Not retried: the same request gets the same answer.
+    /// `narrow` says how to ask for less.
+    #[error("the answer is too large ({size_bytes} bytes, limit {limit_bytes}); {narrow}")]
+    AnswerTooLarge {
+        size_bytes: u64,
+        limit_bytes: u64,
+        narrow: String,
+    },
+    /// The leader's answer to a request a follower forwarded could not be read whole (cut
+    /// short or undecodable). Not retried; the text says what happened.
+    #[error("{0}")]
+    AnswerUnreadable(String),
+}
+
+/// How to ask `request` for less when its answer is over [`API_FRAME_BYTES_MAX`]: the text
+/// of [`ApiError::AnswerTooLarge`].
+pub fn how_to_narrow(request: &ApiRequest) -> &'static str {
+    match request.unwrapped() {
+        ApiRequest::ListJobs { .. } => {
+            "narrow it with a filter: `quotient job list --share NAME` or `--state STATE`, or \
+             both"
+        }
+        _ => "this request has no filter or page to narrow it yet",
+    }
 }
 
 /// A share as `quotient share get -o json` prints it.

@@ -7,6 +7,15 @@
 //! may allocate, and a body with bytes left over after the message is refused rather than
 //! silently accepted. This is the only module that names bincode, so the encoding could be
 //! swapped behind it.
+//!
+//! bincode's limit counts what decoding claims, not bytes read: every length and integer at
+//! its in-memory size (8 bytes for a length encoded in one), every string at its length. So a
+//! body within [`MAX_FRAME_BYTES`] may claim up to [`CLAIMED_PER_ENCODED_BYTE_MAX`] times
+//! more: a list of many short records claims about twice its size. A server decodes requests
+//! under [`MAX_FRAME_BYTES`] of claims (a request that claims more is refused, and a small
+//! hostile frame cannot make it allocate more); a client decodes the answers of the server it
+//! chose and authenticated under [`ANSWER_CLAIM_BYTES_MAX`] ([`read_answer_frame`]), so that
+//! every answer the server could send within the frame limit is read.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -23,6 +32,14 @@ pub const LENGTH_PREFIX_BYTES: usize = 4;
 /// so a peer that announces a large frame and then stalls costs little memory.
 pub const INITIAL_BODY_CAPACITY_BYTES: usize = 64 * 1024;
 
+/// The most bytes bincode claims for one encoded byte: a length or a `u64` encoded in one
+/// byte claims 8. (A `u128` would claim 16; no wire type has one.)
+pub const CLAIMED_PER_ENCODED_BYTE_MAX: usize = 8;
+
+/// What decoding an answer ([`read_answer_frame`]) may claim: as much as any frame within
+/// [`MAX_FRAME_BYTES`] can (128 MiB).
+pub const ANSWER_CLAIM_BYTES_MAX: usize = CLAIMED_PER_ENCODED_BYTE_MAX * MAX_FRAME_BYTES;
+
 /// The bincode configuration of every frame body: variable-length integers, and decoding
 /// may claim at most [`MAX_FRAME_BYTES`] of memory.
 fn config() -> bincode::config::Configuration<
@@ -31,6 +48,15 @@ fn config() -> bincode::config::Configuration<
     bincode::config::Limit<MAX_FRAME_BYTES>,
 > {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
+}
+
+/// [`config`] for decoding answers: it may claim up to [`ANSWER_CLAIM_BYTES_MAX`].
+fn answer_config() -> bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<ANSWER_CLAIM_BYTES_MAX>,
+> {
+    bincode::config::standard().with_limit::<ANSWER_CLAIM_BYTES_MAX>()
 }
 
 /// Why a frame could not be written or read.
@@ -71,8 +97,18 @@ pub fn encode_body<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
 
 /// Decodes a whole frame body; refuses bytes left over after the message.
 pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    let (value, consumed) =
-        bincode::serde::decode_from_slice(body, config()).map_err(FrameError::Undecodable)?;
+    let decoded = bincode::serde::decode_from_slice(body, config());
+    whole(body, decoded.map_err(FrameError::Undecodable)?)
+}
+
+/// [`decode_body`] for an answer: it may claim up to [`ANSWER_CLAIM_BYTES_MAX`] (module docs).
+pub fn decode_answer_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    let decoded = bincode::serde::decode_from_slice(body, answer_config());
+    whole(body, decoded.map_err(FrameError::Undecodable)?)
+}
+
+/// The decoded value, if it took the whole body.
+fn whole<T>(body: &[u8], (value, consumed): (T, usize)) -> Result<T, FrameError> {
     if consumed != body.len() {
         return Err(FrameError::TrailingBytes {
             trailing: body.len() - consumed,
@@ -112,6 +148,23 @@ pub async fn read_frame<T: DeserializeOwned>(
     reader: &mut (impl AsyncRead + Unpin + ?Sized),
     max_bytes: usize,
 ) -> Result<T, FrameError> {
+    decode_body(&read_body(reader, max_bytes).await?)
+}
+
+/// [`read_frame`] for the answer to a request this side sent: decoding may claim up to
+/// [`ANSWER_CLAIM_BYTES_MAX`], so that any answer within the frame limit is read (module docs).
+pub async fn read_answer_frame<T: DeserializeOwned>(
+    reader: &mut (impl AsyncRead + Unpin + ?Sized),
+    max_bytes: usize,
+) -> Result<T, FrameError> {
+    decode_answer_body(&read_body(reader, max_bytes).await?)
+}
+
+/// Reads one frame's body; see [`read_frame`].
+async fn read_body(
+    reader: &mut (impl AsyncRead + Unpin + ?Sized),
+    max_bytes: usize,
+) -> Result<Vec<u8>, FrameError> {
     let limit = max_bytes.min(MAX_FRAME_BYTES);
     let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
     let received = read_until_full(reader, &mut prefix).await?;
@@ -136,7 +189,7 @@ pub async fn read_frame<T: DeserializeOwned>(
             received: body.len() as u64,
         });
     }
-    decode_body(&body)
+    Ok(body)
 }
 
 /// Reads until `buffer` is full or the stream ends; returns how many bytes arrived.
@@ -337,6 +390,25 @@ mod tests {
             matches!(error, FrameError::TrailingBytes { trailing: 2 }),
             "{error:?}"
         );
+    }
+
+    #[test]
+    fn an_answer_within_the_frame_limit_decodes_though_it_claims_more() {
+        // Proves that a body well within the frame limit whose lengths and integers claim
+        // more than the limit in memory (many short records, as a long job list is) is
+        // refused as a request but read as an answer.
+        // Each record is 3 bytes encoded and claims 17 (8 for the integer, 8 for the
+        // string's length, 1 for its byte).
+        let records: Vec<(u64, String)> = (0..1_200_000).map(|n| (n % 100, "x".into())).collect();
+        let body = encode_body(&records).unwrap();
+        assert!(body.len() < MAX_FRAME_BYTES / 4, "{} bytes", body.len());
+        match decode_body::<Vec<(u64, String)>>(&body) {
+            Err(FrameError::Undecodable(_)) => {}
+            Err(other) => panic!("refused for another reason: {other}"),
+            Ok(_) => panic!("decoded as a request"),
+        }
+        let as_answer = decode_answer_body::<Vec<(u64, String)>>(&body);
+        assert!(as_answer.as_ref().is_ok_and(|decoded| *decoded == records));
     }
 
     #[test]

@@ -159,7 +159,9 @@ pub enum RequestError {
     /// The deadline passed; the request may or may not have been carried out.
     #[error("no answer within {} ms", after.as_millis())]
     Timeout { after: Duration },
-    /// A frame could not be written or read (too large, truncated, undecodable).
+    /// A frame could not be written or read (too large, truncated, undecodable): on the
+    /// server, the request's; on the client, the request's before it was sent ([`request`]
+    /// reports the answer's as [`RequestError::Answer`]).
     #[error(transparent)]
     Frame(#[from] FrameError),
     /// The peer reset the stream with a `STREAM_CODE_*`.
@@ -171,6 +173,12 @@ pub enum RequestError {
     /// The stream was already closed locally (a programming error of the caller).
     #[error("the stream is already closed")]
     StreamClosed,
+    /// The request was sent, but the answer's frame could not be read: over the limit, cut
+    /// short (the peer finished the stream without a whole frame: it could not send one), or
+    /// undecodable. Apart from [`RequestError::Frame`], which is about the request, so that a
+    /// caller can say which side was at fault.
+    #[error("the answer could not be read: {0}")]
+    Answer(#[source] FrameError),
 }
 
 fn describe_stream_code(code: u64) -> String {
@@ -634,9 +642,12 @@ where
             .await
             .map_err(|error| classify(FrameError::Io(error)))?;
         send.finish().map_err(|_| RequestError::StreamClosed)?;
-        let response = frame::read_frame::<Resp>(&mut recv, MAX_FRAME_BYTES)
+        let response = frame::read_answer_frame::<Resp>(&mut recv, MAX_FRAME_BYTES)
             .await
-            .map_err(classify)?;
+            .map_err(|error| match classify(error) {
+                RequestError::Frame(error) => RequestError::Answer(error),
+                other => other,
+            })?;
         observe_end(&mut recv);
         Ok(response)
     };
@@ -703,13 +714,24 @@ impl RequestStream {
     /// Writes `response` as one frame and finishes the stream, within `deadline`. Returns once
     /// the data is handed to QUIC; keep the connection open until the client has read it.
     pub async fn respond<Resp: Serialize>(
-        mut self,
+        self,
         response: &Resp,
         deadline: Duration,
     ) -> Result<(), RequestError> {
         let encoded = frame::encode_frame(response)?;
+        self.respond_frame(&encoded, deadline).await
+    }
+
+    /// As [`RequestStream::respond`], with the response already encoded as a whole frame
+    /// ([`frame::encode_frame`]): for a server that looks at the frame before it sends it
+    /// (one over its limit is answered with an error instead).
+    pub async fn respond_frame(
+        mut self,
+        encoded: &[u8],
+        deadline: Duration,
+    ) -> Result<(), RequestError> {
         let write = async {
-            tokio::io::AsyncWriteExt::write_all(&mut self.send, &encoded)
+            tokio::io::AsyncWriteExt::write_all(&mut self.send, encoded)
                 .await
                 .map_err(|error| classify(FrameError::Io(error)))?;
             self.send.finish().map_err(|_| RequestError::StreamClosed)

@@ -28,6 +28,8 @@ enum TestRequest {
     Echo(String),
     NeverAnswer,
     Big(Vec<u8>),
+    /// Dropped unanswered, as a server does whose answer it could not encode.
+    DropTheAnswer,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -104,6 +106,7 @@ async fn serve_connection(connection: PeerConnection, events: mpsc::Sender<Event
                     drop(stream);
                 }
                 Ok(TestRequest::Big(_)) => stream.refuse(transport::STREAM_CODE_REFUSED),
+                Ok(TestRequest::DropTheAnswer) => drop(stream),
                 Err(error) => {
                     let _ = events.send(Event::BadRequest(error.to_string())).await;
                 }
@@ -420,6 +423,37 @@ async fn an_oversized_frame_is_refused_and_the_server_keeps_serving() {
     assert_eq!(
         echo(&second, "next").await.unwrap(),
         TestResponse::Echo("next".to_string())
+    );
+}
+
+#[tokio::test]
+async fn an_answer_cut_short_is_told_apart_from_a_bad_request() {
+    // Proves that a stream the server finishes without a whole answer (what a server whose
+    // answer was over the frame limit used to do) is reported as the answer's fault, cut
+    // short, not as the request's.
+    let dir = cluster();
+    let (server, _events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+    let client = Client::new(identity(dir.path(), "alice"));
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    let result: Result<TestResponse, _> = connection
+        .request(&TestRequest::DropTheAnswer, PROMPT)
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(RequestError::Answer(
+                quotient_common::frame::FrameError::Truncated { received: 0, .. }
+            ))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(
+        echo(&connection, "after").await.unwrap(),
+        TestResponse::Echo("after".to_string())
     );
 }
 

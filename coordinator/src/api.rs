@@ -5,6 +5,9 @@
 //!   share, node and membership management need `admin`; jobs and reads need `user` or
 //!   `admin`; `Health` is open to every certificate of the cluster. Anything else gets
 //!   [`ApiError::Unauthorized`].
+//! - **Removing a node** is refused on the leader while the node's agent is connected to it
+//!   (the agent would register the host again at once); the state machine refuses the rest
+//!   (a ready node, one with jobs).
 //! - **Writes** go through the [`Proposer`] (several commands per Raft entry) and are
 //!   acknowledged once committed and applied; a rejection by the state machine comes back as [`ApiError::Rejected`] with the
 //!   core's words. Specs are also checked before proposing, so a malformed one never reaches
@@ -13,6 +16,9 @@
 //!   `JobLogs` then asks the agent that ran the attempt ([`crate::job_logs`]).
 //! - A follower answers [`ApiError::NotLeader`] with the leader's id and address, which the
 //!   client follows ([`crate::client::ApiClient`] does; so does the CLI).
+//! - An answer over the frame limit ([`API_FRAME_BYTES_MAX`], e.g. `ListJobs` of a few
+//!   hundred thousand jobs) is not sent: the client gets [`ApiError::AnswerTooLarge`], which
+//!   says its size and how to narrow the request, and a warning is logged ([`answer_frame`]).
 //!
 //! Every request is read within [`API_REQUEST_READ_TIMEOUT_MS`] and answered within
 //! [`API_REQUEST_TIMEOUT_MS`] ([`MEMBERSHIP_TIMEOUT_MS`] for membership changes, which wait
@@ -24,8 +30,11 @@ use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use openraft::{BasicNode, ChangeMembers};
-use quotient_common::api::{ApiError, ApiRequest, ApiResponse, HealthView};
+use quotient_common::api::{
+    how_to_narrow, ApiError, ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX,
+};
 use quotient_common::certs::{PeerIdentity, Role};
+use quotient_common::frame::{self, FrameError, LENGTH_PREFIX_BYTES};
 use quotient_common::job::validate_priority;
 use quotient_common::transport::{
     Client, PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS,
@@ -264,9 +273,28 @@ impl ApiService {
                 return;
             }
         };
+        let kind = request_kind(request.unwrapped());
+        let narrow = how_to_narrow(&request);
         let response = self.handle(&peer, request).await;
+        let frame = match answer_frame(&response, narrow) {
+            Ok(Answer::Whole(frame)) => frame,
+            Ok(Answer::TooLarge { frame, size_bytes }) => {
+                tracing::warn!(
+                    %peer,
+                    request = kind,
+                    size_bytes,
+                    limit_bytes = API_FRAME_BYTES_MAX,
+                    "an answer is over the frame limit; sent an error saying so instead"
+                );
+                frame
+            }
+            Err(error) => {
+                tracing::error!(%peer, request = kind, error = %error, "could not encode an api answer");
+                return;
+            }
+        };
         if let Err(error) = stream
-            .respond(&response, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
+            .respond_frame(&frame, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
             .await
         {
             tracing::debug!(%peer, error = %error, "could not answer an api request");
@@ -426,6 +454,10 @@ impl ApiService {
                 .await
             }
             ApiRequest::DrainNode { node } => self.write_done(Command::DrainNode { node }).await,
+            ApiRequest::RemoveNode { node } => {
+                self.check_node_removable(&node)?;
+                self.write_done(Command::RemoveNode { node }).await
+            }
             // Reads and membership changes await larger futures than a write; boxed, they do
             // not make every request's task (a submit's included) that large to spawn and move.
             read_or_membership => {
@@ -527,6 +559,32 @@ impl ApiService {
             }
             write => unreachable!("{} is answered by `answer`", request_kind(&write)),
         }
+    }
+
+    /// On the leader, `Err` when node `node` may not be removed: what the state machine would
+    /// refuse (said first, as it is what to do first: cordon or drain; stopping the agent of a
+    /// node with jobs would stop them), else its agent is connected here. An agent that still
+    /// runs registers its host again as soon as the node is removed (a new, ready node), so a
+    /// removal waits until the agent is stopped. Agents keep a connection only to the leader,
+    /// so a follower does not check: the write it redirects is checked by the leader. The
+    /// connection is not replicated: like a heartbeat, it is the leader's knowledge.
+    fn check_node_removable(&self, node: &str) -> Result<(), ApiError> {
+        let leads = views::is_leader(&self.inner.raft.metrics().borrow());
+        if !leads {
+            return Ok(());
+        }
+        self.inner
+            .state_machine
+            .read(|state| state.check_remove_node(node))
+            .map_err(|rejection| ApiError::Rejected(rejection.to_string()))?;
+        if self.inner.agent_links.get(node).is_some() {
+            return Err(ApiError::Rejected(format!(
+                "the agent of node {node} is still connected: stop it on its host first, or it \
+                 registers the host again at once as a new, ready node; then run `quotient node \
+                 remove {node}` again"
+            )));
+        }
+        Ok(())
     }
 
     /// This coordinator's own view of itself; never forwarded. Unhealthy while Raft stopped,
@@ -647,6 +705,39 @@ impl ApiService {
     }
 }
 
+/// An answer encoded as a frame, as [`answer_frame`] gives it.
+#[derive(Debug)]
+pub enum Answer {
+    /// The response itself.
+    Whole(Vec<u8>),
+    /// The response was `size_bytes` long, over [`API_FRAME_BYTES_MAX`]: the frame holds an
+    /// [`ApiError::AnswerTooLarge`] instead.
+    TooLarge { frame: Vec<u8>, size_bytes: u64 },
+}
+
+/// `response` as a frame, or, when it would be over [`API_FRAME_BYTES_MAX`], the frame of an
+/// [`ApiError::AnswerTooLarge`] that says how large it was and how to ask for less
+/// (`narrow`). Without this the client got a stream cut short, and blamed a version mismatch.
+pub fn answer_frame(response: &ApiResponse, narrow: &str) -> Result<Answer, FrameError> {
+    let size_bytes = match frame::encode_frame(response) {
+        Ok(frame) if frame.len() - LENGTH_PREFIX_BYTES <= API_FRAME_BYTES_MAX => {
+            return Ok(Answer::Whole(frame))
+        }
+        Ok(frame) => (frame.len() - LENGTH_PREFIX_BYTES) as u64,
+        Err(FrameError::TooLarge { size, .. }) => size,
+        Err(error) => return Err(error),
+    };
+    let refusal = ApiResponse::Error(ApiError::AnswerTooLarge {
+        size_bytes,
+        limit_bytes: API_FRAME_BYTES_MAX as u64,
+        narrow: narrow.to_string(),
+    });
+    Ok(Answer::TooLarge {
+        frame: frame::encode_frame(&refusal)?,
+        size_bytes,
+    })
+}
+
 /// The request's name alone, for logs: a job's environment may hold secrets.
 fn request_kind(request: &ApiRequest) -> &'static str {
     match request {
@@ -674,6 +765,7 @@ fn request_kind(request: &ApiRequest) -> &'static str {
         ApiRequest::Forwarded { .. } => "Forwarded",
         ApiRequest::InCluster { .. } => "InCluster",
         ApiRequest::InitCluster => "InitCluster",
+        ApiRequest::RemoveNode { .. } => "RemoveNode",
     }
 }
 
@@ -684,5 +776,123 @@ fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) ->
             ApiError::Rejected(format!("membership change refused: {change}"))
         }
         RaftError::Fatal(fatal) => ApiError::Unavailable(format!("raft stopped: {fatal}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quotient_common::api::JobView;
+
+    use super::*;
+
+    /// A job view with every name at its longest.
+    fn long_job_view() -> JobView {
+        JobView {
+            id: "j-1000000".into(),
+            name: Some("n".repeat(quotient_common::name::NAME_BYTES_MAX)),
+            share: "s".repeat(quotient_common::name::NAME_BYTES_MAX),
+            priority: 1,
+            state: "RUNNABLE".into(),
+            gpus: 1,
+            gpu_class: "c".repeat(quotient_common::gpu_class::GPU_CLASS_BYTES_MAX),
+            node: None,
+            attempts: 0,
+            preemptions: 0,
+            reason: Some("r".repeat(200)),
+            last_preemption: None,
+            preempted_for: None,
+            gpu_indices: Vec::new(),
+            submitted_ms: 1_700_000_000_000,
+        }
+    }
+
+    #[test]
+    fn an_answer_over_the_frame_limit_is_replaced_by_an_error_that_says_so() {
+        // Proves that an answer over the frame limit is not sent: its frame holds an
+        // AnswerTooLarge naming its size, the limit and the job list's filters instead; and
+        // that an answer within the limit is sent whole, and a client decodes it.
+        let list = ApiRequest::ListJobs {
+            share: None,
+            state: None,
+        };
+        let view = long_job_view();
+        let per_job = frame::encode_body(&view).expect("encodes").len();
+        let fits = API_FRAME_BYTES_MAX / per_job - 1;
+        let whole = ApiResponse::Jobs(vec![view.clone(); fits]);
+        match answer_frame(&whole, how_to_narrow(&list)) {
+            Ok(Answer::Whole(bytes)) => {
+                // As a client reads it: it claims more than the frame limit to decode.
+                let decoded =
+                    frame::decode_answer_body::<ApiResponse>(&bytes[LENGTH_PREFIX_BYTES..]);
+                assert!(
+                    decoded.is_ok_and(|decoded| decoded == whole),
+                    "the answer does not decode"
+                );
+            }
+            other => panic!("{fits} jobs should fit: {other:?}"),
+        }
+
+        let over = ApiResponse::Jobs(vec![view; fits + 2]);
+        let Ok(Answer::TooLarge { frame, size_bytes }) = answer_frame(&over, how_to_narrow(&list))
+        else {
+            panic!("{} jobs should not fit", fits + 2);
+        };
+        assert!(size_bytes > API_FRAME_BYTES_MAX as u64, "{size_bytes}");
+        let decoded: ApiResponse =
+            frame::decode_body(&frame[LENGTH_PREFIX_BYTES..]).expect("decodes");
+        match decoded {
+            ApiResponse::Error(error @ ApiError::AnswerTooLarge { .. }) => {
+                let text = error.to_string();
+                assert!(
+                    text.contains(&format!(
+                        "too large ({size_bytes} bytes, limit {API_FRAME_BYTES_MAX})"
+                    )) && text.contains("quotient job list --share NAME"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected AnswerTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_answer_the_forwarding_client_cannot_read_is_not_called_a_bad_request() {
+        // Proves that a follower forwarding to a leader that could not send its answer whole
+        // (cut short) or sent one over the limit relays what happened, not "bad request".
+        let list = ApiRequest::ListJobs {
+            share: None,
+            state: None,
+        };
+        let cut_short = crate::client::unreadable_answer(
+            "leader:7401",
+            &list,
+            FrameError::Truncated {
+                expected: 4,
+                received: 0,
+            },
+        );
+        let text = cut_short.to_string();
+        assert!(
+            text.contains("cut short") && text.contains("--share NAME"),
+            "{text}"
+        );
+        assert!(!text.contains("bad request"), "{text}");
+        let too_large = crate::client::unreadable_answer(
+            "leader:7401",
+            &list,
+            FrameError::TooLarge {
+                size: 20_000_000,
+                limit: API_FRAME_BYTES_MAX,
+            },
+        );
+        assert!(
+            matches!(
+                too_large,
+                ApiError::AnswerTooLarge {
+                    size_bytes: 20_000_000,
+                    ..
+                }
+            ),
+            "{too_large:?}"
+        );
     }
 }

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
+use quotient_common::api::{how_to_narrow, ApiError, ApiRequest, ApiResponse};
+use quotient_common::frame::FrameError;
 use quotient_common::tls::{TlsError, TlsFiles, TlsIdentity};
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_API};
 use quotient_common::ClusterId;
@@ -295,6 +296,11 @@ impl ApiClient {
                             format!("{error:#}"),
                         ))))
                     }
+                    // The request was fine; its answer was not readable. Not retried either:
+                    // the same request gets the same answer.
+                    RequestError::Answer(error) => Attempt::Answer(Box::new(ApiResponse::Error(
+                        unreadable_answer(address, request, error),
+                    ))),
                     other => Attempt::Lost(format!("{other:#}")),
                 }
             }
@@ -311,5 +317,29 @@ impl ApiClient {
     /// [`over`](ApiClient::over), and that client's other connections, open.
     pub fn close_connections(&self) {
         self.lock().connections.clear();
+    }
+}
+
+/// What to report when the answer from `address` to `request` could not be read: over the
+/// frame limit (as [`ApiError::AnswerTooLarge`], like a coordinator that caught it itself), cut
+/// short (a coordinator that could not send it whole: one before answers over the limit were
+/// caught), or undecodable (another version). Never a bad request: the request was sent whole.
+pub fn unreadable_answer(address: &str, request: &ApiRequest, error: FrameError) -> ApiError {
+    let narrow = how_to_narrow(request);
+    match error {
+        FrameError::TooLarge { size, limit } => ApiError::AnswerTooLarge {
+            size_bytes: size,
+            limit_bytes: limit as u64,
+            narrow: narrow.to_string(),
+        },
+        FrameError::Truncated { expected, received } => ApiError::AnswerUnreadable(format!(
+            "the answer from {address} was cut short ({received} of {expected} bytes): the \
+             coordinator could not send it whole, most likely because it was over the frame \
+             limit (its log says); {narrow}"
+        )),
+        other => ApiError::AnswerUnreadable(format!(
+            "the answer from {address} does not decode ({other}); do both sides run the same \
+             version?"
+        )),
     }
 }

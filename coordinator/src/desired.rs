@@ -126,6 +126,12 @@ impl DesiredTracker {
             tracked.term = term;
             tracked.nodes.clear();
         }
+        if tracked.nodes.len() > state.node_count() {
+            // A node was removed: forget it, so a removed node's desired state is not kept.
+            tracked
+                .nodes
+                .retain(|name, _| state.node_by_name(name).is_some());
+        }
         let mut changed = Vec::new();
         for node in state.nodes() {
             let signature = signature(state, node);
@@ -223,5 +229,26 @@ mod tests {
         let new_term = tracker.get("node-1").expect("a known node");
         assert!(new_term.fence > stopping.fence);
         assert_eq!(new_term.allocations, stopping.allocations);
+    }
+
+    #[test]
+    fn a_removed_nodes_desired_state_is_forgotten() {
+        // Proves the tracker drops a node once it is removed from the state, so it holds no
+        // desired state for a node that is gone.
+        let mut log = Log::new();
+        log.register_node("node-1", 1);
+        log.register_node("node-2", 1);
+        let tracker = DesiredTracker::new();
+        tracker.refresh(&log.state, 1);
+        assert!(tracker.get("node-2").is_some());
+        log.apply(Command::CordonNode {
+            node: "node-2".into(),
+        });
+        log.apply(Command::RemoveNode {
+            node: "node-2".into(),
+        });
+        tracker.refresh(&log.state, 1);
+        assert!(tracker.get("node-2").is_none());
+        assert!(tracker.get("node-1").is_some());
     }
 }

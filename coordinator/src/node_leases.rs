@@ -76,6 +76,10 @@ impl NodeLeases {
     /// The nodes whose lease has run out, as of `now`. Nodes not seen yet start their clock.
     pub fn expired(&self, state: &State, now: Instant) -> Vec<String> {
         let mut last_seen = self.lock();
+        if last_seen.len() > state.node_count() {
+            // A node was removed: its clock goes with it.
+            last_seen.retain(|name, _| state.node_by_name(name).is_some());
+        }
         let mut expired = Vec::new();
         for node in state.nodes() {
             if node.state == NodeState::Lost {

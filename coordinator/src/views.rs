@@ -144,7 +144,7 @@ pub fn add_disk_usage(view: &mut NodeView, usage: Option<DiskUsage>) {
     view.disk_free_bytes = usage.map(|usage| usage.free_bytes);
 }
 
-/// Every node, in registration order.
+/// Every node, in id order: registration order, but a new node takes the place of a removed one.
 pub fn node_views(state: &State) -> Vec<NodeView> {
     state.nodes().map(|node| node_view(state, node)).collect()
 }

@@ -149,6 +149,9 @@ async fn bad_clients_and_bad_frames_are_refused_and_change_nothing() {
         ApiRequest::CordonNode {
             node: "node-1".to_string(),
         },
+        ApiRequest::RemoveNode {
+            node: "node-1".to_string(),
+        },
         ApiRequest::AddMember {
             id: 7,
             address: "127.0.0.1:1".to_string(),
@@ -370,6 +373,9 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
             node: "node-9".to_string(),
         },
         ApiRequest::DrainNode {
+            node: "node-9".to_string(),
+        },
+        ApiRequest::RemoveNode {
             node: "node-9".to_string(),
         },
     ] {

@@ -1,6 +1,6 @@
 //! Tests of the state machine adapter over `quotient_core`: what applying each kind of entry
 //! yields, that the snapshot file brings the state back after a restart (and that a bad one is
-//! refused), and, end to end, that a single-node Raft cluster on the real stores recovers its
+//! refused, and a temporary file left by an unfinished write is removed), and, end to end, that a single-node Raft cluster on the real stores recovers its
 //! state from snapshot plus log after it is shut down and started again.
 
 mod support;
@@ -17,7 +17,7 @@ use openraft::{
     RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
 };
 use quotient_common::{GpuClass, GpuDevice, NodeInventory};
-use quotient_coordinator::store::state_machine::SNAPSHOT_FILE_NAME;
+use quotient_coordinator::store::state_machine::{SNAPSHOT_FILE_NAME, SNAPSHOT_TMP_FILE_NAME};
 use quotient_coordinator::store::type_config::{Entry, Raft};
 use quotient_coordinator::store::{self, QuotientStateMachine, Request};
 use quotient_core::{Command, Outcome, State};
@@ -294,6 +294,70 @@ async fn corrupted_snapshot_file_is_an_error_on_open() {
     write_snapshot_file(dir.path(), &good);
     let sm = QuotientStateMachine::open(dir.path()).expect("the good file loads again");
     assert!(has_node(&sm, "gpu-a"));
+}
+
+/// Runs `f` with the INFO-level log lines it emits collected; returns its result and them.
+fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = Arc::clone(&lines);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || LogSink(Arc::clone(&sink)))
+        .finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&lines.lock().expect("the log buffer")).into_owned();
+    (result, text)
+}
+
+/// A log writer into a shared buffer.
+struct LogSink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .expect("the log buffer")
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_temporary_file_left_by_an_unfinished_write_is_removed_on_open() {
+    // Proves that the half-written temporary file of a snapshot write that never finished (a
+    // crash, a full disk) is removed, with an info line, when the data directory is opened
+    // again, and that the snapshot beside it still loads.
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+        sm.apply([normal(1, register("gpu-a", 1_000))])
+            .await
+            .expect("apply");
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+    }
+    let tmp = dir.path().join(SNAPSHOT_TMP_FILE_NAME);
+    std::fs::write(&tmp, vec![0u8; 64 * 1024]).expect("a half-written snapshot");
+
+    let (sm, log) =
+        logged(|| QuotientStateMachine::open(dir.path()).expect("the data directory opens"));
+    assert!(!tmp.exists(), "the temporary file is still there");
+    assert!(has_node(&sm, "gpu-a"), "the snapshot still loads");
+    assert!(
+        log.contains("INFO") && log.contains(SNAPSHOT_TMP_FILE_NAME) && log.contains("65536"),
+        "no info line names the removed file and its size: {log}"
+    );
+
+    // Opening a directory without one says nothing about it.
+    let (_, log) = logged(|| QuotientStateMachine::open(dir.path()).expect("reopen"));
+    assert!(!log.contains(SNAPSHOT_TMP_FILE_NAME), "{log}");
 }
 
 #[tokio::test]

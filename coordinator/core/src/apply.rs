@@ -57,6 +57,7 @@ pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
         Command::ApplyPlan(plan) => Outcome::PlanApplied(state.apply_plan(plan, ctx)),
         Command::ReportJob(report) => state.report(report, ctx),
         Command::CheckDigest { .. } => unreachable!("answered above"),
+        Command::RemoveNode { node } => state.remove_node(&node),
     };
     state.data.last_applied_index = ctx.log_index;
     outcome
@@ -260,21 +261,30 @@ impl State {
         let id = match self.data.node_ids.get(&inventory.name) {
             Some(id) => *id,
             None => {
-                if self.data.nodes.len() >= NODES_MAX {
+                if self.data.node_ids.len() >= NODES_MAX {
                     return rejected(Rejection::TooMany {
                         what: "nodes".into(),
                         max: NODES_MAX as u64,
                     });
                 }
-                let id = NodeId(self.data.nodes.len() as u32);
+                // The first slot a removed node left, else a new one at the end.
+                let vacant = self.data.nodes.iter().position(NodeRecord::is_vacant);
+                let (id, epoch) = match vacant {
+                    Some(slot) => (NodeId(slot as u32), self.data.nodes[slot].epoch),
+                    None => {
+                        let id = NodeId(self.data.nodes.len() as u32);
+                        self.data.nodes.push(NodeRecord::vacant(id, 0));
+                        (id, 0)
+                    }
+                };
                 self.data.node_ids.insert(inventory.name.clone(), id);
-                self.data.nodes.push(NodeRecord {
+                self.data.nodes[id.0 as usize] = NodeRecord {
                     id,
                     name: inventory.name.clone(),
                     state: NodeState::Ready,
                     gpus: Vec::new(),
-                    epoch: 0,
-                });
+                    epoch,
+                };
                 id
             }
         };
@@ -325,19 +335,69 @@ impl State {
         }
         self.data.nodes[id.0 as usize].state = to;
         if !to.schedulable() {
-            let nominated: Vec<JobId> = self
-                .index
-                .nominated
-                .keys()
-                .copied()
-                .filter(|j| self.job(*j).and_then(|j| j.nomination) == Some(id))
-                .collect();
-            for job in nominated {
-                self.update_job(job, |j| j.nomination = None);
-            }
+            self.clear_nominations_on(id);
         }
         let record = self.data.nodes[id.0 as usize].clone();
         self.index.refresh_node(&record);
+        Outcome::Done
+    }
+
+    /// Whether node `name` may be removed now (see `Command::RemoveNode`): its id, or why
+    /// not. The leader's API asks it too, before anything of its own, so that a refusal
+    /// says first what the replicated state says.
+    pub fn check_remove_node(&self, name: &str) -> Result<NodeId, Rejection> {
+        let Some(&id) = self.data.node_ids.get(name) else {
+            return Err(Rejection::UnknownNode(name.to_string()));
+        };
+        if self.data.nodes[id.0 as usize].state == NodeState::Ready {
+            return Err(Rejection::NodeReady(name.to_string()));
+        }
+        let jobs = self.jobs_on_node(id);
+        if let Some(first) = jobs.iter().min() {
+            return Err(Rejection::NodeHasJobs {
+                node: name.to_string(),
+                jobs: jobs.len() as u64,
+                first: *first,
+            });
+        }
+        Ok(id)
+    }
+
+    /// Drops every nomination of `node`: it keeps GPUs free for no one.
+    fn clear_nominations_on(&mut self, node: NodeId) {
+        let nominated: Vec<JobId> = self
+            .index
+            .nominated
+            .keys()
+            .copied()
+            .filter(|j| self.job(*j).and_then(|j| j.nomination) == Some(node))
+            .collect();
+        for job in nominated {
+            self.update_job(job, |j| j.nomination = None);
+        }
+    }
+
+    /// Forgets a node that is out of service and holds no job. Refused while it is ready
+    /// (the operator says it is out of service by cordoning or draining it; a lost node
+    /// already is) and while any job holds GPUs on it, PREEMPTING ones included: those GPUs
+    /// are freed only when its agent reports the exit. Its slot becomes vacant, for the next
+    /// new node to take; vacant slots at the end are dropped.
+    fn remove_node(&mut self, name: &str) -> Outcome {
+        let id = match self.check_remove_node(name) {
+            Ok(id) => id,
+            Err(rejection) => return rejected(rejection),
+        };
+        // A node that is not ready keeps no nominations (they are dropped when it leaves
+        // the ready state); dropped again in case, as a vacant slot must have none.
+        self.clear_nominations_on(id);
+        self.data.node_ids.remove(name);
+        let epoch = self.data.nodes[id.0 as usize].epoch + 1;
+        let vacant = NodeRecord::vacant(id, epoch);
+        self.index.refresh_node(&vacant);
+        self.data.nodes[id.0 as usize] = vacant;
+        while self.data.nodes.last().is_some_and(NodeRecord::is_vacant) {
+            self.data.nodes.pop();
+        }
         Outcome::Done
     }
 

@@ -99,6 +99,12 @@ pub enum Command {
     },
     ApplyPlan(Plan),
     ReportJob(JobReport),
+    /// Forgets a node that is out of service (cordoned, draining or lost) and holds no job:
+    /// its name is gone from the state and its slot is taken by the next new node. An agent
+    /// that registers under its name later is a new node.
+    RemoveNode {
+        node: String,
+    },
     /// Has every replica check that its state is the leader's: `leader` is the digest the
     /// leader's state had after the entry of the previous such command, which each replica
     /// compares with its own digest there, and each records its digest after this entry for the
@@ -185,4 +191,19 @@ pub enum Rejection {
     },
     #[error("stale plan action: {0}")]
     StalePlan(String),
+    #[error(
+        "node {0} is ready and may be given jobs at any moment: cordon it first \
+         (`quotient node cordon {0}`, or `quotient node drain {0}` to move its jobs off), stop its \
+         agent, then remove it"
+    )]
+    NodeReady(String),
+    #[error(
+        "node {node} still holds {jobs} job(s), {first} first: drain it (`quotient node drain \
+         {node}`) and remove it once `quotient node list` shows none of its GPUs held"
+    )]
+    NodeHasJobs {
+        node: String,
+        jobs: u64,
+        first: JobId,
+    },
 }

@@ -15,7 +15,9 @@ use crate::index::Index;
 use crate::job_table::JobTable;
 use crate::reason::WaitReason;
 
-/// A node's id: assigned in registration order, stable across re-registrations.
+/// A node's id: its slot in `StateData::nodes`, stable across re-registrations. A removed
+/// node's slot stays vacant until a new node takes it, so ids stay dense and the slots do not
+/// grow with nodes that come and go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
 
@@ -182,7 +184,9 @@ impl JobRecord {
     }
 }
 
-/// A node as the state machine keeps it.
+/// A node as the state machine keeps it. A vacant slot (a removed node's, see
+/// [`NodeRecord::is_vacant`]) has an empty name, no GPUs and the state `Lost`, so it is never
+/// schedulable; `State::node` and `State::nodes` pass over it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRecord {
     pub id: NodeId,
@@ -194,6 +198,24 @@ pub struct NodeRecord {
 }
 
 impl NodeRecord {
+    /// The slot of a removed node that no node has taken since. A node name is never empty
+    /// (`validate_name`), so the empty name marks it without a field of its own, and snapshots
+    /// written before nodes could be removed still decode.
+    pub fn is_vacant(&self) -> bool {
+        self.name.is_empty()
+    }
+
+    /// A vacant slot with `id`, keeping `epoch` so that the node taking it next continues it.
+    pub(crate) fn vacant(id: NodeId, epoch: u64) -> NodeRecord {
+        NodeRecord {
+            id,
+            name: String::new(),
+            state: NodeState::Lost,
+            gpus: Vec::new(),
+            epoch,
+        }
+    }
+
     /// The mask of healthy GPUs of `class`.
     pub fn healthy_mask(&self, class: &GpuClass) -> u64 {
         self.gpus
@@ -213,7 +235,8 @@ pub struct StateData {
     /// Indexed by `JobId.0 - 1`; jobs are never removed, so ids stay dense.
     pub jobs: JobTable,
     pub node_ids: BTreeMap<String, NodeId>,
-    /// Indexed by `NodeId.0`.
+    /// Indexed by `NodeId.0`; a removed node leaves a vacant slot ([`NodeRecord::is_vacant`])
+    /// that the next new node takes, and vacant slots at the end are dropped.
     pub nodes: Vec<NodeRecord>,
     /// The job each idempotency key made. A persistent map, so that a snapshot takes it
     /// without copying it under the state's lock; it encodes exactly as a `BTreeMap`.
@@ -278,16 +301,26 @@ impl State {
         self.data.jobs.iter()
     }
 
+    /// The node with `id`; `None` for an unknown id or a vacant slot.
     pub fn node(&self, id: NodeId) -> Option<&NodeRecord> {
-        self.data.nodes.get(id.0 as usize)
+        self.data
+            .nodes
+            .get(id.0 as usize)
+            .filter(|node| !node.is_vacant())
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<&NodeRecord> {
         self.data.node_ids.get(name).and_then(|id| self.node(*id))
     }
 
+    /// Every node, in id order; vacant slots are passed over.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeRecord> {
-        self.data.nodes.iter()
+        self.data.nodes.iter().filter(|node| !node.is_vacant())
+    }
+
+    /// How many nodes there are (vacant slots not counted).
+    pub fn node_count(&self) -> usize {
+        self.data.node_ids.len()
     }
 
     /// GPUs of `class` that `share` holds (SCHEDULED, STARTING, RUNNING, PREEMPTING).

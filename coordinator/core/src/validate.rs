@@ -51,6 +51,11 @@ impl State {
             if job.nomination.is_some() && job.state != JobState::Runnable {
                 return fail(format!("{} is {} but nominated", job.id, job.state));
             }
+            if let Some(node) = job.nomination {
+                if self.node(node).is_none() {
+                    return fail(format!("{} is nominated on unknown node {node:?}", job.id));
+                }
+            }
             if let Some(alloc) = job.allocation {
                 let Some(node) = self.node(alloc.node) else {
                     return fail(format!("{} is on unknown node {:?}", job.id, alloc.node));
@@ -103,7 +108,22 @@ impl State {
                 _ => return fail(format!("node name {name} maps to a wrong record")),
             }
         }
-        if self.data.node_ids.len() != self.data.nodes.len() {
+        for (slot, node) in self.data.nodes.iter().enumerate() {
+            if node.id.0 as usize != slot {
+                return fail(format!("node at slot {slot} has id {:?}", node.id));
+            }
+            if node.is_vacant()
+                && (node.state != quotient_common::NodeState::Lost || !node.gpus.is_empty())
+            {
+                return fail(format!(
+                    "vacant node slot {slot} is not an empty lost record"
+                ));
+            }
+        }
+        if self.data.nodes.last().is_some_and(|node| node.is_vacant()) {
+            return fail("the last node slot is vacant; it should have been dropped".into());
+        }
+        if self.data.node_ids.len() != self.nodes().count() {
             return fail("node names and records differ in number".into());
         }
         for (key, job) in &self.data.idempotency {

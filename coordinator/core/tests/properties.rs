@@ -59,6 +59,10 @@ enum Op {
         node: usize,
         gpu: u32,
     },
+    /// An operator removes a node: cordoned first if it is ready; refused while it holds jobs.
+    Remove {
+        node: usize,
+    },
     SetLimit {
         share: usize,
         class: usize,
@@ -107,6 +111,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => (0usize..6).prop_map(|node| Op::Cordon { node }),
         1 => (0usize..6).prop_map(|node| Op::Uncordon { node }),
         1 => (0usize..6, 0u32..8).prop_map(|(node, gpu)| Op::Unhealthy { node, gpu }),
+        1 => (0usize..6).prop_map(|node| Op::Remove { node }),
         1 => (0usize..5, 0usize..2, 1u32..6).prop_map(|(share, class, limit)| Op::SetLimit { share, class, limit }),
         1 => (0usize..64, any::<bool>()).prop_map(|(job, node_fault)| Op::LaunchFail { job, node_fault }),
         6 => Just(Op::Round),
@@ -281,6 +286,29 @@ impl Model {
                     });
                 }
             }
+            Op::Remove { node } => {
+                if let Some(name) = self.node_name(*node) {
+                    let record = self.sim.state.node_by_name(&name).cloned();
+                    if record
+                        .as_ref()
+                        .is_some_and(|r| r.state == quotient_common::NodeState::Ready)
+                    {
+                        self.sim.ok(Command::CordonNode { node: name.clone() });
+                    }
+                    let removable =
+                        record.is_some_and(|r| self.sim.state.jobs_on_node(r.id).is_empty());
+                    let outcome = self.sim.apply(Command::RemoveNode { node: name.clone() });
+                    assert_eq!(
+                        outcome.is_rejected(),
+                        !removable,
+                        "node {name}: {outcome:?}"
+                    );
+                    assert!(
+                        outcome.is_rejected() || self.sim.state.node_by_name(&name).is_none(),
+                        "node {name} is still known after its removal"
+                    );
+                }
+            }
             Op::SetLimit {
                 share,
                 class: c,
@@ -444,7 +472,8 @@ proptest! {
 
     /// Safety over random histories: no GPU given twice (validate), reserve idle quota never
     /// used by others, usage within caps, in-share victims of lower priority, cross-share
-    /// victims always borrowed, replicas deterministic; and the end state settles with no loop.
+    /// victims always borrowed, replicas deterministic, a node removed only when no job holds
+    /// GPUs on it; and the end state settles with no loop.
     #[test]
     fn safety_holds_over_random_histories(
         fleet in fleet_gen(),

@@ -6,7 +6,9 @@
 //! the last membership. The state itself lives in memory; what makes it durable is the snapshot, the
 //! serialized `State` plus its [`SnapshotMeta`], persisted to `DATA_DIR/snapshot.bin` (written to
 //! a temporary file, fsynced, renamed over the old one, directory fsynced). On restart the state
-//! is loaded from that snapshot and openraft re-applies the committed log after it.
+//! is loaded from that snapshot and openraft re-applies the committed log after it. A temporary
+//! file left by a write that never finished (a crash, a full disk) is removed on open: it is
+//! never read, and on a full disk it holds the space the next snapshot needs.
 //!
 //! The snapshot file is `MAGIC | meta length (u64 LE) | state length (u64 LE) | meta | state`,
 //! with the metadata in the store's codec and the state in `State::to_snapshot_bytes`; every
@@ -40,7 +42,7 @@ use crate::digest_check::DigestChecks;
 pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
 
 /// The temporary file a new snapshot is written to before it is renamed over the old one.
-const SNAPSHOT_TMP_FILE_NAME: &str = "snapshot.bin.tmp";
+pub const SNAPSHOT_TMP_FILE_NAME: &str = "snapshot.bin.tmp";
 
 /// The first bytes of a snapshot file: format name and version.
 const SNAPSHOT_MAGIC: [u8; 8] = *b"QSNAP001";
@@ -169,6 +171,7 @@ impl QuotientStateMachine {
                 .add_context(|| format!("creating raft data directory {}", data_dir.display()));
             StorageIOError::new(ErrorSubject::StateMachine, ErrorVerb::Write, source)
         })?;
+        remove_leftover_tmp_file(data_dir);
         let shared = Shared {
             data_dir: data_dir.to_path_buf(),
             applied: RwLock::new(Applied {
@@ -432,6 +435,35 @@ fn write_snapshot_file(dir: &Path, meta: &Meta, state: &[u8]) -> Result<(), Snap
     std::fs::rename(&tmp, &path)?;
     sync_dir(dir)?;
     Ok(())
+}
+
+/// Removes the temporary file of a snapshot write that never finished (the process died, or
+/// the disk filled up, before the rename). Nothing reads it, and on a full disk it holds the
+/// space the next snapshot needs. A failure to remove it is logged, not fatal: the next
+/// snapshot write truncates it anyway.
+fn remove_leftover_tmp_file(dir: &Path) {
+    let tmp = dir.join(SNAPSHOT_TMP_FILE_NAME);
+    let bytes = match std::fs::metadata(&tmp) {
+        Ok(metadata) => metadata.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!(path = %tmp.display(), error = %e, "cannot inspect a leftover snapshot temporary file");
+            return;
+        }
+    };
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => tracing::info!(
+            path = %tmp.display(),
+            bytes,
+            "removed the temporary file of a snapshot write that never finished (a crash or a full disk)"
+        ),
+        Err(e) => tracing::warn!(
+            path = %tmp.display(),
+            bytes,
+            error = %e,
+            "cannot remove the temporary file of an unfinished snapshot write; remove it by hand to free its space"
+        ),
+    }
 }
 
 /// Makes a rename in `dir` durable.
