@@ -115,6 +115,25 @@ impl DevCluster {
         text(&output.stdout)
     }
 
+    /// `quotient job submit --share SHARE --priority 1 --gpus 1 EXTRA... -- COMMAND...`, which
+    /// must succeed; the job's id.
+    pub fn submit(&self, share: &str, extra: &[&str], command: &[&str]) -> String {
+        let mut arguments = vec![
+            "job",
+            "submit",
+            "--share",
+            share,
+            "--priority",
+            "1",
+            "--gpus",
+            "1",
+        ];
+        arguments.extend_from_slice(extra);
+        arguments.push("--");
+        arguments.extend_from_slice(command);
+        self.ok(&arguments).trim().to_string()
+    }
+
     /// `quotient share create NAME --limit a10g=GPUS --strategy STRATEGY EXTRA...`, which must
     /// succeed.
     pub fn create_share(&self, name: &str, gpus: u32, strategy: &str, extra: &[&str]) {

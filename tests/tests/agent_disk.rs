@@ -56,23 +56,15 @@ fn node_list_shows_the_disk_use_an_agent_reports() {
 #[test]
 fn job_logs_of_a_log_over_the_cap_show_its_ends_and_what_was_dropped() {
     let cluster = cluster();
-    let job = cluster
-        .ok(&[
-            "job",
-            "submit",
-            "--share",
-            "team",
-            "--priority",
-            "1",
-            "--gpus",
-            "1",
-            "--",
+    let job = cluster.submit(
+        "team",
+        &[],
+        &[
             "sh",
             "-c",
             "echo first line; yes 'a line in the middle of the output' | head -n 600000; echo last line",
-        ])
-        .trim()
-        .to_string();
+        ],
+    );
     poll_until(&format!("{job} to succeed"), SETTLE, || {
         let view = cluster.json(&["job", "get", &job, "-o", "json"]);
         if view["state"] == "SUCCEEDED" {

@@ -25,23 +25,7 @@ fn cluster() -> DevCluster {
 }
 
 fn submit(cluster: &DevCluster, script: &str) -> String {
-    cluster
-        .ok(&[
-            "job",
-            "submit",
-            "--share",
-            "team",
-            "--priority",
-            "1",
-            "--gpus",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-        .trim()
-        .to_string()
+    cluster.submit("team", &[], &["sh", "-c", script])
 }
 
 fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) {

@@ -19,24 +19,6 @@ fn cluster() -> DevCluster {
     cluster
 }
 
-/// Submits a job to share team; its id.
-fn submit(cluster: &DevCluster, extra: &[&str], command: &[&str]) -> String {
-    let mut arguments = vec![
-        "job",
-        "submit",
-        "--share",
-        "team",
-        "--priority",
-        "1",
-        "--gpus",
-        "1",
-    ];
-    arguments.extend_from_slice(extra);
-    arguments.push("--");
-    arguments.extend_from_slice(command);
-    cluster.ok(&arguments).trim().to_string()
-}
-
 /// `job get -o json` once the job is in `state`.
 fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) -> Value {
     poll_until(&format!("{job} to be {state}"), SETTLE, || {
@@ -51,7 +33,7 @@ fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) -> Value {
 
 /// The GPU is free: a job that needs it runs to the end.
 fn the_gpu_is_free(cluster: &DevCluster) {
-    let next = submit(cluster, &[], &["sh", "-c", "exit 0"]);
+    let next = cluster.submit("team", &[], &["sh", "-c", "exit 0"]);
     wait_for_state(cluster, &next, "SUCCEEDED");
 }
 
@@ -60,7 +42,7 @@ fn the_gpu_is_free(cluster: &DevCluster) {
 #[test]
 fn a_job_that_cannot_launch_fails_with_the_reason_and_frees_its_gpu() {
     let cluster = cluster();
-    let job = submit(&cluster, &["--image", "trainer:1"], &["train"]);
+    let job = cluster.submit("team", &["--image", "trainer:1"], &["train"]);
     let view = wait_for_state(&cluster, &job, "FAILED");
     let reason = view["reason"].as_str().unwrap_or_default();
     assert!(
@@ -90,7 +72,7 @@ fn a_job_a_node_cannot_launch_is_requeued_a_few_times_then_fails() {
     let checkpoints = cluster.dir.join("checkpoints");
     std::fs::create_dir_all(&checkpoints).expect("the checkpoints folder");
     std::fs::write(checkpoints.join("j-1"), b"in the way").expect("the blocking file");
-    let job = submit(&cluster, &[], &["sh", "-c", "exit 0"]);
+    let job = cluster.submit("team", &[], &["sh", "-c", "exit 0"]);
     assert_eq!(job, "j-1");
     let view = wait_for_state(&cluster, &job, "FAILED");
     let reason = view["reason"].as_str().unwrap_or_default();

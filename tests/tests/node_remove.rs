@@ -80,24 +80,18 @@ fn a_node_is_removed_once_drained_and_its_agent_stopped_and_comes_back_as_a_new_
     eprintln!("--- a node with a job on it is refused, cordoned or not");
     for name in ["first", "second"] {
         let name_env = format!("NAME={name}");
-        cluster.ok(&[
-            "job",
-            "submit",
-            "--share",
+        cluster.submit(
             "team",
-            "--priority",
-            "1",
-            "--gpus",
-            "1",
-            "--name",
-            name,
-            "--env",
-            &name_env,
-            "--env",
-            &checkpoints_env,
-            "--",
-            &script,
-        ]);
+            &[
+                "--name",
+                name,
+                "--env",
+                &name_env,
+                "--env",
+                &checkpoints_env,
+            ],
+            &[&script],
+        );
     }
     let on_node_2 = poll_until("a job on each node", SETTLE, || {
         let nodes = nodes(&cluster);
