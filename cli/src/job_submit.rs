@@ -1,5 +1,9 @@
-//! `quotient job submit --share NAME --priority N --gpus N [...] -- COMMAND [ARGS ...]`:
+//! `quotient job submit --share NAME [--priority N] --gpus N [...] -- COMMAND [ARGS ...]`:
 //! queues a job and prints its id alone on stdout (`-o json`: the job's JSON).
+//!
+//! Defaults are AWS Batch's: without `--priority` a job gets priority 0 (the lowest), and
+//! without `--name` the coordinators name it after what it runs, with a random suffix
+//! (`quotient_common::job_name`), so that every job has a name to find it by.
 //!
 //! The spec is checked locally with the shared validation, so a bad one is a usage error
 //! (exit 2) before anything is sent. Every submit carries an idempotency key: the user's
@@ -28,8 +32,8 @@ pub struct JobSubmitArgs {
     /// The share the job runs under.
     #[arg(long, value_parser = parse_share_name)]
     pub share: String,
-    /// 0-9999; higher runs first and may preempt lower (see spec/quota-shares.md).
-    #[arg(long, value_parser = parse_priority)]
+    /// 0-9999; higher runs first and may preempt lower (see docs/quota-shares.md).
+    #[arg(long, value_parser = parse_priority, default_value_t = 0)]
     pub priority: u32,
     /// GPUs the job needs, all on one node.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -37,7 +41,8 @@ pub struct JobSubmitArgs {
     /// The GPU class; may be left out when the share has limits for one class only.
     #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
     pub gpu_class: Option<GpuClass>,
-    /// A name to find the job by in tables.
+    /// A name to find the job by in tables [default: generated from the command or image,
+    /// e.g. train-k7x2q].
     #[arg(long, value_parser = parse_job_name)]
     pub name: Option<String>,
     /// The signal that asks the job to checkpoint and stop when it is preempted.
@@ -211,6 +216,21 @@ mod tests {
         assert_eq!(spec.idempotency_key.as_deref(), Some("fresh"));
         assert_eq!(spec.grace_period_ms, GRACE_PERIOD_DEFAULT_MS);
         assert!(fresh_idempotency_key().starts_with("cli-"));
+    }
+
+    #[test]
+    fn a_submit_without_priority_or_name_gets_priority_0_and_no_name_yet() {
+        // Proves the defaults: priority 0 as in AWS Batch, and no name from the CLI, so that
+        // the coordinators generate one (a name given with --name is sent as it is).
+        let args = parse(&["--share", "qs1", "--gpus", "1", "--", "train.sh"]).unwrap();
+        let defaults = spec(&args, "fresh".into()).unwrap();
+        assert_eq!(defaults.priority, 0);
+        assert_eq!(defaults.name, None);
+        let named = parse(&["--share", "qs1", "--gpus", "1", "--name", "mine", "--", "x"]).unwrap();
+        assert_eq!(
+            spec(&named, "k".into()).unwrap().name.as_deref(),
+            Some("mine")
+        );
     }
 
     #[test]

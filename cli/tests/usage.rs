@@ -246,3 +246,24 @@ fn an_unreachable_cluster_fails_with_exit_1_and_a_hint() {
     assert!(text.contains(&address.to_string()), "{text}");
     assert!(text.contains("is the cluster running"), "{text}");
 }
+
+#[test]
+fn job_submit_needs_no_priority_or_name() {
+    // Proves `--priority` and `--name` are optional: a submit with neither is no usage
+    // error (exit 2) but goes on to look for a cluster (here: no config, exit 1).
+    let home = tempfile::tempdir().unwrap();
+    let missing = home.path().join("nowhere.toml");
+    let arguments = [
+        "job", "submit", "--share", "qs1", "--gpus", "1", "--", "true",
+    ];
+    let output = quotient(&arguments, Some(&missing), home.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("nowhere.toml"),
+        "{}",
+        stderr(&output)
+    );
+    let help = quotient(&["job", "submit", "--help"], None, home.path());
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("[default: 0]"), "{text}");
+}

@@ -2,12 +2,13 @@
 //!
 //! # Layout
 //! - [`agent_api`]: the agent protocol's messages and the fencing epoch.
-//! - [`api`]: the client API's requests, responses and views (spec/cli.md's JSON).
+//! - [`api`]: the client API's requests, responses and views (docs/cli.md's JSON).
 //! - [`cluster_id`]: a cluster's identity, carried in every exchange between its parts.
 //! - [`name`]: validation of share, job and node names.
 //! - [`gpu_class`]: normalised GPU class names, mapped from NVML model strings.
 //! - [`share`]: the share spec (limits, strategy, borrow limit, in-share preemption, state).
 //! - [`job`]: the job spec, job ids and job states.
+//! - [`job_name`]: the name a job gets when it is submitted without one.
 //! - [`node`]: node inventory (GPUs per host) and node states.
 //! - [`spec_error`]: the validation error every spec returns, worded to say what to do.
 //!
@@ -29,6 +30,7 @@ pub mod cluster_id;
 pub mod frame;
 pub mod gpu_class;
 pub mod job;
+pub mod job_name;
 pub mod name;
 pub mod node;
 pub mod share;

@@ -11,7 +11,9 @@
 //! - **Writes** go through the [`Proposer`] (several commands per Raft entry) and are
 //!   acknowledged once committed and applied; a rejection by the state machine comes back as [`ApiError::Rejected`] with the
 //!   core's words. Specs are also checked before proposing, so a malformed one never reaches
-//!   the log.
+//!   the log. A job submitted without a name is named here, before it is proposed
+//!   ([`generated_job_name`]: part of the name is random, and the state machine must stay
+//!   deterministic).
 //! - **Reads** are linearizable: `ensure_linearizable` on the leader, then the state machine.
 //!   `JobLogs` then asks the agent that ran the attempt ([`crate::job_logs`]).
 //! - A follower answers [`ApiError::NotLeader`] with the leader's id and address, which the
@@ -24,9 +26,12 @@
 //! [`API_REQUEST_TIMEOUT_MS`] ([`MEMBERSHIP_TIMEOUT_MS`] for membership changes, which wait
 //! for a learner to catch up).
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use openraft::{BasicNode, ChangeMembers};
@@ -36,6 +41,7 @@ use quotient_common::api::{
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::frame::{self, FrameError, LENGTH_PREFIX_BYTES};
 use quotient_common::job::validate_priority;
+use quotient_common::job_name::generated_job_name;
 use quotient_common::transport::{
     Client, PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS,
 };
@@ -428,8 +434,11 @@ impl ApiService {
             ApiRequest::DeleteShare { name } => {
                 self.write_done(Command::DeleteShare { name }).await
             }
-            ApiRequest::SubmitJob(spec) => {
+            ApiRequest::SubmitJob(mut spec) => {
                 spec.validate().map_err(invalid)?;
+                if spec.name.is_none() {
+                    spec.name = Some(generated_job_name(&spec, name_bits()));
+                }
                 match self.write(Command::SubmitJob(spec)).await? {
                     Outcome::JobSubmitted { job, duplicate } => {
                         Ok(ApiResponse::JobSubmitted { job, duplicate })
@@ -713,6 +722,22 @@ pub enum Answer {
     /// The response was `size_bytes` long, over [`API_FRAME_BYTES_MAX`]: the frame holds an
     /// [`ApiError::AnswerTooLarge`] instead.
     TooLarge { frame: Vec<u8>, size_bytes: u64 },
+}
+
+/// Random bits for the suffix of a job's generated name ([`generated_job_name`]): a job
+/// submitted without a name is named here, at the edge, because the state machine must
+/// give the same bytes on every replica. Not a secret, so std's per-process random hash
+/// keys, a counter and the clock will do (no system call per submit).
+fn name_bits() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or_default();
+    hasher.write_u128(nanos);
+    hasher.finish()
 }
 
 /// `response` as a frame, or, when it would be over [`API_FRAME_BYTES_MAX`], the frame of an
