@@ -1,9 +1,9 @@
 //! The Quotient agent: runs on every GPU host, reports its GPUs, and runs, checkpoints and
 //! preempts the jobs the coordinators place there.
 //!
-//! The agent is told desired state, not commands (DESIGN.md): the coordinators push the
-//! node's desired allocations with a fencing epoch, [`reconcile`] diffs them against what
-//! actually runs here, and [`executor`] carries the resulting actions out against a
+//! The agent is told desired state, not commands (docs/architecture.md): the coordinators
+//! push the node's desired allocations with a fencing epoch, [`reconcile`] diffs them against
+//! what actually runs here, and [`executor`] carries the resulting actions out against a
 //! [`runtime::Runtime`].
 //!
 //! # Layout

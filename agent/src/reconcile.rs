@@ -1,9 +1,10 @@
 //! Reconcile: the pure diff of what the coordinators want on this node against what runs here.
 //!
-//! Agents are told desired state, not commands (DESIGN.md). The coordinators send the node's
-//! [`Desired`] allocations stamped with a fencing epoch; [`reconcile`] compares them with the
-//! [`LocalJob`]s the executor tracks and returns the [`Action`]s that close the gap. It reads
-//! no clock and does no I/O (the caller passes `now_ms`), so each rule below has a unit test.
+//! Agents are told desired state, not commands (docs/architecture.md). The coordinators send
+//! the node's [`Desired`] allocations stamped with a fencing epoch; [`reconcile`] compares them
+//! with the [`LocalJob`]s the executor tracks and returns the [`Action`]s that close the gap.
+//! It reads no clock and does no I/O (the caller passes `now_ms`), so each rule below has a
+//! unit test.
 //!
 //! Rules, per attempt (a job id and an attempt number):
 //! - desired to run, not here, never run here before, no other attempt of the job still here,

@@ -1,4 +1,4 @@
-//! The client config of spec/cli.md: which coordinators to call and which certificate to
+//! The client config of docs/cli.md: which coordinators to call and which certificate to
 //! present, read from a small TOML file.
 //!
 //! The file is found by `--config FILE`, else `$QUOTIENT_CONFIG`, else
@@ -26,7 +26,7 @@ pub const CONFIG_BYTES_MAX: u64 = 64 * 1024;
 /// Most coordinator addresses one config may list (a cluster has 3 or 5; learners join later).
 pub const COORDINATORS_MAX: usize = 16;
 
-/// The client config file (spec/cli.md, "Connecting").
+/// The client config file (docs/cli.md, "Connecting").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientConfig {
@@ -124,7 +124,7 @@ pub fn locate(
 /// What to do when there is no config.
 const MAKE_ONE_HINT: &str =
     "pass --config FILE, or set QUOTIENT_CONFIG; `quotient dev up --dir DIR` \
-     starts a local cluster and writes DIR/client.toml, and spec/cli.md shows the format \
+     starts a local cluster and writes DIR/client.toml, and docs/cli.md shows the format \
      (coordinators, ca, cert, key)";
 
 /// Finds and reads the config from the process's flag and environment.
@@ -169,7 +169,7 @@ pub fn load_from(location: &ConfigLocation) -> anyhow::Result<ClientConfig> {
     ClientConfig::parse(&text, base).with_context(|| {
         format!(
             "invalid client config {} (from {}); it needs coordinators, ca, cert and key as in \
-             spec/cli.md",
+             docs/cli.md",
             path.display(),
             location.source
         )

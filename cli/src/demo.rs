@@ -1,4 +1,4 @@
-//! `quotient demo`: the seed's walkthrough of spec/quota-shares.md on a fresh local cluster.
+//! `quotient demo`: the walkthrough of docs/quota-shares.md on a fresh local cluster.
 //!
 //! It starts 3 coordinators and 3 agents with one simulated GPU each (`quotient dev up`, the
 //! process runtime), makes the three shares of the walkthrough, and plays its three steps with
@@ -105,7 +105,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    println!("Quotient demo: the walkthrough of spec/quota-shares.md on a local cluster.");
+    println!("Quotient demo: the walkthrough of docs/quota-shares.md on a local cluster.");
     println!(
         "--- starting 3 coordinators and 3 agents with one simulated a10g GPU each in {}",
         dir.display()
@@ -245,7 +245,7 @@ impl Demo {
                 println!("  {line}");
             }
         }
-        println!("\nThe walkthrough reached exactly the states of spec/quota-shares.md.");
+        println!("\nThe walkthrough reached exactly the states of docs/quota-shares.md.");
         Ok(())
     }
 

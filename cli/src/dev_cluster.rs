@@ -6,8 +6,8 @@
 //! - `coord-N/data/` (the coordinator's `--data-dir`) and `coord-N/coordinator.log`;
 //! - `node-N/state/` (the agent's `--state-dir`: pid files, checkpoints, job logs) and
 //!   `node-N/agent.log`, with the agent certificate `certs/node-N.pem`;
-//! - `client.toml`: an admin client config (spec/cli.md);
-//! - `cluster.json`: each process's id, pid, address and data dir (spec/cli.md's shape; the
+//! - `client.toml`: an admin client config (docs/cli.md);
+//! - `cluster.json`: each process's id, pid, address and data dir (docs/cli.md's shape; the
 //!   pid is `null` while it is stopped, and a `log` path is added).
 //!
 //! A pid alone is not trusted: the kernel reuses pids, so a process counts as ours only if
@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn cluster_json_has_the_spec_shape_and_round_trips() {
-        // Proves the field names of spec/cli.md and that a stopped process is pid null.
+        // Proves the field names of docs/cli.md and that a stopped process is pid null.
         let cluster = ClusterFile {
             cluster_id: None,
             coordinators: vec![CoordinatorEntry {

@@ -1,5 +1,5 @@
 //! `quotient dev up --dir DIR [--coordinators 3] [--nodes 3] [--gpus-per-node 1]
-//! [--gpu-class a10g]`: a local cluster of real processes on loopback (spec/cli.md).
+//! [--gpu-class a10g]`: a local cluster of real processes on loopback (docs/cli.md).
 //!
 //! It makes the certificates in DIR/certs, picks free UDP ports on 127.0.0.1, starts
 //! `quotient-coordinator` processes (found next to this executable) in the background with

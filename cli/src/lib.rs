@@ -1,4 +1,4 @@
-//! The `quotient` command line (spec/cli.md): one module per command, named noun then verb.
+//! The `quotient` command line (docs/cli.md): one module per command, named noun then verb.
 //!
 //! `main.rs` only parses arguments with clap and calls the command's `run`; each command
 //! module owns its clap `Args` struct and returns `anyhow::Result`, so the binary prints the

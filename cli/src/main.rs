@@ -1,4 +1,4 @@
-//! The `quotient` binary: parses the command line and runs one command (spec/cli.md).
+//! The `quotient` binary: parses the command line and runs one command (docs/cli.md).
 //!
 //! Kept thin on purpose: each command's arguments and code live in the library, in a module
 //! named noun then verb. To add a command group, add a variant to [`Command`] with its own
@@ -45,7 +45,7 @@ enum Command {
     /// A local cluster of real processes on loopback, for trying Quotient out.
     #[command(subcommand)]
     Dev(DevCommand),
-    /// Run the walkthrough of the quota-share spec on a fresh local cluster, narrated.
+    /// Run the walkthrough of docs/quota-shares.md on a fresh local cluster, narrated.
     Demo(demo::DemoArgs),
 }
 

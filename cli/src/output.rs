@@ -1,6 +1,6 @@
 //! How commands print: aligned tables for people, one JSON document for machines.
 //!
-//! `-o json` prints exactly one document on stdout (spec/cli.md); the views of
+//! `-o json` prints exactly one document on stdout (docs/cli.md); the views of
 //! `quotient_common::api` already have the spec's shapes, so they go through `serde_json` as
 //! they are. Tables are plain text with columns padded to their widest cell, a header in
 //! capitals, and `-` for an empty cell, so a newcomer can read them and `awk` can split them.
@@ -491,7 +491,7 @@ a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1        
 
     #[test]
     fn the_views_serialize_to_the_spec_shapes() {
-        // Proves the JSON field names match spec/cli.md.
+        // Proves the JSON field names match docs/cli.md.
         let json = serde_json::to_value(share()).unwrap();
         for field in [
             "name",

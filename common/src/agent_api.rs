@@ -1,8 +1,8 @@
 //! The agent protocol's messages (ALPN `quotient-agent/1`): what an agent on a GPU host and
 //! the leading coordinator say to each other.
 //!
-//! Agents are told desired state, not commands (DESIGN.md). The agent opens the connection
-//! and sends requests, one per QUIC stream:
+//! Agents are told desired state, not commands (docs/architecture.md). The agent opens the
+//! connection and sends requests, one per QUIC stream:
 //! - `Register` once per connection, with its inventory and what it runs;
 //! - `Heartbeat` every `heartbeat_ms`, carrying device health and actual jobs (heartbeats are
 //!   not replicated; only a node's state changes are);

@@ -1,7 +1,7 @@
 //! The client API's messages (ALPN `quotient-api/1`): what the `quotient` CLI asks a
 //! coordinator, and the views it gets back.
 //!
-//! The views are shaped like the JSON of spec/cli.md, so the CLI prints them with `serde_json`
+//! The views are shaped like the JSON of docs/cli.md, so the CLI prints them with `serde_json`
 //! as they are. They are plain data with no serde attributes, so bincode encodes them safely.
 
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,6 @@
 //! The job: what a user submits to a share, its id, and the states it moves through.
 //!
-//! See spec/quota-shares.md ("A job"). [`JobSpec::validate`] checks every field that can be
+//! See docs/quota-shares.md ("Jobs"). [`JobSpec::validate`] checks every field that can be
 //! checked without the cluster's state; the state machine checks the rest (the share exists,
 //! the class is one of its limits).
 
@@ -154,7 +154,7 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
-    /// A spec with the defaults of spec/quota-shares.md.
+    /// A spec with the defaults of docs/quota-shares.md.
     pub fn new(share: &str, priority: u32, gpus: u32, command: Vec<String>) -> JobSpec {
         JobSpec {
             name: None,
@@ -328,7 +328,7 @@ fn check_len(field: &str, value: &str, max: usize) -> Result<(), SpecError> {
     }
 }
 
-/// A job's place in its life; see spec/quota-shares.md for the transitions.
+/// A job's place in its life; see docs/quota-shares.md for the transitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum JobState {

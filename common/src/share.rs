@@ -1,6 +1,6 @@
 //! The quota share: a named virtual queue with GPU limits per class and a sharing strategy.
 //!
-//! See spec/quota-shares.md ("A share"). [`ShareSpec::validate`] enforces every field rule
+//! See docs/quota-shares.md ("Shares"). [`ShareSpec::validate`] enforces every field rule
 //! there; the state machine calls it before a share is created or changed.
 
 use serde::{Deserialize, Serialize};
@@ -111,7 +111,7 @@ pub struct ShareSpec {
 }
 
 impl ShareSpec {
-    /// Checks every field rule of spec/quota-shares.md.
+    /// Checks every field rule of docs/quota-shares.md.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_name("share", &self.name)?;
         if self.limits.is_empty() || self.limits.len() > SHARE_CLASSES_MAX {

@@ -1,12 +1,13 @@
 //! Node leases on the leader: when each agent was last heard from, and marking a node lost
 //! once it has been silent too long.
 //!
-//! Heartbeats are not replicated (DESIGN.md): the leader keeps the last-seen time of each
-//! node in memory, and only the outcome, `Command::MarkNodeLost`, goes through Raft. A node
-//! is lost once its last heartbeat is older than the agent lease + the largest grace period
-//! of its jobs + a margin ([`crate::config::AgentTuning`]). The agent stops its jobs after
-//! the agent lease without a heartbeat answer (checkpoint signal, grace period, kill), so by
-//! the time the leader requeues them they have been killed: a job never runs twice at once.
+//! Heartbeats are not replicated (docs/architecture.md): the leader keeps the last-seen time
+//! of each node in memory, and only the outcome, `Command::MarkNodeLost`, goes through Raft.
+//! A node is lost once its last heartbeat is older than the agent lease + the largest grace
+//! period of its jobs + a margin ([`crate::config::AgentTuning`]). The agent stops its jobs
+//! after the agent lease without a heartbeat answer (checkpoint signal, grace period, kill),
+//! so by the time the leader requeues them they have been killed: a job never runs twice at
+//! once.
 //!
 //! A coordinator that becomes leader starts every node's clock at its election: it cannot
 //! know when the old leader last heard from them, and starting late only delays a requeue.

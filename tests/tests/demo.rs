@@ -23,7 +23,7 @@ fn the_demo_runs_the_walkthrough_and_stops_its_cluster() {
         "step 2",
         "step 3",
         "NAME  STRATEGY",
-        "The walkthrough reached exactly the states of spec/quota-shares.md.",
+        "The walkthrough reached exactly the states of docs/quota-shares.md.",
         "--- stopping the cluster",
     ] {
         assert!(

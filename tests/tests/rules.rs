@@ -1,4 +1,4 @@
-//! Rules of spec/quota-shares.md through real processes (a coordinator, agents with one
+//! Rules of docs/quota-shares.md through real processes (a coordinator, agents with one
 //! simulated GPU each, job scripts that trap the checkpoint signal): strategies, the borrow
 //! limit, lowering a limit, and what a cancel and a preemption do to a running job.
 

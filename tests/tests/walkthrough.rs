@@ -1,4 +1,4 @@
-//! The seed's walkthrough (spec/quota-shares.md) through real processes: three coordinators
+//! The walkthrough of docs/quota-shares.md through real processes: three coordinators
 //! and three agents with one simulated GPU each (`quotient dev up`), real job scripts that
 //! trap the checkpoint signal and write a checkpoint, and the exact states after each step.
 
@@ -245,7 +245,7 @@ fn assert_started_once(walk: &Walkthrough, names: &[&str]) {
 
 #[test]
 fn the_seeds_walkthrough_through_real_agents_and_jobs() {
-    // Proves the three steps of spec/quota-shares.md's walkthrough, state by state, with real
+    // Proves the three steps of docs/quota-shares.md's walkthrough, state by state, with real
     // coordinators, agents and job processes, and that a preempted job's checkpoint is written
     // and resumed from by its next attempt.
     let mut walk = set_up();

@@ -8,7 +8,7 @@
 //! everything else on the host alone.
 //!
 //! The environment every job gets is built here, once, by [`job_environment`]
-//! (spec/cli.md: `QUOTIENT_JOB_ID`, `QUOTIENT_ATTEMPT`, `QUOTIENT_CHECKPOINT_DIR`,
+//! (docs/cli.md: `QUOTIENT_JOB_ID`, `QUOTIENT_ATTEMPT`, `QUOTIENT_CHECKPOINT_DIR`,
 //! `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`).
 
 pub mod docker;

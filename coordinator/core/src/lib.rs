@@ -10,7 +10,7 @@
 //! - [`command`]: `Command`, `ApplyCtx`, `Outcome` and `Rejection`.
 //! - [`apply`](mod@apply): the transition function.
 //! - [`rules`]: the quota rules shared by the scheduler and `apply`.
-//! - [`scheduler`]: `plan(&State) -> Plan`, one round of spec/quota-shares.md.
+//! - [`scheduler`]: `plan(&State) -> Plan`, one round of docs/quota-shares.md.
 //! - [`plan`]: the plan a round produces and Raft commits.
 //! - [`reason`]: why a job waits, as data.
 //! - [`explain`](mod@explain): why a job waits or was preempted, in words.

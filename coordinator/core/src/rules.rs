@@ -1,4 +1,4 @@
-//! The quota rules of spec/quota-shares.md as small pure functions, shared by the scheduler
+//! The quota rules of docs/quota-shares.md as small pure functions, shared by the scheduler
 //! (which decides) and `apply` (which re-checks), so that the two can never disagree.
 
 use quotient_common::{GpuClass, ShareSpec, Strategy};

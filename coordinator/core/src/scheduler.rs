@@ -1,5 +1,5 @@
 //! The scheduler: `plan(&State) -> Plan`, one pure, deterministic round of
-//! spec/quota-shares.md ("What the scheduler does").
+//! docs/quota-shares.md ("What the scheduler does").
 //!
 //! A round never mutates the state. It works on a [`Scratch`]: usage counters for the queues it
 //! touches and an overlay of the nodes whose free GPUs it has spent, on top of the state's

@@ -1,4 +1,4 @@
-//! One test per rule of spec/quota-shares.md, named after the rule.
+//! One test per rule of docs/quota-shares.md, named after the rule.
 
 mod support;
 

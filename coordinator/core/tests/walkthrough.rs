@@ -1,4 +1,4 @@
-//! The seed's walkthrough of spec/quota-shares.md, step by step, at the level of the pure core.
+//! The walkthrough of docs/quota-shares.md, step by step, at the level of the pure core.
 
 mod support;
 
