@@ -21,7 +21,7 @@
 //! measures one system (`quotient` or `etcd`). `QUOTIENT_BENCH_MEMBER_THREADS` (default 1) sets
 //! each member's worker threads, for both systems (see [`member_threads`]).
 //! `QUOTIENT_BENCH_ETCD_API=gateway` sends etcd's puts through its HTTP/JSON gateway instead
-//! (one more loopback hop inside etcd; the figures before 2026-12-03 13:50 UTC used it).
+//! (one more loopback hop inside etcd; BENCHMARKS.md says which figures used it).
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -24,10 +24,9 @@ use crate::store::{NodeId, Request};
 
 /// Most commands in one log entry: bounds an entry's size and the work of applying it.
 pub const PROPOSAL_BATCH_MAX: usize = 1_024;
-/// Most entries proposed and not yet applied at once. One measured best (BENCHMARKS.md): at 16
-/// and 256 clients it gave the highest rate and the lowest p99 against 2, 4 and 8, because
-/// openraft 0.9's core flushes entries one at a time anyway, so a second entry in flight only
-/// splits the waiting commands into more entries and more fsyncs.
+/// Most entries proposed and not yet applied at once. One, because openraft 0.9's core flushes
+/// entries one at a time anyway, so a second entry in flight only splits the waiting commands
+/// into more entries and more fsyncs (BENCHMARKS.md has the sweep of 1, 2, 4 and 8).
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
 /// Most commands waiting to be proposed; callers wait for room beyond it.
 pub const PROPOSALS_QUEUED_MAX: usize = 16_384;
@@ -99,8 +98,8 @@ async fn run(raft: Raft, mut receiver: mpsc::Receiver<Proposal>) {
         let Some(first) = receiver.recv().await else {
             return;
         };
-        // Sized once for what is waiting: growing a vector of commands one push at a time,
-        // then splitting it, took the leader 3-4% of its CPU at 256 clients.
+        // Sized once for what is waiting, rather than grown one push at a time and then split,
+        // which cost the leader noticeable CPU under load (BENCHMARKS.md).
         let room = (receiver.len() + 1).min(PROPOSAL_BATCH_MAX);
         let mut commands = Vec::with_capacity(room);
         let mut replies = Vec::with_capacity(room);

@@ -3,11 +3,9 @@
 //! Jobs are never removed, so the table only grows. A plain `Vec` grows by doubling, and
 //! unless the allocator can remap the pages (glibc's can, mimalloc's, which the coordinator
 //! uses, cannot) each doubling copies every record it holds, under the state machine's
-//! write lock, stalling every apply and answer on the leader. A record is 568 bytes: with
-//! mimalloc the push that took a `Vec` past 524,288 jobs took 0.9 s on the 2-vCPU VM of
-//! BENCHMARKS.md, and the next would take twice that. In chunks, a push at most allocates
-//! one new chunk and no record ever moves (the worst push in the same run: 23 ms, a page
-//! fault under a busy VM, not a copy).
+//! write lock, stalling every apply and answer on the leader for a time that grows with the
+//! table (BENCHMARKS.md has the measurement). In chunks, a push at most allocates one new
+//! chunk and no record ever moves.
 //!
 //! Chunks are shared copy-on-write: cloning a table clones one pointer per chunk, and a chunk
 //! is copied only when a record in it changes while another table still shares it. A snapshot

@@ -3,10 +3,10 @@
 //!
 //! Why not the redb database that holds the vote: a redb commit copies the B-tree's path and
 //! its free-page bookkeeping on every write, five scattered pages and the header before its
-//! fsync, while a log only ever appends. Measured on the benchmark VM with three writers on
-//! one disk (as three coordinators are there), a one-entry redb commit took 0.62 ms at p50
-//! against 0.27 ms for a one-page append to a zero-filled file (BENCHMARKS.md). Each entry
-//! pays that on a follower before it can count towards a commit.
+//! fsync, while a log only ever appends. With several writers on one disk (three coordinators
+//! on one host), a one-entry redb commit takes more than twice as long as a one-page append to
+//! a zero-filled file (BENCHMARKS.md), and each entry pays that on a follower before it can
+//! count towards a commit.
 //!
 //! # Format
 //!
