@@ -2,7 +2,8 @@
 //!
 //! It is synchronous, reads no clock (the leader stamps `ApplyCtx::time_ms`), and returns a
 //! rejection as data, leaving the state untouched, whenever a command does not hold. Every job
-//! change goes through [`State::update_job`], which keeps the derived index in step.
+//! change goes through [`State::update_job`], which keeps the derived index in step and notes
+//! the change for [`apply_noting`] ([`Changes`]).
 
 use quotient_common::job::LaunchFault;
 use quotient_common::{
@@ -10,6 +11,7 @@ use quotient_common::{
     ShareUpdate,
 };
 
+use crate::changes::Changes;
 use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
 use crate::limits::{LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
@@ -25,6 +27,27 @@ pub const JOBS_MAX: usize = 50_000_000;
 
 /// Applies one command. See the module docs.
 pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
+    apply_command(state, command, ctx)
+}
+
+/// Applies one command, as [`apply`], and adds to `changes` what it changed: the jobs, nodes
+/// and shares that views of each must look at again (see [`Changes`]). A caller applying a
+/// batch passes the same `changes` for every command and reads the union once.
+pub fn apply_noting(
+    state: &mut State,
+    command: Command,
+    ctx: ApplyCtx,
+    changes: &mut Changes,
+) -> Outcome {
+    // The state holds the caller's set while it applies, so that every change is noted where
+    // it is made without passing the set through every function.
+    state.changes = Some(std::mem::take(changes));
+    let outcome = apply_command(state, command, ctx);
+    *changes = state.changes.take().expect("put there above");
+    outcome
+}
+
+fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
     if let Command::CheckDigest { .. } = command {
         // Read by the coordinator around apply. It leaves the state exactly as it was, its
         // last applied index included, so that a check never makes two equal states differ.
@@ -76,6 +99,11 @@ impl State {
         change(job);
         let new = job.clone();
         self.index.add_job(&new, &self.data);
+        if let Some(changes) = self.changes.as_mut() {
+            if old != new {
+                changes.job_changed(&old, &new);
+            }
+        }
     }
 
     fn create_share(&mut self, spec: ShareSpec, ctx: ApplyCtx) -> Outcome {
@@ -91,6 +119,7 @@ impl State {
                 max: SHARES_MAX as u64,
             });
         }
+        let spec_name = spec.name.clone();
         self.data.shares.insert(
             spec.name.clone(),
             ShareRecord {
@@ -99,6 +128,7 @@ impl State {
             },
         );
         self.index.recompute_reserved(&self.data);
+        self.note_share(&spec_name);
         Outcome::Done
     }
 
@@ -110,8 +140,12 @@ impl State {
         if let Err(e) = next.validate() {
             return rejected(Rejection::Invalid(e));
         }
+        if next == record.spec {
+            return Outcome::Done;
+        }
         self.data.shares.get_mut(name).expect("checked").spec = next;
         self.index.recompute_reserved(&self.data);
+        self.note_share(name);
         Outcome::Done
     }
 
@@ -140,6 +174,7 @@ impl State {
         }
         self.data.shares.remove(name);
         self.index.recompute_reserved(&self.data);
+        self.note_share(name);
         Outcome::Done
     }
 
@@ -201,6 +236,9 @@ impl State {
             self.data.idempotency.insert(key.clone(), id);
         }
         let job = JobRecord::new(id, spec, ctx.time_ms);
+        if let Some(changes) = self.changes.as_mut() {
+            changes.job_added(&job);
+        }
         self.data.jobs.push(job.clone());
         self.index.add_job(&job, &self.data);
         Outcome::JobSubmitted {
@@ -316,6 +354,7 @@ impl State {
         let epoch = node.epoch;
         let record = node.clone();
         self.index.refresh_node(&record);
+        self.note_node(id);
         Outcome::NodeRegistered { node: id, epoch }
     }
 
@@ -326,6 +365,9 @@ impl State {
         let from = self.data.nodes[id.0 as usize].state;
         if from == NodeState::Lost && to != NodeState::Lost {
             return rejected(Rejection::NodeLost(name.to_string()));
+        }
+        if from != to || to == NodeState::Lost {
+            self.note_node(id);
         }
         if to == NodeState::Lost {
             for job in self.jobs_on_node(id) {
@@ -398,6 +440,7 @@ impl State {
         while self.data.nodes.last().is_some_and(NodeRecord::is_vacant) {
             self.data.nodes.pop();
         }
+        self.note_node(id);
         Outcome::Done
     }
 
@@ -412,9 +455,13 @@ impl State {
                 index,
             });
         };
+        if gpu.healthy == healthy {
+            return Outcome::Done;
+        }
         gpu.healthy = healthy;
         let record = node.clone();
         self.index.refresh_node(&record);
+        self.note_node(id);
         Outcome::Done
     }
 
@@ -636,11 +683,19 @@ impl State {
                 report.rejected.push((position as u32, rejection));
             }
         }
+        let noting = self.changes.is_some();
         for (id, reason) in plan.waiting {
-            if let Some(job) = self.job_mut(id) {
-                if job.state == JobState::Runnable {
-                    job.reason = Some(reason);
-                }
+            let Some(job) = self.job_mut(id) else {
+                continue;
+            };
+            if job.state != JobState::Runnable || job.reason.as_ref() == Some(&reason) {
+                continue;
+            }
+            // A reason is no part of the index: set in place, not through `update_job`.
+            job.reason = Some(reason);
+            if noting {
+                let share = job.spec.share.clone();
+                self.note_queued_job(id, share);
             }
         }
         report
