@@ -41,6 +41,7 @@ use quotient_core::{Command, JobEvent, JobReport, Outcome};
 use tokio::sync::Notify;
 
 use crate::agent_links::AgentLinks;
+use crate::applied;
 use crate::config::AgentTuning;
 use crate::desired::DesiredTracker;
 use crate::identity::ClusterIdentity;
@@ -378,15 +379,16 @@ impl AgentService {
         }
     }
 
-    /// Refreshes desired state and wakes the scheduler after a write of ours (the apply
-    /// watcher does it too; this saves its latency).
+    /// Refreshes the desired state of what a write of ours changed and wakes the scheduler
+    /// if it changed anything (the apply watcher does it too; this saves its latency).
     fn after_write(&self) {
-        let term = self.term();
-        let desired = &self.inner.desired;
-        self.inner
-            .state_machine
-            .read(|state| desired.refresh(state, term));
-        self.inner.scheduler.notify_one();
+        let inner = &self.inner;
+        applied::follow(
+            &inner.state_machine,
+            &inner.desired,
+            &inner.scheduler,
+            self.term(),
+        );
     }
 
     /// `Ok` when `node` is registered and not lost.

@@ -2,12 +2,14 @@
 //! commits the plan, whenever something that can matter changed.
 //!
 //! Triggers arrive through a [`tokio::sync::Notify`] (one after every applied batch of log
-//! entries: submits, priority updates, cancels, reports, node and share changes all go
-//! through the log) and a periodic tick as a safety net. Triggers that arrive while a round
+//! entries that changed something, `crate::applied`: submits, priority updates, cancels,
+//! reports, node and share changes all go through the log) and a periodic tick as a safety
+//! net. Triggers that arrive while a round
 //! runs coalesce into one more round; a short debounce lets a burst of writes gather first.
 //! Only the leader plans; a plan that changes nothing is not committed, so the loop reaches a
-//! fixed point instead of feeding itself. After a commit the affected nodes' desired state is
-//! refreshed at once, which wakes their agents' long polls.
+//! fixed point instead of feeding itself. After a commit the nodes it changed get their
+//! desired state refreshed at once, which wakes their agents' long polls, and the loop plans
+//! again, as after any write.
 //!
 //! After a failover the new leader plans from the replicated state: running jobs hold their
 //! GPUs there, so nothing is restarted.
@@ -19,6 +21,7 @@ use openraft::ServerState;
 use quotient_core::{Command, Outcome};
 use tokio::sync::Notify;
 
+use crate::applied;
 use crate::desired::DesiredTracker;
 use crate::proposer::Proposer;
 use crate::store::type_config::Raft;
@@ -86,7 +89,7 @@ pub async fn run(
                     );
                 }
                 let term = raft.metrics().borrow().current_term;
-                state_machine.read(|state| desired.refresh(state, term));
+                applied::follow(&state_machine, &desired, &trigger, term);
                 if stale {
                     tracing::warn!("every action of a plan was stale; backing off");
                     tokio::time::sleep(Duration::from_millis(SCHEDULER_STALE_BACKOFF_MS)).await;
