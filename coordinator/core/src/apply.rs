@@ -16,7 +16,7 @@ use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport
 use crate::limits::{LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
-use crate::rules::{admit, limit_of};
+use crate::rules::{admit, available_for_job, limit_of, BorrowedFromLowest};
 use crate::state::{
     Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
     StopCause,
@@ -735,16 +735,14 @@ impl State {
         } else {
             0
         };
-        let others_nominated = slot.nominated - own.min(slot.nominated);
-        if (slot.free_mask & !gpu_mask).count_ones() < others_nominated {
+        let capacity = &self.index.capacity[class];
+        let available = available_for_job(*slot, capacity.available_total, own);
+        if available.on_node < job.gpus() {
             return stale(format!("GPUs on {} are kept for another job", record.name));
         }
         let Some(share) = self.data.shares.get(&job.spec.share) else {
             return stale(format!("share {} is gone", job.spec.share));
         };
-        let capacity = &self.index.capacity[class];
-        let for_it = slot.free_mask.count_ones().saturating_sub(others_nominated);
-        let available = capacity.available_total - u64::from(slot.available()) + u64::from(for_it);
         let (usage, kept) = self
             .index
             .share_class(&share.spec.name, class)
@@ -755,7 +753,7 @@ impl State {
             usage,
             kept,
             job.gpus(),
-            available,
+            available.in_class,
             self.index.reserved_idle(class),
         )
         .map(|_| ())
@@ -833,8 +831,9 @@ impl State {
         Ok(())
     }
 
-    /// Is the job beyond its share's limit, ranking the share's jobs that are not stopping
-    /// by (priority desc, start asc)?
+    /// Is the job borrowed: beyond its share's limit, ranking the share's jobs that are not
+    /// stopping by (priority desc, start asc) ([`BorrowedFromLowest`], as the scheduler
+    /// finds reclaim victims)?
     pub fn is_borrowed(&self, job: &JobRecord) -> bool {
         let class = job.class();
         let limit = self
@@ -842,15 +841,21 @@ impl State {
             .shares
             .get(&job.spec.share)
             .map_or(0, |s| limit_of(&s.spec, class));
-        let mut prefix = 0u64;
-        for id in self.index.holding(&job.spec.share, class) {
+        let Some(index) = self.index.share_class(&job.spec.share, class) else {
+            return false;
+        };
+        let mut borrowed = BorrowedFromLowest::new(index.usage - index.preempting, limit);
+        for &(_, _, id) in index.holding.iter().rev() {
+            if !borrowed.any_left() {
+                return false;
+            }
             let other = self.job(id).expect("indexed");
             if other.state == JobState::Preempting {
                 continue;
             }
-            prefix += u64::from(other.gpus());
+            let is_borrowed = borrowed.pass(other.gpus());
             if id == job.id {
-                return prefix > limit;
+                return is_borrowed;
             }
         }
         false
