@@ -47,7 +47,7 @@ use crate::desired::DesiredTracker;
 use crate::identity::ClusterIdentity;
 use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
-use crate::proposer::{ProposalError, Proposer};
+use crate::proposer::{NotProposed, ProposalError, Proposer};
 use crate::store::type_config::Raft;
 use crate::store::QuotientStateMachine;
 
@@ -141,6 +141,15 @@ fn write_error(error: ProposalError) -> AgentError {
             AgentError::Unavailable(change.to_string())
         }
         RaftError::Fatal(fatal) => AgentError::Unavailable(format!("raft stopped: {fatal}")),
+    }
+}
+
+fn not_proposed_error(error: NotProposed) -> AgentError {
+    match error {
+        NotProposed::Stopped => AgentError::Unavailable(error.to_string()),
+        NotProposed::TooLarge { .. } | NotProposed::Unencodable(_) => {
+            bad_request(error.to_string())
+        }
     }
 }
 
@@ -375,7 +384,7 @@ impl AgentService {
             Ok(Ok(Outcome::Rejected(rejection))) => Err(bad_request(rejection.to_string())),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
-            Err(stopped) => Err(AgentError::Unavailable(stopped.to_string())),
+            Err(not_proposed) => Err(not_proposed_error(not_proposed)),
         }
     }
 
@@ -505,7 +514,7 @@ impl AgentService {
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => return Err(write_error(error)),
-                Err(stopped) => return Err(AgentError::Unavailable(stopped.to_string())),
+                Err(not_proposed) => return Err(not_proposed_error(not_proposed)),
             }
         }
         self.after_write();
