@@ -31,7 +31,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
 use quotient_common::agent_api::{
     AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireJobEvent, WireJobReport,
-    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+    ACTUAL_ATTEMPTS_MAX, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::job::bounded_launch_message;
@@ -60,8 +60,6 @@ pub const AGENT_REQUEST_TIMEOUT_MS: u64 = 10_000;
 /// of a newer term; without this check it would keep an agent's lease alive while the new
 /// leader's node lease runs out and requeues that agent's jobs: a job could run twice.
 pub const LEADER_QUORUM_ACK_MAX_MS: u64 = 1_000;
-/// The most actual attempts a Register or Heartbeat may list.
-pub const ACTUAL_ATTEMPTS_MAX: usize = 1_024;
 
 /// What the agent handlers share. Cheap to clone.
 #[derive(Clone)]

@@ -5,7 +5,7 @@
 //! change goes through [`State::update_job`], which keeps the derived index in step and notes
 //! the change for [`apply_noting`] ([`Changes`]).
 
-use quotient_common::job::LaunchFault;
+use quotient_common::job::{bounded_launch_message, LaunchFault};
 use quotient_common::{
     GpuClass, JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareState,
     ShareUpdate,
@@ -13,7 +13,7 @@ use quotient_common::{
 
 use crate::changes::Changes;
 use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
-use crate::limits::{LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
+use crate::limits::{ACTIVE_JOBS_MAX, JOBS_MAX, LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
 use crate::rules::{admit, available_for_job, limit_of, BorrowedFromLowest};
@@ -21,9 +21,6 @@ use crate::state::{
     Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
     StopCause,
 };
-
-/// The most jobs the state holds, terminal ones included (ids stay dense).
-pub const JOBS_MAX: usize = 50_000_000;
 
 /// Applies one command. See the module docs.
 pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
@@ -228,6 +225,12 @@ impl State {
             return rejected(Rejection::TooMany {
                 what: "jobs".into(),
                 max: JOBS_MAX as u64,
+            });
+        }
+        if self.index.active_jobs >= ACTIVE_JOBS_MAX as u64 {
+            return rejected(Rejection::TooMany {
+                what: "jobs that have not ended".into(),
+                max: ACTIVE_JOBS_MAX as u64,
             });
         }
         spec.gpu_class = Some(class);
@@ -636,7 +639,9 @@ impl State {
                 node,
                 tries,
                 fault,
-                message,
+                // The one text from outside that a reason keeps: bounded here too, whatever
+                // the coordinator let through.
+                message: bounded_launch_message(&message),
                 requeues,
                 requeues_max: LAUNCH_REQUEUES_MAX,
             });
@@ -893,5 +898,85 @@ impl State {
             Some(n) if n.state.schedulable() => Ok(()),
             _ => stale("the node is not schedulable".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quotient_common::{GpuDevice, NodeInventory, Strategy};
+
+    use super::*;
+
+    /// Applies `command` as the next log entry.
+    fn apply_next(state: &mut State, command: Command) -> Outcome {
+        let ctx = ApplyCtx {
+            log_index: state.data.last_applied_index + 1,
+            time_ms: 1_000,
+        };
+        apply(state, command, ctx)
+    }
+
+    fn submit(state: &mut State) -> Outcome {
+        apply_next(
+            state,
+            Command::SubmitJob(JobSpec::new("team", 1, 1, vec!["x".into()])),
+        )
+    }
+
+    #[test]
+    fn a_submit_past_the_active_jobs_limit_is_rejected_until_one_ends() {
+        // Proves ACTIVE_JOBS_MAX holds: the count of jobs that have not ended is kept in step
+        // by every change, and a submit at the limit is rejected naming it; a job that ends
+        // makes room. (The count is set near the limit rather than filled with 5,000,000
+        // jobs.)
+        let mut state = State::new();
+        let class = GpuClass::parse("a10g").unwrap();
+        apply_next(
+            &mut state,
+            Command::RegisterNode(NodeInventory {
+                name: "n".into(),
+                gpus: vec![GpuDevice {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                    class: class.clone(),
+                    healthy: true,
+                }],
+            }),
+        );
+        let share = ShareSpec {
+            name: "team".into(),
+            limits: [(class, 1)].into(),
+            strategy: Strategy::Lend,
+            borrow_limit_percent: None,
+            in_share_preemption: false,
+            state: ShareState::Enabled,
+        };
+        assert_eq!(
+            apply_next(&mut state, Command::CreateShare(share)),
+            Outcome::Done
+        );
+        assert!(!submit(&mut state).is_rejected());
+        assert_eq!(state.index.active_jobs, 1);
+        state.validate().expect("the count is the index's");
+
+        state.index.active_jobs = ACTIVE_JOBS_MAX as u64 - 1;
+        assert!(
+            !submit(&mut state).is_rejected(),
+            "the last one under the limit"
+        );
+        assert_eq!(
+            submit(&mut state),
+            Outcome::Rejected(Rejection::TooMany {
+                what: "jobs that have not ended".into(),
+                max: ACTIVE_JOBS_MAX as u64,
+            })
+        );
+        let cancel = Command::CancelJob { job: JobId(2) };
+        assert_eq!(apply_next(&mut state, cancel), Outcome::Done);
+        assert_eq!(state.index.active_jobs, ACTIVE_JOBS_MAX as u64 - 1);
+        assert!(
+            !submit(&mut state).is_rejected(),
+            "a cancelled job made room"
+        );
     }
 }
