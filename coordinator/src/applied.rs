@@ -97,20 +97,23 @@ mod tests {
 
     use super::*;
 
+    /// Changes naming `count` jobs, bounded as the state machine bounds them.
+    fn naming(count: u64) -> AppliedChanges {
+        let mut changes = AppliedChanges::default();
+        for id in 1..=count {
+            let noting = changes.noting().expect("still named");
+            noting.jobs.insert(JobId(id));
+        }
+        changes.bound();
+        changes
+    }
+
     #[test]
     fn more_than_the_maximum_counts_as_everything_and_stops_noting() {
         // Proves the bound: past APPLIED_CHANGES_MAX records the changes become Everything,
         // and then nothing more is noted until they are taken.
-        let mut changes = AppliedChanges::default();
-        assert!(changes.is_empty());
-        for id in 0..=APPLIED_CHANGES_MAX as u64 {
-            changes
-                .noting()
-                .expect("still named")
-                .jobs
-                .insert(JobId(id));
-        }
-        changes.bound();
+        assert!(AppliedChanges::default().is_empty());
+        let mut changes = naming(APPLIED_CHANGES_MAX as u64 + 1);
         assert_eq!(changes, AppliedChanges::Everything);
         assert!(changes.noting().is_none());
         assert!(!changes.is_empty());
@@ -121,17 +124,11 @@ mod tests {
     #[test]
     fn up_to_the_maximum_the_records_stay_named() {
         // Proves that exactly APPLIED_CHANGES_MAX records are still named one by one.
-        let mut changes = AppliedChanges::default();
-        for id in 1..=APPLIED_CHANGES_MAX as u64 {
-            changes
-                .noting()
-                .expect("still named")
-                .jobs
-                .insert(JobId(id));
-        }
-        changes.bound();
-        assert!(
-            matches!(&changes, AppliedChanges::Named(named) if named.len() == APPLIED_CHANGES_MAX)
-        );
+        let changes = naming(APPLIED_CHANGES_MAX as u64);
+        let named = match &changes {
+            AppliedChanges::Named(named) => named.len(),
+            AppliedChanges::Everything => 0,
+        };
+        assert_eq!(named, APPLIED_CHANGES_MAX);
     }
 }

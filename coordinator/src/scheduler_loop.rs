@@ -163,35 +163,45 @@ fn pieces(plan: Plan, bytes_max: usize) -> Result<Vec<Plan>, CodecError> {
     if encoded_len(&Command::ApplyPlan(plan.clone()))? <= bytes_max {
         return Ok(vec![plan]);
     }
-    let mut pieces = vec![Plan::default()];
-    let mut bytes = empty;
+    let mut pieces = Pieces {
+        plans: vec![Plan::default()],
+        bytes: empty,
+        empty,
+        bytes_max,
+    };
     for action in plan.actions {
         let len = encoded_len(&action)?;
-        if bytes + len > bytes_max && !pieces.last().expect("one at least").is_empty() {
-            pieces.push(Plan::default());
-            bytes = empty;
-        }
-        bytes += len;
-        pieces
-            .last_mut()
-            .expect("one at least")
-            .actions
-            .push(action);
+        pieces.room_for(len).actions.push(action);
     }
     for waiting in plan.waiting {
         let len = encoded_len(&waiting)?;
-        if bytes + len > bytes_max && !pieces.last().expect("one at least").is_empty() {
-            pieces.push(Plan::default());
-            bytes = empty;
-        }
-        bytes += len;
-        pieces
-            .last_mut()
-            .expect("one at least")
-            .waiting
-            .push(waiting);
+        pieces.room_for(len).waiting.push(waiting);
     }
-    Ok(pieces)
+    Ok(pieces.plans)
+}
+
+/// The pieces of a plan being cut, the last one filling.
+struct Pieces {
+    plans: Vec<Plan>,
+    /// The last piece's encoded bytes, as counted.
+    bytes: usize,
+    /// What an empty piece counts.
+    empty: usize,
+    bytes_max: usize,
+}
+
+impl Pieces {
+    /// The piece to add something of `len` bytes to: the last one, or a new one if it would
+    /// take the last past the limit (a piece holds one thing at least).
+    fn room_for(&mut self, len: usize) -> &mut Plan {
+        let last = self.plans.last().expect("one piece at least");
+        if self.bytes + len > self.bytes_max && !last.is_empty() {
+            self.plans.push(Plan::default());
+            self.bytes = self.empty;
+        }
+        self.bytes += len;
+        self.plans.last_mut().expect("one piece at least")
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use quotient_common::{JobId, NodeState, ShareUpdate, Strategy};
-use quotient_core::{Changes, Command, JobEvent, JobReport, NodeId};
+use quotient_core::{Changes, Command, JobEvent, NodeId};
 use support::*;
 
 /// The changes naming `jobs`, `nodes` and `shares`.
@@ -31,23 +31,8 @@ fn changed(sim: &mut Sim, command: Command) -> Changes {
 }
 
 fn report(sim: &mut Sim, job: JobId, event: JobEvent) -> Changes {
-    let record = sim.state.job(job).unwrap();
-    let node = sim
-        .state
-        .node(record.allocation.unwrap().node)
-        .unwrap()
-        .name
-        .clone();
-    let attempt = record.attempts;
-    changed(
-        sim,
-        Command::ReportJob(JobReport {
-            job,
-            attempt,
-            node,
-            event,
-        }),
-    )
+    sim.report(job, event);
+    sim.last_changes.clone()
 }
 
 fn round(sim: &mut Sim) -> Changes {

@@ -130,7 +130,8 @@ impl Sim {
         plan
     }
 
-    fn report(&mut self, id: JobId, event: JobEvent) {
+    /// The agent of the job's node reports `event` about its current attempt.
+    pub fn report(&mut self, id: JobId, event: JobEvent) {
         let job = self.state.job(id).unwrap();
         let node = self
             .state
