@@ -159,10 +159,12 @@ async fn commit(proposer: &Proposer, plan: Plan) -> Result<PlanReport, Uncommitt
 fn pieces(plan: Plan, bytes_max: usize) -> Result<Vec<Plan>, CodecError> {
     // An empty `ApplyPlan` (its tag and two empty lists) plus the most that the two lists'
     // lengths can grow by.
-    let empty = encoded_len(&Command::ApplyPlan(Plan::default()))? + 2 * 9;
-    if encoded_len(&Command::ApplyPlan(plan.clone()))? <= bytes_max {
+    let empty_command = encoded_len(&Command::ApplyPlan(Plan::default()))?;
+    let tag = empty_command - encoded_len(&Plan::default())?;
+    if tag + encoded_len(&plan)? <= bytes_max {
         return Ok(vec![plan]);
     }
+    let empty = empty_command + 2 * 9;
     let mut pieces = Pieces {
         plans: vec![Plan::default()],
         bytes: empty,
@@ -230,11 +232,16 @@ mod tests {
 
     #[test]
     fn a_plan_that_fits_an_entry_is_one_piece() {
+        // Proves a plan whose command is exactly the limit stays whole, and one byte over
+        // is cut.
         let small = plan(1_000, &[100; 10]);
         assert_eq!(
             pieces(small.clone(), PROPOSAL_BYTES_MAX).expect("encodable"),
-            vec![small]
+            vec![small.clone()]
         );
+        let exact = encoded_len(&Command::ApplyPlan(small.clone())).unwrap();
+        assert_eq!(pieces(small.clone(), exact).unwrap(), vec![small.clone()]);
+        assert!(pieces(small, exact - 1).unwrap().len() > 1);
     }
 
     #[test]
