@@ -45,7 +45,8 @@ pub const LAUNCH_BACKOFF_FIRST_MS: u64 = 500;
 /// (by then the coordinators have long moved on).
 pub const FINISHED_ATTEMPTS_MAX: usize = 65_536;
 /// Attempts tracked at once; a node runs at most one job per GPU, plus ones being stopped.
-pub const LOCAL_ATTEMPTS_MAX: usize = 1_024;
+/// No more than a heartbeat may list, so that the leader never refuses this agent's.
+pub const LOCAL_ATTEMPTS_MAX: usize = quotient_common::agent_api::ACTUAL_ATTEMPTS_MAX;
 
 /// What the executor tracks about one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -25,8 +25,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ClusterId, GpuDevice, JobId, JobSpec, NodeInventory};
 
-/// The largest agent-protocol frame.
-pub const AGENT_FRAME_BYTES_MAX: usize = 16 << 20;
 /// How long the leader holds a `WatchDesired` that has nothing new.
 pub const WATCH_TIMEOUT_MS: u64 = 5_000;
 /// The most allocations one node's desired state holds (a node has at most 64 GPUs; jobs
@@ -38,6 +36,8 @@ pub const REPORTS_PER_REQUEST_MAX: usize = 256;
 pub const LOG_CHUNK_BYTES_MAX: u32 = 1 << 20;
 /// The leader's deadline for an agent's answer to a [`LeaderRequest`] (milliseconds).
 pub const LEADER_REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// The most actual attempts a `Register` or `Heartbeat` may list; the leader refuses more.
+pub const ACTUAL_ATTEMPTS_MAX: usize = 1_024;
 
 /// A fencing epoch: the leader's Raft term, then the log index of the state the desired state
 /// was computed from. Compared as a pair, so any state sent by a newer leader is newer.

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use crate::{ClusterId, JobId, JobSpec, JobState, ShareSpec, ShareUpdate};
 
-/// The largest API request or response frame.
+/// The largest API request or response frame: the transport's frame limit
+/// (`frame::MAX_FRAME_BYTES`, which holds every frame of every protocol to it, and asserts
+/// that the two are equal), named here for the messages without the `net` feature.
 pub const API_FRAME_BYTES_MAX: usize = 16 << 20;
 /// The most log bytes one `JobLogs` answer carries; larger `max_bytes` are capped to it.
 pub const LOG_READ_BYTES_MAX: u32 = 1 << 20;

@@ -25,6 +25,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Raft snapshot of a big cluster's state, small enough to buffer per request.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
+const _: () = assert!(crate::api::API_FRAME_BYTES_MAX == MAX_FRAME_BYTES);
+
 /// Size of the big-endian length prefix in bytes.
 pub const LENGTH_PREFIX_BYTES: usize = 4;
 

@@ -31,7 +31,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
 use quotient_common::agent_api::{
     AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireJobEvent, WireJobReport,
-    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+    ACTUAL_ATTEMPTS_MAX, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::job::bounded_launch_message;
@@ -41,12 +41,13 @@ use quotient_core::{Command, JobEvent, JobReport, Outcome};
 use tokio::sync::Notify;
 
 use crate::agent_links::AgentLinks;
+use crate::applied;
 use crate::config::AgentTuning;
 use crate::desired::DesiredTracker;
 use crate::identity::ClusterIdentity;
 use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
-use crate::proposer::{ProposalError, Proposer};
+use crate::proposer::{NotProposed, ProposalError, Proposer};
 use crate::store::type_config::Raft;
 use crate::store::QuotientStateMachine;
 
@@ -59,8 +60,6 @@ pub const AGENT_REQUEST_TIMEOUT_MS: u64 = 10_000;
 /// of a newer term; without this check it would keep an agent's lease alive while the new
 /// leader's node lease runs out and requeues that agent's jobs: a job could run twice.
 pub const LEADER_QUORUM_ACK_MAX_MS: u64 = 1_000;
-/// The most actual attempts a Register or Heartbeat may list.
-pub const ACTUAL_ATTEMPTS_MAX: usize = 1_024;
 
 /// What the agent handlers share. Cheap to clone.
 #[derive(Clone)]
@@ -140,6 +139,15 @@ fn write_error(error: ProposalError) -> AgentError {
             AgentError::Unavailable(change.to_string())
         }
         RaftError::Fatal(fatal) => AgentError::Unavailable(format!("raft stopped: {fatal}")),
+    }
+}
+
+fn not_proposed_error(error: NotProposed) -> AgentError {
+    match error {
+        NotProposed::Stopped => AgentError::Unavailable(error.to_string()),
+        NotProposed::TooLarge { .. } | NotProposed::Unencodable(_) => {
+            bad_request(error.to_string())
+        }
     }
 }
 
@@ -374,19 +382,20 @@ impl AgentService {
             Ok(Ok(Outcome::Rejected(rejection))) => Err(bad_request(rejection.to_string())),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
-            Err(stopped) => Err(AgentError::Unavailable(stopped.to_string())),
+            Err(not_proposed) => Err(not_proposed_error(not_proposed)),
         }
     }
 
-    /// Refreshes desired state and wakes the scheduler after a write of ours (the apply
-    /// watcher does it too; this saves its latency).
+    /// Refreshes the desired state of what a write of ours changed and wakes the scheduler
+    /// if it changed anything (the apply watcher does it too; this saves its latency).
     fn after_write(&self) {
-        let term = self.term();
-        let desired = &self.inner.desired;
-        self.inner
-            .state_machine
-            .read(|state| desired.refresh(state, term));
-        self.inner.scheduler.notify_one();
+        let inner = &self.inner;
+        applied::follow(
+            &inner.state_machine,
+            &inner.desired,
+            &inner.scheduler,
+            self.term(),
+        );
     }
 
     /// `Ok` when `node` is registered and not lost.
@@ -503,7 +512,7 @@ impl AgentService {
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => return Err(write_error(error)),
-                Err(stopped) => return Err(AgentError::Unavailable(stopped.to_string())),
+                Err(not_proposed) => return Err(not_proposed_error(not_proposed)),
             }
         }
         self.after_write();

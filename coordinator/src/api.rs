@@ -53,7 +53,7 @@ use crate::client::{ApiClient, ClientError};
 use crate::identity::ClusterIdentity;
 use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
-use crate::proposer::Proposer;
+use crate::proposer::{NotProposed, Proposer};
 use crate::store::type_config::Raft;
 use crate::store::{NodeId, QuotientStateMachine};
 use crate::views;
@@ -626,7 +626,10 @@ impl ApiService {
             Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection.to_string())),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
-            Err(stopped) => Err(ApiError::Unavailable(stopped.to_string())),
+            Err(NotProposed::Stopped) => {
+                Err(ApiError::Unavailable(NotProposed::Stopped.to_string()))
+            }
+            Err(refused) => Err(ApiError::BadRequest(refused.to_string())),
         }
     }
 

@@ -34,7 +34,7 @@ use crate::proposer::Proposer;
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
 use crate::store::{self, NodeId, QuotientStateMachine};
-use crate::{digest_check, raft_service, scheduler_loop};
+use crate::{applied, digest_check, raft_service, scheduler_loop};
 
 /// How long shutdown waits for connections to close cleanly (milliseconds).
 pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
@@ -308,10 +308,11 @@ async fn has_raft_state(
 }
 
 /// On the leader, after every applied batch of log entries (and every change of term),
-/// refreshes the nodes' desired state, which wakes their agents' long polls, and triggers a
-/// scheduling round.
+/// refreshes the desired state of the nodes the batch changed, which wakes their agents' long
+/// polls, and triggers a scheduling round if anything changed ([`applied::follow`]).
 /// Watching Raft's metrics, rather than hooking the state machine, keeps the storage code
-/// free of leader concerns; a batch applied between two looks is still seen once.
+/// free of leader concerns; what a batch applied between two looks changed is still drained
+/// once, by this or by the next write's own refresh.
 async fn follow_applies(
     raft: Raft,
     state_machine: QuotientStateMachine,
@@ -337,8 +338,7 @@ async fn follow_applies(
         // leader sees a new term, so it refreshes at once.
         if leader && (term, applied) != seen {
             seen = (term, applied);
-            state_machine.read(|state| desired.refresh(state, term));
-            scheduler.notify_one();
+            applied::follow(&state_machine, &desired, &scheduler, term);
         }
         if metrics.changed().await.is_err() {
             return;

@@ -6,9 +6,10 @@
 //! a cancel). [`DesiredTracker`] keeps, per node, the allocations last computed and the fence
 //! at which they last changed (`Fence { term: leader's term, index: last applied index }`);
 //! a cheap signature per node (jobs, attempts, intents, GPUs) decides what changed.
-//! The coordinator refreshes it after every apply batch; a node's fence moves only when its
-//! allocations change (or when the term does), so a long poll (`WatchDesired`) is answered
-//! when something that node cares about changed, not on every write to the cluster.
+//! The coordinator refreshes it after every apply batch, for the nodes the batch changed
+//! ([`crate::applied`]); a node's fence moves only when its allocations change (or when the
+//! term does), so a long poll (`WatchDesired`) is answered when something that node cares
+//! about changed, not on every write to the cluster.
 //!
 //! A new term clears the tracker, so the first desired state a new leader sends carries its
 //! own term and is newer than anything the deposed leader sent. Running jobs keep their
@@ -19,8 +20,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use quotient_common::agent_api::{DesiredState, Fence, WireAllocation, WireIntent};
 use quotient_common::JobState;
-use quotient_core::{NodeRecord, State};
+use quotient_core::{NodeId, NodeRecord, State};
 use tokio::sync::watch;
+
+use crate::applied::AppliedChanges;
 
 /// The allocations `node` should run, in job order.
 pub fn desired_allocations(state: &State, node: &NodeRecord) -> Vec<WireAllocation> {
@@ -87,6 +90,60 @@ fn signature(state: &State, node: &NodeRecord) -> Signature {
 struct Tracked {
     term: u64,
     nodes: BTreeMap<String, (Signature, DesiredState)>,
+    /// The name of each tracked node's id, to find what a changed id was called.
+    names: BTreeMap<NodeId, String>,
+}
+
+impl Tracked {
+    /// Brings node `id` up to date with `state`; whether its desired state changed.
+    fn refresh_node(&mut self, state: &State, id: NodeId, fence: Fence) -> bool {
+        let Some(node) = state.node(id) else {
+            // Removed: forget it, so a removed node's desired state is not kept.
+            self.forget(state, id);
+            return false;
+        };
+        if self.names.get(&id) != Some(&node.name) {
+            // The slot is another node's now.
+            self.forget(state, id);
+            self.names.insert(id, node.name.clone());
+        }
+        let signature = signature(state, node);
+        let same = self
+            .nodes
+            .get(&node.name)
+            .is_some_and(|(known, _)| *known == signature);
+        if same {
+            return false;
+        }
+        let desired = DesiredState {
+            node: node.name.clone(),
+            fence,
+            allocations: desired_allocations(state, node),
+        };
+        self.nodes.insert(node.name.clone(), (signature, desired));
+        true
+    }
+
+    /// Forgets what id `id` was called, and that name's desired state unless a node of that
+    /// name is in `state` (under another id, refreshed on its own).
+    fn forget(&mut self, state: &State, id: NodeId) {
+        if let Some(name) = self.names.remove(&id) {
+            if state.node_by_name(&name).is_none() {
+                self.nodes.remove(&name);
+            }
+        }
+    }
+}
+
+/// What one refresh did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Whether every node was looked at (a new term, or changes not known exactly).
+    pub full: bool,
+    /// How many nodes' allocations were looked at.
+    pub examined: usize,
+    /// The nodes whose desired state changed.
+    pub changed: Vec<String>,
 }
 
 /// Every node's current desired state, and a signal when any of them changes. Cheap to clone.
@@ -117,45 +174,50 @@ impl DesiredTracker {
         }
     }
 
-    /// Recomputes every node's allocations from `state` under `term`; returns the names of
-    /// the nodes whose desired state changed, and wakes the watchers if any did.
-    pub fn refresh(&self, state: &State, term: u64) -> Vec<String> {
-        let index = state.data().last_applied_index;
+    /// Recomputes, from `state` under `term`, the allocations of the nodes `changes` names
+    /// (of every node under a new term, or when changes are not known exactly); wakes the
+    /// watchers if any node's desired state changed.
+    pub fn refresh(&self, state: &State, term: u64, changes: &AppliedChanges) -> Refreshed {
+        let fence = Fence {
+            term,
+            index: state.data().last_applied_index,
+        };
         let mut tracked = self.tracked.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut refreshed = Refreshed::default();
         if tracked.term != term {
             tracked.term = term;
             tracked.nodes.clear();
+            tracked.names.clear();
+            refreshed.full = true;
         }
-        if tracked.nodes.len() > state.node_count() {
-            // A node was removed: forget it, so a removed node's desired state is not kept.
-            tracked
-                .nodes
-                .retain(|name, _| state.node_by_name(name).is_some());
-        }
-        let mut changed = Vec::new();
-        for node in state.nodes() {
-            let signature = signature(state, node);
-            let same = tracked
-                .nodes
-                .get(&node.name)
-                .is_some_and(|(known, _)| *known == signature);
-            if !same {
-                let desired = DesiredState {
-                    node: node.name.clone(),
-                    fence: Fence { term, index },
-                    allocations: desired_allocations(state, node),
-                };
-                tracked
-                    .nodes
-                    .insert(node.name.clone(), (signature, desired));
-                changed.push(node.name.clone());
+        let ids: Vec<NodeId> = match changes {
+            AppliedChanges::Named(changes) if !refreshed.full => {
+                changes.nodes.iter().copied().collect()
+            }
+            _ => {
+                refreshed.full = true;
+                // The nodes there are, and those tracked that may be gone.
+                let mut ids: Vec<NodeId> = state.nodes().map(|node| node.id).collect();
+                ids.extend(tracked.names.keys().copied());
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            }
+        };
+        for id in ids {
+            if state.node(id).is_some() {
+                refreshed.examined += 1;
+            }
+            if tracked.refresh_node(state, id, fence) {
+                let name = state.node(id).expect("changed, so present").name.clone();
+                refreshed.changed.push(name);
             }
         }
         drop(tracked);
-        if !changed.is_empty() {
+        if !refreshed.changed.is_empty() {
             self.changed.send_modify(|generation| *generation += 1);
         }
-        changed
+        refreshed
     }
 
     /// The node's desired state as last computed, if the node is known.
@@ -182,6 +244,12 @@ mod tests {
     use super::*;
     use crate::test_log::Log;
 
+    /// Refreshes `tracker` with what `log` changed since the last refresh, under `term`.
+    fn refresh(tracker: &DesiredTracker, log: &mut Log, term: u64) -> Refreshed {
+        let changes = log.take_changes();
+        tracker.refresh(&log.state, term, &changes)
+    }
+
     #[test]
     fn a_placed_job_runs_a_cancelled_one_stops_and_fences_move_only_on_change() {
         // Proves the desired state of a node follows its allocations, intent Stop once a job
@@ -191,7 +259,10 @@ mod tests {
         log.register_node("node-1", 2);
         log.create_share("team", 2);
         let tracker = DesiredTracker::new();
-        assert_eq!(tracker.refresh(&log.state, 1), vec!["node-1".to_string()]);
+        assert_eq!(
+            refresh(&tracker, &mut log, 1).changed,
+            vec!["node-1".to_string()]
+        );
         let empty = tracker.get("node-1").expect("a known node");
         assert!(empty.allocations.is_empty());
 
@@ -202,11 +273,11 @@ mod tests {
             vec!["x".into()],
         )));
         assert!(
-            tracker.refresh(&log.state, 1).is_empty(),
+            refresh(&tracker, &mut log, 1).changed.is_empty(),
             "nothing placed yet"
         );
         log.schedule();
-        assert_eq!(tracker.refresh(&log.state, 1).len(), 1);
+        assert_eq!(refresh(&tracker, &mut log, 1).changed.len(), 1);
         let placed = tracker.get("node-1").expect("a known node");
         assert!(placed.fence > empty.fence);
         assert_eq!(placed.allocations.len(), 1);
@@ -220,12 +291,14 @@ mod tests {
 
         let job = allocation.job;
         log.apply(Command::CancelJob { job });
-        assert_eq!(tracker.refresh(&log.state, 1).len(), 1);
+        assert_eq!(refresh(&tracker, &mut log, 1).changed.len(), 1);
         let stopping = tracker.get("node-1").expect("a known node");
         assert_eq!(stopping.allocations[0].intent, WireIntent::Stop);
 
         // A new leader: the same allocations under a newer fence, attempt unchanged.
-        assert_eq!(tracker.refresh(&log.state, 2).len(), 1);
+        let new_term = refresh(&tracker, &mut log, 2);
+        assert!(new_term.full, "a new term looks at every node");
+        assert_eq!(new_term.changed.len(), 1);
         let new_term = tracker.get("node-1").expect("a known node");
         assert!(new_term.fence > stopping.fence);
         assert_eq!(new_term.allocations, stopping.allocations);
@@ -239,7 +312,7 @@ mod tests {
         log.register_node("node-1", 1);
         log.register_node("node-2", 1);
         let tracker = DesiredTracker::new();
-        tracker.refresh(&log.state, 1);
+        refresh(&tracker, &mut log, 1);
         assert!(tracker.get("node-2").is_some());
         log.apply(Command::CordonNode {
             node: "node-2".into(),
@@ -247,8 +320,74 @@ mod tests {
         log.apply(Command::RemoveNode {
             node: "node-2".into(),
         });
-        tracker.refresh(&log.state, 1);
+        let refreshed = refresh(&tracker, &mut log, 1);
+        assert!(!refreshed.full);
         assert!(tracker.get("node-2").is_none());
         assert!(tracker.get("node-1").is_some());
+    }
+
+    #[test]
+    fn a_refresh_after_an_apply_looks_only_at_the_nodes_it_changed() {
+        // Proves the cost of a refresh follows what the applies changed: placing one job on
+        // a fleet of 50 nodes looks at that one node, a write that touches no node at none,
+        // and only a new term (or changes not known exactly) looks at all 50.
+        let mut log = Log::new();
+        for n in 0..50 {
+            log.register_node(&format!("node-{n}"), 1);
+        }
+        log.create_share("team", 1);
+        let tracker = DesiredTracker::new();
+        let first = refresh(&tracker, &mut log, 1);
+        assert!(first.full);
+        assert_eq!((first.examined, first.changed.len()), (50, 50));
+
+        log.apply(Command::SubmitJob(JobSpec::new(
+            "team",
+            1,
+            1,
+            vec!["x".into()],
+        )));
+        let submitted = refresh(&tracker, &mut log, 1);
+        assert_eq!((submitted.full, submitted.examined), (false, 0));
+        log.schedule();
+        let placed = refresh(&tracker, &mut log, 1);
+        assert_eq!((placed.full, placed.examined), (false, 1));
+        assert_eq!(placed.changed.len(), 1);
+        let node = &placed.changed[0];
+        assert_eq!(tracker.get(node).expect("tracked").allocations.len(), 1);
+
+        let everything = tracker.refresh(&log.state, 1, &AppliedChanges::Everything);
+        assert_eq!((everything.full, everything.examined), (true, 50));
+        assert!(everything.changed.is_empty(), "nothing new to tell");
+        let next_term = refresh(&tracker, &mut log, 2);
+        assert_eq!((next_term.full, next_term.examined), (true, 50));
+    }
+
+    #[test]
+    fn a_name_that_moves_to_another_slot_keeps_its_desired_state() {
+        // Proves that when a node is removed and a node of the same name registers in
+        // another slot before the next refresh, the tracker keeps the new node's desired
+        // state rather than forgetting the name with the old slot.
+        let mut log = Log::new();
+        log.register_node("node-a", 1);
+        log.register_node("node-b", 1);
+        let tracker = DesiredTracker::new();
+        refresh(&tracker, &mut log, 1);
+        // node-a leaves slot 0; node-b leaves slot 1 and comes back in slot 0.
+        for node in ["node-a", "node-b"] {
+            log.apply(Command::CordonNode { node: node.into() });
+            log.apply(Command::RemoveNode { node: node.into() });
+        }
+        log.register_node("node-b", 1);
+        assert_eq!(
+            log.state.node_by_name("node-b").expect("back").id,
+            NodeId(0)
+        );
+        refresh(&tracker, &mut log, 1);
+        assert!(tracker.get("node-a").is_none());
+        let back = tracker
+            .get("node-b")
+            .expect("node-b is tracked in its new slot");
+        assert_eq!(back.node, "node-b");
     }
 }

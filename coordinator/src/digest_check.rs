@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use quotient_core::{Command, DigestAt, SnapshotCapture};
 
-use crate::proposer::Proposer;
+use crate::proposer::{NotProposed, Proposer};
 use crate::store::type_config::Raft;
 use crate::store::QuotientStateMachine;
 use crate::views;
@@ -130,10 +130,11 @@ pub async fn run(
         match proposer.propose(Command::CheckDigest { leader }).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => tracing::debug!(error = %error, "a digest check was not committed"),
-            Err(stopped) => {
-                tracing::debug!(error = %stopped, "the proposer stopped; no more digest checks");
+            Err(NotProposed::Stopped) => {
+                tracing::debug!("the proposer stopped; no more digest checks");
                 return;
             }
+            Err(error) => tracing::warn!(error = %error, "a digest check was not proposed"),
         }
     }
 }

@@ -19,6 +19,7 @@
 //! - [`agent_links`]: the agents' open connections, for the leader's requests to agents.
 //! - [`job_logs`]: `quotient job logs`: finds the attempt's node and reads from its agent.
 //! - [`desired`]: each node's desired allocations and their fencing epoch.
+//! - [`applied`]: what the applied entries changed, and the leader's refresh that follows.
 //! - [`scheduler_loop`]: the leader's scheduling rounds, committed as plans.
 //! - [`node_leases`]: the leader's in-memory heartbeat clocks; silent nodes are marked lost.
 //! - [`node_disks`]: the leader's in-memory record of each agent's disk use.
@@ -30,6 +31,7 @@
 pub mod agent_links;
 pub mod agent_service;
 pub mod api;
+pub mod applied;
 pub mod client;
 pub mod cluster_init;
 pub mod config;

@@ -28,6 +28,12 @@
 //! learn the newer commit index with the next AppendEntries or heartbeat, and so save it in
 //! the same write as the entries that come with it.
 //!
+//! An AppendEntries of several entries carries at most `config::APPEND_ENTRIES_BYTES_MAX`
+//! bytes of them: openraft 0.9 gives it only the heartbeat interval to be answered, and sends
+//! a follower that fell behind up to `config::APPEND_ENTRIES_MAX` entries at once, which with
+//! large entries would miss that deadline on every try. Over the limit, openraft is told the
+//! payload is too large, with how many entries fit ([`PayloadTooLarge`]), and sends those.
+//!
 //! An AppendEntries that would tell a follower nothing is not sent ([`Acknowledged`]).
 //! openraft 0.9 sends each follower an empty AppendEntries whenever the leader's commit index
 //! moves; at that moment the leader's own committed id is still being synced, so the commit
@@ -58,8 +64,11 @@ use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::config::APPEND_ENTRIES_BYTES_MAX;
 use crate::identity::{ClusterIdentity, REFUSAL_HEALTH_WINDOW_MS, REFUSAL_LOG_INTERVAL_MS};
+use crate::store::codec::encoded_len;
 use crate::store::log_store::LogDurability;
+use crate::store::type_config::Entry;
 use crate::store::{NodeId, TypeConfig};
 
 /// The longest any single Raft RPC may take, whatever openraft asks (milliseconds).
@@ -510,6 +519,24 @@ impl PeerNetwork {
     }
 }
 
+/// When `entries` are more than one and take more than `bytes_max` bytes encoded: how many of
+/// the first fit (one at least, which goes alone whatever its size). `None` when all may go.
+/// Counts only as far as the limit, and nothing for a single entry.
+fn entries_within(entries: &[Entry], bytes_max: usize) -> Option<u64> {
+    if entries.len() < 2 {
+        return None;
+    }
+    let mut bytes = 0usize;
+    for (index, entry) in entries.iter().enumerate() {
+        // An entry that cannot be encoded fails when the request is, as before.
+        bytes += encoded_len(entry).unwrap_or(0);
+        if bytes > bytes_max {
+            return Some(index.max(1) as u64);
+        }
+    }
+    None
+}
+
 impl RaftNetwork<TypeConfig> for PeerNetwork {
     async fn append_entries(
         &mut self,
@@ -528,6 +555,18 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
                 "append entries: nothing new, not sent"
             );
             return Ok(AppendEntriesResponse::Success);
+        }
+        if let Some(fit) = entries_within(&rpc.entries, APPEND_ENTRIES_BYTES_MAX) {
+            // openraft sends the first `fit` entries at once, and so for its next requests.
+            tracing::debug!(
+                target = self.target,
+                entries = rpc.entries.len(),
+                fit,
+                "append entries: over the byte limit, fewer entries"
+            );
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fit),
+            ));
         }
         let sending = Acknowledged::of(&rpc, sent);
         self.acknowledged = None;
@@ -623,6 +662,43 @@ mod tests {
                 .collect(),
             leader_commit: commit,
         }
+    }
+
+    /// An entry of one command whose encoding is about `bytes` long.
+    fn entry_of(index: u64, bytes: usize) -> Entry<TypeConfig> {
+        let command = quotient_core::Command::DisableShare {
+            name: "x".repeat(bytes),
+        };
+        Entry {
+            log_id: log_id(1, index),
+            payload: EntryPayload::Normal(crate::store::Request::one(command, 0)),
+        }
+    }
+
+    /// Several entries go together up to the byte limit and no further; a single entry goes
+    /// whatever its size.
+    #[test]
+    fn an_append_of_several_entries_is_cut_to_what_fits_the_byte_limit() {
+        let limit = 10_000;
+        let small: Vec<_> = (1..=5).map(|index| entry_of(index, 1_000)).collect();
+        assert_eq!(entries_within(&small, limit), None, "5 KB in all");
+        let large: Vec<_> = (1..=5).map(|index| entry_of(index, 3_000)).collect();
+        assert_eq!(
+            entries_within(&large, limit),
+            Some(3),
+            "three of 3 KB fit in 10 KB"
+        );
+        let huge: Vec<_> = (1..=3).map(|index| entry_of(index, 20_000)).collect();
+        assert_eq!(
+            entries_within(&huge, limit),
+            Some(1),
+            "the first goes alone"
+        );
+        assert_eq!(
+            entries_within(&huge[..1], limit),
+            None,
+            "one entry always goes"
+        );
     }
 
     /// Only an empty AppendEntries that repeats what the follower acknowledged, soon after, is

@@ -21,7 +21,7 @@ use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, State};
 
 use crate::config::AgentTuning;
-use crate::proposer::Proposer;
+use crate::proposer::{NotProposed, Proposer};
 use crate::store::type_config::Raft;
 use crate::store::QuotientStateMachine;
 
@@ -137,7 +137,10 @@ impl NodeLeases {
                     Ok(Err(error)) => {
                         tracing::debug!(%node, error = %error, "could not mark the node lost");
                     }
-                    Err(_) => return,
+                    Err(NotProposed::Stopped) => return,
+                    Err(error) => {
+                        tracing::warn!(%node, error = %error, "marking the node lost was not proposed");
+                    }
                 }
             }
         }

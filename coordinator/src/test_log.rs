@@ -1,20 +1,25 @@
 //! For unit tests: a replicated log in miniature. Commands are applied to a `State` in order,
-//! each with the next log index, as the state machine would apply committed entries.
+//! each with the next log index, as the state machine would apply committed entries, noting
+//! what they changed as it does.
 
 use std::collections::BTreeMap;
 
 use quotient_common::{GpuClass, GpuDevice, NodeInventory, ShareSpec, ShareState, Strategy};
-use quotient_core::{apply, ApplyCtx, Command, State};
+use quotient_core::{apply_noting, ApplyCtx, Command, State};
+
+use crate::applied::AppliedChanges;
 
 /// The one GPU class these tests use.
 pub fn class() -> GpuClass {
     GpuClass::parse("a10g").expect("a class")
 }
 
-/// A state and the index of the last command applied to it.
+/// A state, the index of the last command applied to it, and what was changed since the
+/// last [`Log::take_changes`].
 pub struct Log {
     pub state: State,
     index: u64,
+    changes: AppliedChanges,
 }
 
 impl Log {
@@ -22,6 +27,7 @@ impl Log {
         Log {
             state: State::new(),
             index: 0,
+            changes: AppliedChanges::default(),
         }
     }
 
@@ -32,8 +38,14 @@ impl Log {
             log_index: self.index,
             time_ms: 1_000 * self.index,
         };
-        let outcome = apply(&mut self.state, command, ctx);
+        let changes = self.changes.noting().expect("a test log names its changes");
+        let outcome = apply_noting(&mut self.state, command, ctx, changes);
         assert!(!outcome.is_rejected(), "{outcome:?}");
+    }
+
+    /// What the commands applied since the last call changed.
+    pub fn take_changes(&mut self) -> AppliedChanges {
+        self.changes.take()
     }
 
     /// Plans one scheduling round and applies it.

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use quotient_common::agent_api::{
-    AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireIntent, WireJobEvent,
-    WireJobReport, WATCH_TIMEOUT_MS,
+    ActualAttempt, ActualPhase, AgentError, AgentRequest, AgentResponse, DesiredState, Fence,
+    WireIntent, WireJobEvent, WireJobReport, ACTUAL_ATTEMPTS_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::api::{ApiRequest, ApiResponse, JobView, NodeView};
 use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
@@ -418,6 +418,26 @@ async fn a_registered_node_runs_a_submitted_job_and_unknown_reports_are_rejected
     assert!(matches!(
         agent.heartbeat("node-1", 2).await,
         AgentResponse::HeartbeatAck
+    ));
+    // A heartbeat lists at most the protocol's ACTUAL_ATTEMPTS_MAX attempts.
+    let listing = |count: usize| AgentRequest::Heartbeat {
+        node: "node-1".to_string(),
+        gpus: inventory("node-1", 2).gpus,
+        actual: (0..count)
+            .map(|index| ActualAttempt {
+                job: JobId(1_000 + index as u64),
+                attempt: 1,
+                phase: ActualPhase::Running,
+            })
+            .collect(),
+    };
+    assert!(matches!(
+        agent.call(listing(ACTUAL_ATTEMPTS_MAX)).await,
+        AgentResponse::HeartbeatAck
+    ));
+    assert!(matches!(
+        agent.call(listing(ACTUAL_ATTEMPTS_MAX + 1)).await,
+        AgentResponse::Error(AgentError::BadRequest(_))
     ));
 
     let empty = agent.watch("node-1", Fence::default()).await;

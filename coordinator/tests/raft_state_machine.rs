@@ -17,10 +17,11 @@ use openraft::{
     RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
 };
 use quotient_common::{GpuClass, GpuDevice, NodeInventory};
+use quotient_coordinator::applied::AppliedChanges;
 use quotient_coordinator::store::state_machine::{SNAPSHOT_FILE_NAME, SNAPSHOT_TMP_FILE_NAME};
 use quotient_coordinator::store::type_config::{Entry, Raft};
 use quotient_coordinator::store::{self, QuotientStateMachine, Request};
-use quotient_core::{Command, Outcome, State};
+use quotient_core::{Changes, Command, NodeId, Outcome, State};
 use support::no_network::NoNetwork;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -512,4 +513,63 @@ async fn an_entry_of_several_commands_applies_them_in_order_with_one_outcome_eac
         "{outcomes:?}"
     );
     assert!(has_node(&sm, "gpu-a"));
+}
+
+#[tokio::test]
+async fn applying_names_what_changed_until_the_leader_drains_it_and_a_snapshot_install_means_everything(
+) {
+    // Proves the changes reach the leader from the state machine's apply: a fresh state
+    // machine counts as everything changed; after a drain, the entries applied since name
+    // exactly the nodes they changed (a rejected command none), across entries, until the
+    // next drain; installing a snapshot makes it everything again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
+    let drain = |sm: &QuotientStateMachine| sm.read_changes(|_, changes| changes);
+    assert_eq!(
+        drain(&sm),
+        AppliedChanges::Everything,
+        "loaded, not applied"
+    );
+    assert!(drain(&sm).is_empty(), "drained");
+
+    let (member_entry, _) = membership(1);
+    let cordon_unknown = Request::one(
+        Command::CordonNode {
+            node: "no-such-node".to_string(),
+        },
+        1_500,
+    );
+    sm.apply([
+        member_entry,
+        normal(2, register("gpu-a", 1_000)),
+        normal(3, cordon_unknown),
+    ])
+    .await
+    .expect("apply");
+    sm.apply([normal(4, register("gpu-b", 2_000))])
+        .await
+        .expect("apply");
+    let ids: Vec<NodeId> = ["gpu-a", "gpu-b"]
+        .iter()
+        .map(|name| sm.read(|state| state.node_by_name(name).expect("registered").id))
+        .collect();
+    let expected = Changes {
+        nodes: ids.into_iter().collect(),
+        ..Changes::new()
+    };
+    assert_eq!(drain(&sm), AppliedChanges::Named(expected));
+    assert!(drain(&sm).is_empty(), "each change is drained once");
+
+    let snapshot = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    let mut receiving = sm.begin_receiving_snapshot().await.expect("begin");
+    *receiving = *snapshot.snapshot.clone();
+    sm.install_snapshot(&snapshot.meta, receiving)
+        .await
+        .expect("install");
+    assert_eq!(drain(&sm), AppliedChanges::Everything, "a snapshot install");
 }

@@ -2,7 +2,8 @@
 //!
 //! Builds 10,000 nodes x 8 GPUs in 2 classes, 100 shares of mixed strategies and 200,000
 //! RUNNABLE jobs, then measures (a) one full round from that state and (b) the steady state:
-//! one job finishes, one is submitted, one round runs (plan + apply), 10,000 times.
+//! one job finishes, one is submitted, one round runs (plan + apply), 10,000 times. Commands
+//! are applied noting what they changed, as the coordinator applies them.
 //! The last line printed is one JSON object. `BENCH_QUICK=1` shrinks it for a smoke run.
 
 use std::time::Instant;
@@ -10,24 +11,30 @@ use std::time::Instant;
 use quotient_common::{
     GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeInventory, ShareSpec, ShareState, Strategy,
 };
-use quotient_core::{apply, plan, ApplyCtx, Command, JobEvent, JobReport, Outcome, State};
+use quotient_core::{
+    apply_noting, plan, ApplyCtx, Changes, Command, JobEvent, JobReport, Outcome, State,
+};
 
 struct Bench {
     state: State,
     index: u64,
     rng: u64,
+    /// What each command changed, as the coordinator's state machine notes it.
+    changes: Changes,
 }
 
 impl Bench {
     fn apply(&mut self, command: Command) -> Outcome {
         self.index += 1;
-        apply(
+        self.changes.clear();
+        apply_noting(
             &mut self.state,
             command,
             ApplyCtx {
                 log_index: self.index,
                 time_ms: self.index,
             },
+            &mut self.changes,
         )
     }
 
@@ -109,6 +116,7 @@ fn main() {
         state: State::new(),
         index: 0,
         rng: 0x9E37_79B9_7F4A_7C15,
+        changes: Changes::new(),
     };
 
     let build = Instant::now();

@@ -2,29 +2,49 @@
 //!
 //! It is synchronous, reads no clock (the leader stamps `ApplyCtx::time_ms`), and returns a
 //! rejection as data, leaving the state untouched, whenever a command does not hold. Every job
-//! change goes through [`State::update_job`], which keeps the derived index in step.
+//! change goes through [`State::update_job`], which keeps the derived index in step and notes
+//! the change for [`apply_noting`] ([`Changes`]).
 
-use quotient_common::job::LaunchFault;
+use quotient_common::job::{bounded_launch_message, LaunchFault};
 use quotient_common::{
     GpuClass, JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareState,
     ShareUpdate,
 };
 
+use crate::changes::Changes;
 use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
-use crate::limits::{LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
+use crate::limits::{ACTIVE_JOBS_MAX, JOBS_MAX, LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
-use crate::rules::{admit, limit_of};
+use crate::rules::{admit, available_for_job, limit_of, BorrowedFromLowest};
 use crate::state::{
     Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
     StopCause,
 };
 
-/// The most jobs the state holds, terminal ones included (ids stay dense).
-pub const JOBS_MAX: usize = 50_000_000;
-
 /// Applies one command. See the module docs.
 pub fn apply(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
+    apply_command(state, command, ctx)
+}
+
+/// Applies one command, as [`apply`], and adds to `changes` what it changed: the jobs, nodes
+/// and shares that views of each must look at again (see [`Changes`]). A caller applying a
+/// batch passes the same `changes` for every command and reads the union once.
+pub fn apply_noting(
+    state: &mut State,
+    command: Command,
+    ctx: ApplyCtx,
+    changes: &mut Changes,
+) -> Outcome {
+    // The state holds the caller's set while it applies, so that every change is noted where
+    // it is made without passing the set through every function.
+    state.changes = Some(std::mem::take(changes));
+    let outcome = apply_command(state, command, ctx);
+    *changes = state.changes.take().expect("put there above");
+    outcome
+}
+
+fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
     if let Command::CheckDigest { .. } = command {
         // Read by the coordinator around apply. It leaves the state exactly as it was, its
         // last applied index included, so that a check never makes two equal states differ.
@@ -76,6 +96,11 @@ impl State {
         change(job);
         let new = job.clone();
         self.index.add_job(&new, &self.data);
+        if let Some(changes) = self.changes.as_mut() {
+            if old != new {
+                changes.job_changed(&old, &new);
+            }
+        }
     }
 
     fn create_share(&mut self, spec: ShareSpec, ctx: ApplyCtx) -> Outcome {
@@ -91,6 +116,7 @@ impl State {
                 max: SHARES_MAX as u64,
             });
         }
+        let spec_name = spec.name.clone();
         self.data.shares.insert(
             spec.name.clone(),
             ShareRecord {
@@ -99,6 +125,7 @@ impl State {
             },
         );
         self.index.recompute_reserved(&self.data);
+        self.note_share(&spec_name);
         Outcome::Done
     }
 
@@ -110,8 +137,12 @@ impl State {
         if let Err(e) = next.validate() {
             return rejected(Rejection::Invalid(e));
         }
+        if next == record.spec {
+            return Outcome::Done;
+        }
         self.data.shares.get_mut(name).expect("checked").spec = next;
         self.index.recompute_reserved(&self.data);
+        self.note_share(name);
         Outcome::Done
     }
 
@@ -140,6 +171,7 @@ impl State {
         }
         self.data.shares.remove(name);
         self.index.recompute_reserved(&self.data);
+        self.note_share(name);
         Outcome::Done
     }
 
@@ -195,12 +227,21 @@ impl State {
                 max: JOBS_MAX as u64,
             });
         }
+        if self.index.active_jobs >= ACTIVE_JOBS_MAX as u64 {
+            return rejected(Rejection::TooMany {
+                what: "jobs that have not ended".into(),
+                max: ACTIVE_JOBS_MAX as u64,
+            });
+        }
         spec.gpu_class = Some(class);
         let id = JobId(self.data.jobs.len() as u64 + 1);
         if let Some(key) = &spec.idempotency_key {
             self.data.idempotency.insert(key.clone(), id);
         }
         let job = JobRecord::new(id, spec, ctx.time_ms);
+        if let Some(changes) = self.changes.as_mut() {
+            changes.job_added(&job);
+        }
         self.data.jobs.push(job.clone());
         self.index.add_job(&job, &self.data);
         Outcome::JobSubmitted {
@@ -316,6 +357,7 @@ impl State {
         let epoch = node.epoch;
         let record = node.clone();
         self.index.refresh_node(&record);
+        self.note_node(id);
         Outcome::NodeRegistered { node: id, epoch }
     }
 
@@ -326,6 +368,9 @@ impl State {
         let from = self.data.nodes[id.0 as usize].state;
         if from == NodeState::Lost && to != NodeState::Lost {
             return rejected(Rejection::NodeLost(name.to_string()));
+        }
+        if from != to || to == NodeState::Lost {
+            self.note_node(id);
         }
         if to == NodeState::Lost {
             for job in self.jobs_on_node(id) {
@@ -398,6 +443,7 @@ impl State {
         while self.data.nodes.last().is_some_and(NodeRecord::is_vacant) {
             self.data.nodes.pop();
         }
+        self.note_node(id);
         Outcome::Done
     }
 
@@ -412,9 +458,13 @@ impl State {
                 index,
             });
         };
+        if gpu.healthy == healthy {
+            return Outcome::Done;
+        }
         gpu.healthy = healthy;
         let record = node.clone();
         self.index.refresh_node(&record);
+        self.note_node(id);
         Outcome::Done
     }
 
@@ -589,7 +639,9 @@ impl State {
                 node,
                 tries,
                 fault,
-                message,
+                // The one text from outside that a reason keeps: bounded here too, whatever
+                // the coordinator let through.
+                message: bounded_launch_message(&message),
                 requeues,
                 requeues_max: LAUNCH_REQUEUES_MAX,
             });
@@ -636,11 +688,19 @@ impl State {
                 report.rejected.push((position as u32, rejection));
             }
         }
+        let noting = self.changes.is_some();
         for (id, reason) in plan.waiting {
-            if let Some(job) = self.job_mut(id) {
-                if job.state == JobState::Runnable {
-                    job.reason = Some(reason);
-                }
+            let Some(job) = self.job_mut(id) else {
+                continue;
+            };
+            if job.state != JobState::Runnable || job.reason.as_ref() == Some(&reason) {
+                continue;
+            }
+            // A reason is no part of the index: set in place, not through `update_job`.
+            job.reason = Some(reason);
+            if noting {
+                let share = job.spec.share.clone();
+                self.note_queued_job(id, share);
             }
         }
         report
@@ -680,16 +740,14 @@ impl State {
         } else {
             0
         };
-        let others_nominated = slot.nominated - own.min(slot.nominated);
-        if (slot.free_mask & !gpu_mask).count_ones() < others_nominated {
+        let capacity = &self.index.capacity[class];
+        let available = available_for_job(*slot, capacity.available_total, own);
+        if available.on_node < job.gpus() {
             return stale(format!("GPUs on {} are kept for another job", record.name));
         }
         let Some(share) = self.data.shares.get(&job.spec.share) else {
             return stale(format!("share {} is gone", job.spec.share));
         };
-        let capacity = &self.index.capacity[class];
-        let for_it = slot.free_mask.count_ones().saturating_sub(others_nominated);
-        let available = capacity.available_total - u64::from(slot.available()) + u64::from(for_it);
         let (usage, kept) = self
             .index
             .share_class(&share.spec.name, class)
@@ -700,7 +758,7 @@ impl State {
             usage,
             kept,
             job.gpus(),
-            available,
+            available.in_class,
             self.index.reserved_idle(class),
         )
         .map(|_| ())
@@ -778,8 +836,9 @@ impl State {
         Ok(())
     }
 
-    /// Is the job beyond its share's limit, ranking the share's jobs that are not stopping
-    /// by (priority desc, start asc)?
+    /// Is the job borrowed: beyond its share's limit, ranking the share's jobs that are not
+    /// stopping by (priority desc, start asc) ([`BorrowedFromLowest`], as the scheduler
+    /// finds reclaim victims)?
     pub fn is_borrowed(&self, job: &JobRecord) -> bool {
         let class = job.class();
         let limit = self
@@ -787,15 +846,21 @@ impl State {
             .shares
             .get(&job.spec.share)
             .map_or(0, |s| limit_of(&s.spec, class));
-        let mut prefix = 0u64;
-        for id in self.index.holding(&job.spec.share, class) {
+        let Some(index) = self.index.share_class(&job.spec.share, class) else {
+            return false;
+        };
+        let mut borrowed = BorrowedFromLowest::new(index.usage - index.preempting, limit);
+        for &(_, _, id) in index.holding.iter().rev() {
+            if !borrowed.any_left() {
+                return false;
+            }
             let other = self.job(id).expect("indexed");
             if other.state == JobState::Preempting {
                 continue;
             }
-            prefix += u64::from(other.gpus());
+            let is_borrowed = borrowed.pass(other.gpus());
             if id == job.id {
-                return prefix > limit;
+                return is_borrowed;
             }
         }
         false
@@ -833,5 +898,85 @@ impl State {
             Some(n) if n.state.schedulable() => Ok(()),
             _ => stale("the node is not schedulable".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quotient_common::{GpuDevice, NodeInventory, Strategy};
+
+    use super::*;
+
+    /// Applies `command` as the next log entry.
+    fn apply_next(state: &mut State, command: Command) -> Outcome {
+        let ctx = ApplyCtx {
+            log_index: state.data.last_applied_index + 1,
+            time_ms: 1_000,
+        };
+        apply(state, command, ctx)
+    }
+
+    fn submit(state: &mut State) -> Outcome {
+        apply_next(
+            state,
+            Command::SubmitJob(JobSpec::new("team", 1, 1, vec!["x".into()])),
+        )
+    }
+
+    #[test]
+    fn a_submit_past_the_active_jobs_limit_is_rejected_until_one_ends() {
+        // Proves ACTIVE_JOBS_MAX holds: the count of jobs that have not ended is kept in step
+        // by every change, and a submit at the limit is rejected naming it; a job that ends
+        // makes room. (The count is set near the limit rather than filled with 5,000,000
+        // jobs.)
+        let mut state = State::new();
+        let class = GpuClass::parse("a10g").unwrap();
+        apply_next(
+            &mut state,
+            Command::RegisterNode(NodeInventory {
+                name: "n".into(),
+                gpus: vec![GpuDevice {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                    class: class.clone(),
+                    healthy: true,
+                }],
+            }),
+        );
+        let share = ShareSpec {
+            name: "team".into(),
+            limits: [(class, 1)].into(),
+            strategy: Strategy::Lend,
+            borrow_limit_percent: None,
+            in_share_preemption: false,
+            state: ShareState::Enabled,
+        };
+        assert_eq!(
+            apply_next(&mut state, Command::CreateShare(share)),
+            Outcome::Done
+        );
+        assert!(!submit(&mut state).is_rejected());
+        assert_eq!(state.index.active_jobs, 1);
+        state.validate().expect("the count is the index's");
+
+        state.index.active_jobs = ACTIVE_JOBS_MAX as u64 - 1;
+        assert!(
+            !submit(&mut state).is_rejected(),
+            "the last one under the limit"
+        );
+        assert_eq!(
+            submit(&mut state),
+            Outcome::Rejected(Rejection::TooMany {
+                what: "jobs that have not ended".into(),
+                max: ACTIVE_JOBS_MAX as u64,
+            })
+        );
+        let cancel = Command::CancelJob { job: JobId(2) };
+        assert_eq!(apply_next(&mut state, cancel), Outcome::Done);
+        assert_eq!(state.index.active_jobs, ACTIVE_JOBS_MAX as u64 - 1);
+        assert!(
+            !submit(&mut state).is_rejected(),
+            "a cancelled job made room"
+        );
     }
 }

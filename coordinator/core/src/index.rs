@@ -152,6 +152,8 @@ pub struct Index {
     pub reserved_idle: BTreeMap<GpuClass, u64>,
     /// Nodes in the draining state, whose jobs the scheduler preempts.
     pub draining: BTreeSet<NodeId>,
+    /// Jobs that are not terminal, for `limits::ACTIVE_JOBS_MAX`.
+    pub active_jobs: u64,
 }
 
 impl Index {
@@ -271,6 +273,9 @@ impl Index {
 
     /// Adds a job's contributions. `data` gives the node records for capacity updates.
     pub fn add_job(&mut self, job: &JobRecord, data: &StateData) {
+        if !job.state.is_terminal() {
+            self.active_jobs += 1;
+        }
         let class = job.class().clone();
         let share = job.spec.share.clone();
         if job.state == JobState::Runnable {
@@ -328,6 +333,9 @@ impl Index {
 
     /// Removes a job's contributions; the exact inverse of `add_job` for the same record.
     pub fn remove_job(&mut self, job: &JobRecord, data: &StateData) {
+        if !job.state.is_terminal() {
+            self.active_jobs -= 1;
+        }
         let class = job.class().clone();
         let share = job.spec.share.as_str();
         if job.state == JobState::Runnable {

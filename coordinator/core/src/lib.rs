@@ -9,6 +9,7 @@
 //! - [`job_table`]: `JobTable`, the job records in chunks that never move.
 //! - [`command`]: `Command`, `ApplyCtx`, `Outcome` and `Rejection`.
 //! - [`apply`](mod@apply): the transition function.
+//! - [`changes`]: `Changes`, what applying commands changed.
 //! - [`rules`]: the quota rules shared by the scheduler and `apply`.
 //! - [`scheduler`]: `plan(&State) -> Plan`, one round of docs/quota-shares.md.
 //! - [`plan`]: the plan a round produces and Raft commits.
@@ -21,6 +22,7 @@
 
 pub mod accounting;
 pub mod apply;
+pub mod changes;
 pub mod command;
 pub mod explain;
 pub mod index;
@@ -35,7 +37,8 @@ pub mod state;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};
-pub use apply::apply;
+pub use apply::{apply, apply_noting};
+pub use changes::Changes;
 pub use command::{
     ApplyCtx, Command, DigestAt, JobEvent, JobReport, Outcome, PlanReport, Rejection,
 };

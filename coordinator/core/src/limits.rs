@@ -5,8 +5,12 @@
 pub const SHARES_MAX: usize = 10_000;
 /// The most nodes a cluster holds.
 pub const NODES_MAX: usize = 100_000;
-/// The most jobs that are not terminal at one time, cluster-wide.
+/// The most jobs that are not terminal at one time, cluster-wide: a submit beyond it is
+/// rejected until some end. Bounds the queues and what a round may have to look at.
 pub const ACTIVE_JOBS_MAX: usize = 5_000_000;
+/// The most jobs the state holds, terminal ones included (ids stay dense, and job records
+/// are never removed).
+pub const JOBS_MAX: usize = 50_000_000;
 /// How many borrowed jobs one reclaim attempt looks at before it gives up on this round.
 /// Bounds the cost of a round when borrowed jobs are scattered too thinly to free a node.
 pub const RECLAIM_CANDIDATES_SCAN_MAX: usize = 4_096;
@@ -14,8 +18,6 @@ pub const RECLAIM_CANDIDATES_SCAN_MAX: usize = 4_096;
 pub const IN_SHARE_CANDIDATES_SCAN_MAX: usize = 4_096;
 /// The largest snapshot `State::from_snapshot_bytes` decodes.
 pub const SNAPSHOT_BYTES_MAX: usize = 4 << 30;
-/// The longest reason text kept on a job.
-pub const REASON_BYTES_MAX: usize = 1_024;
 /// How many times a job goes back to the queue because its attempt could not be launched
 /// for a fault of the node; the next such failure fails it. A job that never launches on any
 /// node must not cycle through the queue forever.

@@ -3,6 +3,7 @@
 
 use quotient_common::{GpuClass, ShareSpec, Strategy};
 
+use crate::index::NodeSlot;
 use crate::reason::WaitReason;
 
 /// How a placement would count against its share.
@@ -147,6 +148,60 @@ pub fn admit(
     }
 }
 
+/// What a job may take if it is placed on one node: see [`available_for_job`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Available {
+    /// The node's free GPUs of the class that the job may take.
+    pub on_node: u32,
+    /// The class's available GPUs (what [`admit`] is given), that node's counted as
+    /// `on_node`.
+    pub in_class: u64,
+}
+
+/// The GPUs available for a job on one node: the node's free GPUs (`slot`) less those kept
+/// for other nominated jobs; the ones kept for this job (`kept_for_job`, its own nomination
+/// on this node, else 0) are its to take. `available_total` is the class's available GPUs,
+/// every node's counted without the GPUs kept on it.
+pub fn available_for_job(slot: NodeSlot, available_total: u64, kept_for_job: u32) -> Available {
+    let kept_for_others = slot.nominated.saturating_sub(kept_for_job);
+    let on_node = slot.free_mask.count_ones().saturating_sub(kept_for_others);
+    Available {
+        on_node,
+        in_class: available_total - u64::from(slot.available()) + u64::from(on_node),
+    }
+}
+
+/// Which of a share's jobs of one class are borrowed (spec rule 3), walked from the lowest
+/// rank up. Rank the share's jobs that hold GPUs of the class and are not stopping by
+/// (priority desc, start asc); those whose GPUs, added up in rank order, go beyond the share's
+/// limit are borrowed. Walking from the lowest rank, with what is left starting at all their
+/// GPUs, a job is borrowed while what is left, itself included, is above the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BorrowedFromLowest {
+    left: u64,
+    limit: u64,
+}
+
+impl BorrowedFromLowest {
+    /// `held` is the GPUs the share's jobs of the class hold, stopping ones not counted.
+    pub fn new(held: u64, limit: u64) -> BorrowedFromLowest {
+        BorrowedFromLowest { left: held, limit }
+    }
+
+    /// Whether any job not passed yet is borrowed.
+    pub fn any_left(&self) -> bool {
+        self.left > self.limit
+    }
+
+    /// Passes the next job of `gpus` GPUs, the lowest ranked not passed yet (stopping jobs
+    /// are not passed): whether it is borrowed.
+    pub fn pass(&mut self, gpus: u32) -> bool {
+        let borrowed = self.any_left();
+        self.left = self.left.saturating_sub(u64::from(gpus));
+        borrowed
+    }
+}
+
 /// A job that can never start as things stand, whatever else ends: the reason, or `None`.
 pub fn never_fits(
     share: &ShareSpec,
@@ -258,6 +313,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_job_may_take_the_gpus_kept_for_it_but_not_those_kept_for_others() {
+        // Four free GPUs, three kept for nominated jobs: a job without a nomination here may
+        // take one; a nominee with two of the three kept for it may take three.
+        let slot = NodeSlot {
+            free_mask: 0b1111,
+            nominated: 3,
+            healthy: 4,
+        };
+        let others = available_for_job(slot, 10, 0);
+        assert_eq!((others.on_node, others.in_class), (1, 10));
+        let nominee = available_for_job(slot, 10, 2);
+        assert_eq!((nominee.on_node, nominee.in_class), (3, 12));
+    }
+
+    #[test]
+    fn borrowed_jobs_are_those_ranked_beyond_the_limit() {
+        // Jobs ranked first to last with 2, 1, 3, 2 GPUs against a limit of 3: the prefixes
+        // are 2, 3, 6, 8, so the last two are borrowed. Walked from the lowest rank, the
+        // same two come first and then nothing more is borrowed.
+        let ranked = [2u32, 1, 3, 2];
+        let held: u64 = ranked.iter().map(|g| u64::from(*g)).sum();
+        let mut walk = BorrowedFromLowest::new(held, 3);
+        let borrowed: Vec<bool> = ranked.iter().rev().map(|g| walk.pass(*g)).collect();
+        assert_eq!(borrowed, vec![true, true, false, false]);
+        assert!(!walk.any_left());
+        assert!(!BorrowedFromLowest::new(3, 3).any_left(), "at its limit");
     }
 
     #[test]

@@ -27,7 +27,10 @@ use crate::index::{ClassCapacity, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
-use crate::rules::{admit, can_ever_fit, limit_of, reserved_idle_of, Admission, Refusal};
+use crate::rules::{
+    admit, available_for_job, can_ever_fit, limit_of, reserved_idle_of, Admission,
+    BorrowedFromLowest, Refusal,
+};
 use crate::state::{JobRecord, NodeId, PreemptionKind, State};
 
 /// Computes one scheduling round. See the module docs.
@@ -352,14 +355,10 @@ impl<'a> Round<'a> {
         };
         // This job may use the GPUs kept for it, but not those kept for others.
         let kept = self.state.index.kept_for(job.id);
-        let for_it = slot
-            .free_mask
-            .count_ones()
-            .saturating_sub(slot.nominated.saturating_sub(kept));
-        if for_it < job.gpus() {
+        let available = available_for_job(slot, scratch.available_total, kept);
+        if available.on_node < job.gpus() {
             return false;
         }
-        let available = scratch.available_total - u64::from(slot.available()) + u64::from(for_it);
         let queue = &self.queues[q];
         if admit(
             queue.share,
@@ -367,7 +366,7 @@ impl<'a> Round<'a> {
             queue.usage,
             queue.kept,
             job.gpus(),
-            available,
+            available.in_class,
             self.reserved(class),
         )
         .is_err()
@@ -595,18 +594,19 @@ impl<'a> Round<'a> {
                 .shares
                 .get(share_name)
                 .map_or(0, |s| limit_of(&s.spec, class));
-            if index.usage <= limit {
-                continue;
-            }
             let victims_this_round = self
                 .victim_gpus
                 .get(&(share_name.as_str(), class))
                 .copied()
                 .unwrap_or(0);
+            let held = index.usage - index.preempting - victims_this_round;
+            let borrowed = BorrowedFromLowest::new(held, limit);
+            if !borrowed.any_left() {
+                continue;
+            }
             merge.streams.push(BorrowedStream {
                 jobs: index.holding.iter().rev(),
-                remaining: index.usage - index.preempting - victims_this_round,
-                limit,
+                borrowed,
             });
         }
         for i in 0..merge.streams.len() {
@@ -827,9 +827,8 @@ impl<'a> Round<'a> {
 /// One borrowing share's borrowed jobs, lowest rank first.
 struct BorrowedStream<'a> {
     jobs: std::iter::Rev<std::collections::btree_set::Iter<'a, crate::index::HoldingKey>>,
-    /// GPUs of the share's jobs that are not stopping and not yet yielded.
-    remaining: u64,
-    limit: u64,
+    /// Which of them are borrowed, over the share's jobs not stopping and not yet yielded.
+    borrowed: BorrowedFromLowest,
 }
 
 /// Victim order across streams: priority asc, then start desc, then id desc.
@@ -847,7 +846,7 @@ impl<'a> BorrowedMerge<'a> {
     /// Pushes stream `i`'s next borrowed job, if it has one.
     fn refill(&mut self, round: &Round<'a>, i: usize) {
         let stream = &mut self.streams[i];
-        if stream.remaining <= stream.limit {
+        if !stream.borrowed.any_left() {
             return;
         }
         for &(_, _, id) in stream.jobs.by_ref() {
@@ -855,7 +854,7 @@ impl<'a> BorrowedMerge<'a> {
                 continue;
             }
             let job = round.job(id);
-            stream.remaining -= u64::from(job.gpus());
+            stream.borrowed.pass(job.gpus());
             let key = Reverse((job.priority(), Reverse(job.placed_index), Reverse(id)));
             self.heap.push((key, i, id));
             return;

@@ -109,7 +109,11 @@ impl State {
             return Err(SnapshotError::Trailing(bytes.len() - read));
         }
         let index = Index::rebuild(&data);
-        let state = State { data, index };
+        let state = State {
+            data,
+            index,
+            changes: None,
+        };
         state
             .validate()
             .map_err(|e| SnapshotError::Invalid(e.to_string()))?;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use quotient_common::{GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeState, ShareSpec};
 
+use crate::changes::Changes;
 use crate::index::Index;
 use crate::job_table::JobTable;
 use crate::reason::WaitReason;
@@ -250,6 +251,9 @@ pub struct StateData {
 pub struct State {
     pub(crate) data: StateData,
     pub(crate) index: Index,
+    /// While `apply_noting` runs: what it has changed so far (`None` otherwise, and then
+    /// nothing is noted).
+    pub(crate) changes: Option<Changes>,
 }
 
 impl State {

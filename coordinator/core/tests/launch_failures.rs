@@ -4,7 +4,7 @@
 
 mod support;
 
-use quotient_common::job::LaunchFault;
+use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
 use quotient_common::{JobState, Strategy};
 use quotient_core::limits::LAUNCH_REQUEUES_MAX;
 use quotient_core::{explain, Command, JobEvent, JobReport, Outcome, Rejection, WaitReason};
@@ -196,4 +196,37 @@ fn a_launch_failure_reason_survives_a_snapshot() {
             ..
         })
     ));
+}
+
+/// The runtime's message is the one text from outside that a reason keeps: however long the
+/// report's, the reason keeps at most LAUNCH_MESSAGE_BYTES_MAX bytes of it.
+#[test]
+fn a_launch_message_longer_than_its_limit_is_cut_in_the_reason() {
+    let mut sim = one_gpu();
+    let broken = sim.submit(job("team", "broken", 5, 1));
+    sim.round();
+    let record = sim.state.job(broken).unwrap();
+    let node = sim.state.node(record.allocation.unwrap().node).unwrap();
+    let report = JobReport {
+        job: broken,
+        attempt: record.attempts,
+        node: node.name.clone(),
+        event: JobEvent::LaunchFailed {
+            fault: LaunchFault::Job,
+            tries: 3,
+            message: "é".repeat(10_000),
+        },
+    };
+    sim.ok(Command::ReportJob(report));
+    match &sim.state.job(broken).unwrap().reason {
+        Some(WaitReason::LaunchFailed { message, .. }) => {
+            assert!(
+                message.len() <= LAUNCH_MESSAGE_BYTES_MAX,
+                "{}",
+                message.len()
+            );
+            assert!(message.starts_with('é') && message.ends_with("..."));
+        }
+        other => panic!("expected a launch failure, got {other:?}"),
+    }
 }

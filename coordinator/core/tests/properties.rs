@@ -424,6 +424,7 @@ impl Model {
     }
 
     fn check_state(&self) {
+        self.check_borrowed();
         for share in self.sim.state.shares() {
             if self.lowered.contains(&share.spec.name) {
                 continue;
@@ -436,6 +437,34 @@ impl Model {
                         usage <= cap,
                         "share {} uses {usage} {c}, cap {cap}",
                         share.spec.name
+                    );
+                }
+            }
+        }
+    }
+
+    /// Spec rule 3, written out here apart from `rules`: a job is borrowed when the GPUs of
+    /// its share's jobs of its class that hold GPUs and are not stopping, added up in rank
+    /// order (priority desc, start asc) up to and including it, are above the share's limit.
+    fn check_borrowed(&self) {
+        let state = &self.sim.state;
+        for share in state.shares() {
+            for (c, limit) in &share.spec.limits {
+                let mut ranked: Vec<_> = state
+                    .holding(&share.spec.name, c)
+                    .into_iter()
+                    .map(|id| state.job(id).unwrap())
+                    .filter(|job| job.state != JobState::Preempting)
+                    .collect();
+                ranked.sort_by_key(|job| (std::cmp::Reverse(job.priority()), job.placed_index));
+                let mut prefix = 0u64;
+                for job in ranked {
+                    prefix += u64::from(job.gpus());
+                    assert_eq!(
+                        state.is_borrowed(job),
+                        prefix > u64::from(*limit),
+                        "is {} borrowed ({prefix} GPUs ranked up to it, limit {limit})",
+                        job.id
                     );
                 }
             }

@@ -9,9 +9,13 @@ use serde::Serialize;
 
 /// The largest encoded log entry, vote or log id that is written or read back (16 MiB).
 ///
-/// A Raft entry carries one command (a plan for the whole fleet at most), so this is far above
-/// any real entry; the network frame limit must be at least this large.
+/// A log entry that the store cannot write stops Raft, so the leader never proposes one this
+/// large: `proposer::PROPOSAL_BYTES_MAX` bounds an entry's commands with room to spare for
+/// the entry around them, and for the AppendEntries around one entry on the wire, whose frame
+/// limit is no smaller than this.
 pub const MAX_ENTRY_BYTES: usize = 16 * 1024 * 1024;
+
+const _: () = assert!(MAX_ENTRY_BYTES <= quotient_common::frame::MAX_FRAME_BYTES);
 
 /// Why a value could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +55,14 @@ pub fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     Ok(bytes)
 }
 
+/// How many bytes [`encode_value`] writes for `value` (without its limit), counted without
+/// writing them: what a caller compares with a limit before the value is encoded for good.
+pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, CodecError> {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(value, &mut size, bincode::config::standard())?;
+    Ok(size.bytes_written)
+}
+
 /// Decodes a value written by [`encode_value`], refusing more than [`MAX_ENTRY_BYTES`].
 pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     check_len(bytes.len(), MAX_ENTRY_BYTES)?;
@@ -85,6 +97,18 @@ mod tests {
         let bytes = encode_value(&value).expect("encode");
         let back: (u64, String, Vec<u8>) = decode_value(&bytes).expect("decode");
         assert_eq!(back, value);
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_encode_value_writes() {
+        for value in [
+            vec![],
+            vec![String::from("x"); 3],
+            vec!["é".repeat(300); 200],
+        ] {
+            let written = encode_value(&value).expect("encode").len();
+            assert_eq!(encoded_len(&value).expect("count"), written);
+        }
     }
 
     #[test]

@@ -16,6 +16,11 @@
 //! the state's lock only to capture it (`State::capture_snapshot`: the small fields encoded,
 //! the job table and the idempotency keys cloned copy-on-write); the jobs and keys are encoded
 //! after, while applies go on.
+//!
+//! Applying also notes what each command changed (`quotient_core::apply_noting`) into one
+//! [`AppliedChanges`], which the leader drains with [`QuotientStateMachine::read_changes`]
+//! (see `crate::applied`). It starts as everything (the state was loaded, not applied here),
+//! and a snapshot install makes it everything again.
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -36,6 +41,7 @@ use quotient_core::{ApplyCtx, Command, Outcome, SnapshotError, State};
 
 use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
 use super::type_config::{Entry, NodeId, Outcomes, Request, TypeConfig};
+use crate::applied::AppliedChanges;
 use crate::digest_check::DigestChecks;
 
 /// The snapshot file name inside the data directory.
@@ -93,6 +99,9 @@ struct Shared {
     snapshot_seq: AtomicU64,
     /// This replica's state digests at the leader's checks, and its verdict.
     digest_checks: DigestChecks,
+    /// What the entries applied since the leader last looked changed. Locked after
+    /// `applied`, never before it.
+    changes: Mutex<AppliedChanges>,
 }
 
 impl Shared {
@@ -104,6 +113,10 @@ impl Shared {
 
     fn write_applied(&self) -> RwLockWriteGuard<'_, Applied> {
         self.applied.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_changes(&self) -> MutexGuard<'_, AppliedChanges> {
+        self.changes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock_on_disk(&self) -> MutexGuard<'_, Option<Meta>> {
@@ -182,6 +195,7 @@ impl QuotientStateMachine {
             on_disk: Mutex::new(None),
             snapshot_seq: AtomicU64::new(0),
             digest_checks: DigestChecks::default(),
+            changes: Mutex::new(AppliedChanges::Everything),
         };
         let loaded = read_snapshot_file(data_dir)
             .map_err(|e| shared.storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
@@ -214,6 +228,14 @@ impl QuotientStateMachine {
     /// Runs `f` on the current state (under a read lock: keep it short).
     pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
         f(&self.shared.read_applied().state)
+    }
+
+    /// Runs `f` on the current state and what the entries applied since the last call
+    /// changed (under the read lock, so the two agree), leaving nothing changed.
+    pub fn read_changes<R>(&self, f: impl FnOnce(&State, AppliedChanges) -> R) -> R {
+        let applied = self.shared.read_applied();
+        let changes = self.shared.lock_changes().take();
+        f(&applied.state, changes)
     }
 
     /// This replica's state digests at the leader's checks, and whether its state diverged.
@@ -313,6 +335,7 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut applied = self.shared.write_applied();
+        let mut changes = self.shared.lock_changes();
         let mut outcomes = Vec::new();
         for entry in entries {
             let log_id = entry.log_id;
@@ -333,9 +356,18 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
                                     self.shared.digest_checks.compare(*leader);
                                 }
                             }
-                            quotient_core::apply(&mut applied.state, command, ctx)
+                            match changes.noting() {
+                                Some(noted) => quotient_core::apply_noting(
+                                    &mut applied.state,
+                                    command,
+                                    ctx,
+                                    noted,
+                                ),
+                                None => quotient_core::apply(&mut applied.state, command, ctx),
+                            }
                         })
                         .collect();
+                    changes.bound();
                     if checked {
                         self.shared
                             .digest_checks
@@ -385,11 +417,14 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
                 Ok(state)
             })
             .await?;
-        *self.shared.write_applied() = Applied {
+        let mut applied = self.shared.write_applied();
+        *applied = Applied {
             state,
             last_applied: meta.last_log_id,
             last_membership: meta.last_membership.clone(),
         };
+        *self.shared.lock_changes() = AppliedChanges::Everything;
+        drop(applied);
         tracing::info!(snapshot = %meta, "installed raft snapshot");
         Ok(())
     }

@@ -1,13 +1,17 @@
 //! A test harness around the pure core: applies commands, runs rounds, and plays the agents.
-//! Validates the state after every apply.
+//! Validates the state after every apply, and checks that the changes `apply_noting` names
+//! are exactly the records that differ.
 #![allow(dead_code)]
+
+use std::collections::BTreeSet;
 
 use quotient_common::job::LaunchFault;
 use quotient_common::{
     GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeInventory, ShareSpec, ShareState, Strategy,
 };
 use quotient_core::{
-    apply, plan, share_accounts, ApplyCtx, Command, JobEvent, JobReport, Outcome, Plan, State,
+    apply_noting, plan, share_accounts, ApplyCtx, Changes, Command, JobEvent, JobReport, NodeId,
+    Outcome, Plan, State,
 };
 
 pub fn class(name: &str) -> GpuClass {
@@ -51,6 +55,8 @@ pub struct Sim {
     pub time_ms: u64,
     /// Every command applied, for replay.
     pub log: Vec<(Command, ApplyCtx)>,
+    /// What the last command applied changed.
+    pub last_changes: Changes,
 }
 
 impl Default for Sim {
@@ -66,6 +72,7 @@ impl Sim {
             log_index: 0,
             time_ms: 1_000,
             log: Vec::new(),
+            last_changes: Changes::new(),
         }
     }
 
@@ -77,13 +84,22 @@ impl Sim {
             time_ms: self.time_ms,
         };
         self.log.push((command.clone(), ctx));
-        let outcome = apply(&mut self.state, command, ctx);
+        let before = self.state.clone();
+        let mut changes = Changes::new();
+        let outcome = apply_noting(&mut self.state, command, ctx, &mut changes);
         if let Err(e) = self.state.validate() {
             panic!(
                 "invariant broken after {:?}: {e}",
                 self.log.last().unwrap().0
             );
         }
+        assert_eq!(
+            changes,
+            changed_between(&before, &self.state),
+            "the changes noted for {:?}",
+            self.log.last().unwrap().0
+        );
+        self.last_changes = changes;
         outcome
     }
 
@@ -114,7 +130,8 @@ impl Sim {
         plan
     }
 
-    fn report(&mut self, id: JobId, event: JobEvent) {
+    /// The agent of the job's node reports `event` about its current attempt.
+    pub fn report(&mut self, id: JobId, event: JobEvent) {
         let job = self.state.job(id).unwrap();
         let node = self
             .state
@@ -202,4 +219,43 @@ impl Sim {
         let c = class("a10g");
         (a.usage[&c], a.borrowed[&c], a.lent[&c])
     }
+}
+
+/// The changes from `before` to `after`, found by comparing every record (see
+/// `quotient_core::changes`): what `apply_noting` must have named, no more and no less.
+pub fn changed_between(before: &State, after: &State) -> Changes {
+    let mut changes = Changes::new();
+    let jobs = before.data().jobs.len().max(after.data().jobs.len());
+    for slot in 0..jobs {
+        let (old, new) = (before.data().jobs.get(slot), after.data().jobs.get(slot));
+        if old == new {
+            continue;
+        }
+        for job in [old, new].into_iter().flatten() {
+            changes.jobs.insert(job.id);
+            changes.shares.insert(job.spec.share.clone());
+            changes.nodes.extend(job.allocation.map(|a| a.node));
+        }
+    }
+    let nodes = before.data().nodes.len().max(after.data().nodes.len());
+    for slot in 0..nodes {
+        // A vacant slot that goes (the end of the slots is trimmed) is no node's change.
+        let slots = (before.data().nodes.get(slot), after.data().nodes.get(slot));
+        let node = |slot: Option<&quotient_core::NodeRecord>| slot.is_some_and(|n| !n.is_vacant());
+        if slots.0 != slots.1 && (node(slots.0) || node(slots.1)) {
+            changes.nodes.insert(NodeId(slot as u32));
+        }
+    }
+    let shares: BTreeSet<&String> = before
+        .data()
+        .shares
+        .keys()
+        .chain(after.data().shares.keys())
+        .collect();
+    for share in shares {
+        if before.data().shares.get(share) != after.data().shares.get(share) {
+            changes.shares.insert(share.clone());
+        }
+    }
+    changes
 }
