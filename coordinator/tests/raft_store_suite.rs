@@ -20,11 +20,9 @@ use openraft::{
     Vote,
 };
 use quotient_coordinator::store::codec::{decode_value, encode_value, MAX_ENTRY_BYTES};
-use quotient_coordinator::store::committed_file::{CommittedFile, COMMITTED_FILE_NAME};
-use quotient_coordinator::store::log_store::{DB_FILE_NAME, KEY_VOTE, LOGS_TABLE, META_TABLE};
+use quotient_coordinator::store::log_store::{DB_FILE_NAME, KEY_VOTE, META_TABLE};
 use quotient_coordinator::store::wal::{Record, Wal, WAL_DIR_NAME};
 use quotient_coordinator::store::{self, RaftLogStore};
-use redb::ReadableTableMetadata;
 use serde::{Deserialize, Serialize};
 
 /// The application data of the test type config.
@@ -252,8 +250,7 @@ async fn read_all(store: &mut Store) -> Vec<Entry<TestConfig>> {
 }
 
 /// Writes `bytes` as the entry at `index` straight into the log's files, with the store
-/// closed: a whole record holding garbage, as a bug or a bad disk could leave, or what a move
-/// cut short left.
+/// closed: a whole record holding garbage, as a bug or a bad disk could leave.
 fn poke_log(dir: &Path, index: u64, bytes: &[u8]) {
     let (wal, _) = Wal::open(dir, None).expect("open the log");
     wal.write(&[Record::Entry { index, bytes }]).expect("write");
@@ -559,55 +556,6 @@ async fn committed_survives_reopen_and_a_torn_save() {
     flip_byte(&segment, last_written_byte(&segment));
     let mut store = Store::open(dir.path()).expect("reopen after a torn save");
     assert_eq!(store.read_committed().await.expect("read"), Some(id(7)));
-}
-
-#[tokio::test]
-async fn a_data_directory_with_the_log_in_redb_moves_it_to_the_log_files() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let vote = Vote::new_committed(3, 2);
-    {
-        // What a coordinator before the log files left: entries in redb, the committed id in
-        // its own file, the vote in redb.
-        let db = redb::Database::create(dir.path().join(DB_FILE_NAME)).expect("db");
-        let txn = db.begin_write().expect("begin");
-        {
-            let mut logs = txn.open_table(LOGS_TABLE).expect("logs");
-            for entry in entries(1, 4..=6) {
-                let bytes = encode_value(&entry).expect("encode");
-                logs.insert(entry.log_id.index, bytes.as_slice())
-                    .expect("insert");
-            }
-            let mut meta = txn.open_table(META_TABLE).expect("meta");
-            let vote = encode_value(&vote).expect("encode");
-            meta.insert(KEY_VOTE, vote.as_slice()).expect("insert");
-        }
-        txn.commit().expect("commit");
-        let committed = CommittedFile::open(dir.path()).expect("committed file");
-        committed
-            .save(&encode_value(&Some(log_id(1, 5))).expect("encode"))
-            .expect("save");
-    }
-    // A move cut short by a crash leaves the table full and something in the log's files;
-    // opening starts the move again from the table, so nothing of that survives.
-    poke_log(
-        dir.path(),
-        7,
-        &encode_value(&normal(1, 7, "stale")).expect("encode"),
-    );
-    for _ in 0..2 {
-        let mut store = Store::open(dir.path()).expect("open");
-        assert_eq!(indexes(&read_all(&mut store).await), vec![4, 5, 6]);
-        assert_eq!(read_all(&mut store).await, entries(1, 4..=6));
-        assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
-        assert_eq!(
-            store.read_committed().await.expect("committed"),
-            Some(log_id(1, 5))
-        );
-        assert!(!dir.path().join(COMMITTED_FILE_NAME).exists());
-        let txn = store.database().begin_read().expect("read");
-        let logs = txn.open_table(LOGS_TABLE).expect("logs");
-        assert!(logs.is_empty().expect("count"), "the log left redb");
-    }
 }
 
 #[tokio::test]

@@ -13,8 +13,6 @@
 //! waits for the disk instead ([`LogDurability`]). Entries not yet on disk are read from the
 //! writer's in-memory tail; the rest from the log's files. Large reads run on tokio's blocking
 //! pool; reads of a few entries run in place ([`INLINE_READ_ENTRIES_MAX`]).
-//!
-//! A data directory written before the log had its own files is moved on open (`store::legacy`).
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -33,9 +31,8 @@ use openraft::{
 use redb::Database;
 
 use super::codec::{decode_value, encode_value};
-use super::legacy::{has_legacy_entries, move_legacy_committed, move_legacy_entries};
 use super::log_writer::{EncodedEntry, LogWriter};
-pub use super::log_writer::{LogDurability, KEY_LAST_PURGED, KEY_VOTE, LOGS_TABLE, META_TABLE};
+pub use super::log_writer::{LogDurability, KEY_LAST_PURGED, KEY_VOTE, META_TABLE};
 use super::wal::{Wal, WAL_DIR_NAME};
 
 /// The database file name inside the data directory.
@@ -80,9 +77,8 @@ fn open_error<NID: openraft::NodeId>(
 
 impl<C: RaftTypeConfig> RaftLogStore<C> {
     /// Opens the store in `data_dir`: the database `raft.redb` (vote, purged id) and the log
-    /// in `raft-wal/`, creating them when missing, moves the entries of a data directory
-    /// written before the log had its own files into it, and starts the writer thread. Blocks
-    /// on file I/O, so call it at startup (or from a blocking task).
+    /// in `raft-wal/`, creating them when missing, and starts the writer thread. Blocks on file
+    /// I/O, so call it at startup (or from a blocking task).
     ///
     /// Fails if a file cannot be created or opened, is not a redb database, is already open
     /// (in this process or another: redb locks the file), or the log is damaged.
@@ -95,10 +91,9 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
         let path = data_dir.join(DB_FILE_NAME);
         let opening = || format!("opening raft log database {}", path.display());
         let db = Database::create(&path).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
-        // Create both tables up front so that read transactions always find them.
+        // Create the table up front so that read transactions always find it.
         let created = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
-            txn.open_table(LOGS_TABLE)?;
             txn.open_table(META_TABLE)?;
             txn.commit()?;
             Ok(())
@@ -110,23 +105,7 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
             .transpose()
             .map_err(|e| store_error(&path, ErrorSubject::Store, ErrorVerb::Read, e))?;
         let purged = purged.map(|log_id| log_id.index);
-        let legacy =
-            has_legacy_entries(&db).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
         let wal_dir = data_dir.join(WAL_DIR_NAME);
-        if legacy {
-            // An earlier move was cut short: what it wrote is redone from the database.
-            match std::fs::remove_dir_all(&wal_dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(store_error(
-                        &wal_dir,
-                        ErrorSubject::Logs,
-                        ErrorVerb::Write,
-                        e,
-                    ));
-                }
-                _ => {}
-            }
-        }
         let (wal, recovered) = Wal::open(data_dir, purged)
             .map_err(|e| store_error(&wal_dir, ErrorSubject::Logs, ErrorVerb::Read, e))?;
         let committed: Option<LogId<C::NodeId>> = match recovered.committed {
@@ -134,12 +113,6 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
             Some(bytes) => decode_value(&bytes)
                 .map_err(|e| store_error(&wal_dir, ErrorSubject::Store, ErrorVerb::Read, e))?,
         };
-        if legacy {
-            move_legacy_entries(&db, &wal)
-                .map_err(|e| store_error(&path, ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        }
-        let committed = move_legacy_committed::<C::NodeId>(data_dir, &wal, committed)
-            .map_err(|e| store_error(data_dir, ErrorSubject::Store, ErrorVerb::Write, e))?;
         let writer = LogWriter::start(db, path.clone(), wal, committed, purged).map_err(|e| {
             open_error(ErrorVerb::Write, || {
                 format!("starting the writer of {}", path.display())

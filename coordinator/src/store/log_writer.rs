@@ -63,9 +63,6 @@ use tokio::sync::{oneshot, watch};
 
 use super::wal::{Record, Wal};
 
-/// The table of log entries of a data directory written before the log moved to [`Wal`]: read
-/// once, at open, to move them there.
-pub const LOGS_TABLE: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("raft_log");
 /// The table of single values: the vote and the last purged log id.
 pub const META_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("raft_meta");
 /// [`META_TABLE`] key of the vote.
