@@ -119,7 +119,7 @@ fn fixture_log() -> Vec<Entry> {
     // Entries 1 and 2 are the membership and a blank; the commands start at 3.
     let mut state = State::new();
     let mut index = 2;
-    let mut apply = |state: &mut State, batch: &[Command], index: u64| {
+    let apply = |state: &mut State, batch: &[Command], index: u64| {
         for command in batch {
             quotient_core::apply(
                 state,

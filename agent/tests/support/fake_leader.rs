@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 
 use quotient_common::agent_api::{
     ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
-    WireJobReport,
 };
 use quotient_common::certs::{self, Role};
 use quotient_common::frame::{self, MAX_FRAME_BYTES};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
 use quotient_common::transport::{quinn, Server, ALPN_AGENT};
-use quotient_common::{ClusterId, GpuDevice, NodeInventory};
+use quotient_common::{ClusterId, GpuDevice, JobReport, NodeInventory};
 
 /// How long the fake holds a WatchDesired with nothing new (the real leader's is longer).
 pub const WATCH_HOLD: Duration = Duration::from_millis(1_000);
@@ -46,7 +45,7 @@ pub struct LeaderState {
     pub registrations: Vec<(NodeInventory, Vec<ActualAttempt>)>,
     pub heartbeat_count: u64,
     pub last_heartbeat: Option<(Vec<GpuDevice>, Vec<ActualAttempt>)>,
-    pub reports: Vec<WireJobReport>,
+    pub reports: Vec<JobReport>,
     pub desired: Option<DesiredState>,
     /// The cluster the fake says it leads, in `Registered`.
     pub cluster: ClusterId,
