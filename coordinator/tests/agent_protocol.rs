@@ -15,6 +15,7 @@ use quotient_common::api::{ApiRequest, ApiResponse, JobView, NodeView};
 use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::transport::{Client, PeerConnection, ALPN_AGENT};
+use quotient_common::version::AGENT_WIRE;
 use quotient_common::{
     ClusterId, GpuDevice, JobEvent, JobId, JobReport, NodeInventory, ShareSpec, ShareState,
     Strategy,
@@ -811,11 +812,16 @@ async fn an_oversized_or_garbled_frame_costs_only_its_stream() {
     cluster.wait_for_leader(&[1]).await;
     let admin = cluster.admin();
     let agent = FakeAgent::connect(&cluster, "node-1").await;
-    let oversized = u32::try_from(quotient_common::frame::MAX_FRAME_BYTES + 1)
-        .expect("the limit fits a u32")
-        .to_be_bytes()
-        .to_vec();
-    let mut garbled = 8u32.to_be_bytes().to_vec();
+    let header = |length: u32| {
+        let mut header = quotient_common::frame::FRAME_MAGIC.to_vec();
+        header.extend_from_slice(&AGENT_WIRE.current.to_be_bytes());
+        header.extend_from_slice(&length.to_be_bytes());
+        header
+    };
+    let oversized = header(
+        u32::try_from(quotient_common::frame::MAX_FRAME_BYTES + 1).expect("the limit fits a u32"),
+    );
+    let mut garbled = header(8);
     garbled.extend_from_slice(&[0xff; 8]);
     for bytes in [oversized, garbled] {
         let (mut send, mut recv) = agent

@@ -15,6 +15,7 @@ use quotient_common::certs::{self, Role};
 use quotient_common::frame::{self, MAX_FRAME_BYTES};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
 use quotient_common::transport::{quinn, Server, ALPN_AGENT};
+use quotient_common::version::AGENT_WIRE;
 use quotient_common::{ClusterId, GpuDevice, JobReport, NodeInventory};
 
 /// How long the fake holds a WatchDesired with nothing new (the real leader's is longer).
@@ -168,7 +169,9 @@ async fn serve_stream(
         }
         Mode::NotLeader(address) => not_leader(address),
         Mode::OversizedDesired if matches!(request, AgentRequest::WatchDesired { .. }) => {
-            let mut bytes = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes().to_vec();
+            let mut bytes = frame::FRAME_MAGIC.to_vec();
+            bytes.extend_from_slice(&AGENT_WIRE.current.to_be_bytes());
+            bytes.extend_from_slice(&((MAX_FRAME_BYTES + 1) as u32).to_be_bytes());
             bytes.extend_from_slice(&[0u8; 1024]);
             let _ = send.write_all(&bytes).await;
             let _ = send.finish();
