@@ -19,8 +19,11 @@ use openraft::{
     RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     Vote,
 };
-use quotient_coordinator::store::codec::{decode_value, encode_value, MAX_ENTRY_BYTES};
-use quotient_coordinator::store::log_store::{DB_FILE_NAME, KEY_VOTE, META_TABLE};
+use quotient_common::version::RAFT_LOG;
+use quotient_coordinator::store::codec::{
+    decode_value, encode_value, VersionedEntries, MAX_ENTRY_BYTES,
+};
+use quotient_coordinator::store::log_store::{version_key, DB_FILE_NAME, KEY_VOTE, META_TABLE};
 use quotient_coordinator::store::wal::{Record, Wal, WAL_DIR_NAME};
 use quotient_coordinator::store::{self, RaftLogStore};
 use serde::{Deserialize, Serialize};
@@ -43,6 +46,9 @@ openraft::declare_raft_types!(
         Entry = Entry<TestConfig>,
         SnapshotData = Cursor<Vec<u8>>,
 );
+
+/// The test entries have one version, as the real ones so far.
+impl VersionedEntries for TestConfig {}
 
 type NodeId = u64;
 type Store = RaftLogStore<TestConfig>;
@@ -537,6 +543,79 @@ async fn a_corrupted_vote_is_an_error() {
     poke_meta(dir.path(), KEY_VOTE, &huge_length_prefix());
     let mut store = Store::open(dir.path()).expect("reopen");
     store.read_vote().await.expect_err("corrupted vote");
+}
+
+/// Sets the version field of the log record at `offset` of `segment` and mends its checksum,
+/// as a newer build would have written it.
+fn restamp_record(segment: &Path, offset: usize, version: u16) {
+    let mut bytes = std::fs::read(segment).expect("read");
+    let record = &mut bytes[offset..];
+    let len = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes")) as usize;
+    record[5..7].copy_from_slice(&version.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&record[4..28]);
+    crc.update(&record[40..40 + len]);
+    record[28..32].copy_from_slice(&crc.finalize().to_le_bytes());
+    std::fs::write(segment, bytes).expect("write");
+}
+
+#[tokio::test]
+async fn values_of_a_newer_version_of_the_log_are_refused_naming_both_versions() {
+    // Proves that an entry or a vote written by a build with a newer Raft log encoding is not
+    // read as this build's: reading it fails, naming both versions, the file and what to do,
+    // while the entries before it still read.
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut store = Store::open(dir.path()).expect("open");
+        store
+            .blocking_append(entries(1, 1..=2))
+            .await
+            .expect("append");
+        store
+            .save_vote(&Vote::new_committed(1, 1))
+            .await
+            .expect("vote");
+    }
+    let segment = segment_file(dir.path());
+    let first_len = u32::from_le_bytes(
+        std::fs::read(&segment).expect("read")[8..12]
+            .try_into()
+            .expect("4 bytes"),
+    ) as usize;
+    let newer = RAFT_LOG.current + 1;
+    restamp_record(&segment, (40 + first_len).div_ceil(8) * 8, newer);
+    poke_meta(dir.path(), version_key(KEY_VOTE), &newer.to_le_bytes());
+
+    let mut store = Store::open(dir.path()).expect("reopen");
+    store
+        .try_get_log_entries(1..=2)
+        .await
+        .expect_err("a read of both fails whole");
+    let first = store
+        .try_get_log_entries(1..=1)
+        .await
+        .expect("the first entry is of this version");
+    assert_eq!(first, entries(1, 1..=1));
+    let expected = [
+        format!("version {newer} of the Raft log"),
+        "written by a newer build".to_string(),
+    ];
+    let error = store
+        .try_get_log_entries(2..=2)
+        .await
+        .expect_err("the newer entry is refused")
+        .to_string();
+    for part in expected.iter().chain([&WAL_DIR_NAME.to_string()]) {
+        assert!(error.contains(part.as_str()), "{error}");
+    }
+    let error = store
+        .read_vote()
+        .await
+        .expect_err("the newer vote is refused")
+        .to_string();
+    for part in expected.iter().chain([&DB_FILE_NAME.to_string()]) {
+        assert!(error.contains(part.as_str()), "{error}");
+    }
 }
 
 #[tokio::test]
