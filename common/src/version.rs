@@ -28,6 +28,11 @@
 //!
 //! Raising `oldest` drops a version: only after a release that rewrote everything stored in
 //! it (a snapshot and a purge rewrite the Raft log; the journal is rewritten on every change).
+//!
+//! The state digests the leader has every replica compare (`Command::CheckDigest`) hash the
+//! snapshot state's bytes, version included: while replicas of two [`SNAPSHOT_STATE`] versions
+//! run together they report a divergence, unless the new build hashes the previous encoding
+//! until every replica runs it.
 
 /// One versioned encoding: what it is, the version this build writes and the oldest it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

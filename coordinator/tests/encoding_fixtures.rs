@@ -8,8 +8,9 @@
 //! also be what this build writes, byte for byte: a change to a persisted type that forgot to
 //! bump its version fails there before any data directory in the field meets it.
 //!
-//! To write a fixture (only when a version is bumped): `QUOTIENT_WRITE_FIXTURE=NAME cargo
-//! test -p quotient-coordinator --test encoding_fixtures -- write_a_fixture`.
+//! The fixture of the current versions is named after them (`current_fixture`); to write it
+//! when a version is bumped: `QUOTIENT_WRITE_FIXTURE=1 cargo test -p quotient-coordinator
+//! --test encoding_fixtures -- write_the_fixture`, then commit it beside the older ones.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use openraft::{
     BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, RaftLogReader,
     RaftSnapshotBuilder, Vote,
 };
+use quotient_common::version::{RAFT_LOG, SNAPSHOT_FILE, SNAPSHOT_STATE};
 use quotient_common::{
     GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareState,
     ShareUpdate, Strategy,
@@ -43,6 +45,30 @@ const TERM: u64 = 2;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The name of the fixture written in this build's versions.
+fn current_fixture() -> String {
+    format!(
+        "data-dir-log{}-snapshot{}-state{}",
+        RAFT_LOG.current, SNAPSHOT_FILE.current, SNAPSHOT_STATE.current
+    )
+}
+
+/// Every data directory fixture, by name.
+fn every_fixture() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixtures())
+        .expect("the fixtures")
+        .map(|item| {
+            item.expect("an item")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.starts_with("data-dir-"))
+        .collect();
+    names.sort();
+    names
 }
 
 fn log_id(index: u64) -> LogId<u64> {
@@ -282,6 +308,20 @@ async fn open_fixture(name: &str) -> State {
         "loaded from the snapshot"
     );
     assert_eq!(membership.log_id(), &Some(log_id(1)));
+    // What a follower would be sent is the state in the form it travels in, whatever the
+    // file's layout.
+    let snapshot = state_machine
+        .get_current_snapshot()
+        .await
+        .expect("the snapshot reads")
+        .expect("a snapshot");
+    assert_eq!(snapshot.meta.last_log_id, Some(log_id(SNAPSHOT_INDEX)));
+    let sent = State::from_snapshot_bytes(snapshot.snapshot.get_ref()).expect("a state");
+    assert_eq!(
+        sent.to_snapshot_bytes(),
+        state_machine.read(State::to_snapshot_bytes),
+        "the state sent is the state loaded"
+    );
     let committed: Vec<Entry> = entries
         .into_iter()
         .filter(|entry| (SNAPSHOT_INDEX + 1..=COMMITTED_INDEX).contains(&entry.log_id.index))
@@ -354,13 +394,50 @@ async fn a_data_directory_written_before_versions_were_recorded_reads_back() {
 }
 
 #[tokio::test]
-async fn write_a_fixture() {
-    // Writes the fixture named by QUOTIENT_WRITE_FIXTURE, when set; see the module docs.
-    let Ok(name) = std::env::var("QUOTIENT_WRITE_FIXTURE") else {
+async fn a_data_directory_of_every_version_reads_back() {
+    // Proves every committed fixture, old and current, opens with the same content.
+    let names = every_fixture();
+    assert!(names.contains(&current_fixture()), "{names:?}");
+    for name in names {
+        eprintln!("--- {name}");
+        check_state(&open_fixture(&name).await);
+    }
+}
+
+#[tokio::test]
+async fn this_build_writes_the_fixture_of_its_versions_byte_for_byte() {
+    // Proves this build's log segments and snapshot file are exactly the fixture of its
+    // versions: an encoding that changed without a new version fails here.
+    let name = current_fixture();
+    let fixture = fixtures().join(&name);
+    assert!(
+        fixture.exists(),
+        "no fixture {name}: a version was bumped; write it (module docs) and keep the others"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_data_dir(dir.path()).await;
+    let segment = Path::new(WAL_DIR_NAME).join("seg-0000000000000001.wal");
+    for file in [segment.as_path(), Path::new(SNAPSHOT_FILE_NAME)] {
+        let written = std::fs::read(dir.path().join(file)).expect("written");
+        let committed = std::fs::read(fixture.join(file)).expect("in the fixture");
+        assert!(
+            written == committed,
+            "{} differs from {name}'s: an encoding changed without a new version \
+             (quotient_common::version says what to do)",
+            file.display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn write_the_fixture() {
+    // Writes the fixture of this build's versions when QUOTIENT_WRITE_FIXTURE is set; see the
+    // module docs.
+    if std::env::var_os("QUOTIENT_WRITE_FIXTURE").is_none() {
         return;
-    };
-    let dir = fixtures().join(name);
-    assert!(!dir.exists(), "{} exists; remove it first", dir.display());
+    }
+    let dir = fixtures().join(current_fixture());
+    assert!(!dir.exists(), "{} exists; never change one", dir.display());
     write_data_dir(&dir).await;
     assert!(dir.join(SNAPSHOT_FILE_NAME).exists());
 }
