@@ -17,7 +17,8 @@
 //!
 //! With the `net` feature (the coordinator, agent and CLI turn it on):
 //! - `certs`: the cluster CA and certificates that carry a role and a name (rcgen).
-//! - `frame`: length-prefixed bincode frames, size-checked before decoding.
+//! - `frame`: bincode frames with a header of their encoding's version, size-checked before
+//!   decoding.
 //! - `tls`: rustls configs with the ring provider, mutual TLS required.
 //! - `transport`: QUIC endpoints (quinn), peer identities, request/response helpers.
 //!

@@ -6,7 +6,8 @@
 //! openraft re-applies the committed log after it.
 //!
 //! # Layout
-//! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes.
+//! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes, and
+//!   the version of the Raft log encoding each is read back with.
 //! - [`log_store`]: [`RaftLogStore`], openraft's storage-v2 log store and log reader.
 //! - [`wal`]: the log's segment files: append-only records, synced, replayed on open.
 //! - [`log_writer`]: the log store's writer thread (group commit), and [`LogDurability`],
