@@ -169,6 +169,24 @@ async fn next_event(events: &mut mpsc::Receiver<Event>) -> Event {
         .expect("the server is running")
 }
 
+/// A test server with the certificates in `dir` and an admin's connection to it, its
+/// handshake already reported.
+async fn serve_and_connect(
+    dir: &Path,
+) -> (Arc<Server>, mpsc::Receiver<Event>, Client, PeerConnection) {
+    let (server, mut events) = start_server(&identity(dir, "coord-1"), &[ALPN_API]);
+    let client = Client::new(identity(dir, "alice"));
+    let connection = client
+        .connect(server.local_addr().unwrap(), "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut events).await,
+        Event::Connected { .. }
+    ));
+    (server, events, client, connection)
+}
+
 async fn echo(connection: &PeerConnection, text: &str) -> Result<TestResponse, RequestError> {
     connection
         .request(&TestRequest::Echo(text.to_string()), PROMPT)
@@ -532,17 +550,8 @@ async fn a_peer_of_another_version_is_refused_naming_both_versions() {
     // that both sides say which versions each speaks and which side to upgrade; the
     // connection goes on serving requests of the version the server reads.
     let dir = cluster();
-    let (server, mut events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let (server, mut events, _client, connection) = serve_and_connect(dir.path()).await;
     let address = server.local_addr().unwrap();
-    let client = Client::new(identity(dir.path(), "alice"));
-    let connection = client
-        .connect(address, "localhost", ALPN_API)
-        .await
-        .unwrap();
-    assert!(matches!(
-        next_event(&mut events).await,
-        Event::Connected { .. }
-    ));
 
     let result: Result<NextResponse, _> = connection
         .request(&NextRequest::Echo("from the future".into()), PROMPT)
@@ -586,17 +595,8 @@ async fn a_peer_from_before_frames_carried_a_version_is_told_apart_both_ways() {
     // sent) is refused with the version reset code, and that such a server's refusal of a
     // versioned request (too large: it took the header for a length) reads as its version.
     let dir = cluster();
-    let (server, mut events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let (server, mut events, _client, connection) = serve_and_connect(dir.path()).await;
     let address = server.local_addr().unwrap();
-    let client = Client::new(identity(dir.path(), "alice"));
-    let connection = client
-        .connect(address, "localhost", ALPN_API)
-        .await
-        .unwrap();
-    assert!(matches!(
-        next_event(&mut events).await,
-        Event::Connected { .. }
-    ));
 
     let body = quotient_common::frame::encode_body(&TestRequest::Echo("old".into())).unwrap();
     let (mut send, mut recv) = connection.connection().open_bi().await.unwrap();

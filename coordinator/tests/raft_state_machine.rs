@@ -251,20 +251,23 @@ fn write_snapshot_file(dir: &Path, bytes: &[u8]) {
     std::fs::write(dir.join(SNAPSHOT_FILE_NAME), bytes).expect("write");
 }
 
+/// Leaves in `dir` a snapshot file of a state that holds node gpu-a.
+async fn write_a_snapshot_of_gpu_a(dir: &Path) {
+    let mut sm = QuotientStateMachine::open(dir).expect("open");
+    sm.apply([normal(1, register("gpu-a", 1_000))])
+        .await
+        .expect("apply");
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+}
+
 #[tokio::test]
 async fn corrupted_snapshot_file_is_an_error_on_open() {
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
-        sm.apply([normal(1, register("gpu-a", 1_000))])
-            .await
-            .expect("apply");
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
-    }
+    write_a_snapshot_of_gpu_a(dir.path()).await;
     let good = std::fs::read(dir.path().join(SNAPSHOT_FILE_NAME)).expect("read");
 
     let mut cases: Vec<(&str, Vec<u8>)> = vec![
@@ -334,17 +337,7 @@ async fn a_snapshot_temporary_file_left_by_an_unfinished_write_is_removed_on_ope
     // crash, a full disk) is removed, with an info line, when the data directory is opened
     // again, and that the snapshot beside it still loads.
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
-        sm.apply([normal(1, register("gpu-a", 1_000))])
-            .await
-            .expect("apply");
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
-    }
+    write_a_snapshot_of_gpu_a(dir.path()).await;
     let tmp = dir.path().join(SNAPSHOT_TMP_FILE_NAME);
     std::fs::write(&tmp, vec![0u8; 64 * 1024]).expect("a half-written snapshot");
 
@@ -521,17 +514,7 @@ async fn a_snapshot_file_of_a_newer_layout_or_state_is_refused_naming_both_versi
     // Proves a snapshot file written by a newer build is not misread: opening fails with the
     // file, both versions and what to do, whether its layout or the state in it is newer.
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
-        sm.apply([normal(1, register("gpu-a", 1_000))])
-            .await
-            .expect("apply");
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
-    }
+    write_a_snapshot_of_gpu_a(dir.path()).await;
     let path = dir.path().join(SNAPSHOT_FILE_NAME);
     let written = std::fs::read(&path).expect("read");
     assert_eq!(
