@@ -28,7 +28,7 @@ use quotient_common::{
 use quotient_coordinator::store::log_store::DB_FILE_NAME;
 use quotient_coordinator::store::state_machine::SNAPSHOT_FILE_NAME;
 use quotient_coordinator::store::type_config::Entry;
-use quotient_coordinator::store::wal::WAL_DIR_NAME;
+use quotient_coordinator::store::wal::{Wal, WAL_DIR_NAME};
 use quotient_coordinator::store::{self, Request};
 use quotient_core::{Command, JobEvent, JobReport, State};
 
@@ -406,27 +406,45 @@ async fn a_data_directory_of_every_version_reads_back() {
 
 #[tokio::test]
 async fn this_build_writes_the_fixture_of_its_versions_byte_for_byte() {
-    // Proves this build's log segments and snapshot file are exactly the fixture of its
-    // versions: an encoding that changed without a new version fails here.
+    // Proves this build's log records (each payload and its version) and snapshot file are
+    // exactly the fixture of its versions: an encoding that changed without a new version
+    // fails here. The records are compared one by one, not the segment as a whole, since
+    // which of them share a write (their batch numbers) depends on the writer's timing.
     let name = current_fixture();
     let fixture = fixtures().join(&name);
     assert!(
         fixture.exists(),
         "no fixture {name}: a version was bumped; write it (module docs) and keep the others"
     );
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_data_dir(dir.path()).await;
-    let segment = Path::new(WAL_DIR_NAME).join("seg-0000000000000001.wal");
-    for file in [segment.as_path(), Path::new(SNAPSHOT_FILE_NAME)] {
-        let written = std::fs::read(dir.path().join(file)).expect("written");
-        let committed = std::fs::read(fixture.join(file)).expect("in the fixture");
+    let written = tempfile::tempdir().expect("tempdir");
+    write_data_dir(written.path()).await;
+    let committed = tempfile::tempdir().expect("tempdir");
+    copy_dir(&fixture, committed.path());
+    let records = |dir: &Path| {
+        let (wal, recovered) = Wal::open(dir, None).expect("the log opens");
+        let entries = wal.read(0, u64::MAX - 1).expect("the entries read");
+        (entries, recovered.committed)
+    };
+    let changed = "an encoding changed without a new version (quotient_common::version says \
+                   what to do)";
+    let (ours, theirs) = (records(written.path()), records(committed.path()));
+    assert_eq!(ours.0.len(), theirs.0.len(), "the fixture's entries");
+    for ((index, ours), (_, theirs)) in ours.0.iter().zip(&theirs.0) {
         assert!(
-            written == committed,
-            "{} differs from {name}'s: an encoding changed without a new version \
-             (quotient_common::version says what to do)",
-            file.display()
+            ours == theirs,
+            "log entry {index} differs from {name}'s: {changed}"
         );
     }
+    assert!(
+        ours.1 == theirs.1,
+        "the committed id differs from {name}'s: {changed}"
+    );
+    let ours = std::fs::read(written.path().join(SNAPSHOT_FILE_NAME)).expect("written");
+    let theirs = std::fs::read(fixture.join(SNAPSHOT_FILE_NAME)).expect("in the fixture");
+    assert!(
+        ours == theirs,
+        "{SNAPSHOT_FILE_NAME} differs from {name}'s: {changed}"
+    );
 }
 
 #[tokio::test]
