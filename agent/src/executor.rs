@@ -27,8 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use quotient_common::job::bounded_launch_message;
-use quotient_common::{JobId, JobSpec};
-use quotient_core::{JobEvent, JobReport};
+use quotient_common::{JobEvent, JobId, JobReport, JobSpec};
 
 use crate::reconcile::{
     self, Action, Desired, DesiredAllocation, Input, Intent, LocalJob, LocalPhase,

@@ -12,7 +12,13 @@
 //!
 //! The file is rewritten whole (temporary file, fsync, rename) on every change and read back
 //! with a size limit; one that is over the limit or does not parse stops the agent with an
-//! error naming it, since guessing could start a finished attempt twice. Both lists are
+//! error naming it, since guessing could start a finished attempt twice.
+//!
+//! Its `version` field is the version of its encoding (`version::AGENT_JOURNAL`). Each version
+//! this build reads has its decoder below: version 1 kept each report without its node (the
+//! reports were only ever this node's), and is read by giving them this agent's node name;
+//! version 2 keeps the `JobReport` the leader replicates. A journal of a version this build
+//! does not read stops the agent with both versions and what to do. Both lists are
 //! bounded: past [`PENDING_REPORTS_MAX`] the oldest progress reports (started, running) go
 //! first, exits last; past [`FINISHED_KEPT_MAX`] the oldest finished attempts are forgotten
 //! (the coordinators have long moved on by then).
@@ -21,8 +27,8 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use quotient_common::agent_api::{WireJobEvent, WireJobReport};
-use quotient_common::JobId;
+use quotient_common::version::{VersionError, Writer, AGENT_JOURNAL};
+use quotient_common::{JobEvent, JobId, JobReport};
 use serde::{Deserialize, Serialize};
 
 /// The journal's file name in the state dir.
@@ -33,8 +39,6 @@ pub const JOURNAL_BYTES_MAX: u64 = 4 * 1024 * 1024;
 pub const PENDING_REPORTS_MAX: usize = 4_096;
 /// The most finished attempts remembered.
 pub const FINISHED_KEPT_MAX: usize = 4_096;
-/// The journal format written by this agent.
-pub const JOURNAL_VERSION: u32 = 1;
 
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +52,9 @@ pub enum JournalError {
     },
     #[error("the agent journal {} is unreadable ({problem}); it lists exit reports not yet delivered and finished attempts. Move it away only if this node's jobs may safely be started again", path.display())]
     Corrupt { path: PathBuf, problem: String },
+    /// Written in a version of the journal this build does not read.
+    #[error(transparent)]
+    Version(#[from] VersionError),
 }
 
 /// One report waiting for a leader's acknowledgement.
@@ -55,16 +62,90 @@ pub enum JournalError {
 pub struct PendingReport {
     /// Increases by one per report, across restarts.
     pub sequence: u64,
-    pub report: WireJobReport,
+    pub report: JobReport,
 }
 
+/// The journal file of the current version.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct JournalFile {
-    version: u32,
+    version: u16,
     next_sequence: u64,
     pending: VecDeque<PendingReport>,
     finished: VecDeque<(JobId, u32)>,
     last_ack_unix_ms: Option<u64>,
+}
+
+/// Only the version of a journal file, read first to choose its decoder.
+#[derive(Deserialize)]
+struct VersionField {
+    version: u64,
+}
+
+/// The journal file of version 1: its reports have no node.
+#[derive(Deserialize)]
+struct JournalFileV1 {
+    next_sequence: u64,
+    pending: VecDeque<PendingReportV1>,
+    finished: VecDeque<(JobId, u32)>,
+    last_ack_unix_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct PendingReportV1 {
+    sequence: u64,
+    report: JobReportV1,
+}
+
+#[derive(Deserialize)]
+struct JobReportV1 {
+    job: JobId,
+    attempt: u32,
+    event: JobEvent,
+}
+
+impl JournalFileV1 {
+    /// The same journal in the current version: its reports were all `node`'s.
+    fn upgrade(self, node: &str) -> JournalFile {
+        let pending = self
+            .pending
+            .into_iter()
+            .map(|pending| PendingReport {
+                sequence: pending.sequence,
+                report: JobReport {
+                    job: pending.report.job,
+                    attempt: pending.report.attempt,
+                    node: node.to_string(),
+                    event: pending.report.event,
+                },
+            })
+            .collect();
+        JournalFile {
+            version: AGENT_JOURNAL.current,
+            next_sequence: self.next_sequence,
+            pending,
+            finished: self.finished,
+            last_ack_unix_ms: self.last_ack_unix_ms,
+        }
+    }
+}
+
+/// Decodes a journal of any version this build reads, as the current version. `node` is this
+/// agent's node name, which version 1 did not keep.
+fn decode(text: &str, node: &str, path: &Path) -> Result<JournalFile, JournalError> {
+    let corrupt = |error: serde_json::Error| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        problem: error.to_string(),
+    };
+    let VersionField { version } = serde_json::from_str(text).map_err(corrupt)?;
+    // A number past u16 is a version no build wrote; it is refused like any unknown one.
+    let version = u16::try_from(version).unwrap_or(u16::MAX);
+    match AGENT_JOURNAL.check(version, Writer::File(path.display().to_string()))? {
+        1 => {
+            let file: JournalFileV1 = serde_json::from_str(text).map_err(corrupt)?;
+            Ok(file.upgrade(node))
+        }
+        _ => serde_json::from_str(text).map_err(corrupt),
+    }
 }
 
 /// The agent's journal, loaded in memory and written through on every change.
@@ -75,8 +156,9 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Opens the journal in `state_dir`; an absent file is an empty journal.
-    pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
+    /// Opens the journal in `state_dir` of the agent of node `node`; an absent file is an empty
+    /// journal.
+    pub fn open(state_dir: &Path, node: &str) -> Result<Journal, JournalError> {
         let path = state_dir.join(JOURNAL_FILE);
         let corrupt = |problem: String| JournalError::Corrupt {
             path: path.clone(),
@@ -97,18 +179,10 @@ impl Journal {
                         "it is over the limit of {JOURNAL_BYTES_MAX} bytes"
                     )));
                 }
-                let file: JournalFile =
-                    serde_json::from_str(&text).map_err(|error| corrupt(error.to_string()))?;
-                if file.version != JOURNAL_VERSION {
-                    return Err(corrupt(format!(
-                        "format version {} is not {JOURNAL_VERSION}",
-                        file.version
-                    )));
-                }
-                file
+                decode(&text, node, &path)?
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => JournalFile {
-                version: JOURNAL_VERSION,
+                version: AGENT_JOURNAL.current,
                 next_sequence: 1,
                 ..JournalFile::default()
             },
@@ -127,17 +201,13 @@ impl Journal {
 
     /// Appends reports (an exit or a launch given up also marks its attempt finished) and
     /// writes the journal.
-    pub fn push(&mut self, reports: Vec<WireJobReport>) -> Result<(), JournalError> {
+    pub fn push(&mut self, reports: Vec<JobReport>) -> Result<(), JournalError> {
         if reports.is_empty() {
             return Ok(());
         }
         for report in reports {
-            if matches!(
-                report.event,
-                WireJobEvent::Exited { .. }
-                    | WireJobEvent::ExitedAfterSignal { .. }
-                    | WireJobEvent::LaunchFailed { .. }
-            ) && !self.file.finished.contains(&(report.job, report.attempt))
+            if report.event.ends_attempt()
+                && !self.file.finished.contains(&(report.job, report.attempt))
             {
                 self.file.finished.push_back((report.job, report.attempt));
             }
@@ -195,10 +265,7 @@ impl Journal {
         }
         while self.file.pending.len() > PENDING_REPORTS_MAX {
             let progress = self.file.pending.iter().position(|pending| {
-                matches!(
-                    pending.report.event,
-                    WireJobEvent::Started | WireJobEvent::Running
-                )
+                matches!(pending.report.event, JobEvent::Started | JobEvent::Running)
             });
             let dropped = match progress {
                 Some(position) => self.file.pending.remove(position),
@@ -236,35 +303,38 @@ impl Journal {
 mod tests {
     use super::*;
 
-    fn report(job: u64, event: WireJobEvent) -> WireJobReport {
-        WireJobReport {
+    fn report(job: u64, event: JobEvent) -> JobReport {
+        JobReport {
             job: JobId(job),
             attempt: 1,
+            node: NODE.into(),
             event,
         }
     }
+
+    const NODE: &str = "gpu-a";
 
     /// Reports and finished attempts survive a reopen; acknowledged ones are gone.
     #[test]
     fn the_journal_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let mut journal = Journal::open(dir.path()).unwrap();
+        let mut journal = Journal::open(dir.path(), NODE).unwrap();
         journal
             .push(vec![
-                report(1, WireJobEvent::Running),
-                report(1, WireJobEvent::ExitedAfterSignal { code: Some(0) }),
+                report(1, JobEvent::Running),
+                report(1, JobEvent::ExitedAfterSignal { code: Some(0) }),
             ])
             .unwrap();
         journal.record_ack(1_234).unwrap();
         let first = journal.pending(1)[0].sequence;
         journal.acknowledge(&[first]).unwrap();
 
-        let journal = Journal::open(dir.path()).unwrap();
+        let journal = Journal::open(dir.path(), NODE).unwrap();
         let pending = journal.pending(10);
         assert_eq!(pending.len(), 1);
         assert_eq!(
             pending[0].report.event,
-            WireJobEvent::ExitedAfterSignal { code: Some(0) }
+            JobEvent::ExitedAfterSignal { code: Some(0) }
         );
         assert_eq!(journal.finished().collect::<Vec<_>>(), vec![(JobId(1), 1)]);
         assert_eq!(journal.last_ack_unix_ms(), Some(1_234));
@@ -275,17 +345,17 @@ mod tests {
     #[test]
     fn a_launch_given_up_is_a_finished_attempt() {
         let dir = tempfile::tempdir().unwrap();
-        let mut journal = Journal::open(dir.path()).unwrap();
+        let mut journal = Journal::open(dir.path(), NODE).unwrap();
         let failed = report(
             5,
-            WireJobEvent::LaunchFailed {
+            JobEvent::LaunchFailed {
                 fault: quotient_common::job::LaunchFault::Node,
                 tries: 3,
                 message: "docker create container: connection refused".into(),
             },
         );
         journal.push(vec![failed.clone()]).unwrap();
-        let journal = Journal::open(dir.path()).unwrap();
+        let journal = Journal::open(dir.path(), NODE).unwrap();
         assert_eq!(journal.finished().collect::<Vec<_>>(), vec![(JobId(5), 1)]);
         assert_eq!(journal.pending(10)[0].report, failed);
     }
@@ -296,10 +366,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(JOURNAL_FILE);
         std::fs::write(&path, "{not json").unwrap();
-        let error = Journal::open(dir.path()).unwrap_err().to_string();
+        let error = Journal::open(dir.path(), NODE).unwrap_err().to_string();
         assert!(error.contains(JOURNAL_FILE), "{error}");
         std::fs::write(&path, vec![b' '; JOURNAL_BYTES_MAX as usize + 1]).unwrap();
-        let error = Journal::open(dir.path()).unwrap_err().to_string();
+        let error = Journal::open(dir.path(), NODE).unwrap_err().to_string();
         assert!(error.contains("over the limit"), "{error}");
     }
 
@@ -307,18 +377,122 @@ mod tests {
     #[test]
     fn exits_outlive_progress_reports_when_the_journal_is_full() {
         let dir = tempfile::tempdir().unwrap();
-        let mut journal = Journal::open(dir.path()).unwrap();
+        let mut journal = Journal::open(dir.path(), NODE).unwrap();
         journal
-            .push(vec![report(0, WireJobEvent::Exited { code: 3 })])
+            .push(vec![report(0, JobEvent::Exited { code: 3 })])
             .unwrap();
-        let progress: Vec<WireJobReport> = (1..=PENDING_REPORTS_MAX as u64)
-            .map(|job| report(job, WireJobEvent::Running))
+        let progress: Vec<JobReport> = (1..=PENDING_REPORTS_MAX as u64)
+            .map(|job| report(job, JobEvent::Running))
             .collect();
         journal.push(progress).unwrap();
         assert_eq!(journal.pending_count(), PENDING_REPORTS_MAX);
         assert_eq!(
             journal.pending(1)[0].report,
-            report(0, WireJobEvent::Exited { code: 3 })
+            report(0, JobEvent::Exited { code: 3 })
         );
+    }
+
+    /// The journal fixture of `version`, as an agent of that version left it.
+    fn fixture(version: u16) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(format!("agent-journal-v{version}.json"))
+    }
+
+    /// What every journal fixture holds: four reports waiting (the first of five was
+    /// acknowledged), three finished attempts and the last acknowledgement.
+    fn check_fixture_content(journal: &Journal) {
+        let pending = journal.pending(10);
+        let sequences: Vec<u64> = pending.iter().map(|pending| pending.sequence).collect();
+        assert_eq!(sequences, vec![2, 3, 4, 5]);
+        let reports: Vec<JobReport> = pending.into_iter().map(|pending| pending.report).collect();
+        let at = |job: u64, attempt: u32, event: JobEvent| JobReport {
+            attempt,
+            ..report(job, event)
+        };
+        assert_eq!(
+            reports,
+            vec![
+                at(1, 1, JobEvent::Running),
+                at(2, 1, JobEvent::Exited { code: 3 }),
+                at(3, 2, JobEvent::ExitedAfterSignal { code: None }),
+                at(
+                    4,
+                    1,
+                    JobEvent::LaunchFailed {
+                        fault: quotient_common::job::LaunchFault::Job,
+                        tries: 1,
+                        message: "no such image: trainer:v2".into(),
+                    }
+                ),
+            ]
+        );
+        assert_eq!(
+            journal.finished().collect::<Vec<_>>(),
+            vec![(JobId(2), 1), (JobId(3), 2), (JobId(4), 1)]
+        );
+        assert_eq!(journal.last_ack_unix_ms(), Some(1_750_000_123_456));
+    }
+
+    /// A journal written by every version this build reads opens with the same content, and
+    /// its sequence numbers go on where it left off.
+    #[test]
+    fn a_journal_of_every_version_reads_back() {
+        for version in AGENT_JOURNAL.oldest..=AGENT_JOURNAL.current {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::copy(fixture(version), dir.path().join(JOURNAL_FILE)).unwrap();
+            let mut journal = Journal::open(dir.path(), NODE)
+                .unwrap_or_else(|error| panic!("version {version}: {error}"));
+            check_fixture_content(&journal);
+            journal.push(vec![report(9, JobEvent::Started)]).unwrap();
+            assert_eq!(journal.pending(10)[4].sequence, 6, "version {version}");
+        }
+    }
+
+    /// This build writes its version as the fixture of that version, byte for byte: a change
+    /// to the journal's types that forgot to bump its version fails here.
+    #[test]
+    fn this_build_writes_the_fixture_of_the_current_version() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(fixture(AGENT_JOURNAL.oldest), dir.path().join(JOURNAL_FILE)).unwrap();
+        let mut journal = Journal::open(dir.path(), NODE).unwrap();
+        // The same acknowledgement again: the journal is rewritten unchanged.
+        journal.record_ack(1_750_000_123_456).unwrap();
+        let written = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+        let expected = std::fs::read_to_string(fixture(AGENT_JOURNAL.current)).unwrap();
+        assert_eq!(written, expected);
+    }
+
+    /// A journal of a version this build does not read stops the agent with both versions and
+    /// what to do; the file is left as it was.
+    #[test]
+    fn a_journal_of_an_unknown_version_is_refused_naming_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let newer = format!(
+            r#"{{"version":{},"next_sequence":1,"pending":[],"finished":[],"last_ack_unix_ms":null,"added":true}}"#,
+            AGENT_JOURNAL.current + 1
+        );
+        std::fs::write(&path, &newer).unwrap();
+        let error = Journal::open(dir.path(), NODE).unwrap_err();
+        assert!(matches!(error, JournalError::Version(_)), "{error:?}");
+        let message = error.to_string();
+        assert!(message.contains(JOURNAL_FILE), "{message}");
+        assert!(
+            message.contains(&format!("version {}", AGENT_JOURNAL.current + 1)),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "versions {} to {}",
+                AGENT_JOURNAL.oldest, AGENT_JOURNAL.current
+            )),
+            "{message}"
+        );
+        assert!(message.contains("newer build"), "{message}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), newer);
+        std::fs::write(&path, r#"{"version":0}"#).unwrap();
+        let error = Journal::open(dir.path(), NODE).unwrap_err().to_string();
+        assert!(error.contains("older than this build reads"), "{error}");
     }
 }

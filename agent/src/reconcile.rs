@@ -26,8 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use quotient_common::{JobId, JobSpec, Signal};
-use quotient_core::JobEvent;
+use quotient_common::{JobEvent, JobId, JobSpec, Signal};
 
 /// What the coordinators want of one allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

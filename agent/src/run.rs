@@ -164,7 +164,7 @@ async fn drive<R: Runtime + 'static>(
     runtime: R,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    let journal = Journal::open(&config.state_dir)?;
+    let journal = Journal::open(&config.state_dir, &config.name)?;
     let cluster = crate::cluster::AgentCluster::open(&config.state_dir, config.cluster_id)?;
     let mut executor = Executor::new(runtime, &config.name, &config.state_dir, gpu_uuids)
         .with_checkpoint_root(&config.checkpoint_root)
@@ -382,7 +382,7 @@ mod tests {
     #[test]
     fn the_lease_survives_a_restart_through_the_journal() {
         let dir = tempfile::tempdir().unwrap();
-        let mut journal = Journal::open(dir.path()).unwrap();
+        let mut journal = Journal::open(dir.path(), "gpu-a").unwrap();
         assert!(!initial_lease(&journal, 1_000).expired(Instant::now()));
 
         let now_unix_ms = SystemTime::now()

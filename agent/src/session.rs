@@ -65,12 +65,10 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use quotient_common::agent_api::{
     ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
-    WireAllocation, WireIntent, WireJobEvent, WireJobReport, DESIRED_ALLOCATIONS_MAX,
-    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+    WireAllocation, WireIntent, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_AGENT};
-use quotient_common::{GpuDevice, NodeInventory};
-use quotient_core::{JobEvent, JobReport};
+use quotient_common::{GpuDevice, JobReport, NodeInventory};
 use tokio::sync::{watch, Notify};
 
 use crate::gpu::{to_gpu_devices, GpuBackend};
@@ -186,36 +184,11 @@ impl Shared {
         if reports.is_empty() {
             return;
         }
-        let wire: Vec<WireJobReport> = reports.into_iter().map(wire_report).collect();
-        if let Err(error) = self.journal().push(wire) {
+        if let Err(error) = self.journal().push(reports) {
             // Kept in memory and retried on the next write; a restart before then loses them.
             tracing::error!("cannot write the journal: {error}");
         }
         self.reports_ready.notify_one();
-    }
-}
-
-/// A job event as the protocol carries it.
-pub fn wire_report(report: JobReport) -> WireJobReport {
-    let event = match report.event {
-        JobEvent::Started => WireJobEvent::Started,
-        JobEvent::Running => WireJobEvent::Running,
-        JobEvent::Exited { code } => WireJobEvent::Exited { code },
-        JobEvent::ExitedAfterSignal { code } => WireJobEvent::ExitedAfterSignal { code },
-        JobEvent::LaunchFailed {
-            fault,
-            tries,
-            message,
-        } => WireJobEvent::LaunchFailed {
-            fault,
-            tries,
-            message,
-        },
-    };
-    WireJobReport {
-        job: report.job,
-        attempt: report.attempt,
-        event,
     }
 }
 

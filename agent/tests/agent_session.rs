@@ -19,9 +19,9 @@ use quotient_agent::runtime::process::{
     WATCHDOG_SLACK_MS,
 };
 use quotient_common::agent_api::{
-    ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, WireJobEvent, LOG_CHUNK_BYTES_MAX,
+    ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, LOG_CHUNK_BYTES_MAX,
 };
-use quotient_common::JobId;
+use quotient_common::{JobEvent, JobId};
 use support::docker;
 use support::fake_leader::{make_certs, FakeLeader, Mode};
 use support::*;
@@ -226,7 +226,7 @@ async fn wait_until(what: &str, check: impl Fn() -> bool) {
     .await;
 }
 
-fn reported(leader: &FakeLeader, job: u64, event: WireJobEvent) -> bool {
+fn reported(leader: &FakeLeader, job: u64, event: JobEvent) -> bool {
     leader
         .state()
         .reports
@@ -234,7 +234,7 @@ fn reported(leader: &FakeLeader, job: u64, event: WireJobEvent) -> bool {
         .any(|report| report.job == JobId(job) && report.event == event)
 }
 
-fn report_count(leader: &FakeLeader, job: u64, event: WireJobEvent) -> usize {
+fn report_count(leader: &FakeLeader, job: u64, event: JobEvent) -> usize {
     leader
         .state()
         .reports
@@ -248,7 +248,7 @@ fn exit_reported(leader: &FakeLeader, job: u64) -> bool {
         report.job == JobId(job)
             && matches!(
                 report.event,
-                WireJobEvent::Exited { .. } | WireJobEvent::ExitedAfterSignal { .. }
+                JobEvent::Exited { .. } | JobEvent::ExitedAfterSignal { .. }
             )
     })
 }
@@ -331,7 +331,7 @@ async fn agent_registers_runs_a_job_and_stops_it_with_its_checkpoint_signal() {
         );
     }
     wait_until("the job is reported running", || {
-        reported(&leader, 1, WireJobEvent::Running)
+        reported(&leader, 1, JobEvent::Running)
     })
     .await;
     wait_until("a heartbeat lists the job running", || {
@@ -355,11 +355,7 @@ async fn agent_registers_runs_a_job_and_stops_it_with_its_checkpoint_signal() {
     let checkpoint = node.checkpoint_dir(1).join("checkpoint");
     wait_until("the job gets its checkpoint signal", || checkpoint.exists()).await;
     wait_until("the stop is reported as ExitedAfterSignal", || {
-        reported(
-            &leader,
-            1,
-            WireJobEvent::ExitedAfterSignal { code: Some(0) },
-        )
+        reported(&leader, 1, JobEvent::ExitedAfterSignal { code: Some(0) })
     })
     .await;
     assert_eq!(node.starts(1), 1);
@@ -381,7 +377,7 @@ async fn agent_restart_mid_job_readopts_it_without_starting_it_again() {
     let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
     wait_until("the job starts", || node.starts(3) == 1).await;
     wait_until("the job is reported running", || {
-        reported(&leader, 3, WireJobEvent::Running)
+        reported(&leader, 3, JobEvent::Running)
     })
     .await;
 
@@ -414,7 +410,7 @@ async fn agent_restart_mid_job_readopts_it_without_starting_it_again() {
         );
     }
     wait_until("the job is re-adopted and reported running again", || {
-        report_count(&leader, 3, WireJobEvent::Running) >= 2
+        report_count(&leader, 3, JobEvent::Running) >= 2
     })
     .await;
     let heartbeats = leader.state().heartbeat_count;
@@ -445,7 +441,7 @@ async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
     ));
     let _agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
     wait_until("the job is reported running", || {
-        reported(&leader, 5, WireJobEvent::Running)
+        reported(&leader, 5, JobEvent::Running)
     })
     .await;
 
@@ -484,11 +480,7 @@ async fn agent_cut_off_from_the_leader_stops_its_jobs_within_its_lease() {
     // --- the leader answers again
     leader.set_mode(Mode::Serve);
     wait_until("the stop is reported once the leader answers", || {
-        reported(
-            &leader,
-            5,
-            WireJobEvent::ExitedAfterSignal { code: Some(0) },
-        )
+        reported(&leader, 5, JobEvent::ExitedAfterSignal { code: Some(0) })
     })
     .await;
     wait_until("the agent takes the leader's desired state again", || {
@@ -554,7 +546,7 @@ async fn agent_killed_outright_leaves_no_job_running_past_its_lease() {
     leader.set_desired(desired(1, 1, vec![stubborn]));
     let mut agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
     wait_until("the job is reported running", || {
-        reported(&leader, 13, WireJobEvent::Running)
+        reported(&leader, 13, JobEvent::Running)
     })
     .await;
 
@@ -612,7 +604,7 @@ async fn agent_killed_outright_leaves_no_container_running_past_its_lease() {
     leader.set_desired(desired(1, 1, vec![stubborn]));
     let mut agent = Agent::start_on(&node, NODE, &[leader.address()], LEASE_MS, "docker");
     wait_until("the job is reported running", || {
-        reported(&leader, JOB, WireJobEvent::Running)
+        reported(&leader, JOB, JobEvent::Running)
     })
     .await;
     let running = || {
@@ -659,7 +651,7 @@ async fn agent_killed_and_restarted_within_its_lease_keeps_its_job() {
     ));
     let mut agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
     wait_until("the job is reported running", || {
-        reported(&leader, 14, WireJobEvent::Running)
+        reported(&leader, 14, JobEvent::Running)
     })
     .await;
 
@@ -692,7 +684,7 @@ async fn agent_follows_not_leader_to_the_new_leader_without_touching_jobs() {
     first.set_desired(desired(1, 1, running.clone()));
     let mut agent = Agent::start(&node, NODE, &[first.address()], LONG_LEASE_MS);
     wait_until("the job is reported running", || {
-        reported(&first, 7, WireJobEvent::Running)
+        reported(&first, 7, JobEvent::Running)
     })
     .await;
 
@@ -774,7 +766,7 @@ async fn agent_refuses_an_allocation_for_gpus_it_lacks() {
     ));
     wait_until("the good job starts", || node.starts(10) == 1).await;
     wait_until("the good job is reported running", || {
-        reported(&leader, 10, WireJobEvent::Running)
+        reported(&leader, 10, JobEvent::Running)
     })
     .await;
     assert_eq!(node.starts(9), 0, "the refused job started");
@@ -807,7 +799,7 @@ async fn agent_survives_an_oversized_frame_from_the_leader() {
     ));
     leader.set_mode(Mode::Serve);
     wait_until("a job starts once the leader behaves", || {
-        reported(&leader, 11, WireJobEvent::Running)
+        reported(&leader, 11, JobEvent::Running)
     })
     .await;
     assert!(agent.is_running());
@@ -846,7 +838,7 @@ async fn agent_caps_a_log_far_over_the_cap_and_reports_its_disk_use() {
     writer.spec = job_spec(None, shell(script));
     leader.set_desired(desired(1, 1, vec![writer]));
     wait_until("the job's exit is reported", || {
-        reported(&leader, 5, WireJobEvent::Exited { code: 0 })
+        reported(&leader, 5, JobEvent::Exited { code: 0 })
     })
     .await;
     let (path, _) = log_on_disk(&node.state, 5);

@@ -22,8 +22,7 @@ use quotient_agent::runtime::docker::{
 use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use quotient_agent::runtime::{JobStatus, Runtime, RuntimeError};
 use quotient_common::job::LaunchFault;
-use quotient_common::{JobId, Signal};
-use quotient_core::JobEvent;
+use quotient_common::{JobEvent, JobId, Signal};
 use support::docker::{ensure_image, unavailable, RemoveContainers, IMAGE};
 use support::*;
 

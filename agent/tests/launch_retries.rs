@@ -12,8 +12,7 @@ use quotient_agent::executor::{launch_backoff_ms, Executor, LAUNCH_TRIES_MAX};
 use quotient_agent::reconcile::Intent;
 use quotient_agent::runtime::{FoundJob, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError};
 use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
-use quotient_common::Signal;
-use quotient_core::{JobEvent, JobReport};
+use quotient_common::{JobEvent, JobReport, Signal};
 use support::*;
 
 /// A runtime whose `start` fails the first `failures` times with the error `fail` makes,

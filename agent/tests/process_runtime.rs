@@ -16,8 +16,7 @@ use quotient_agent::runtime::process::{
 };
 use quotient_agent::runtime::{JobHandle, JobStatus, Runtime, RuntimeError};
 use quotient_common::job::LaunchFault;
-use quotient_common::JobId;
-use quotient_core::JobEvent;
+use quotient_common::{JobEvent, JobId};
 use support::*;
 
 /// A script that checkpoints on SIGUSR1: writes a file, then exits 0.

@@ -492,6 +492,8 @@ pub fn exchange_error(request: &ApiRequest, error: RequestError) -> ExchangeErro
                 RequestError::Refused { code }
             ))
         }
+        // Not carried out; the error says which side to upgrade.
+        RequestError::Version(mismatch) => ExchangeError::Refused(mismatch.to_string()),
         error @ (RequestError::Frame(_) | RequestError::Refused { .. }) => {
             ExchangeError::Refused(format!("{:#}", anyhow!(error)))
         }
@@ -860,6 +862,17 @@ mod tests {
             trailing: 3,
         }));
         assert!(undecodable.contains("same version"), "{undecodable}");
+        // A coordinator of another version of the API refused the request: not carried out,
+        // and the text says which side to upgrade.
+        let mismatch = quotient_common::version::API_WIRE.mismatch(
+            quotient_common::version::Writer::Peer("the peer at 10.0.0.1:7401".into()),
+            (9, 9),
+        );
+        let other_version = said(RequestError::Version(mismatch));
+        assert!(
+            other_version.contains("version 9") && other_version.contains("upgrade this program"),
+            "{other_version}"
+        );
 
         // Through the retry loop: one answer, no retry, the coordinator named.
         let mut fake = FakeExchange::default()

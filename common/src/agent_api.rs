@@ -23,7 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ClusterId, GpuDevice, JobId, JobSpec, NodeInventory};
+use crate::{ClusterId, GpuDevice, JobId, JobReport, JobSpec, NodeInventory};
 
 /// How long the leader holds a `WatchDesired` that has nothing new.
 pub const WATCH_TIMEOUT_MS: u64 = 5_000;
@@ -102,34 +102,6 @@ pub struct ActualAttempt {
     pub phase: ActualPhase,
 }
 
-/// What happened to an attempt (mirrors `quotient_core::JobEvent`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WireJobEvent {
-    Started,
-    Running,
-    Exited {
-        code: i32,
-    },
-    ExitedAfterSignal {
-        code: Option<i32>,
-    },
-    /// The agent gave up launching the attempt after `tries` tries; `message` is the
-    /// runtime's last error, at most `job::LAUNCH_MESSAGE_BYTES_MAX` bytes.
-    LaunchFailed {
-        fault: crate::job::LaunchFault,
-        tries: u32,
-        message: String,
-    },
-}
-
-/// One job event from an agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireJobReport {
-    pub job: JobId,
-    pub attempt: u32,
-    pub event: WireJobEvent,
-}
-
 /// A request from an agent. The node name in each must be the name in the agent's
 /// certificate; the coordinators refuse any other.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,9 +123,10 @@ pub enum AgentRequest {
         node: String,
         after_fence: Fence,
     },
+    /// Each report names `node` too: it is proposed to Raft as it is.
     Report {
         node: String,
-        reports: Vec<WireJobReport>,
+        reports: Vec<JobReport>,
     },
     /// What the agent's files take on its host, sent after each measurement (about once a
     /// minute) and on every new connection. Like heartbeats, not replicated: the leader

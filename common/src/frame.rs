@@ -1,12 +1,28 @@
-//! The wire codec: every message between Quotient processes is one length-prefixed frame.
+//! The wire codec: every message between Quotient processes is one frame, with a header that
+//! says which version of its protocol's encoding the body is in.
 //!
-//! A frame is a 4-byte big-endian body length followed by the body, a bincode 2 encoding
-//! (through serde) of one message. The length is checked against a limit before any of the
-//! body is read or allocated, so a peer cannot make a reader buffer more than
-//! [`MAX_FRAME_BYTES`] by announcing a large frame; bincode's own limit bounds what decoding
-//! may allocate, and a body with bytes left over after the message is refused rather than
-//! silently accepted. This is the only module that names bincode, so the encoding could be
-//! swapped behind it.
+//! A frame is an 8-byte header, [`FRAME_MAGIC`] (`QV`), the version (u16, big-endian) and the
+//! body length (u32, big-endian), then the body, a bincode 2 encoding (through serde) of one
+//! [`WireMessage`]. Each protocol (the client API, Raft, the agent protocol) has its own
+//! [`Encoding`] (`crate::version`): a reader decodes every version from the encoding's oldest
+//! to its current with that version's decoder, and answers a request in the version it came
+//! in, so builds of neighbouring releases talk while a cluster is upgraded one process at a
+//! time. A request in a version the server does not read is answered with a *refusal frame*
+//! (version [`REFUSAL_VERSION`], body: the oldest and current versions the server reads), a
+//! layout that never changes, so the client can say which side to upgrade. A frame that
+//! starts like those of the builds before frames carried a version (a bare length prefix,
+//! whose first byte is 0 or 1) is refused by name too.
+//!
+//! Versions travel in each frame rather than being agreed once per connection: a request is
+//! one stream (`crate::transport`), so a frame is the unit anyway, and no exchange is added
+//! before the first request. The ALPN names the protocol and this framing; it changes only if
+//! the header itself does.
+//!
+//! The length is checked against a limit before any of the body is read or allocated, so a
+//! peer cannot make a reader buffer more than [`MAX_FRAME_BYTES`] by announcing a large frame;
+//! bincode's own limit bounds what decoding may allocate, and a body with bytes left over
+//! after the message is refused rather than silently accepted. This is the only module that
+//! names bincode, so the encoding could be swapped behind it.
 //!
 //! bincode's limit counts what decoding claims, not bytes read: every length and integer at
 //! its in-memory size (8 bytes for a length encoded in one), every string at its length. So a
@@ -21,14 +37,30 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::agent_api::{AgentRequest, AgentResponse, LeaderRequest, LeaderResponse};
+use crate::api::{ApiRequest, ApiResponse};
+use crate::version::{self, Encoding, VersionError, Writer};
+
 /// The largest frame body anyone sends or accepts, in bytes (16 MiB). Large enough for a
 /// Raft snapshot of a big cluster's state, small enough to buffer per request.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
 const _: () = assert!(crate::api::API_FRAME_BYTES_MAX == MAX_FRAME_BYTES);
 
-/// Size of the big-endian length prefix in bytes.
-pub const LENGTH_PREFIX_BYTES: usize = 4;
+/// The first bytes of every frame. A frame of a build from before frames carried a version
+/// starts with its length, big-endian and at most [`MAX_FRAME_BYTES`], so with 0 or 1: never
+/// with these.
+pub const FRAME_MAGIC: [u8; 2] = *b"QV";
+
+/// Size of a frame's header in bytes: magic, version (u16 BE), body length (u32 BE).
+pub const HEADER_BYTES: usize = 8;
+
+/// The version of a refusal frame: its body is the oldest and the current version the sender
+/// reads (u16 BE each). Its layout never changes, so every build reads every other's.
+pub const REFUSAL_VERSION: u16 = 0;
+
+/// Size of a refusal frame's body in bytes.
+const REFUSAL_BODY_BYTES: usize = 4;
 
 /// How much of a frame body is allocated up front; the rest grows as bytes actually arrive,
 /// so a peer that announces a large frame and then stalls costs little memory.
@@ -80,12 +112,106 @@ pub enum FrameError {
     /// serde attribute bincode does not support).
     #[error("unencodable message: {0}")]
     Unencodable(#[source] bincode::error::EncodeError),
+    /// The bytes do not start with [`FRAME_MAGIC`], nor like a frame of an older build.
+    #[error("not a Quotient frame: it starts with {first:02x?}")]
+    NotAFrame { first: [u8; 2] },
+    /// The frame is in a version this side does not read, or the peer answered that it does
+    /// not read this side's: the error names both and which side to upgrade.
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    /// A version in the encoding's range has no encoder or decoder (a programming error: a
+    /// version was bumped without [`WireMessage::encode_version`] or
+    /// [`WireMessage::decode_version`] learning it).
+    #[error("{encoding}: this build has no codec for version {version}")]
+    NoCodec {
+        encoding: &'static str,
+        version: u16,
+    },
     /// The underlying stream failed.
     #[error("frame i/o: {0}")]
     Io(#[from] std::io::Error),
 }
 
-/// Encodes `value` as a frame body (without the length prefix).
+/// Which side of an exchange a frame is read on: what its decoding may claim (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// A request a server reads: up to [`MAX_FRAME_BYTES`] of claims.
+    Request,
+    /// The answer to a request this side sent: up to [`ANSWER_CLAIM_BYTES_MAX`].
+    Answer,
+}
+
+impl Reading {
+    /// Decodes a whole body of the current bincode layout under this side's claim limit.
+    pub fn decode<T: DeserializeOwned>(self, body: &[u8]) -> Result<T, FrameError> {
+        match self {
+            Reading::Request => decode_body(body),
+            Reading::Answer => decode_answer_body(body),
+        }
+    }
+}
+
+/// A message of one of the protocols: the versioned encoding it belongs to, and how each
+/// version this build knows is written and read.
+///
+/// The provided methods handle the current version only. When a protocol's version is bumped
+/// and its `oldest` left below (so that peers of the previous release still talk to this one),
+/// its messages override both: `decode_version` decodes the previous version's types and
+/// converts them, `encode_version` writes an answer in the previous version for a peer that
+/// asked in it (`crate::version` says how).
+pub trait WireMessage: Serialize + DeserializeOwned {
+    /// The protocol's encoding.
+    const ENCODING: Encoding;
+
+    /// The body of `self` in `version`.
+    fn encode_version(&self, version: u16) -> Result<Vec<u8>, FrameError> {
+        if version != Self::ENCODING.current {
+            return Err(FrameError::NoCodec {
+                encoding: Self::ENCODING.name,
+                version,
+            });
+        }
+        encode_body(self)
+    }
+
+    /// The message in a body of `version`, which the header check found in
+    /// [`Encoding::oldest`] to [`Encoding::current`].
+    fn decode_version(version: u16, body: &[u8], reading: Reading) -> Result<Self, FrameError> {
+        if version != Self::ENCODING.current {
+            return Err(FrameError::NoCodec {
+                encoding: Self::ENCODING.name,
+                version,
+            });
+        }
+        reading.decode(body)
+    }
+}
+
+impl WireMessage for ApiRequest {
+    const ENCODING: Encoding = version::API_WIRE;
+}
+
+impl WireMessage for ApiResponse {
+    const ENCODING: Encoding = version::API_WIRE;
+}
+
+impl WireMessage for AgentRequest {
+    const ENCODING: Encoding = version::AGENT_WIRE;
+}
+
+impl WireMessage for AgentResponse {
+    const ENCODING: Encoding = version::AGENT_WIRE;
+}
+
+impl WireMessage for LeaderRequest {
+    const ENCODING: Encoding = version::AGENT_WIRE;
+}
+
+impl WireMessage for LeaderResponse {
+    const ENCODING: Encoding = version::AGENT_WIRE;
+}
+
+/// Encodes `value` as a frame body (without the header), in the current bincode layout.
 pub fn encode_body<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
     let body = bincode::serde::encode_to_vec(value, config()).map_err(FrameError::Unencodable)?;
     if body.len() > MAX_FRAME_BYTES {
@@ -119,23 +245,49 @@ fn whole<T>(body: &[u8], (value, consumed): (T, usize)) -> Result<T, FrameError>
     Ok(value)
 }
 
-/// Encodes `value` as a complete frame: length prefix and body.
-pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
-    let body = encode_body(value)?;
-    // encode_body bounds the length by MAX_FRAME_BYTES, which fits in the u32 prefix.
-    let length = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge {
-        size: body.len() as u64,
-        limit: MAX_FRAME_BYTES,
-    })?;
-    let mut frame = Vec::with_capacity(LENGTH_PREFIX_BYTES + body.len());
+/// A header and `body` as one frame.
+fn frame_of(version: u16, body: &[u8]) -> Result<Vec<u8>, FrameError> {
+    if body.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge {
+            size: body.len() as u64,
+            limit: MAX_FRAME_BYTES,
+        });
+    }
+    // Within MAX_FRAME_BYTES, the length fits in the u32 of the header.
+    let length = body.len() as u32;
+    let mut frame = Vec::with_capacity(HEADER_BYTES + body.len());
+    frame.extend_from_slice(&FRAME_MAGIC);
+    frame.extend_from_slice(&version.to_be_bytes());
     frame.extend_from_slice(&length.to_be_bytes());
-    frame.extend_from_slice(&body);
+    frame.extend_from_slice(body);
     Ok(frame)
 }
 
-/// Writes `value` as one frame. It is encoded first, so an unencodable or oversized message
-/// writes nothing. Does not flush or finish the stream.
-pub async fn write_frame<T: Serialize>(
+/// Encodes `value` as a complete frame of the current version: header and body.
+pub fn encode_frame<T: WireMessage>(value: &T) -> Result<Vec<u8>, FrameError> {
+    encode_frame_version(value, T::ENCODING.current)
+}
+
+/// Encodes `value` as a complete frame of `version` (the version a request came in).
+pub fn encode_frame_version<T: WireMessage>(
+    value: &T,
+    version: u16,
+) -> Result<Vec<u8>, FrameError> {
+    frame_of(version, &value.encode_version(version)?)
+}
+
+/// The refusal frame of a reader of `encoding`: the versions it reads, for a peer that sent
+/// another one.
+pub fn refusal_frame(encoding: &Encoding) -> Vec<u8> {
+    let mut body = Vec::with_capacity(REFUSAL_BODY_BYTES);
+    body.extend_from_slice(&encoding.oldest.to_be_bytes());
+    body.extend_from_slice(&encoding.current.to_be_bytes());
+    frame_of(REFUSAL_VERSION, &body).expect("a refusal frame is a few bytes")
+}
+
+/// Writes `value` as one frame of the current version. It is encoded first, so an
+/// unencodable or oversized message writes nothing. Does not flush or finish the stream.
+pub async fn write_frame<T: WireMessage>(
     writer: &mut (impl AsyncWrite + Unpin + ?Sized),
     value: &T,
 ) -> Result<(), FrameError> {
@@ -144,39 +296,87 @@ pub async fn write_frame<T: Serialize>(
     Ok(())
 }
 
-/// Reads one frame and decodes it. `max_bytes` bounds the body (it is itself capped at
-/// [`MAX_FRAME_BYTES`]); a larger announced length is refused before the body is read.
-pub async fn read_frame<T: DeserializeOwned>(
+/// Reads one request frame and decodes it; see [`read_request_frame`].
+pub async fn read_frame<T: WireMessage>(
     reader: &mut (impl AsyncRead + Unpin + ?Sized),
     max_bytes: usize,
 ) -> Result<T, FrameError> {
-    decode_body(&read_body(reader, max_bytes).await?)
+    Ok(read_request_frame(reader, max_bytes).await?.0)
 }
 
-/// [`read_frame`] for the answer to a request this side sent: decoding may claim up to
+/// Reads one request frame and decodes it, with the version it came in (the version to answer
+/// in). `max_bytes` bounds the body (it is itself capped at [`MAX_FRAME_BYTES`]); a larger
+/// announced length is refused before the body is read. A frame in a version this side does
+/// not read is [`FrameError::Version`], its body unread.
+pub async fn read_request_frame<T: WireMessage>(
+    reader: &mut (impl AsyncRead + Unpin + ?Sized),
+    max_bytes: usize,
+) -> Result<(T, u16), FrameError> {
+    let (version, body) = read_body(reader, max_bytes, &T::ENCODING, Reading::Request).await?;
+    Ok((
+        T::decode_version(version, &body, Reading::Request)?,
+        version,
+    ))
+}
+
+/// Reads the answer to a request this side sent: decoding may claim up to
 /// [`ANSWER_CLAIM_BYTES_MAX`], so that any answer within the frame limit is read (module docs).
-pub async fn read_answer_frame<T: DeserializeOwned>(
+/// A refusal frame is [`FrameError::Version`] with the versions the peer reads.
+pub async fn read_answer_frame<T: WireMessage>(
     reader: &mut (impl AsyncRead + Unpin + ?Sized),
     max_bytes: usize,
 ) -> Result<T, FrameError> {
-    decode_answer_body(&read_body(reader, max_bytes).await?)
+    let (version, body) = read_body(reader, max_bytes, &T::ENCODING, Reading::Answer).await?;
+    T::decode_version(version, &body, Reading::Answer)
 }
 
-/// Reads one frame's body; see [`read_frame`].
+/// The version of a frame this side reads and its body; see [`read_request_frame`].
 async fn read_body(
     reader: &mut (impl AsyncRead + Unpin + ?Sized),
     max_bytes: usize,
-) -> Result<Vec<u8>, FrameError> {
+    encoding: &Encoding,
+    reading: Reading,
+) -> Result<(u16, Vec<u8>), FrameError> {
     let limit = max_bytes.min(MAX_FRAME_BYTES);
-    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-    let received = read_until_full(reader, &mut prefix).await?;
-    if received < LENGTH_PREFIX_BYTES {
+    let mut header = [0u8; HEADER_BYTES];
+    let received = read_until_full(reader, &mut header).await?;
+    let peer = || Writer::Peer("the peer".to_string());
+    // Two bytes tell a frame of this framing from one of an older build.
+    if received >= FRAME_MAGIC.len() && header[..2] != FRAME_MAGIC {
+        if header[0] <= 1 {
+            return Err(encoding.mismatch(peer(), (0, 0)).into());
+        }
+        return Err(FrameError::NotAFrame {
+            first: [header[0], header[1]],
+        });
+    }
+    if received < HEADER_BYTES {
         return Err(FrameError::Truncated {
-            expected: LENGTH_PREFIX_BYTES as u64,
+            expected: HEADER_BYTES as u64,
             received: received as u64,
         });
     }
-    let length = u64::from(u32::from_be_bytes(prefix));
+    let version = u16::from_be_bytes([header[2], header[3]]);
+    let length = u64::from(u32::from_be_bytes([
+        header[4], header[5], header[6], header[7],
+    ]));
+    if version == REFUSAL_VERSION
+        && reading == Reading::Answer
+        && length == REFUSAL_BODY_BYTES as u64
+    {
+        let mut body = [0u8; REFUSAL_BODY_BYTES];
+        let received = read_until_full(reader, &mut body).await?;
+        if received < REFUSAL_BODY_BYTES {
+            return Err(FrameError::Truncated {
+                expected: REFUSAL_BODY_BYTES as u64,
+                received: received as u64,
+            });
+        }
+        let oldest = u16::from_be_bytes([body[0], body[1]]);
+        let current = u16::from_be_bytes([body[2], body[3]]);
+        return Err(encoding.mismatch(peer(), (oldest, current)).into());
+    }
+    encoding.check(version, peer())?;
     if length > limit as u64 {
         return Err(FrameError::TooLarge {
             size: length,
@@ -191,7 +391,7 @@ async fn read_body(
             received: body.len() as u64,
         });
     }
-    Ok(body)
+    Ok((version, body))
 }
 
 /// Reads until `buffer` is full or the stream ends; returns how many bytes arrived.
@@ -228,6 +428,79 @@ mod tests {
         note: Option<String>,
     }
 
+    /// The encoding of the test messages: this build writes version 3 and reads 2 and 3.
+    const TEST_WIRE: Encoding = Encoding {
+        name: "the test protocol",
+        current: 3,
+        oldest: 2,
+    };
+
+    impl WireMessage for Message {
+        const ENCODING: Encoding = TEST_WIRE;
+    }
+
+    /// Version 2 of `Message`: it had no `note`. Reading it gives `note: None`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct MessageV2 {
+        id: u64,
+        name: String,
+        gpus: BTreeMap<String, u32>,
+        payload: Vec<u8>,
+    }
+
+    /// A message whose encoding knows several versions, as a protocol's after a bump.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Upgraded(Message);
+
+    impl WireMessage for Upgraded {
+        const ENCODING: Encoding = TEST_WIRE;
+
+        fn encode_version(&self, version: u16) -> Result<Vec<u8>, FrameError> {
+            match version {
+                2 => encode_body(&MessageV2 {
+                    id: self.0.id,
+                    name: self.0.name.clone(),
+                    gpus: self.0.gpus.clone(),
+                    payload: self.0.payload.clone(),
+                }),
+                _ => encode_body(&self.0),
+            }
+        }
+
+        fn decode_version(version: u16, body: &[u8], reading: Reading) -> Result<Self, FrameError> {
+            match version {
+                2 => {
+                    let old: MessageV2 = reading.decode(body)?;
+                    Ok(Upgraded(Message {
+                        id: old.id,
+                        name: old.name,
+                        gpus: old.gpus,
+                        payload: old.payload,
+                        note: None,
+                    }))
+                }
+                _ => Ok(Upgraded(reading.decode(body)?)),
+            }
+        }
+    }
+
+    impl WireMessage for u32 {
+        const ENCODING: Encoding = TEST_WIRE;
+    }
+
+    impl WireMessage for Vec<u8> {
+        const ENCODING: Encoding = TEST_WIRE;
+    }
+
+    /// A frame of `version` around `body`, written by hand.
+    fn raw_frame(version: u16, body: &[u8]) -> Vec<u8> {
+        let mut frame = FRAME_MAGIC.to_vec();
+        frame.extend_from_slice(&version.to_be_bytes());
+        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        frame.extend_from_slice(body);
+        frame
+    }
+
     fn sample() -> Message {
         Message {
             id: 42,
@@ -252,7 +525,7 @@ mod tests {
         ) -> Poll<std::io::Result<()>> {
             assert!(
                 self.position < self.bytes.len(),
-                "the reader read past the length prefix"
+                "the reader read past the header"
             );
             let count = buffer.remaining().min(self.bytes.len() - self.position);
             let start = self.position;
@@ -278,10 +551,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_length_over_the_limit_is_refused_before_the_body_is_read() {
-        // Proves the limit is checked on the prefix alone: the reader panics if read further.
+        // Proves the limit is checked on the header alone: the reader panics if read further.
         let announced = (MAX_FRAME_BYTES as u32) + 1;
+        let header = |length: u32| {
+            let mut header = raw_frame(TEST_WIRE.current, &[]);
+            header[4..].copy_from_slice(&length.to_be_bytes());
+            header
+        };
         let mut reader = ReadOnlyThis {
-            bytes: announced.to_be_bytes().to_vec(),
+            bytes: header(announced),
             position: 0,
         };
         let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
@@ -295,7 +573,7 @@ mod tests {
 
         // A caller's smaller limit is honoured the same way.
         let mut reader = ReadOnlyThis {
-            bytes: 1025u32.to_be_bytes().to_vec(),
+            bytes: header(1025),
             position: 0,
         };
         let error = read_frame::<Message>(&mut reader, 1024).await.unwrap_err();
@@ -324,7 +602,7 @@ mod tests {
             matches!(
                 error,
                 FrameError::Truncated {
-                    expected: 4,
+                    expected: 8,
                     received: 2
                 }
             ),
@@ -336,7 +614,7 @@ mod tests {
         let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
             .await
             .unwrap_err();
-        let body_length = (frame.len() - LENGTH_PREFIX_BYTES) as u64;
+        let body_length = (frame.len() - HEADER_BYTES) as u64;
         assert!(
             matches!(error, FrameError::Truncated { expected, received }
                 if expected == body_length && received == body_length - 3),
@@ -357,8 +635,7 @@ mod tests {
     async fn garbage_bytes_are_undecodable() {
         // Proves a body that is not the expected message is refused, not misread.
         let garbage = [0xffu8; 16];
-        let mut wire = (garbage.len() as u32).to_be_bytes().to_vec();
-        wire.extend_from_slice(&garbage);
+        let wire = raw_frame(TEST_WIRE.current, &garbage);
         let mut reader = wire.as_slice();
         let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
             .await
@@ -382,8 +659,7 @@ mod tests {
         // Proves a body must be exactly one message: extra bytes mean a mismatched type.
         let mut body = encode_body(&sample()).unwrap();
         body.extend_from_slice(&[0, 0]);
-        let mut wire = (body.len() as u32).to_be_bytes().to_vec();
-        wire.extend_from_slice(&body);
+        let wire = raw_frame(TEST_WIRE.current, &body);
         let mut reader = wire.as_slice();
         let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
             .await
@@ -426,6 +702,113 @@ mod tests {
                     ..
                 }
             ),
+            "{error:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_carries_its_version_and_an_older_one_is_read_and_answered_in_it() {
+        // Proves the header holds the version, a reader decodes each version it reads with
+        // that version's decoder, and an answer can be written in the version asked in.
+        let frame = encode_frame(&Upgraded(sample())).unwrap();
+        assert_eq!(&frame[..2], b"QV");
+        assert_eq!(u16::from_be_bytes([frame[2], frame[3]]), TEST_WIRE.current);
+
+        let mut old = sample();
+        old.note = Some("dropped in version 2".into());
+        let frame = encode_frame_version(&Upgraded(old), 2).unwrap();
+        let mut reader = frame.as_slice();
+        let (read, version) = read_request_frame::<Upgraded>(&mut reader, MAX_FRAME_BYTES)
+            .await
+            .unwrap();
+        assert_eq!(version, 2);
+        assert_eq!(read, Upgraded(sample()), "version 2 has no note");
+
+        // A type that never learnt version 2 says so rather than misreading it.
+        let mut reader = frame.as_slice();
+        let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, FrameError::NoCodec { version: 2, .. }),
+            "{error:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_of_a_version_this_side_does_not_read_is_refused_naming_both() {
+        // Proves a newer or older version is refused before its body is read, with both
+        // sides' versions and whose upgrade helps.
+        for (version, upgrade) in [(4, "upgrade this program"), (1, "upgrade the peer")] {
+            let wire = raw_frame(version, &encode_body(&sample()).unwrap());
+            let mut reader = ReadOnlyThis {
+                bytes: wire[..HEADER_BYTES].to_vec(),
+                position: 0,
+            };
+            let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
+                .await
+                .unwrap_err();
+            let FrameError::Version(mismatch) = &error else {
+                panic!("{error:?}");
+            };
+            assert_eq!(mismatch.theirs, (version, version));
+            assert_eq!(mismatch.ours, (2, 3));
+            let text = error.to_string();
+            assert!(text.contains(upgrade), "{text}");
+            assert!(
+                text.contains(&format!("version {version} of the test protocol")),
+                "{text}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_frame_tells_the_requester_the_versions_its_peer_reads() {
+        // Proves a refusal frame is read as the peer's versions, and only as an answer.
+        let refusal = refusal_frame(&Encoding {
+            name: "the test protocol",
+            current: 7,
+            oldest: 5,
+        });
+        let mut reader = refusal.as_slice();
+        let error = read_answer_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
+            .await
+            .unwrap_err();
+        let FrameError::Version(mismatch) = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(mismatch.theirs, (5, 7));
+        assert!(mismatch.theirs_is_newer());
+        assert!(error.to_string().contains("versions 5 to 7"), "{error}");
+        assert!(reader.is_empty(), "the whole refusal was read");
+    }
+
+    #[tokio::test]
+    async fn a_frame_of_a_build_before_versions_is_refused_by_name() {
+        // Proves the bare length prefix of an older build's frame is told apart from garbage
+        // and refused as a peer to upgrade, before its body is read.
+        let body = encode_body(&sample()).unwrap();
+        let mut wire = (body.len() as u32).to_be_bytes().to_vec();
+        wire.extend_from_slice(&body);
+        let mut reader = ReadOnlyThis {
+            bytes: wire[..HEADER_BYTES].to_vec(),
+            position: 0,
+        };
+        let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, FrameError::Version(mismatch) if mismatch.theirs == (0, 0)),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("upgrade the peer"), "{error}");
+
+        let mut reader: &[u8] = b"GET / HTTP/1.1\r\n";
+        let error = read_frame::<Message>(&mut reader, MAX_FRAME_BYTES)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, FrameError::NotAFrame { first } if &first == b"GE"),
             "{error:?}"
         );
     }

@@ -9,12 +9,17 @@
 //! - [`share`]: the share spec (limits, strategy, borrow limit, in-share preemption, state).
 //! - [`job`]: the job spec, job ids and job states.
 //! - [`job_name`]: the name a job gets when it is submitted without one.
+//! - [`job_report`]: what an agent saw happen to an attempt, from its runtime to the replicated
+//!   state.
 //! - [`node`]: node inventory (GPUs per host) and node states.
 //! - [`spec_error`]: the validation error every spec returns, worded to say what to do.
+//! - [`version`]: the version of every encoding that outlives a process, and the error that
+//!   refuses one this build does not read.
 //!
 //! With the `net` feature (the coordinator, agent and CLI turn it on):
 //! - `certs`: the cluster CA and certificates that carry a role and a name (rcgen).
-//! - `frame`: length-prefixed bincode frames, size-checked before decoding.
+//! - `frame`: bincode frames with a header of their encoding's version, size-checked before
+//!   decoding.
 //! - `tls`: rustls configs with the ring provider, mutual TLS required.
 //! - `transport`: QUIC endpoints (quinn), peer identities, request/response helpers.
 //!
@@ -31,6 +36,7 @@ pub mod frame;
 pub mod gpu_class;
 pub mod job;
 pub mod job_name;
+pub mod job_report;
 pub mod name;
 pub mod node;
 pub mod share;
@@ -39,10 +45,12 @@ pub mod spec_error;
 pub mod tls;
 #[cfg(feature = "net")]
 pub mod transport;
+pub mod version;
 
 pub use cluster_id::ClusterId;
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};
+pub use job_report::{JobEvent, JobReport};
 pub use node::{GpuDevice, NodeInventory, NodeState, GPUS_PER_NODE_MAX};
 pub use share::{ShareSpec, ShareState, ShareUpdate, Strategy};
 pub use spec_error::SpecError;

@@ -12,24 +12,30 @@
 //! request rather than a long-lived multiplexed stream means no request waits behind another
 //! and a bad frame costs only its stream: the server resets that stream with a
 //! `STREAM_CODE_*` and keeps serving. Every step has a deadline.
+//!
+//! Each frame carries the version of its protocol's encoding. The server answers in the
+//! version the request came in; a request in a version it does not read is answered with a
+//! refusal frame naming the versions it does, and the client reports
+//! [`RequestError::Version`], which says which side to upgrade. A build from before frames
+//! carried a version is told apart both ways: its requests are refused with
+//! [`STREAM_CODE_UNSUPPORTED_VERSION`], and its refusal of ours as too large (it takes our
+//! header for a length) is reported as its version.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use quinn;
 use quinn::crypto::rustls::{HandshakeData, QuicClientConfig, QuicServerConfig};
 use quinn::{ConnectionError, IdleTimeout, RecvStream, SendStream, TransportConfig, VarInt};
-use rustls::pki_types::CertificateDer;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-pub use quinn;
 pub use rustls;
+use rustls::pki_types::CertificateDer;
 
 use crate::certs::{IdentityError, PeerIdentity, Role};
-use crate::frame::{self, FrameError, MAX_FRAME_BYTES};
+use crate::frame::{self, FrameError, WireMessage, MAX_FRAME_BYTES};
 use crate::tls::{TlsError, TlsIdentity};
+use crate::version::{VersionError, Writer};
 
 /// ALPN of the client API (the `quotient` CLI and forwarding to the leader).
 pub const ALPN_API: &[u8] = b"quotient-api/1";
@@ -75,6 +81,9 @@ pub const STREAM_CODE_BAD_FRAME: u32 = 2;
 pub const STREAM_CODE_TIMEOUT: u32 = 3;
 /// Stream reset code: the server refused the request (used by callers, e.g. not authorised).
 pub const STREAM_CODE_REFUSED: u32 = 4;
+/// Stream reset code: the request frame carried no version (a build from before frames did),
+/// so no refusal frame it could read can say which versions the server reads.
+pub const STREAM_CODE_UNSUPPORTED_VERSION: u32 = 5;
 
 /// Connection close code: an orderly shutdown.
 pub const CLOSE_CODE_SHUTDOWN: u32 = 0;
@@ -179,6 +188,11 @@ pub enum RequestError {
     /// caller can say which side was at fault.
     #[error("the answer could not be read: {0}")]
     Answer(#[source] FrameError),
+    /// The two sides speak no common version of the protocol: the server refused the
+    /// request's version (it was not carried out), or answered in one this side does not
+    /// read. The error names both and which side to upgrade; another peer may speak it.
+    #[error(transparent)]
+    Version(VersionError),
 }
 
 fn describe_stream_code(code: u64) -> String {
@@ -187,6 +201,9 @@ fn describe_stream_code(code: u64) -> String {
         Ok(STREAM_CODE_BAD_FRAME) => "the request frame is truncated or undecodable",
         Ok(STREAM_CODE_TIMEOUT) => "the request did not arrive in time",
         Ok(STREAM_CODE_REFUSED) => "refused",
+        Ok(STREAM_CODE_UNSUPPORTED_VERSION) => {
+            "the request frame carries no version this peer reads"
+        }
         _ => "unknown reason",
     };
     format!("{what} (code {code})")
@@ -607,8 +624,8 @@ impl PeerConnection {
         deadline: Duration,
     ) -> Result<Resp, RequestError>
     where
-        Req: Serialize,
-        Resp: DeserializeOwned,
+        Req: WireMessage,
+        Resp: WireMessage,
     {
         request(&self.connection, request_message, deadline).await
     }
@@ -629,10 +646,11 @@ pub async fn request<Req, Resp>(
     deadline: Duration,
 ) -> Result<Resp, RequestError>
 where
-    Req: Serialize,
-    Resp: DeserializeOwned,
+    Req: WireMessage,
+    Resp: WireMessage,
 {
     let encoded = frame::encode_frame(request_message)?;
+    let peer = || Writer::Peer(format!("the peer at {}", connection.remote_address()));
     let exchange = async {
         let (mut send, mut recv) = connection
             .open_bi()
@@ -645,15 +663,29 @@ where
         let response = frame::read_answer_frame::<Resp>(&mut recv, MAX_FRAME_BYTES)
             .await
             .map_err(|error| match classify(error) {
+                RequestError::Frame(FrameError::Version(mismatch)) => {
+                    RequestError::Version(VersionError {
+                        writer: peer(),
+                        ..mismatch
+                    })
+                }
                 RequestError::Frame(error) => RequestError::Answer(error),
                 other => other,
             })?;
         observe_end(&mut recv);
         Ok(response)
     };
-    tokio::time::timeout(deadline, exchange)
+    let result = tokio::time::timeout(deadline, exchange)
         .await
-        .map_err(|_| RequestError::Timeout { after: deadline })?
+        .map_err(|_| RequestError::Timeout { after: deadline })?;
+    result.map_err(|error| match error {
+        // Our frame is within the limit every build has: a peer that finds it too large took
+        // its header for a length, as the builds before frames carried a version did.
+        RequestError::Refused { code } if code == u64::from(STREAM_CODE_FRAME_TOO_LARGE) => {
+            RequestError::Version(Req::ENCODING.mismatch(peer(), (0, 0)))
+        }
+        other => other,
+    })
 }
 
 /// Notes the end of `recv` when the peer's FIN has already arrived (it usually comes with the
@@ -673,28 +705,40 @@ fn observe_end(recv: &mut RecvStream) {
 pub struct RequestStream {
     send: SendStream,
     recv: RecvStream,
+    /// The version the request came in, once read: the answer is written in it.
+    version: Option<u16>,
 }
 
 impl RequestStream {
     /// Wraps the two halves of a bidirectional stream accepted from a quinn connection.
     pub fn new(send: SendStream, recv: RecvStream) -> Self {
-        RequestStream { send, recv }
+        RequestStream {
+            send,
+            recv,
+            version: None,
+        }
     }
 
     /// Reads the request frame within `deadline`. On a bad or late frame, resets the stream
     /// with the matching `STREAM_CODE_*` (so the client learns why) and returns the error;
-    /// the connection stays usable.
-    pub async fn read_request<Req: DeserializeOwned>(
+    /// the connection stays usable. A frame of a version this server does not read is
+    /// answered with a refusal frame naming the versions it reads
+    /// ([`RequestError::Version`]).
+    pub async fn read_request<Req: WireMessage>(
         &mut self,
         deadline: Duration,
     ) -> Result<Req, RequestError> {
-        let result =
-            tokio::time::timeout(deadline, frame::read_frame(&mut self.recv, MAX_FRAME_BYTES))
-                .await;
+        let read = frame::read_request_frame::<Req>(&mut self.recv, MAX_FRAME_BYTES);
+        let result = tokio::time::timeout(deadline, read).await;
         let error = match result {
-            Ok(Ok(request_message)) => {
+            Ok(Ok((request_message, version))) => {
                 observe_end(&mut self.recv);
+                self.version = Some(version);
                 return Ok(request_message);
+            }
+            Ok(Err(FrameError::Version(mismatch))) => {
+                self.refuse_version::<Req>(&mismatch, deadline).await;
+                return Err(RequestError::Version(mismatch));
             }
             Ok(Err(error)) => classify(error),
             Err(_) => RequestError::Timeout { after: deadline },
@@ -711,20 +755,53 @@ impl RequestStream {
         Err(error)
     }
 
-    /// Writes `response` as one frame and finishes the stream, within `deadline`. Returns once
-    /// the data is handed to QUIC; keep the connection open until the client has read it.
-    pub async fn respond<Resp: Serialize>(
+    /// Tells the client that its request's version is not one this server reads: a refusal
+    /// frame with the versions it reads, or, to a build from before frames carried a version
+    /// (which would take the frame's header for a length), a reset.
+    async fn refuse_version<Req: WireMessage>(
+        &mut self,
+        mismatch: &VersionError,
+        deadline: Duration,
+    ) {
+        if mismatch.theirs == (0, 0) {
+            self.reset(STREAM_CODE_UNSUPPORTED_VERSION);
+            return;
+        }
+        let _ = self
+            .recv
+            .stop(VarInt::from_u32(STREAM_CODE_UNSUPPORTED_VERSION));
+        let refusal = frame::refusal_frame(&Req::ENCODING);
+        let write = async {
+            tokio::io::AsyncWriteExt::write_all(&mut self.send, &refusal).await?;
+            self.send.finish().map_err(std::io::Error::other)
+        };
+        // Best effort: the error is the caller's to log either way.
+        let _ = tokio::time::timeout(deadline, write).await;
+    }
+
+    /// The version the request came in (after [`RequestStream::read_request`]): the version
+    /// to answer in.
+    pub fn version(&self) -> Option<u16> {
+        self.version
+    }
+
+    /// Writes `response` as one frame, in the version the request came in, and finishes the
+    /// stream, within `deadline`. Returns once the data is handed to QUIC; keep the
+    /// connection open until the client has read it.
+    pub async fn respond<Resp: WireMessage>(
         self,
         response: &Resp,
         deadline: Duration,
     ) -> Result<(), RequestError> {
-        let encoded = frame::encode_frame(response)?;
+        let version = self.version.unwrap_or(Resp::ENCODING.current);
+        let encoded = frame::encode_frame_version(response, version)?;
         self.respond_frame(&encoded, deadline).await
     }
 
     /// As [`RequestStream::respond`], with the response already encoded as a whole frame
-    /// ([`frame::encode_frame`]): for a server that looks at the frame before it sends it
-    /// (one over its limit is answered with an error instead).
+    /// ([`frame::encode_frame_version`], in [`RequestStream::version`]): for a server that
+    /// looks at the frame before it sends it (one over its limit is answered with an error
+    /// instead).
     pub async fn respond_frame(
         mut self,
         encoded: &[u8],

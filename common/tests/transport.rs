@@ -1,5 +1,6 @@
 //! The transport over real QUIC on loopback: who gets in, what each side learns about the
-//! other, and how requests fail (deadline, oversized frame) without taking the server down.
+//! other, how requests fail (deadline, oversized frame) without taking the server down, and
+//! how peers of different versions of a protocol refuse each other by name.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -7,12 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quotient_common::certs::{self, PeerIdentity, Role};
-use quotient_common::frame::MAX_FRAME_BYTES;
+use quotient_common::frame::{WireMessage, FRAME_MAGIC, MAX_FRAME_BYTES};
 use quotient_common::tls::{crypto_provider, TlsFiles, TlsIdentity, PROTOCOL_VERSIONS};
 use quotient_common::transport::{
     self, quinn, rustls, Client, PeerConnection, RequestError, Server, TransportError, ALPN_AGENT,
-    ALPN_API, ALPN_RAFT, STREAM_CODE_FRAME_TOO_LARGE,
+    ALPN_API, ALPN_RAFT, STREAM_CODE_FRAME_TOO_LARGE, STREAM_CODE_UNSUPPORTED_VERSION,
 };
+use quotient_common::version::Encoding;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
@@ -30,11 +32,55 @@ enum TestRequest {
     Big(Vec<u8>),
     /// Dropped unanswered, as a server does whose answer it could not encode.
     DropTheAnswer,
+    /// Refused as too large, as a build from before frames carried a version refuses every
+    /// versioned frame (it takes the header for a length).
+    ActUnversioned,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 enum TestResponse {
     Echo(String),
+}
+
+/// The test server's protocol: version 1 only.
+const TEST_WIRE: Encoding = Encoding {
+    name: "the test protocol",
+    current: 1,
+    oldest: 1,
+};
+
+impl WireMessage for TestRequest {
+    const ENCODING: Encoding = TEST_WIRE;
+}
+
+impl WireMessage for TestResponse {
+    const ENCODING: Encoding = TEST_WIRE;
+}
+
+/// A request of the next release of the test protocol, which writes version 2.
+#[derive(Debug, Serialize, Deserialize)]
+enum NextRequest {
+    Echo(String),
+}
+
+/// Its answer: the next release reads versions 1 and 2.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+enum NextResponse {
+    Echo(String),
+}
+
+const NEXT_WIRE: Encoding = Encoding {
+    name: "the test protocol",
+    current: 2,
+    oldest: 2,
+};
+
+impl WireMessage for NextRequest {
+    const ENCODING: Encoding = NEXT_WIRE;
+}
+
+impl WireMessage for NextResponse {
+    const ENCODING: Encoding = NEXT_WIRE;
 }
 
 /// What the test server observed.
@@ -107,6 +153,7 @@ async fn serve_connection(connection: PeerConnection, events: mpsc::Sender<Event
                 }
                 Ok(TestRequest::Big(_)) => stream.refuse(transport::STREAM_CODE_REFUSED),
                 Ok(TestRequest::DropTheAnswer) => drop(stream),
+                Ok(TestRequest::ActUnversioned) => stream.refuse(STREAM_CODE_FRAME_TOO_LARGE),
                 Err(error) => {
                     let _ = events.send(Event::BadRequest(error.to_string())).await;
                 }
@@ -120,6 +167,24 @@ async fn next_event(events: &mut mpsc::Receiver<Event>) -> Event {
         .await
         .expect("the server reports within the deadline")
         .expect("the server is running")
+}
+
+/// A test server with the certificates in `dir` and an admin's connection to it, its
+/// handshake already reported.
+async fn serve_and_connect(
+    dir: &Path,
+) -> (Arc<Server>, mpsc::Receiver<Event>, Client, PeerConnection) {
+    let (server, mut events) = start_server(&identity(dir, "coord-1"), &[ALPN_API]);
+    let client = Client::new(identity(dir, "alice"));
+    let connection = client
+        .connect(server.local_addr().unwrap(), "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut events).await,
+        Event::Connected { .. }
+    ));
+    (server, events, client, connection)
 }
 
 async fn echo(connection: &PeerConnection, text: &str) -> Result<TestResponse, RequestError> {
@@ -394,9 +459,14 @@ async fn an_oversized_frame_is_refused_and_the_server_keeps_serving() {
         "{result:?}"
     );
 
-    // A hand-written length prefix over the limit reaches the server, which resets the stream.
+    // A hand-written header announcing a body over the limit reaches the server, which
+    // resets the stream.
     let (mut send, mut recv) = connection.connection().open_bi().await.unwrap();
     let announced = u32::try_from(MAX_FRAME_BYTES + 1).unwrap();
+    send.write_all(&FRAME_MAGIC).await.unwrap();
+    send.write_all(&TEST_WIRE.current.to_be_bytes())
+        .await
+        .unwrap();
     send.write_all(&announced.to_be_bytes()).await.unwrap();
     send.write_all(&[0; 1024]).await.unwrap();
     let read = tokio::time::timeout(PROMPT, recv.read_to_end(1024))
@@ -472,4 +542,101 @@ async fn tls_files_that_are_missing_say_which_file_and_what_to_do() {
         .to_string();
     assert!(message.contains("alice.pem"), "{message}");
     assert!(message.contains("quotient certs issue"), "{message}");
+}
+
+#[tokio::test]
+async fn a_peer_of_another_version_is_refused_naming_both_versions() {
+    // Proves that a request in a version the server does not read is not carried out, and
+    // that both sides say which versions each speaks and which side to upgrade; the
+    // connection goes on serving requests of the version the server reads.
+    let dir = cluster();
+    let (server, mut events, _client, connection) = serve_and_connect(dir.path()).await;
+    let address = server.local_addr().unwrap();
+
+    let result: Result<NextResponse, _> = connection
+        .request(&NextRequest::Echo("from the future".into()), PROMPT)
+        .await;
+    let Err(RequestError::Version(mismatch)) = result else {
+        panic!("expected a version refusal, got {result:?}");
+    };
+    assert_eq!(mismatch.theirs, (1, 1), "the versions the server reads");
+    let said = mismatch.to_string();
+    assert!(
+        said.contains(&format!(
+            "the peer at {address} speaks version 1 of the test protocol"
+        )),
+        "{said}"
+    );
+    assert!(said.contains("version 2"), "{said}");
+    assert!(
+        said.contains(&format!("upgrade the peer at {address}")),
+        "{said}"
+    );
+    match next_event(&mut events).await {
+        Event::BadRequest(reason) => {
+            assert!(
+                reason.contains("speaks version 2 of the test protocol")
+                    && reason.contains("(version 1)")
+                    && reason.contains("upgrade this program"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a bad request, got {other:?}"),
+    }
+    assert_eq!(
+        echo(&connection, "same").await.unwrap(),
+        TestResponse::Echo("same".to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_peer_from_before_frames_carried_a_version_is_told_apart_both_ways() {
+    // Proves that an unversioned request (a bare length prefix, as builds before versions
+    // sent) is refused with the version reset code, and that such a server's refusal of a
+    // versioned request (too large: it took the header for a length) reads as its version.
+    let dir = cluster();
+    let (server, mut events, _client, connection) = serve_and_connect(dir.path()).await;
+    let address = server.local_addr().unwrap();
+
+    let body = quotient_common::frame::encode_body(&TestRequest::Echo("old".into())).unwrap();
+    let (mut send, mut recv) = connection.connection().open_bi().await.unwrap();
+    send.write_all(&(body.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    send.write_all(&body).await.unwrap();
+    send.finish().unwrap();
+    let read = tokio::time::timeout(PROMPT, recv.read_to_end(1024))
+        .await
+        .expect("the server answers within the deadline");
+    match read {
+        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => {
+            assert_eq!(
+                code.into_inner(),
+                u64::from(STREAM_CODE_UNSUPPORTED_VERSION)
+            );
+        }
+        other => panic!("expected a reset stream, got {other:?}"),
+    }
+    match next_event(&mut events).await {
+        Event::BadRequest(reason) => {
+            assert!(
+                reason.contains("no version") && reason.contains("upgrade the peer"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a bad request, got {other:?}"),
+    }
+
+    let result: Result<TestResponse, _> = connection
+        .request(&TestRequest::ActUnversioned, PROMPT)
+        .await;
+    let Err(RequestError::Version(mismatch)) = result else {
+        panic!("expected a version error, got {result:?}");
+    };
+    assert_eq!(mismatch.theirs, (0, 0));
+    let said = mismatch.to_string();
+    assert!(
+        said.contains(&format!("upgrade the peer at {address}")),
+        "{said}"
+    );
 }

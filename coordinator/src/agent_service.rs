@@ -30,14 +30,15 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
 use quotient_common::agent_api::{
-    AgentError, AgentRequest, AgentResponse, DesiredState, Fence, WireJobEvent, WireJobReport,
-    ACTUAL_ATTEMPTS_MAX, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+    AgentError, AgentRequest, AgentResponse, DesiredState, Fence, ACTUAL_ATTEMPTS_MAX,
+    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::job::bounded_launch_message;
 use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS};
 use quotient_common::{GpuDevice, NodeState};
-use quotient_core::{Command, JobEvent, JobReport, Outcome};
+use quotient_common::{JobEvent, JobReport};
+use quotient_core::{Command, Outcome};
 use tokio::sync::Notify;
 
 use crate::agent_links::AgentLinks;
@@ -151,23 +152,13 @@ fn not_proposed_error(error: NotProposed) -> AgentError {
     }
 }
 
-fn event_of(event: WireJobEvent) -> JobEvent {
-    match event {
-        WireJobEvent::Started => JobEvent::Started,
-        WireJobEvent::Running => JobEvent::Running,
-        WireJobEvent::Exited { code } => JobEvent::Exited { code },
-        WireJobEvent::ExitedAfterSignal { code } => JobEvent::ExitedAfterSignal { code },
-        // Cut again here, as the agent should have: the message is replicated with the job.
-        WireJobEvent::LaunchFailed {
-            fault,
-            tries,
-            message,
-        } => JobEvent::LaunchFailed {
-            fault,
-            tries,
-            message: bounded_launch_message(&message),
-        },
+/// The report as it is replicated: the launch message cut again, as the agent should have,
+/// since it is kept with the job.
+fn bounded(mut report: JobReport) -> JobReport {
+    if let JobEvent::LaunchFailed { message, .. } = &mut report.event {
+        *message = bounded_launch_message(message);
     }
+    report
 }
 
 impl AgentService {
@@ -478,7 +469,7 @@ impl AgentService {
     async fn report(
         &self,
         node: &str,
-        reports: Vec<WireJobReport>,
+        reports: Vec<JobReport>,
     ) -> Result<AgentResponse, AgentError> {
         if reports.len() > REPORTS_PER_REQUEST_MAX {
             return Err(bad_request(format!(
@@ -486,13 +477,15 @@ impl AgentService {
                 reports.len()
             )));
         }
+        // `node` is the certificate's (checked in `handle`); a report may speak for no other.
+        if let Some(other) = reports.iter().find(|report| report.node != node) {
+            return Err(bad_request(format!(
+                "a report of node {node} names node {} (job {} attempt {}): an agent reports only its own node's attempts",
+                other.node, other.job, other.attempt
+            )));
+        }
         let proposals = reports.iter().map(|report| {
-            let command = Command::ReportJob(JobReport {
-                job: report.job,
-                attempt: report.attempt,
-                node: node.to_string(),
-                event: event_of(report.event.clone()),
-            });
+            let command = Command::ReportJob(bounded(report.clone()));
             self.inner.proposer.propose(command)
         });
         // Proposed together, they share log entries.

@@ -39,12 +39,13 @@ use quotient_common::api::{
     how_to_narrow, ApiError, ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
-use quotient_common::frame::{self, FrameError, LENGTH_PREFIX_BYTES};
+use quotient_common::frame::{self, FrameError, HEADER_BYTES};
 use quotient_common::job::validate_priority;
 use quotient_common::job_name::generated_job_name;
 use quotient_common::transport::{
     Client, PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS,
 };
+use quotient_common::version::API_WIRE;
 use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
@@ -282,7 +283,8 @@ impl ApiService {
         let kind = request_kind(request.unwrapped());
         let narrow = how_to_narrow(&request);
         let response = self.handle(&peer, request).await;
-        let frame = match answer_frame(&response, narrow) {
+        let version = stream.version().unwrap_or(API_WIRE.current);
+        let frame = match answer_frame(&response, narrow, version) {
             Ok(Answer::Whole(frame)) => frame,
             Ok(Answer::TooLarge { frame, size_bytes }) => {
                 tracing::warn!(
@@ -743,15 +745,20 @@ fn name_bits() -> u64 {
     hasher.finish()
 }
 
-/// `response` as a frame, or, when it would be over [`API_FRAME_BYTES_MAX`], the frame of an
-/// [`ApiError::AnswerTooLarge`] that says how large it was and how to ask for less
-/// (`narrow`). Without this the client got a stream cut short, and blamed a version mismatch.
-pub fn answer_frame(response: &ApiResponse, narrow: &str) -> Result<Answer, FrameError> {
-    let size_bytes = match frame::encode_frame(response) {
-        Ok(frame) if frame.len() - LENGTH_PREFIX_BYTES <= API_FRAME_BYTES_MAX => {
+/// `response` as a frame of `version` (the request's), or, when it would be over
+/// [`API_FRAME_BYTES_MAX`], the frame of an [`ApiError::AnswerTooLarge`] that says how large it
+/// was and how to ask for less (`narrow`). Without this the client got a stream cut short,
+/// and blamed a version mismatch.
+pub fn answer_frame(
+    response: &ApiResponse,
+    narrow: &str,
+    version: u16,
+) -> Result<Answer, FrameError> {
+    let size_bytes = match frame::encode_frame_version(response, version) {
+        Ok(frame) if frame.len() - HEADER_BYTES <= API_FRAME_BYTES_MAX => {
             return Ok(Answer::Whole(frame))
         }
-        Ok(frame) => (frame.len() - LENGTH_PREFIX_BYTES) as u64,
+        Ok(frame) => (frame.len() - HEADER_BYTES) as u64,
         Err(FrameError::TooLarge { size, .. }) => size,
         Err(error) => return Err(error),
     };
@@ -761,7 +768,7 @@ pub fn answer_frame(response: &ApiResponse, narrow: &str) -> Result<Answer, Fram
         narrow: narrow.to_string(),
     });
     Ok(Answer::TooLarge {
-        frame: frame::encode_frame(&refusal)?,
+        frame: frame::encode_frame_version(&refusal, version)?,
         size_bytes,
     })
 }
@@ -847,11 +854,10 @@ mod tests {
         let per_job = frame::encode_body(&view).expect("encodes").len();
         let fits = API_FRAME_BYTES_MAX / per_job - 1;
         let whole = ApiResponse::Jobs(vec![view.clone(); fits]);
-        match answer_frame(&whole, how_to_narrow(&list)) {
+        match answer_frame(&whole, how_to_narrow(&list), API_WIRE.current) {
             Ok(Answer::Whole(bytes)) => {
                 // As a client reads it: it claims more than the frame limit to decode.
-                let decoded =
-                    frame::decode_answer_body::<ApiResponse>(&bytes[LENGTH_PREFIX_BYTES..]);
+                let decoded = frame::decode_answer_body::<ApiResponse>(&bytes[HEADER_BYTES..]);
                 assert!(
                     decoded.is_ok_and(|decoded| decoded == whole),
                     "the answer does not decode"
@@ -861,13 +867,13 @@ mod tests {
         }
 
         let over = ApiResponse::Jobs(vec![view; fits + 2]);
-        let Ok(Answer::TooLarge { frame, size_bytes }) = answer_frame(&over, how_to_narrow(&list))
+        let Ok(Answer::TooLarge { frame, size_bytes }) =
+            answer_frame(&over, how_to_narrow(&list), API_WIRE.current)
         else {
             panic!("{} jobs should not fit", fits + 2);
         };
         assert!(size_bytes > API_FRAME_BYTES_MAX as u64, "{size_bytes}");
-        let decoded: ApiResponse =
-            frame::decode_body(&frame[LENGTH_PREFIX_BYTES..]).expect("decodes");
+        let decoded: ApiResponse = frame::decode_body(&frame[HEADER_BYTES..]).expect("decodes");
         match decoded {
             ApiResponse::Error(error @ ApiError::AnswerTooLarge { .. }) => {
                 let text = error.to_string();

@@ -296,6 +296,12 @@ impl ApiClient {
                             format!("{error:#}"),
                         ))))
                     }
+                    // The coordinator speaks no version of the API this one does (a cluster
+                    // half upgraded): not carried out, and not retried, since it would be
+                    // refused again until one of them is upgraded.
+                    RequestError::Version(mismatch) => Attempt::Answer(Box::new(
+                        ApiResponse::Error(ApiError::Unavailable(mismatch.to_string())),
+                    )),
                     // The request was fine; its answer was not readable. Not retried either:
                     // the same request gets the same answer.
                     RequestError::Answer(error) => Attempt::Answer(Box::new(ApiResponse::Error(

@@ -58,8 +58,9 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, LogId, RPCTypes, RaftMetrics, Vote};
 use quotient_common::certs::Role;
-use quotient_common::frame::FrameError;
+use quotient_common::frame::{FrameError, WireMessage};
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_RAFT};
+use quotient_common::version::{Encoding, RAFT_WIRE};
 use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -108,6 +109,14 @@ pub struct RaftEnvelope {
     pub request: RaftRequest,
 }
 
+impl WireMessage for RaftRequest {
+    const ENCODING: Encoding = RAFT_WIRE;
+}
+
+impl WireMessage for RaftEnvelope {
+    const ENCODING: Encoding = RAFT_WIRE;
+}
+
 /// The answer to a [`RaftRequest`]: the receiving Raft's result, error included, or the
 /// receiver's refusal to hand it to its Raft at all.
 #[derive(Debug, Serialize, Deserialize)]
@@ -118,6 +127,10 @@ pub enum RaftResponse {
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
     Refused(RaftRefusal),
+}
+
+impl WireMessage for RaftResponse {
+    const ENCODING: Encoding = RAFT_WIRE;
 }
 
 /// Why a coordinator would not hand a Raft request to its Raft. Each says what to do.

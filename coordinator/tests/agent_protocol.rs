@@ -10,14 +10,16 @@ use std::time::{Duration, Instant};
 
 use quotient_common::agent_api::{
     ActualAttempt, ActualPhase, AgentError, AgentRequest, AgentResponse, DesiredState, Fence,
-    WireIntent, WireJobEvent, WireJobReport, ACTUAL_ATTEMPTS_MAX, WATCH_TIMEOUT_MS,
+    WireIntent, ACTUAL_ATTEMPTS_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::api::{ApiRequest, ApiResponse, JobView, NodeView};
 use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::transport::{Client, PeerConnection, ALPN_AGENT};
+use quotient_common::version::AGENT_WIRE;
 use quotient_common::{
-    ClusterId, GpuDevice, JobId, NodeInventory, ShareSpec, ShareState, Strategy,
+    ClusterId, GpuDevice, JobEvent, JobId, JobReport, NodeInventory, ShareSpec, ShareState,
+    Strategy,
 };
 use quotient_coordinator::agent_service::LEADER_QUORUM_ACK_MAX_MS;
 use quotient_coordinator::config::AGENT_LEASE_DEFAULT_MS;
@@ -136,7 +138,7 @@ impl FakeAgent {
         }
     }
 
-    async fn report(&self, name: &str, reports: Vec<WireJobReport>) -> Vec<(JobId, u32, String)> {
+    async fn report(&self, name: &str, reports: Vec<JobReport>) -> Vec<(JobId, u32, String)> {
         match self
             .call(AgentRequest::Report {
                 node: name.to_string(),
@@ -171,10 +173,12 @@ fn inventory(name: &str, gpus: u32) -> NodeInventory {
     }
 }
 
-fn report(job: JobId, attempt: u32, event: WireJobEvent) -> WireJobReport {
-    WireJobReport {
+/// A report of node-1, the node every test's fake agent reports for.
+fn report(job: JobId, attempt: u32, event: JobEvent) -> JobReport {
+    JobReport {
         job,
         attempt,
+        node: "node-1".to_string(),
         event,
     }
 }
@@ -339,7 +343,7 @@ async fn a_launch_failure_requeues_or_fails_the_job_and_frees_its_gpu() {
     agent
         .watch_until("node-1", "attempt 1 placed", placed(1))
         .await;
-    let failed = |fault: LaunchFault, message: String| WireJobEvent::LaunchFailed {
+    let failed = |fault: LaunchFault, message: String| JobEvent::LaunchFailed {
         fault,
         tries: 3,
         message,
@@ -470,8 +474,8 @@ async fn a_registered_node_runs_a_submitted_job_and_unknown_reports_are_rejected
         .report(
             "node-1",
             vec![
-                report(id, 1, WireJobEvent::Started),
-                report(id, 1, WireJobEvent::Running),
+                report(id, 1, JobEvent::Started),
+                report(id, 1, JobEvent::Running),
             ],
         )
         .await;
@@ -482,19 +486,33 @@ async fn a_registered_node_runs_a_submitted_job_and_unknown_reports_are_rejected
         .report(
             "node-1",
             vec![
-                report(JobId(999), 1, WireJobEvent::Running),
-                report(id, 7, WireJobEvent::Exited { code: 0 }),
+                report(JobId(999), 1, JobEvent::Running),
+                report(id, 7, JobEvent::Exited { code: 0 }),
             ],
         )
         .await;
     assert_eq!(rejected.len(), 2, "{rejected:?}");
     assert_eq!(job(&admin, id).await.state, "RUNNING", "nothing changed");
 
+    // A report that names another node than the agent's own is refused whole.
+    let mut elsewhere = report(id, 1, JobEvent::Exited { code: 0 });
+    elsewhere.node = "node-2".to_string();
+    let refused = agent
+        .call(AgentRequest::Report {
+            node: "node-1".to_string(),
+            reports: vec![elsewhere],
+        })
+        .await;
+    match refused {
+        AgentResponse::Error(AgentError::BadRequest(why)) => {
+            assert!(why.contains("names node node-2"), "{why}")
+        }
+        other => panic!("a report for another node was not refused: {other:?}"),
+    }
+    assert_eq!(job(&admin, id).await.state, "RUNNING", "nothing changed");
+
     let rejected = agent
-        .report(
-            "node-1",
-            vec![report(id, 1, WireJobEvent::Exited { code: 0 })],
-        )
+        .report("node-1", vec![report(id, 1, JobEvent::Exited { code: 0 })])
         .await;
     assert!(rejected.is_empty(), "{rejected:?}");
     wait_job_state(&admin, id, "SUCCEEDED").await;
@@ -545,7 +563,7 @@ async fn a_reclaim_turns_the_victims_intent_to_stop_and_frees_its_gpu_for_the_le
         .await;
     for id in [own, borrowed] {
         let rejected = agent
-            .report("node-1", vec![report(id, 1, WireJobEvent::Running)])
+            .report("node-1", vec![report(id, 1, JobEvent::Running)])
             .await;
         assert!(rejected.is_empty(), "{rejected:?}");
         wait_job_state(&admin, id, "RUNNING").await;
@@ -575,7 +593,7 @@ async fn a_reclaim_turns_the_victims_intent_to_stop_and_frees_its_gpu_for_the_le
             vec![report(
                 borrowed,
                 1,
-                WireJobEvent::ExitedAfterSignal { code: Some(0) },
+                JobEvent::ExitedAfterSignal { code: Some(0) },
             )],
         )
         .await;
@@ -645,7 +663,7 @@ async fn a_silent_node_is_lost_only_after_agent_lease_grace_and_margin() {
         })
         .await;
     agent
-        .report("node-1", vec![report(id, 1, WireJobEvent::Running)])
+        .report("node-1", vec![report(id, 1, JobEvent::Running)])
         .await;
     wait_job_state(&admin, id, "RUNNING").await;
 
@@ -815,11 +833,16 @@ async fn an_oversized_or_garbled_frame_costs_only_its_stream() {
     cluster.wait_for_leader(&[1]).await;
     let admin = cluster.admin();
     let agent = FakeAgent::connect(&cluster, "node-1").await;
-    let oversized = u32::try_from(quotient_common::frame::MAX_FRAME_BYTES + 1)
-        .expect("the limit fits a u32")
-        .to_be_bytes()
-        .to_vec();
-    let mut garbled = 8u32.to_be_bytes().to_vec();
+    let header = |length: u32| {
+        let mut header = quotient_common::frame::FRAME_MAGIC.to_vec();
+        header.extend_from_slice(&AGENT_WIRE.current.to_be_bytes());
+        header.extend_from_slice(&length.to_be_bytes());
+        header
+    };
+    let oversized = header(
+        u32::try_from(quotient_common::frame::MAX_FRAME_BYTES + 1).expect("the limit fits a u32"),
+    );
+    let mut garbled = header(8);
     garbled.extend_from_slice(&[0xff; 8]);
     for bytes in [oversized, garbled] {
         let (mut send, mut recv) = agent

@@ -287,8 +287,8 @@ async fn a_replica_whose_state_diverged_reports_itself_unhealthy() {
 }
 
 /// Adds a share to the state in a snapshot file, keeping its header and metadata: the file
-/// is the magic (8 bytes), the metadata's and the state's lengths (8 bytes each, little
-/// endian), the metadata, then the state.
+/// is the magic and its version (8 bytes), the metadata's and the state's lengths (8 bytes
+/// each, little endian), the metadata, then the state.
 fn alter_snapshot(path: &std::path::Path) {
     let bytes = std::fs::read(path).expect("the follower has a snapshot");
     let length = |at: usize| {

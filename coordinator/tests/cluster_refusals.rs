@@ -1,6 +1,7 @@
 //! What a running cluster refuses, and that refusing costs nothing: bad certificates, roles
-//! that overreach, Raft messages from non-coordinators, malformed frames, and commands the
-//! state machine rejects. After each, the cluster still serves and its state is unchanged.
+//! that overreach, Raft messages from non-coordinators, malformed frames, frames of a version
+//! of the API or of Raft it does not read, and commands the state machine rejects. After
+//! each, the cluster still serves and its state is unchanged.
 
 mod support;
 
@@ -13,13 +14,14 @@ use openraft::raft::VoteRequest;
 use openraft::Vote;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::certs::{self, PeerIdentity};
-use quotient_common::frame::MAX_FRAME_BYTES;
+use quotient_common::frame::{self, FrameError, FRAME_MAGIC, MAX_FRAME_BYTES};
 use quotient_common::job::LAUNCH_BYTES_MAX;
 use quotient_common::tls::{crypto_provider, TlsFiles, TlsIdentity, PROTOCOL_VERSIONS};
 use quotient_common::transport::{
     self, quinn, rustls, Client, RequestError, ALPN_API, ALPN_RAFT, CLOSE_CODE_UNAUTHORISED,
-    STREAM_CODE_BAD_FRAME, STREAM_CODE_FRAME_TOO_LARGE,
+    STREAM_CODE_BAD_FRAME, STREAM_CODE_FRAME_TOO_LARGE, STREAM_CODE_UNSUPPORTED_VERSION,
 };
+use quotient_common::version::{API_WIRE, RAFT_WIRE};
 use quotient_common::{JobId, ShareUpdate};
 use quotient_coordinator::network::{RaftRequest, RaftResponse};
 use quotient_coordinator::ClientError;
@@ -82,10 +84,24 @@ async fn raw_list_shares(address: SocketAddr, config: rustls::ClientConfig) -> R
 
 /// Writes `bytes` on a fresh stream of an admin connection and returns the reset code.
 async fn raw_stream(client: &Client, address: &str, bytes: &[u8]) -> u64 {
+    match raw_exchange(client, address, ALPN_API, bytes).await {
+        Err(code) => code,
+        Ok(answer) => panic!("expected a reset stream, got an answer of {answer:?}"),
+    }
+}
+
+/// Writes `bytes` on a new stream of `alpn` and reads what comes back: the answer's bytes, or
+/// the code the server reset the stream with.
+async fn raw_exchange(
+    client: &Client,
+    address: &str,
+    alpn: &[u8],
+    bytes: &[u8],
+) -> Result<Vec<u8>, u64> {
     let connection = client
-        .connect_to(address, ALPN_API)
+        .connect_to(address, alpn)
         .await
-        .expect("an admin connection");
+        .expect("a connection");
     let (mut send, mut recv) = connection.connection().open_bi().await.expect("a stream");
     // The server may reset the stream before everything is written; that is the point.
     let _ = send.write_all(bytes).await;
@@ -94,9 +110,18 @@ async fn raw_stream(client: &Client, address: &str, bytes: &[u8]) -> u64 {
         .await
         .expect("the server answers within its deadline");
     match read {
-        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => code.into_inner(),
-        other => panic!("expected a reset stream, got {other:?}"),
+        Ok(answer) => Ok(answer),
+        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => Err(code.into_inner()),
+        Err(other) => panic!("expected an answer or a reset stream, got {other:?}"),
     }
+}
+
+/// A frame header of `version` announcing a body of `length` bytes.
+fn header(version: u16, length: u32) -> Vec<u8> {
+    let mut header = FRAME_MAGIC.to_vec();
+    header.extend_from_slice(&version.to_be_bytes());
+    header.extend_from_slice(&length.to_be_bytes());
+    header
 }
 
 fn rejected(result: Result<ApiResponse, ClientError>) -> String {
@@ -257,28 +282,70 @@ async fn bad_clients_and_bad_frames_are_refused_and_change_nothing() {
     let identity = TlsIdentity::load(&cluster.certs.files("alice")).expect("alice's files");
     let raw = Client::new(identity);
     let announced = u32::try_from(MAX_FRAME_BYTES + 1).expect("fits");
-    let mut oversized = announced.to_be_bytes().to_vec();
+    let mut oversized = header(API_WIRE.current, announced);
     oversized.extend_from_slice(&[0u8; 1024]);
     assert_eq!(
         raw_stream(&raw, &leader_address, &oversized).await,
         u64::from(STREAM_CODE_FRAME_TOO_LARGE)
     );
-    let mut garbage = 16u32.to_be_bytes().to_vec();
+    let mut garbage = header(API_WIRE.current, 16);
     garbage.extend_from_slice(&[0xff; 16]);
     assert_eq!(
         raw_stream(&raw, &leader_address, &garbage).await,
         u64::from(STREAM_CODE_BAD_FRAME)
     );
-    let mut truncated = 100u32.to_be_bytes().to_vec();
+    let mut truncated = header(API_WIRE.current, 100);
     truncated.extend_from_slice(&[0u8; 10]);
     assert_eq!(
         raw_stream(&raw, &leader_address, &truncated).await,
         u64::from(STREAM_CODE_BAD_FRAME)
     );
     assert_eq!(
-        raw_stream(&raw, &leader_address, &[0, 0]).await,
+        raw_stream(&raw, &leader_address, &FRAME_MAGIC).await,
         u64::from(STREAM_CODE_BAD_FRAME)
     );
+
+    eprintln!("--- a request of a build from before frames carried a version, and of a newer API");
+    let list = frame::encode_body(&ApiRequest::ListShares).expect("encodes");
+    let mut unversioned = (list.len() as u32).to_be_bytes().to_vec();
+    unversioned.extend_from_slice(&list);
+    assert_eq!(
+        raw_stream(&raw, &leader_address, &unversioned).await,
+        u64::from(STREAM_CODE_UNSUPPORTED_VERSION)
+    );
+    let mut newer = header(API_WIRE.current + 1, list.len() as u32);
+    newer.extend_from_slice(&list);
+    let refusal = raw_exchange(&raw, &leader_address, ALPN_API, &newer)
+        .await
+        .expect("a newer request is answered with a refusal frame");
+    match frame::read_answer_frame::<ApiResponse>(&mut refusal.as_slice(), MAX_FRAME_BYTES).await {
+        Err(FrameError::Version(mismatch)) => {
+            assert_eq!(mismatch.theirs, (API_WIRE.oldest, API_WIRE.current));
+        }
+        other => panic!("expected a refusal naming the versions the leader reads, got {other:?}"),
+    }
+    // On Raft too: a coordinator of a newer release is told which versions this one reads.
+    let peer = Client::new(TlsIdentity::load(&cluster.certs.files("coord-1")).expect("files"));
+    let vote = frame::encode_body(&RaftRequest::Vote(VoteRequest::new(
+        Vote::new(term_before + 100, 9),
+        None,
+    )))
+    .expect("encodes");
+    let mut newer = header(RAFT_WIRE.current + 1, vote.len() as u32);
+    newer.extend_from_slice(&vote);
+    let refusal = raw_exchange(&peer, &leader_address, ALPN_RAFT, &newer)
+        .await
+        .expect("a newer Raft request is answered with a refusal frame");
+    match frame::read_answer_frame::<RaftResponse>(&mut refusal.as_slice(), MAX_FRAME_BYTES).await {
+        Err(FrameError::Version(mismatch)) => {
+            assert_eq!(mismatch.theirs, (RAFT_WIRE.oldest, RAFT_WIRE.current));
+            assert!(
+                mismatch.to_string().contains("the Raft protocol"),
+                "{mismatch}"
+            );
+        }
+        other => panic!("expected a refusal naming the versions the leader reads, got {other:?}"),
+    }
 
     eprintln!("--- the cluster still serves, under the same leader and term, with the same state");
     assert_eq!(shares(&admin).await.len(), 1);

@@ -1,6 +1,7 @@
 //! Tests of the state machine adapter over `quotient_core`: what applying each kind of entry
-//! yields, that the snapshot file brings the state back after a restart (and that a bad one is
-//! refused, and a temporary file left by an unfinished write is removed), and, end to end, that a single-node Raft cluster on the real stores recovers its
+//! yields, that the snapshot file brings the state back after a restart (and that a bad one or
+//! one of a newer version is refused, and a temporary file left by an unfinished write is
+//! removed), and, end to end, that a single-node Raft cluster on the real stores recovers its
 //! state from snapshot plus log after it is shut down and started again.
 
 mod support;
@@ -16,6 +17,7 @@ use openraft::{
     BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, RaftLogReader,
     RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
 };
+use quotient_common::version::{SNAPSHOT_FILE, SNAPSHOT_STATE};
 use quotient_common::{GpuClass, GpuDevice, NodeInventory};
 use quotient_coordinator::applied::AppliedChanges;
 use quotient_coordinator::store::state_machine::{SNAPSHOT_FILE_NAME, SNAPSHOT_TMP_FILE_NAME};
@@ -250,20 +252,23 @@ fn write_snapshot_file(dir: &Path, bytes: &[u8]) {
     std::fs::write(dir.join(SNAPSHOT_FILE_NAME), bytes).expect("write");
 }
 
+/// Leaves in `dir` a snapshot file of a state that holds node gpu-a.
+async fn write_a_snapshot_of_gpu_a(dir: &Path) {
+    let mut sm = QuotientStateMachine::open(dir).expect("open");
+    sm.apply([normal(1, register("gpu-a", 1_000))])
+        .await
+        .expect("apply");
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+}
+
 #[tokio::test]
 async fn corrupted_snapshot_file_is_an_error_on_open() {
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
-        sm.apply([normal(1, register("gpu-a", 1_000))])
-            .await
-            .expect("apply");
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
-    }
+    write_a_snapshot_of_gpu_a(dir.path()).await;
     let good = std::fs::read(dir.path().join(SNAPSHOT_FILE_NAME)).expect("read");
 
     let mut cases: Vec<(&str, Vec<u8>)> = vec![
@@ -333,17 +338,7 @@ async fn a_snapshot_temporary_file_left_by_an_unfinished_write_is_removed_on_ope
     // crash, a full disk) is removed, with an info line, when the data directory is opened
     // again, and that the snapshot beside it still loads.
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut sm = QuotientStateMachine::open(dir.path()).expect("open");
-        sm.apply([normal(1, register("gpu-a", 1_000))])
-            .await
-            .expect("apply");
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
-    }
+    write_a_snapshot_of_gpu_a(dir.path()).await;
     let tmp = dir.path().join(SNAPSHOT_TMP_FILE_NAME);
     std::fs::write(&tmp, vec![0u8; 64 * 1024]).expect("a half-written snapshot");
 
@@ -572,4 +567,57 @@ async fn applying_names_what_changed_until_the_leader_drains_it_and_a_snapshot_i
         .await
         .expect("install");
     assert_eq!(drain(&sm), AppliedChanges::Everything, "a snapshot install");
+}
+
+#[tokio::test]
+async fn a_snapshot_file_of_a_newer_layout_or_state_is_refused_naming_both_versions() {
+    // Proves a snapshot file written by a newer build is not misread: opening fails with the
+    // file, both versions and what to do, whether its layout or the state in it is newer.
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_a_snapshot_of_gpu_a(dir.path()).await;
+    let path = dir.path().join(SNAPSHOT_FILE_NAME);
+    let written = std::fs::read(&path).expect("read");
+    assert_eq!(
+        &written[..8],
+        format!("QSNAP{:03}", SNAPSHOT_FILE.current).as_bytes()
+    );
+
+    let mut newer_layout = written.clone();
+    newer_layout[5..8].copy_from_slice(format!("{:03}", SNAPSHOT_FILE.current + 1).as_bytes());
+    std::fs::write(&path, &newer_layout).expect("write");
+    let error = QuotientStateMachine::open(dir.path())
+        .expect_err("a newer layout is refused")
+        .to_string();
+    assert!(
+        error.contains(SNAPSHOT_FILE_NAME)
+            && error.contains(&format!(
+                "version {} of the snapshot file",
+                SNAPSHOT_FILE.current + 1
+            ))
+            && error.contains("newer build"),
+        "{error}"
+    );
+
+    // The state's own version is after the 24-byte header and the metadata.
+    let meta_len = u64::from_le_bytes(written[8..16].try_into().expect("8 bytes")) as usize;
+    let state_at = 24 + meta_len;
+    assert_eq!(&written[state_at..state_at + 2], b"QS");
+    let mut newer_state = written.clone();
+    newer_state[state_at + 2..state_at + 4]
+        .copy_from_slice(&(SNAPSHOT_STATE.current + 1).to_le_bytes());
+    std::fs::write(&path, &newer_state).expect("write");
+    let error = QuotientStateMachine::open(dir.path())
+        .expect_err("a newer state is refused")
+        .to_string();
+    assert!(
+        error.contains(&format!(
+            "version {} of the snapshot state",
+            SNAPSHOT_STATE.current + 1
+        )),
+        "{error}"
+    );
+
+    std::fs::write(&path, &written).expect("write");
+    let sm = QuotientStateMachine::open(dir.path()).expect("this build's file opens");
+    assert!(has_node(&sm, "gpu-a"));
 }

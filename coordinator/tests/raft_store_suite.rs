@@ -19,12 +19,13 @@ use openraft::{
     RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     Vote,
 };
-use quotient_coordinator::store::codec::{decode_value, encode_value, MAX_ENTRY_BYTES};
-use quotient_coordinator::store::committed_file::{CommittedFile, COMMITTED_FILE_NAME};
-use quotient_coordinator::store::log_store::{DB_FILE_NAME, KEY_VOTE, LOGS_TABLE, META_TABLE};
+use quotient_common::version::RAFT_LOG;
+use quotient_coordinator::store::codec::{
+    decode_value, encode_value, VersionedEntries, MAX_ENTRY_BYTES,
+};
+use quotient_coordinator::store::log_store::{version_key, DB_FILE_NAME, KEY_VOTE, META_TABLE};
 use quotient_coordinator::store::wal::{Record, Wal, WAL_DIR_NAME};
 use quotient_coordinator::store::{self, RaftLogStore};
-use redb::ReadableTableMetadata;
 use serde::{Deserialize, Serialize};
 
 /// The application data of the test type config.
@@ -45,6 +46,9 @@ openraft::declare_raft_types!(
         Entry = Entry<TestConfig>,
         SnapshotData = Cursor<Vec<u8>>,
 );
+
+/// The test entries have one version, as the real ones so far.
+impl VersionedEntries for TestConfig {}
 
 type NodeId = u64;
 type Store = RaftLogStore<TestConfig>;
@@ -252,8 +256,7 @@ async fn read_all(store: &mut Store) -> Vec<Entry<TestConfig>> {
 }
 
 /// Writes `bytes` as the entry at `index` straight into the log's files, with the store
-/// closed: a whole record holding garbage, as a bug or a bad disk could leave, or what a move
-/// cut short left.
+/// closed: a whole record holding garbage, as a bug or a bad disk could leave.
 fn poke_log(dir: &Path, index: u64, bytes: &[u8]) {
     let (wal, _) = Wal::open(dir, None).expect("open the log");
     wal.write(&[Record::Entry { index, bytes }]).expect("write");
@@ -542,6 +545,79 @@ async fn a_corrupted_vote_is_an_error() {
     store.read_vote().await.expect_err("corrupted vote");
 }
 
+/// Sets the version field of the log record at `offset` of `segment` and mends its checksum,
+/// as a newer build would have written it.
+fn restamp_record(segment: &Path, offset: usize, version: u16) {
+    let mut bytes = std::fs::read(segment).expect("read");
+    let record = &mut bytes[offset..];
+    let len = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes")) as usize;
+    record[5..7].copy_from_slice(&version.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&record[4..28]);
+    crc.update(&record[40..40 + len]);
+    record[28..32].copy_from_slice(&crc.finalize().to_le_bytes());
+    std::fs::write(segment, bytes).expect("write");
+}
+
+#[tokio::test]
+async fn values_of_a_newer_version_of_the_log_are_refused_naming_both_versions() {
+    // Proves that an entry or a vote written by a build with a newer Raft log encoding is not
+    // read as this build's: reading it fails, naming both versions, the file and what to do,
+    // while the entries before it still read.
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut store = Store::open(dir.path()).expect("open");
+        store
+            .blocking_append(entries(1, 1..=2))
+            .await
+            .expect("append");
+        store
+            .save_vote(&Vote::new_committed(1, 1))
+            .await
+            .expect("vote");
+    }
+    let segment = segment_file(dir.path());
+    let first_len = u32::from_le_bytes(
+        std::fs::read(&segment).expect("read")[8..12]
+            .try_into()
+            .expect("4 bytes"),
+    ) as usize;
+    let newer = RAFT_LOG.current + 1;
+    restamp_record(&segment, (40 + first_len).div_ceil(8) * 8, newer);
+    poke_meta(dir.path(), version_key(KEY_VOTE), &newer.to_le_bytes());
+
+    let mut store = Store::open(dir.path()).expect("reopen");
+    store
+        .try_get_log_entries(1..=2)
+        .await
+        .expect_err("a read of both fails whole");
+    let first = store
+        .try_get_log_entries(1..=1)
+        .await
+        .expect("the first entry is of this version");
+    assert_eq!(first, entries(1, 1..=1));
+    let expected = [
+        format!("version {newer} of the Raft log"),
+        "written by a newer build".to_string(),
+    ];
+    let error = store
+        .try_get_log_entries(2..=2)
+        .await
+        .expect_err("the newer entry is refused")
+        .to_string();
+    for part in expected.iter().chain([&WAL_DIR_NAME.to_string()]) {
+        assert!(error.contains(part.as_str()), "{error}");
+    }
+    let error = store
+        .read_vote()
+        .await
+        .expect_err("the newer vote is refused")
+        .to_string();
+    for part in expected.iter().chain([&DB_FILE_NAME.to_string()]) {
+        assert!(error.contains(part.as_str()), "{error}");
+    }
+}
+
 #[tokio::test]
 async fn committed_survives_reopen_and_a_torn_save() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -559,55 +635,6 @@ async fn committed_survives_reopen_and_a_torn_save() {
     flip_byte(&segment, last_written_byte(&segment));
     let mut store = Store::open(dir.path()).expect("reopen after a torn save");
     assert_eq!(store.read_committed().await.expect("read"), Some(id(7)));
-}
-
-#[tokio::test]
-async fn a_data_directory_with_the_log_in_redb_moves_it_to_the_log_files() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let vote = Vote::new_committed(3, 2);
-    {
-        // What a coordinator before the log files left: entries in redb, the committed id in
-        // its own file, the vote in redb.
-        let db = redb::Database::create(dir.path().join(DB_FILE_NAME)).expect("db");
-        let txn = db.begin_write().expect("begin");
-        {
-            let mut logs = txn.open_table(LOGS_TABLE).expect("logs");
-            for entry in entries(1, 4..=6) {
-                let bytes = encode_value(&entry).expect("encode");
-                logs.insert(entry.log_id.index, bytes.as_slice())
-                    .expect("insert");
-            }
-            let mut meta = txn.open_table(META_TABLE).expect("meta");
-            let vote = encode_value(&vote).expect("encode");
-            meta.insert(KEY_VOTE, vote.as_slice()).expect("insert");
-        }
-        txn.commit().expect("commit");
-        let committed = CommittedFile::open(dir.path()).expect("committed file");
-        committed
-            .save(&encode_value(&Some(log_id(1, 5))).expect("encode"))
-            .expect("save");
-    }
-    // A move cut short by a crash leaves the table full and something in the log's files;
-    // opening starts the move again from the table, so nothing of that survives.
-    poke_log(
-        dir.path(),
-        7,
-        &encode_value(&normal(1, 7, "stale")).expect("encode"),
-    );
-    for _ in 0..2 {
-        let mut store = Store::open(dir.path()).expect("open");
-        assert_eq!(indexes(&read_all(&mut store).await), vec![4, 5, 6]);
-        assert_eq!(read_all(&mut store).await, entries(1, 4..=6));
-        assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
-        assert_eq!(
-            store.read_committed().await.expect("committed"),
-            Some(log_id(1, 5))
-        );
-        assert!(!dir.path().join(COMMITTED_FILE_NAME).exists());
-        let txn = store.database().begin_read().expect("read");
-        let logs = txn.open_table(LOGS_TABLE).expect("logs");
-        assert!(logs.is_empty().expect("count"), "the log left redb");
-    }
 }
 
 #[tokio::test]

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use quotient_common::agent_api::{
     ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
-    WireJobReport,
 };
 use quotient_common::certs::{self, Role};
 use quotient_common::frame::{self, MAX_FRAME_BYTES};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
 use quotient_common::transport::{quinn, Server, ALPN_AGENT};
-use quotient_common::{ClusterId, GpuDevice, NodeInventory};
+use quotient_common::version::AGENT_WIRE;
+use quotient_common::{ClusterId, GpuDevice, JobReport, NodeInventory};
 
 /// How long the fake holds a WatchDesired with nothing new (the real leader's is longer).
 pub const WATCH_HOLD: Duration = Duration::from_millis(1_000);
@@ -46,7 +46,7 @@ pub struct LeaderState {
     pub registrations: Vec<(NodeInventory, Vec<ActualAttempt>)>,
     pub heartbeat_count: u64,
     pub last_heartbeat: Option<(Vec<GpuDevice>, Vec<ActualAttempt>)>,
-    pub reports: Vec<WireJobReport>,
+    pub reports: Vec<JobReport>,
     pub desired: Option<DesiredState>,
     /// The cluster the fake says it leads, in `Registered`.
     pub cluster: ClusterId,
@@ -169,7 +169,9 @@ async fn serve_stream(
         }
         Mode::NotLeader(address) => not_leader(address),
         Mode::OversizedDesired if matches!(request, AgentRequest::WatchDesired { .. }) => {
-            let mut bytes = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes().to_vec();
+            let mut bytes = frame::FRAME_MAGIC.to_vec();
+            bytes.extend_from_slice(&AGENT_WIRE.current.to_be_bytes());
+            bytes.extend_from_slice(&((MAX_FRAME_BYTES + 1) as u32).to_be_bytes());
             bytes.extend_from_slice(&[0u8; 1024]);
             let _ = send.write_all(&bytes).await;
             let _ = send.finish();

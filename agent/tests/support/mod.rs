@@ -16,8 +16,7 @@ use quotient_agent::lease::boot_time_ms;
 use quotient_agent::reconcile::{Desired, DesiredAllocation, Intent};
 use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use quotient_agent::runtime::{checkpoint_dir, log_path, LaunchSpec, Runtime};
-use quotient_common::{JobId, JobPayload, JobSpec, Signal};
-use quotient_core::{JobEvent, JobReport};
+use quotient_common::{JobEvent, JobId, JobPayload, JobReport, JobSpec, Signal};
 
 /// The longest any test waits for a job to do something.
 pub const WAIT_DEADLINE: Duration = Duration::from_secs(20);

@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use quotient_common::job::LaunchFault;
+// An agent's report is replicated as it was sent; its home is the protocol crate.
+pub use quotient_common::job_report::{JobEvent, JobReport};
 use quotient_common::{
     JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareUpdate, SpecError,
 };
@@ -18,39 +19,6 @@ use crate::state::NodeId;
 pub struct ApplyCtx {
     pub log_index: u64,
     pub time_ms: u64,
-}
-
-/// What an agent saw happen to a job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobEvent {
-    /// The agent is launching it.
-    Started,
-    Running,
-    /// It exited on its own.
-    Exited {
-        code: i32,
-    },
-    /// It exited after the agent sent its checkpoint signal (or was killed after the grace
-    /// period): a preemption, not a failure.
-    ExitedAfterSignal {
-        code: Option<i32>,
-    },
-    /// The agent tried `tries` times to launch it and gave up: the attempt never ran.
-    /// `message` is the runtime's last error, at most `LAUNCH_MESSAGE_BYTES_MAX` bytes.
-    LaunchFailed {
-        fault: LaunchFault,
-        tries: u32,
-        message: String,
-    },
-}
-
-/// An agent's report about one attempt of one job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobReport {
-    pub job: JobId,
-    pub attempt: u32,
-    pub node: String,
-    pub event: JobEvent,
 }
 
 /// Everything that changes the replicated state.

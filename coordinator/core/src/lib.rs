@@ -46,7 +46,7 @@ pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
 pub use reason::WaitReason;
 pub use scheduler::plan;
-pub use snapshot::{SnapshotCapture, SnapshotError};
+pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
     Allocation, IdempotencyKeys, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,
     ShareRecord, State, StateData, StopCause,

@@ -2,17 +2,39 @@
 //!
 //! Only `StateData` is written; the index is rebuilt on load, then the whole state is
 //! validated, so a corrupt or hand-edited snapshot is refused rather than trusted.
+//!
+//! The bytes start with [`SNAPSHOT_STATE_MAGIC`] and the version of the encoding they are in
+//! (`quotient_common::version::SNAPSHOT_STATE`, u16 little-endian), the same in the snapshot
+//! file and in the snapshot a leader sends a follower, so that a state written by another
+//! build is read with its own version's decoder ([`State::from_snapshot_version`]) or
+//! refused naming both versions.
+
+use quotient_common::version::{VersionError, Writer, SNAPSHOT_STATE};
 
 use crate::index::Index;
 use crate::job_table::JobTable;
 use crate::limits::SNAPSHOT_BYTES_MAX;
 use crate::state::{IdempotencyKeys, State, StateData};
 
+/// The first bytes of a snapshot of the state; its version follows.
+pub const SNAPSHOT_STATE_MAGIC: [u8; 2] = *b"QS";
+/// Magic and version.
+pub const SNAPSHOT_STATE_HEADER_BYTES: usize = 4;
+
 /// Why snapshot bytes could not be turned back into a state.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     #[error("snapshot is {size} bytes, over the limit of {max}")]
     TooLarge { size: usize, max: usize },
+    #[error("not a snapshot of the state: it does not start with its header")]
+    NoHeader,
+    /// In a version of the state's encoding this build does not read.
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    /// A version this build reads has no decoder (a programming error: the version was bumped
+    /// without [`State::from_snapshot_version`] learning it).
+    #[error("this build has no decoder for version {0} of the snapshot state")]
+    NoCodec(u16),
     #[error("snapshot does not decode: {0}")]
     Decode(String),
     #[error("snapshot has {0} trailing bytes")]
@@ -79,7 +101,8 @@ impl State {
             idempotency,
             last_applied_index,
         } = &self.data;
-        let mut head = Vec::new();
+        let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
+        head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
         encode(shares, &mut head);
         let mut middle = Vec::new();
         encode(node_ids, &mut middle);
@@ -95,19 +118,34 @@ impl State {
         }
     }
 
-    /// Loads a snapshot, rebuilding and validating the derived index.
+    /// Loads a snapshot (header and body, as [`State::to_snapshot_bytes`] gives them),
+    /// rebuilding and validating the derived index.
     pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<State, SnapshotError> {
-        if bytes.len() > SNAPSHOT_BYTES_MAX {
+        let Some((header, body)) = bytes.split_at_checked(SNAPSHOT_STATE_HEADER_BYTES) else {
+            return Err(SnapshotError::NoHeader);
+        };
+        if header[..2] != SNAPSHOT_STATE_MAGIC {
+            return Err(SnapshotError::NoHeader);
+        }
+        State::from_snapshot_version(u16::from_le_bytes([header[2], header[3]]), body)
+    }
+
+    /// Loads the body of a snapshot of `version` (without its header: a snapshot file of the
+    /// first layout held the state of version 1 so), with that version's decoder.
+    pub fn from_snapshot_version(version: u16, body: &[u8]) -> Result<State, SnapshotError> {
+        SNAPSHOT_STATE.check(version, Writer::File("the snapshot".to_string()))?;
+        if body.len() > SNAPSHOT_BYTES_MAX {
             return Err(SnapshotError::TooLarge {
-                size: bytes.len(),
+                size: body.len(),
                 max: SNAPSHOT_BYTES_MAX,
             });
         }
-        let (data, read): (StateData, usize) = bincode::serde::decode_from_slice(bytes, config())
-            .map_err(|e| SnapshotError::Decode(e.to_string()))?;
-        if read != bytes.len() {
-            return Err(SnapshotError::Trailing(bytes.len() - read));
-        }
+        // One arm per version this build reads; a bumped version keeps the previous one's
+        // `StateData` and converts it here (quotient_common::version says how).
+        let data: StateData = match version {
+            version if version == SNAPSHOT_STATE.current => decode_data(body)?,
+            other => return Err(SnapshotError::NoCodec(other)),
+        };
         let index = Index::rebuild(&data);
         let state = State {
             data,
@@ -119,6 +157,16 @@ impl State {
             .map_err(|e| SnapshotError::Invalid(e.to_string()))?;
         Ok(state)
     }
+}
+
+/// The whole `body` as `StateData` of the current version.
+fn decode_data(body: &[u8]) -> Result<StateData, SnapshotError> {
+    let (data, read): (StateData, usize) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|e| SnapshotError::Decode(e.to_string()))?;
+    if read != body.len() {
+        return Err(SnapshotError::Trailing(body.len() - read));
+    }
+    Ok(data)
 }
 
 #[cfg(test)]
@@ -151,5 +199,35 @@ mod tests {
             bincode::serde::decode_from_slice(&theirs, config()).expect("decodes");
         assert_eq!(read, theirs.len());
         assert_eq!(decoded, keys);
+    }
+
+    /// A snapshot carries its version: this build's reads back; another is refused naming
+    /// both versions, and bytes without the header are not taken for a state.
+    #[test]
+    fn a_snapshot_carries_its_version_and_another_is_refused_naming_both() {
+        use crate::state::State;
+        use quotient_common::version::SNAPSHOT_STATE;
+
+        let bytes = State::new().to_snapshot_bytes();
+        assert_eq!(&bytes[..2], b"QS");
+        assert_eq!(
+            u16::from_le_bytes([bytes[2], bytes[3]]),
+            SNAPSHOT_STATE.current
+        );
+        assert!(State::from_snapshot_bytes(&bytes).is_ok());
+        assert!(State::from_snapshot_version(SNAPSHOT_STATE.current, &bytes[4..]).is_ok());
+
+        let mut newer = bytes.clone();
+        newer[2..4].copy_from_slice(&(SNAPSHOT_STATE.current + 1).to_le_bytes());
+        let error = State::from_snapshot_bytes(&newer).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("version {}", SNAPSHOT_STATE.current + 1))
+                && error.contains("newer build"),
+            "{error}"
+        );
+        assert!(matches!(
+            State::from_snapshot_bytes(&bytes[4..]),
+            Err(super::SnapshotError::NoHeader)
+        ));
     }
 }

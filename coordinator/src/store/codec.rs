@@ -2,8 +2,18 @@
 //! ids and snapshot metadata. Values go through serde into bincode 2 (standard configuration, varint
 //! integers) with a size limit, so that a corrupted length prefix read back from disk is refused
 //! with an error instead of allocating without bound. Keeping the encoding behind these few
-//! functions lets it be swapped (or versioned) in one place.
+//! functions lets it be swapped in one place.
+//!
+//! Every value is written in the current version of the Raft log encoding
+//! (`quotient_common::version::RAFT_LOG`), and the version is stored beside it (a log record's
+//! header, a version key next to a redb value). A value is read back with the decoder of its
+//! own version ([`decode_stored`], and [`VersionedEntries`] for log entries, whose type is the
+//! type config's): a value of a version this build does not read is refused, naming both.
 
+use std::path::Path;
+
+use openraft::RaftTypeConfig;
+use quotient_common::version::{VersionError, Writer, RAFT_LOG};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -40,6 +50,56 @@ pub enum CodecError {
         /// How many bytes were not consumed.
         trailing: usize,
     },
+    /// The value is in a version of the Raft log encoding this build does not read.
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    /// A version this build reads has no decoder for this type (a programming error: the
+    /// version was bumped without [`VersionedEntries::decode_entry`] learning it).
+    #[error("this build has no decoder for version {version} of the Raft log encoding")]
+    NoCodec {
+        /// The version found.
+        version: u16,
+    },
+}
+
+/// The version of a value stored before versions were recorded (a log record with zeros in its
+/// version field, a redb value without a version key): version 1, whose encoding it is.
+pub const VERSION_OF_UNRECORDED: u16 = 1;
+
+/// How the log entries of a type config are read in each version of the Raft log encoding.
+/// The provided method reads the current version only; when the entry's types change and
+/// `RAFT_LOG` is bumped, the type config decodes the previous version's types and converts
+/// them here (`quotient_common::version` says how).
+pub trait VersionedEntries: RaftTypeConfig {
+    /// An entry stored in `version`, which [`check_version`] found readable.
+    fn decode_entry(version: u16, bytes: &[u8]) -> Result<Self::Entry, CodecError> {
+        decode_current(version, bytes)
+    }
+}
+
+/// `version`, if this build reads values stored in it; else the error naming both versions and
+/// `place` (the file it was found in).
+pub fn check_version(version: u16, place: &Path) -> Result<u16, CodecError> {
+    Ok(RAFT_LOG.check(version, Writer::File(place.display().to_string()))?)
+}
+
+/// Decodes a value stored in `version` at `place`: one of this build's versions, read by the
+/// decoder of the current one (the store's own values, the vote and log ids, are openraft's
+/// and have one version so far).
+pub fn decode_stored<T: DeserializeOwned>(
+    version: u16,
+    bytes: &[u8],
+    place: &Path,
+) -> Result<T, CodecError> {
+    decode_current(check_version(version, place)?, bytes)
+}
+
+/// [`decode_value`] when `version` is the current one; [`CodecError::NoCodec`] otherwise.
+pub fn decode_current<T: DeserializeOwned>(version: u16, bytes: &[u8]) -> Result<T, CodecError> {
+    if version != RAFT_LOG.current {
+        return Err(CodecError::NoCodec { version });
+    }
+    decode_value(bytes)
 }
 
 macro_rules! limited_config {
@@ -124,6 +184,27 @@ mod tests {
     fn oversized_value_is_refused_on_encode() {
         let value = vec![0u8; MAX_ENTRY_BYTES + 1];
         assert!(encode_value(&value).is_err());
+    }
+
+    #[test]
+    fn a_value_of_a_version_this_build_does_not_read_is_refused_naming_both() {
+        // Proves a stored value of a newer version is refused with both versions and the
+        // file, not decoded as the current one.
+        let bytes = encode_value(&5u64).expect("encode");
+        let place = Path::new("/data/raft-wal/seg-0000000000000001.wal");
+        assert_eq!(
+            decode_stored::<u64>(RAFT_LOG.current, &bytes, place).expect("reads"),
+            5
+        );
+        let error = decode_stored::<u64>(RAFT_LOG.current + 1, &bytes, place).unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, CodecError::Version(_)), "{error:?}");
+        assert!(
+            text.contains(&format!("version {}", RAFT_LOG.current + 1))
+                && text.contains("seg-0000000000000001.wal")
+                && text.contains("newer build"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -13,8 +13,6 @@
 //! waits for the disk instead ([`LogDurability`]). Entries not yet on disk are read from the
 //! writer's in-memory tail; the rest from the log's files. Large reads run on tokio's blocking
 //! pool; reads of a few entries run in place ([`INLINE_READ_ENTRIES_MAX`]).
-//!
-//! A data directory written before the log had its own files is moved on open (`store::legacy`).
 
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
@@ -32,11 +30,13 @@ use openraft::{
 };
 use redb::Database;
 
-use super::codec::{decode_value, encode_value};
-use super::legacy::{has_legacy_entries, move_legacy_committed, move_legacy_entries};
+use super::codec::{
+    check_version, decode_stored, encode_value, VersionedEntries, VERSION_OF_UNRECORDED,
+};
+pub use super::log_writer::{version_key, LogDurability, KEY_LAST_PURGED, KEY_VOTE, META_TABLE};
 use super::log_writer::{EncodedEntry, LogWriter};
-pub use super::log_writer::{LogDurability, KEY_LAST_PURGED, KEY_VOTE, LOGS_TABLE, META_TABLE};
-use super::wal::{Wal, WAL_DIR_NAME};
+use super::wal::{Stored, Wal, WAL_DIR_NAME};
+use quotient_common::version::RAFT_LOG;
 
 /// The database file name inside the data directory.
 pub const DB_FILE_NAME: &str = "raft.redb";
@@ -78,11 +78,10 @@ fn open_error<NID: openraft::NodeId>(
     }
 }
 
-impl<C: RaftTypeConfig> RaftLogStore<C> {
+impl<C: VersionedEntries> RaftLogStore<C> {
     /// Opens the store in `data_dir`: the database `raft.redb` (vote, purged id) and the log
-    /// in `raft-wal/`, creating them when missing, moves the entries of a data directory
-    /// written before the log had its own files into it, and starts the writer thread. Blocks
-    /// on file I/O, so call it at startup (or from a blocking task).
+    /// in `raft-wal/`, creating them when missing, and starts the writer thread. Blocks on file
+    /// I/O, so call it at startup (or from a blocking task).
     ///
     /// Fails if a file cannot be created or opened, is not a redb database, is already open
     /// (in this process or another: redb locks the file), or the log is damaged.
@@ -95,10 +94,9 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
         let path = data_dir.join(DB_FILE_NAME);
         let opening = || format!("opening raft log database {}", path.display());
         let db = Database::create(&path).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
-        // Create both tables up front so that read transactions always find them.
+        // Create the table up front so that read transactions always find it.
         let created = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
-            txn.open_table(LOGS_TABLE)?;
             txn.open_table(META_TABLE)?;
             txn.commit()?;
             Ok(())
@@ -106,40 +104,18 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
         created.map_err(|e| open_error(ErrorVerb::Write, opening)(&e))?;
         let purged: Option<LogId<C::NodeId>> = read_meta(&db, KEY_LAST_PURGED)
             .map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?
-            .map(|bytes| decode_value(&bytes))
+            .map(|stored| decode_stored(stored.version, &stored.bytes, &path))
             .transpose()
             .map_err(|e| store_error(&path, ErrorSubject::Store, ErrorVerb::Read, e))?;
         let purged = purged.map(|log_id| log_id.index);
-        let legacy =
-            has_legacy_entries(&db).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
         let wal_dir = data_dir.join(WAL_DIR_NAME);
-        if legacy {
-            // An earlier move was cut short: what it wrote is redone from the database.
-            match std::fs::remove_dir_all(&wal_dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(store_error(
-                        &wal_dir,
-                        ErrorSubject::Logs,
-                        ErrorVerb::Write,
-                        e,
-                    ));
-                }
-                _ => {}
-            }
-        }
         let (wal, recovered) = Wal::open(data_dir, purged)
             .map_err(|e| store_error(&wal_dir, ErrorSubject::Logs, ErrorVerb::Read, e))?;
         let committed: Option<LogId<C::NodeId>> = match recovered.committed {
             None => None,
-            Some(bytes) => decode_value(&bytes)
+            Some(stored) => decode_stored(stored.version, &stored.bytes, &wal_dir)
                 .map_err(|e| store_error(&wal_dir, ErrorSubject::Store, ErrorVerb::Read, e))?,
         };
-        if legacy {
-            move_legacy_entries(&db, &wal)
-                .map_err(|e| store_error(&path, ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        }
-        let committed = move_legacy_committed::<C::NodeId>(data_dir, &wal, committed)
-            .map_err(|e| store_error(data_dir, ErrorSubject::Store, ErrorVerb::Write, e))?;
         let writer = LogWriter::start(db, path.clone(), wal, committed, purged).map_err(|e| {
             open_error(ErrorVerb::Write, || {
                 format!("starting the writer of {}", path.display())
@@ -213,14 +189,14 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
     where
         T: serde::de::DeserializeOwned,
     {
-        let bytes = self
+        let stored = self
             .blocking(subject.clone(), ErrorVerb::Read, move |writer| {
                 read_meta(writer.db(), key)
             })
             .await?;
-        match bytes {
+        match stored {
             None => Ok(None),
-            Some(bytes) => decode_value(&bytes)
+            Some(stored) => decode_stored(stored.version, &stored.bytes, self.path())
                 .map(Some)
                 .map_err(|e| store_error(self.path(), subject, ErrorVerb::Read, e)),
         }
@@ -235,23 +211,36 @@ impl<C: RaftTypeConfig> RaftLogStore<C> {
         encode_value(value).map_err(|e| store_error(self.path(), subject, verb, e))
     }
 
-    fn decode_entry(&self, index: u64, bytes: &[u8]) -> Result<C::Entry, StorageError<C::NodeId>> {
-        decode_value(bytes).map_err(|e| {
-            store_error(
-                self.writer.wal().dir(),
-                ErrorSubject::LogIndex(index),
-                ErrorVerb::Read,
-                e,
-            )
-        })
+    /// The entry at `index`, stored in `version`, with that version's decoder.
+    fn decode_entry(
+        &self,
+        index: u64,
+        version: u16,
+        bytes: &[u8],
+    ) -> Result<C::Entry, StorageError<C::NodeId>> {
+        let dir = self.writer.wal().dir();
+        check_version(version, dir)
+            .and_then(|version| C::decode_entry(version, bytes))
+            .map_err(|e| store_error(dir, ErrorSubject::LogIndex(index), ErrorVerb::Read, e))
     }
 }
 
-fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, redb::Error> {
+/// The value under `key` of the meta table and the version it is in.
+fn read_meta(db: &Database, key: &'static str) -> Result<Option<Stored>, redb::Error> {
     let txn = db.begin_read()?;
     let table = txn.open_table(META_TABLE)?;
-    let value = table.get(key)?.map(|v| v.value().to_vec());
-    Ok(value)
+    let Some(bytes) = table.get(key)?.map(|v| v.value().to_vec()) else {
+        return Ok(None);
+    };
+    let version = match table.get(version_key(key))? {
+        Some(raw) => match <[u8; 2]>::try_from(raw.value()) {
+            Ok(raw) => u16::from_le_bytes(raw),
+            // Not a version this or any build wrote: refused as unreadable by the codec.
+            Err(_) => u16::MAX,
+        },
+        None => VERSION_OF_UNRECORDED,
+    };
+    Ok(Some(Stored { version, bytes }))
 }
 
 /// Builds a [`StorageError`] whose message names the database file.
@@ -318,7 +307,7 @@ fn last_in((_, end): (Bound<u64>, Bound<u64>)) -> Option<u64> {
     }
 }
 
-impl<C: RaftTypeConfig> RaftLogReader<C> for RaftLogStore<C> {
+impl<C: VersionedEntries> RaftLogReader<C> for RaftLogStore<C> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
@@ -341,7 +330,7 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RaftLogStore<C> {
             first.saturating_sub(1).min(last_index)
         });
         let disk_end = last_in(bounds).map_or(disk_end, |end| end.min(disk_end));
-        let mut raw: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut raw: Vec<(u64, Stored)> = Vec::new();
         if tail.first().is_none_or(|(first, _)| *first > start) && disk_end >= start {
             let disk = (Bound::Included(start), Bound::Included(disk_end));
             raw = if is_small(disk) {
@@ -357,17 +346,18 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for RaftLogStore<C> {
             };
         }
         let mut out = Vec::with_capacity(raw.len() + tail.len());
-        for (index, bytes) in &raw {
-            out.push(self.decode_entry(*index, bytes)?);
+        for (index, stored) in &raw {
+            out.push(self.decode_entry(*index, stored.version, &stored.bytes)?);
         }
+        // Queued by this process: the current version.
         for (index, bytes) in &tail {
-            out.push(self.decode_entry(*index, bytes)?);
+            out.push(self.decode_entry(*index, RAFT_LOG.current, bytes)?);
         }
         Ok(out)
     }
 }
 
-impl<C: RaftTypeConfig> RaftLogStorage<C> for RaftLogStore<C> {
+impl<C: VersionedEntries> RaftLogStorage<C> for RaftLogStore<C> {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
@@ -389,7 +379,11 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RaftLogStore<C> {
             }
         };
         let last_log_id = match last.first() {
-            Some((index, bytes)) => Some(self.decode_entry(*index, bytes)?.get_log_id().clone()),
+            Some((index, stored)) => Some(
+                self.decode_entry(*index, stored.version, &stored.bytes)?
+                    .get_log_id()
+                    .clone(),
+            ),
             None => last_purged_log_id.clone(),
         };
         Ok(LogState {

@@ -61,17 +61,27 @@ use openraft::{LogId, NodeId};
 use redb::{Database, Durability};
 use tokio::sync::{oneshot, watch};
 
+use quotient_common::version::RAFT_LOG;
+
 use super::wal::{Record, Wal};
 
-/// The table of log entries of a data directory written before the log moved to [`Wal`]: read
-/// once, at open, to move them there.
-pub const LOGS_TABLE: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("raft_log");
 /// The table of single values: the vote and the last purged log id.
 pub const META_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("raft_meta");
 /// [`META_TABLE`] key of the vote.
 pub const KEY_VOTE: &str = "vote";
 /// [`META_TABLE`] key of the last purged log id.
 pub const KEY_LAST_PURGED: &str = "last_purged";
+
+/// The [`META_TABLE`] key of the version of the Raft log encoding the value under `key` is in
+/// (u16, little-endian), written in the same transaction. A value written before versions
+/// were recorded has none: it is `codec::VERSION_OF_UNRECORDED`.
+pub fn version_key(key: &str) -> &'static str {
+    match key {
+        KEY_VOTE => "vote_version",
+        KEY_LAST_PURGED => "last_purged_version",
+        other => unreachable!("the meta key {other} has no version key"),
+    }
+}
 
 /// Most queued writes the thread takes into one log write; bounds a write's size.
 pub const WRITE_BATCH_OPS_MAX: usize = 4_096;
@@ -630,12 +640,11 @@ fn write_batch<NID: NodeId>(
             }
             Op::Vote { bytes, .. } => {
                 flush(&mut records)?;
-                write_meta(&shared.db, &[(KEY_VOTE, bytes)]).map_err(|error| context(&error))?;
+                write_meta(&shared.db, KEY_VOTE, bytes).map_err(|error| context(&error))?;
             }
             Op::Purge { upto, purged, .. } => {
                 flush(&mut records)?;
-                write_meta(&shared.db, &[(KEY_LAST_PURGED, purged)])
-                    .map_err(|error| context(&error))?;
+                write_meta(&shared.db, KEY_LAST_PURGED, purged).map_err(|error| context(&error))?;
                 shared.wal.purge(*upto).map_err(|error| wal_error(&error))?;
                 last_index = last_index.max(Some(*upto));
             }
@@ -646,15 +655,15 @@ fn write_batch<NID: NodeId>(
     Ok((last_index, generation, committed))
 }
 
-/// Writes `values` under their keys of the meta table in one transaction, synced.
-fn write_meta(db: &Database, values: &[(&str, &[u8])]) -> Result<(), redb::Error> {
+/// Writes `value` under `key` of the meta table, with the version it is encoded in, in one
+/// transaction, synced.
+fn write_meta(db: &Database, key: &str, value: &[u8]) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate);
     {
         let mut meta = txn.open_table(META_TABLE)?;
-        for (key, value) in values {
-            meta.insert(*key, *value)?;
-        }
+        meta.insert(key, value)?;
+        meta.insert(version_key(key), RAFT_LOG.current.to_le_bytes().as_slice())?;
     }
     txn.commit()?;
     Ok(())

@@ -6,11 +6,10 @@
 //! openraft re-applies the committed log after it.
 //!
 //! # Layout
-//! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes.
+//! - [`codec`]: bincode 2 (through serde) with size limits; how stored values become bytes, and
+//!   the version of the Raft log encoding each is read back with.
 //! - [`log_store`]: [`RaftLogStore`], openraft's storage-v2 log store and log reader.
 //! - [`wal`]: the log's segment files: append-only records, synced, replayed on open.
-//! - [`committed_file`], [`legacy`]: the committed-id file and the redb log table of data
-//!   directories written before [`wal`], moved into it on open.
 //! - [`log_writer`]: the log store's writer thread (group commit), and [`LogDurability`],
 //!   what the Raft network waits on before it lets a commit be seen.
 //! - [`state_machine`]: [`QuotientStateMachine`], openraft's storage-v2 state machine, and the
@@ -19,8 +18,6 @@
 //!   data and [`Outcomes`] (one `quotient_core::Outcome` per command) as the response.
 
 pub mod codec;
-pub mod committed_file;
-pub mod legacy;
 pub mod log_store;
 pub mod log_writer;
 pub mod state_machine;

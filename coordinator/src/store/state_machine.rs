@@ -10,9 +10,14 @@
 //! file left by a write that never finished (a crash, a full disk) is removed on open: it is
 //! never read, and on a full disk it holds the space the next snapshot needs.
 //!
-//! The snapshot file is `MAGIC | meta length (u64 LE) | state length (u64 LE) | meta | state`,
-//! with the metadata in the store's codec and the state in `State::to_snapshot_bytes`; every
-//! length is checked against a named limit before anything is allocated. Building one holds
+//! The snapshot file is `QSNAP | version (3 ASCII digits) | meta length (u64 LE) | state length
+//! (u64 LE) | meta | state`, with the metadata in the store's codec and the state in
+//! `State::to_snapshot_bytes`; every length is checked against a named limit before anything
+//! is allocated. The version is the file's layout (`quotient_common::version::SNAPSHOT_FILE`):
+//! in version 1 (`QSNAP001`) the state had no header of its own and was version 1 of the
+//! state's encoding; in version 2 it starts with its own version, as it travels to followers.
+//! A file of version 1 is read as the state it holds, with that header added, so what a
+//! follower is sent is always the same form. Building one holds
 //! the state's lock only to capture it (`State::capture_snapshot`: the small fields encoded,
 //! the job table and the idempotency keys cloned copy-on-write); the jobs and keys are encoded
 //! after, while applies go on.
@@ -36,8 +41,9 @@ use openraft::{
     AnyError, BasicNode, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
     RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
 };
+use quotient_common::version::{VersionError, Writer, SNAPSHOT_FILE};
 use quotient_core::limits::SNAPSHOT_BYTES_MAX;
-use quotient_core::{ApplyCtx, Command, Outcome, SnapshotError, State};
+use quotient_core::{ApplyCtx, Command, Outcome, SnapshotError, State, SNAPSHOT_STATE_MAGIC};
 
 use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
 use super::type_config::{Entry, NodeId, Outcomes, Request, TypeConfig};
@@ -50,11 +56,11 @@ pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
 /// The temporary file a new snapshot is written to before it is renamed over the old one.
 pub const SNAPSHOT_TMP_FILE_NAME: &str = "snapshot.bin.tmp";
 
-/// The first bytes of a snapshot file: format name and version.
-const SNAPSHOT_MAGIC: [u8; 8] = *b"QSNAP001";
+/// The first bytes of a snapshot file; its version follows, in three ASCII digits.
+const SNAPSHOT_MAGIC: [u8; 5] = *b"QSNAP";
 
-/// Magic, metadata length, state length.
-const SNAPSHOT_HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + 8 + 8;
+/// Magic, version, metadata length, state length.
+const SNAPSHOT_HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + 3 + 8 + 8;
 
 /// The largest snapshot file that is read back: header, metadata and the largest state.
 pub const MAX_SNAPSHOT_FILE_BYTES: u64 =
@@ -69,9 +75,12 @@ pub enum SnapshotFileError {
     /// Reading, writing, syncing or renaming the file failed.
     #[error("snapshot file I/O: {0}")]
     Io(#[from] std::io::Error),
-    /// The file does not start with the snapshot magic.
+    /// The file does not start with the snapshot magic and a version.
     #[error("not a Quotient snapshot file (bad magic)")]
     BadMagic,
+    /// The file's layout is a version this build does not read.
+    #[error(transparent)]
+    Version(#[from] VersionError),
     /// The lengths in the header do not match the file, or exceed their limits.
     #[error("corrupted snapshot file: {0}")]
     Corrupted(String),
@@ -460,6 +469,7 @@ fn write_snapshot_file(dir: &Path, meta: &Meta, state: &[u8]) -> Result<(), Snap
     let file = File::create(&tmp)?;
     let mut writer = BufWriter::new(file);
     writer.write_all(&SNAPSHOT_MAGIC)?;
+    writer.write_all(format!("{:03}", SNAPSHOT_FILE.current).as_bytes())?;
     writer.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
     writer.write_all(&(state.len() as u64).to_le_bytes())?;
     writer.write_all(&meta_bytes)?;
@@ -530,22 +540,48 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFil
         .map_err(|_| SnapshotFileError::Corrupted(format!("file of {len} bytes")))?;
     let mut bytes = Vec::with_capacity(capacity);
     file.read_to_end(&mut bytes)?;
-    let (meta, state_start) = parse_snapshot_header(&bytes)?;
-    bytes.drain(..state_start);
+    let (version, meta, state_start) = parse_snapshot_header(&bytes, &path)?;
+    // One arm per layout this build reads: the state in the form it travels in.
+    match version {
+        1 => {
+            // The state of the first layout is version 1 of its encoding, without a header.
+            let mut header = SNAPSHOT_STATE_MAGIC.to_vec();
+            header.extend_from_slice(&1u16.to_le_bytes());
+            bytes.splice(..state_start, header);
+        }
+        _ => {
+            bytes.drain(..state_start);
+        }
+    }
     Ok(Some((meta, bytes)))
 }
 
-/// Checks the header of a whole snapshot file; returns the metadata and where the state starts.
-fn parse_snapshot_header(bytes: &[u8]) -> Result<(Meta, usize), SnapshotFileError> {
+/// Checks the header of a whole snapshot file at `path`; returns its layout's version, the
+/// metadata and where the state starts.
+fn parse_snapshot_header(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(u16, Meta, usize), SnapshotFileError> {
+    let (magic, rest) = bytes
+        .split_at_checked(SNAPSHOT_MAGIC.len())
+        .ok_or(SnapshotFileError::BadMagic)?;
+    if magic != SNAPSHOT_MAGIC {
+        return Err(SnapshotFileError::BadMagic);
+    }
+    let (digits, rest) = rest
+        .split_at_checked(3)
+        .ok_or(SnapshotFileError::BadMagic)?;
+    let version = std::str::from_utf8(digits)
+        .ok()
+        .filter(|digits| digits.bytes().all(|byte| byte.is_ascii_digit()))
+        .and_then(|digits| digits.parse::<u16>().ok())
+        .ok_or(SnapshotFileError::BadMagic)?;
+    let version = SNAPSHOT_FILE.check(version, Writer::File(path.display().to_string()))?;
     if bytes.len() < SNAPSHOT_HEADER_BYTES {
         return Err(SnapshotFileError::Corrupted(format!(
             "file of {} bytes is shorter than the header",
             bytes.len()
         )));
-    }
-    let (magic, rest) = bytes.split_at(SNAPSHOT_MAGIC.len());
-    if magic != SNAPSHOT_MAGIC {
-        return Err(SnapshotFileError::BadMagic);
     }
     let (meta_len, rest) = read_len(rest)?;
     let (state_len, _) = read_len(rest)?;
@@ -568,7 +604,7 @@ fn parse_snapshot_header(bytes: &[u8]) -> Result<(Meta, usize), SnapshotFileErro
         )));
     }
     let meta = decode_value(&bytes[SNAPSHOT_HEADER_BYTES..state_start])?;
-    Ok((meta, state_start))
+    Ok((version, meta, state_start))
 }
 
 /// Reads one little-endian u64 length as a usize.

@@ -51,6 +51,9 @@ openraft::declare_raft_types!(
         AsyncRuntime = TokioRuntime,
 );
 
+/// Entries of version 1 of the Raft log encoding, the only one so far, are read as they are.
+impl super::codec::VersionedEntries for TypeConfig {}
+
 /// A coordinator's Raft node id.
 pub type NodeId = u64;
 

@@ -11,12 +11,15 @@
 //! # Format
 //!
 //! A segment is a sequence of records, each 8-byte aligned:
-//! `magic u32 | kind u8 | 3 zero bytes | payload length u32 | index u64 | batch u64 | crc u32 |
-//! 8 zero bytes | payload`, little-endian, the CRC32 covering everything before it except the
-//! magic, and the payload. Kinds: an entry (index = its log index, payload = the encoded
-//! entry), the committed id (payload = its encoding) and a truncation (index = the first index
-//! removed). `batch` numbers the writes of the log: every record of one [`Wal::write`] carries
-//! the same number, one more than the write before.
+//! `magic u32 | kind u8 | version u16 | zero byte | payload length u32 | index u64 | batch u64 |
+//! crc u32 | 8 zero bytes | payload`, little-endian, the CRC32 covering everything before it
+//! except the magic, and the payload. Kinds: an entry (index = its log index, payload = the
+//! encoded entry), the committed id (payload = its encoding) and a truncation (index = the
+//! first index removed). `version` is the version of the Raft log encoding
+//! (`quotient_common::version::RAFT_LOG`) the payload is in, so that a log written partly by an
+//! older build reads back with each record's own decoder; records written before versions were
+//! recorded hold zeros there and are version 1. `batch` numbers the writes of the log: every
+//! record of one [`Wal::write`] carries the same number, one more than the write before.
 //!
 //! # Writing
 //!
@@ -44,7 +47,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::codec::MAX_ENTRY_BYTES;
+use quotient_common::version::RAFT_LOG;
+
+use super::codec::{MAX_ENTRY_BYTES, VERSION_OF_UNRECORDED};
 
 /// The log's directory inside the data directory.
 pub const WAL_DIR_NAME: &str = "raft-wal";
@@ -64,6 +69,16 @@ const ALIGN: usize = 8;
 const KIND_ENTRY: u8 = 1;
 const KIND_COMMITTED: u8 = 2;
 const KIND_TRUNCATE: u8 = 3;
+/// The version field of records written before versions were recorded; read as
+/// [`VERSION_OF_UNRECORDED`].
+const VERSION_UNRECORDED: u16 = 0;
+
+/// A payload as read back, with the version of the Raft log encoding it was written in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub version: u16,
+    pub bytes: Vec<u8>,
+}
 
 /// One record to write.
 #[derive(Debug, Clone, Copy)]
@@ -159,7 +174,7 @@ struct Active {
     zeroed_end: u64,
     batch: u64,
     /// The last committed record written, copied into each new segment.
-    committed: Option<Vec<u8>>,
+    committed: Option<Stored>,
 }
 
 /// The write-ahead log: one writer (the store's writer thread), any number of readers.
@@ -180,7 +195,7 @@ pub struct WriteStall<'a>(#[allow(dead_code)] MutexGuard<'a, Active>);
 #[derive(Debug)]
 pub struct Recovered {
     /// The last committed record's payload.
-    pub committed: Option<Vec<u8>>,
+    pub committed: Option<Stored>,
 }
 
 fn io_error(path: &Path) -> impl Fn(io::Error) -> WalError + '_ {
@@ -210,12 +225,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Appends one record's bytes to `out`.
-fn encode_record(out: &mut Vec<u8>, kind: u8, index: u64, batch: u64, payload: &[u8]) {
+/// Appends one record's bytes to `out`; `version` is its payload's.
+fn encode_record(
+    out: &mut Vec<u8>,
+    kind: u8,
+    version: u16,
+    index: u64,
+    batch: u64,
+    payload: &[u8],
+) {
     let start = out.len();
     out.extend_from_slice(&MAGIC.to_le_bytes());
     out.push(kind);
-    out.extend_from_slice(&[0; 3]);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.push(0);
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&index.to_le_bytes());
     out.extend_from_slice(&batch.to_le_bytes());
@@ -231,6 +254,8 @@ fn encode_record(out: &mut Vec<u8>, kind: u8, index: u64, batch: u64, payload: &
 /// A record as read back.
 struct Parsed<'a> {
     kind: u8,
+    /// The payload's version ([`VERSION_UNRECORDED`] read as what it means).
+    version: u16,
     index: u64,
     batch: u64,
     payload: &'a [u8],
@@ -282,8 +307,13 @@ fn parse_record(bytes: &[u8]) -> Slot<'_> {
     if crc.finalize() != u32_at(28) {
         return Slot::Invalid("checksum mismatch");
     }
+    let version = match u16::from_le_bytes([bytes[5], bytes[6]]) {
+        VERSION_UNRECORDED => VERSION_OF_UNRECORDED,
+        version => version,
+    };
     Slot::Valid(Parsed {
         kind,
+        version,
         index: u64_at(12),
         batch: u64_at(20),
         payload,
@@ -380,7 +410,12 @@ impl Wal {
                             KIND_TRUNCATE => {
                                 index.entries.split_off(&record.index);
                             }
-                            _ => committed = Some(record.payload.to_vec()),
+                            _ => {
+                                committed = Some(Stored {
+                                    version: record.version,
+                                    bytes: record.payload.to_vec(),
+                                })
+                            }
                         }
                         batch = batch.max(record.batch);
                         offset += record.size;
@@ -446,7 +481,7 @@ impl Wal {
         dir: &Path,
         number: u64,
         batch: u64,
-        committed: Option<Vec<u8>>,
+        committed: Option<Stored>,
     ) -> Result<Active, WalError> {
         let path = dir.join(segment_name(number));
         let file = OpenOptions::new()
@@ -489,7 +524,11 @@ impl Wal {
             // A new segment first says what is committed, so that removing older segments
             // never loses the newest committed id.
             if let Some(committed) = &active.committed {
-                encode_record(&mut bytes, KIND_COMMITTED, 0, batch, committed);
+                let Stored {
+                    version,
+                    bytes: payload,
+                } = committed;
+                encode_record(&mut bytes, KIND_COMMITTED, *version, 0, batch, payload);
             }
         }
         let mut placed = Vec::new();
@@ -504,18 +543,39 @@ impl Wal {
                     if payload.len() > RECORD_PAYLOAD_MAX {
                         return Err(WalError::RecordTooLarge(payload.len()));
                     }
-                    encode_record(&mut bytes, KIND_ENTRY, index, batch, payload);
+                    encode_record(
+                        &mut bytes,
+                        KIND_ENTRY,
+                        RAFT_LOG.current,
+                        index,
+                        batch,
+                        payload,
+                    );
                     placed.push((index, at, payload.len() as u32));
                 }
                 Record::Committed { bytes: payload } => {
                     if payload.len() > RECORD_PAYLOAD_MAX {
                         return Err(WalError::RecordTooLarge(payload.len()));
                     }
-                    encode_record(&mut bytes, KIND_COMMITTED, 0, batch, payload);
+                    encode_record(
+                        &mut bytes,
+                        KIND_COMMITTED,
+                        RAFT_LOG.current,
+                        0,
+                        batch,
+                        payload,
+                    );
                     committed = Some(payload);
                 }
                 Record::Truncate { since } => {
-                    encode_record(&mut bytes, KIND_TRUNCATE, since, batch, &[]);
+                    encode_record(
+                        &mut bytes,
+                        KIND_TRUNCATE,
+                        RAFT_LOG.current,
+                        since,
+                        batch,
+                        &[],
+                    );
                 }
             }
         }
@@ -536,7 +596,10 @@ impl Wal {
         active.position = end;
         active.batch = batch;
         if let Some(payload) = committed {
-            active.committed = Some(payload.to_vec());
+            active.committed = Some(Stored {
+                version: RAFT_LOG.current,
+                bytes: payload.to_vec(),
+            });
         }
         let segment = active.number;
         drop(active);
@@ -620,8 +683,8 @@ impl Wal {
         Some((*first, *last))
     }
 
-    /// The encoded entries with indexes in `start..=end`, in order.
-    pub fn read(&self, start: u64, end: u64) -> Result<Vec<(u64, Vec<u8>)>, WalError> {
+    /// The encoded entries with indexes in `start..=end`, in order, each with its version.
+    pub fn read(&self, start: u64, end: u64) -> Result<Vec<(u64, Stored)>, WalError> {
         if end < start {
             return Ok(Vec::new());
         }
@@ -651,7 +714,13 @@ impl Wal {
                 .map_err(io_error(&path))?;
             match parse_record(&bytes) {
                 Slot::Valid(record) if record.kind == KIND_ENTRY && record.index == entry => {
-                    out.push((entry, record.payload.to_vec()));
+                    out.push((
+                        entry,
+                        Stored {
+                            version: record.version,
+                            bytes: record.payload.to_vec(),
+                        },
+                    ));
                 }
                 Slot::Valid(_) => {
                     return Err(WalError::Damaged {
@@ -700,6 +769,27 @@ mod tests {
         wal.write(&Record::entries(entries)).expect("write");
     }
 
+    /// The payloads of the entries in `start..=end`, each checked to be of this build's
+    /// version.
+    fn read(wal: &Wal, start: u64, end: u64) -> Vec<(u64, Vec<u8>)> {
+        wal.read(start, end)
+            .expect("read")
+            .into_iter()
+            .map(|(index, stored)| {
+                assert_eq!(stored.version, RAFT_LOG.current, "entry {index}");
+                (index, stored.bytes)
+            })
+            .collect()
+    }
+
+    /// The payload of a recovered committed id.
+    fn committed_bytes(recovered: &Recovered) -> Option<&[u8]> {
+        recovered
+            .committed
+            .as_ref()
+            .map(|stored| stored.bytes.as_slice())
+    }
+
     #[test]
     fn entries_truncations_and_the_committed_id_replay_after_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -719,7 +809,7 @@ mod tests {
             ])
             .expect("write");
             assert_eq!(
-                wal.read(1, 3).expect("read"),
+                read(&wal, 1, 3),
                 vec![entry(1, "a"), entry(2, "b"), entry(3, "C")]
             );
             wal.write(&[Record::Truncate { since: 2 }])
@@ -727,8 +817,52 @@ mod tests {
             assert_eq!(wal.bounds(), Some((1, 1)));
         }
         let (wal, recovered) = Wal::open(dir.path(), None).expect("reopen");
-        assert_eq!(recovered.committed.as_deref(), Some(&b"c2"[..]));
-        assert_eq!(wal.read(0, 10).expect("read"), vec![entry(1, "a")]);
+        assert_eq!(committed_bytes(&recovered), Some(&b"c2"[..]));
+        assert_eq!(read(&wal, 0, 10), vec![entry(1, "a")]);
+    }
+
+    #[test]
+    fn each_record_reads_back_with_its_version_and_unrecorded_ones_as_version_1() {
+        // Proves the version in a record's header comes back with its payload, so that a log
+        // written partly by another build decodes each record by its own version; and that a
+        // record written before versions were recorded (zeros there) is version 1.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log_dir = dir.path().join(WAL_DIR_NAME);
+        std::fs::create_dir_all(&log_dir).expect("mkdir");
+        let mut bytes = Vec::new();
+        encode_record(&mut bytes, KIND_ENTRY, VERSION_UNRECORDED, 1, 1, b"old");
+        encode_record(&mut bytes, KIND_COMMITTED, 7, 0, 1, b"c-newer");
+        encode_record(&mut bytes, KIND_ENTRY, 7, 2, 2, b"newer");
+        std::fs::write(log_dir.join(segment_name(1)), &bytes).expect("write a segment");
+        let (wal, recovered) = Wal::open(dir.path(), None).expect("open");
+        let versions: Vec<(u64, u16)> = wal
+            .read(1, 2)
+            .expect("read")
+            .into_iter()
+            .map(|(index, stored)| (index, stored.version))
+            .collect();
+        assert_eq!(versions, vec![(1, VERSION_OF_UNRECORDED), (2, 7)]);
+        assert_eq!(
+            recovered.committed,
+            Some(Stored {
+                version: 7,
+                bytes: b"c-newer".to_vec()
+            })
+        );
+        // This build writes its own version, and a new segment copies the committed id with
+        // the version it was written in.
+        write_entries(&wal, &[entry(3, "current")]);
+        assert_eq!(wal.read(3, 3).expect("read")[0].1.version, RAFT_LOG.current);
+        let mut active = lock(&wal.active);
+        wal.roll(&mut active).expect("roll");
+        drop(active);
+        write_entries(&wal, &[entry(4, "next")]);
+        drop(wal);
+        // Only the new segment's copy of the committed id remains to be read.
+        std::fs::remove_file(log_dir.join(segment_name(1))).expect("remove the first");
+        let (_, recovered) = Wal::open(dir.path(), None).expect("reopen");
+        assert_eq!(std::fs::read_dir(&log_dir).expect("list").count(), 1);
+        assert_eq!(recovered.committed.map(|stored| stored.version), Some(7));
     }
 
     #[test]
@@ -748,7 +882,7 @@ mod tests {
         drop(file);
         {
             let (wal, _) = Wal::open(dir.path(), None).expect("a torn tail opens");
-            assert_eq!(wal.read(0, 10).expect("read"), vec![entry(1, "first")]);
+            assert_eq!(read(&wal, 0, 10), vec![entry(1, "first")]);
             write_entries(&wal, &[entry(2, "again")]);
             write_entries(&wal, &[entry(3, "more")]);
         }
@@ -780,13 +914,13 @@ mod tests {
         drop(file);
         {
             let (wal, _) = Wal::open(dir.path(), None).expect("reopen");
-            assert_eq!(wal.read(0, 10).expect("read"), vec![entry(1, "aaaaa")]);
+            assert_eq!(read(&wal, 0, 10), vec![entry(1, "aaaaa")]);
             // The same size as entry 2, so it ends where the stale entry 3 begins.
             write_entries(&wal, &[entry(2, "after")]);
         }
         let (wal, _) = Wal::open(dir.path(), None).expect("reopen again");
         assert_eq!(
-            wal.read(0, 10).expect("read"),
+            read(&wal, 0, 10),
             vec![entry(1, "aaaaa"), entry(2, "after")],
             "the stale entry 3 was zeroed when the torn write was dropped"
         );
@@ -816,7 +950,7 @@ mod tests {
         }
         let (wal, recovered) = Wal::open(dir.path(), None).expect("reopen");
         assert_eq!(
-            recovered.committed.as_deref(),
+            committed_bytes(&recovered),
             Some(&b"old"[..]),
             "the committed id outlives the segment it was first written in"
         );
@@ -953,17 +1087,13 @@ mod tests {
                 .map_or(before_last, |(_, state)| state.clone());
 
             let check = |wal: &Wal, recovered: &Recovered, expected: &Model| {
-                let read: BTreeMap<u64, Vec<u8>> = wal
-                    .read(0, u64::MAX - 1)
-                    .expect("read")
-                    .into_iter()
-                    .collect();
+                let read: BTreeMap<u64, Vec<u8>> = read(wal, 0, u64::MAX - 1).into_iter().collect();
                 let summary = |entries: &BTreeMap<u64, Vec<u8>>| -> Vec<(u64, usize)> {
                     entries.iter().map(|(index, bytes)| (*index, bytes.len())).collect()
                 };
                 assert_eq!(summary(&read), summary(&expected.entries));
                 assert_eq!(&read, &expected.entries);
-                assert_eq!(&recovered.committed, &expected.committed);
+                assert_eq!(committed_bytes(recovered), expected.committed.as_deref());
             };
             let (wal, recovered) = Wal::open(dir.path(), None).expect("reopen after the crash");
             check(&wal, &recovered, &expected);
