@@ -4,12 +4,14 @@
 //! - [`agent_api`]: the agent protocol's messages and the fencing epoch.
 //! - [`api`]: the client API's requests, responses and views (spec/cli.md's JSON).
 //! - [`cluster_id`]: a cluster's identity, carried in every exchange between its parts.
+//! - [`error_code`]: the stable code of every error a client can get (docs/errors.md).
 //! - [`name`]: validation of share, job and node names.
 //! - [`gpu_class`]: normalised GPU class names, mapped from NVML model strings.
 //! - [`share`]: the share spec (limits, strategy, borrow limit, in-share preemption, state).
 //! - [`job`]: the job spec, job ids and job states.
 //! - [`node`]: node inventory (GPUs per host) and node states.
 //! - [`spec_error`]: the validation error every spec returns, worded to say what to do.
+//! - [`rejection`]: why the state machine refused a command, carried whole to clients.
 //!
 //! With the `net` feature (the coordinator, agent and CLI turn it on):
 //! - `certs`: the cluster CA and certificates that carry a role and a name (rcgen).
@@ -25,12 +27,14 @@ pub mod api;
 #[cfg(feature = "net")]
 pub mod certs;
 pub mod cluster_id;
+pub mod error_code;
 #[cfg(feature = "net")]
 pub mod frame;
 pub mod gpu_class;
 pub mod job;
 pub mod name;
 pub mod node;
+pub mod rejection;
 pub mod share;
 pub mod spec_error;
 #[cfg(feature = "net")]
@@ -39,8 +43,10 @@ pub mod tls;
 pub mod transport;
 
 pub use cluster_id::ClusterId;
+pub use error_code::ErrorCode;
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};
 pub use node::{GpuDevice, NodeInventory, NodeState, GPUS_PER_NODE_MAX};
+pub use rejection::Rejection;
 pub use share::{ShareSpec, ShareState, ShareUpdate, Strategy};
 pub use spec_error::SpecError;

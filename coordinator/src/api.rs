@@ -190,7 +190,7 @@ fn not_leader(forward: &ForwardToLeader<NodeId, BasicNode>) -> ApiError {
 }
 
 fn invalid(error: quotient_common::SpecError) -> ApiError {
-    ApiError::Rejected(Rejection::Invalid(error).to_string())
+    ApiError::Rejected(Rejection::Invalid(error))
 }
 
 impl ApiService {
@@ -273,7 +273,7 @@ impl ApiService {
                 return;
             }
         };
-        let kind = request_kind(request.unwrapped());
+        let kind = request.unwrapped().name();
         let narrow = how_to_narrow(&request);
         let response = self.handle(&peer, request).await;
         let frame = match answer_frame(&response, narrow) {
@@ -319,7 +319,7 @@ impl ApiService {
         };
         let peer = &caller;
         if let Err(error) = authorise(peer, &request) {
-            tracing::warn!(%peer, request = request_kind(&request), "refused an unauthorised api request");
+            tracing::warn!(%peer, request = request.name(), "refused an unauthorised api request");
             return ApiResponse::Error(error);
         }
         let deadline = Duration::from_millis(match request {
@@ -350,6 +350,12 @@ impl ApiService {
                 }
                 ApiResponse::Error(error)
             }
+            // A write may still commit after its deadline: the caller must not take this for a
+            // refusal. A read changed nothing, and is worth asking again.
+            Err(_) if write => ApiResponse::Error(ApiError::Uncertain(format!(
+                "no commit within {} ms (is a quorum of coordinators up?)",
+                deadline.as_millis()
+            ))),
             Err(_) => ApiResponse::Error(ApiError::Unavailable(format!(
                 "no answer within {} ms (is a quorum of coordinators up?)",
                 deadline.as_millis()
@@ -434,7 +440,7 @@ impl ApiService {
                     Outcome::JobSubmitted { job, duplicate } => {
                         Ok(ApiResponse::JobSubmitted { job, duplicate })
                     }
-                    other => Err(ApiError::Unavailable(format!(
+                    other => Err(ApiError::Internal(format!(
                         "unexpected outcome of a submit: {other:?}"
                     ))),
                 }
@@ -494,9 +500,7 @@ impl ApiService {
                     .state_machine
                     .read(|state| views::share_view_named(state, &name))
                     .map(ApiResponse::Share)
-                    .ok_or_else(|| {
-                        ApiError::NotFound(Rejection::UnknownShare(name.clone()).to_string())
-                    })
+                    .ok_or_else(|| ApiError::Rejected(Rejection::UnknownShare(name.clone())))
             }
             ApiRequest::GetJob { job } => {
                 self.linearizable().await?;
@@ -504,7 +508,7 @@ impl ApiService {
                     .state_machine
                     .read(|state| views::job_view_by_id(state, job))
                     .map(ApiResponse::Job)
-                    .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
+                    .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
             }
             ApiRequest::ListJobs { share, state } => {
                 self.linearizable().await?;
@@ -523,7 +527,7 @@ impl ApiService {
                         summary: explanation.summary,
                         details: explanation.details,
                     })
-                    .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
+                    .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
             }
             ApiRequest::JobLogs {
                 job,
@@ -557,7 +561,7 @@ impl ApiService {
                     |id| peers.refusal(id),
                 )))
             }
-            write => unreachable!("{} is answered by `answer`", request_kind(&write)),
+            write => unreachable!("{} is answered by `answer`", write.name()),
         }
     }
 
@@ -576,12 +580,12 @@ impl ApiService {
         self.inner
             .state_machine
             .read(|state| state.check_remove_node(node))
-            .map_err(|rejection| ApiError::Rejected(rejection.to_string()))?;
+            .map_err(ApiError::Rejected)?;
         if self.inner.agent_links.get(node).is_some() {
-            return Err(ApiError::Rejected(format!(
+            return Err(ApiError::Precondition(format!(
                 "the agent of node {node} is still connected: stop it on its host first, or it \
-                 registers the host again at once as a new, ready node; then run `quotient node \
-                 remove {node}` again"
+                 registers the host again at once as a new, ready node; then remove the node \
+                 again"
             )));
         }
         Ok(())
@@ -611,10 +615,10 @@ impl ApiService {
     }
 
     /// Proposes `command` and waits until it is committed and applied; a rejection is an
-    /// error.
+    /// error. A stopped proposer means this coordinator is shutting down: another serves.
     async fn write(&self, command: Command) -> Result<Outcome, ApiError> {
         match self.inner.proposer.propose(command).await {
-            Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection.to_string())),
+            Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection)),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
             Err(stopped) => Err(ApiError::Unavailable(stopped.to_string())),
@@ -635,9 +639,7 @@ impl ApiService {
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(quorum))) => Err(
                 ApiError::Unavailable(format!("the leader cannot reach a quorum: {quorum}")),
             ),
-            Err(RaftError::Fatal(fatal)) => {
-                Err(ApiError::Unavailable(format!("raft stopped: {fatal}")))
-            }
+            Err(RaftError::Fatal(fatal)) => Err(raft_stopped(&fatal)),
         }
     }
 
@@ -668,8 +670,8 @@ impl ApiService {
             let why = self.inner.peers.refusal(id).unwrap_or_else(|| {
                 format!("is it running, and reachable from the leader at {address}?")
             });
-            return Err(ApiError::Unavailable(format!(
-                "coordinator {id} was added as a learner but did not catch up within {} s, so it is not a voter: {why}; run add-member again once it is fixed",
+            return Err(ApiError::Precondition(format!(
+                "coordinator {id} was added as a learner but did not catch up within {} s, so it is not a voter: {why}; add it again once it is fixed",
                 LEARNER_CATCH_UP_MS / 1_000
             )));
         }
@@ -687,7 +689,7 @@ impl ApiService {
         let membership = metrics.membership_config.membership();
         if membership.get_node(&id).is_none() {
             return Err(ApiError::NotFound(format!(
-                "no coordinator {id} in the cluster: see `quotient cluster status`"
+                "no coordinator {id} in the cluster"
             )));
         }
         tracing::info!(id, "removing a coordinator");
@@ -738,45 +740,23 @@ pub fn answer_frame(response: &ApiResponse, narrow: &str) -> Result<Answer, Fram
     })
 }
 
-/// The request's name alone, for logs: a job's environment may hold secrets.
-fn request_kind(request: &ApiRequest) -> &'static str {
-    match request {
-        ApiRequest::CreateShare(_) => "CreateShare",
-        ApiRequest::UpdateShare { .. } => "UpdateShare",
-        ApiRequest::DeleteShare { .. } => "DeleteShare",
-        ApiRequest::ListShares => "ListShares",
-        ApiRequest::GetShare { .. } => "GetShare",
-        ApiRequest::SubmitJob(_) => "SubmitJob",
-        ApiRequest::GetJob { .. } => "GetJob",
-        ApiRequest::ListJobs { .. } => "ListJobs",
-        ApiRequest::UpdateJobPriority { .. } => "UpdateJobPriority",
-        ApiRequest::CancelJob { .. } => "CancelJob",
-        ApiRequest::ExplainJob { .. } => "ExplainJob",
-        ApiRequest::ListNodes => "ListNodes",
-        ApiRequest::CordonNode { .. } => "CordonNode",
-        ApiRequest::UncordonNode { .. } => "UncordonNode",
-        ApiRequest::DrainNode { .. } => "DrainNode",
-        ApiRequest::ClusterStatus => "ClusterStatus",
-        ApiRequest::AddMember { .. } => "AddMember",
-        ApiRequest::RemoveMember { .. } => "RemoveMember",
-        ApiRequest::Health => "Health",
-        ApiRequest::JobLogs { .. } => "JobLogs",
-        ApiRequest::ViaLeader(_) => "ViaLeader",
-        ApiRequest::Forwarded { .. } => "Forwarded",
-        ApiRequest::InCluster { .. } => "InCluster",
-        ApiRequest::InitCluster => "InitCluster",
-        ApiRequest::RemoveNode { .. } => "RemoveNode",
-    }
-}
-
 fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
-            ApiError::Rejected(format!("membership change refused: {change}"))
+            ApiError::Precondition(format!("membership change refused: {change}"))
         }
-        RaftError::Fatal(fatal) => ApiError::Unavailable(format!("raft stopped: {fatal}")),
+        RaftError::Fatal(fatal) => raft_stopped(&fatal),
     }
+}
+
+/// A Raft that stopped for good (a storage write failed, say): this coordinator serves nothing
+/// until it is restarted, so the error is `Internal`, not a retryable `Unavailable`.
+pub(crate) fn raft_stopped(fatal: &openraft::error::Fatal<NodeId>) -> ApiError {
+    ApiError::Internal(format!(
+        "raft stopped on this coordinator: {fatal}; its log says why, and it serves again once \
+         restarted"
+    ))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use quotient_common::transport::{
     self, quinn, rustls, Client, RequestError, ALPN_API, ALPN_RAFT, CLOSE_CODE_UNAUTHORISED,
     STREAM_CODE_BAD_FRAME, STREAM_CODE_FRAME_TOO_LARGE,
 };
-use quotient_common::{JobId, ShareUpdate};
+use quotient_common::{ErrorCode, JobId, ShareUpdate};
 use quotient_coordinator::network::{RaftRequest, RaftResponse};
 use quotient_coordinator::ClientError;
 use rustls::pki_types::pem::PemObject;
@@ -99,9 +99,13 @@ async fn raw_stream(client: &Client, address: &str, bytes: &[u8]) -> u64 {
     }
 }
 
-fn rejected(result: Result<ApiResponse, ClientError>) -> String {
+/// The text of the rejection `result` must be, which must carry `code`.
+fn rejected(result: Result<ApiResponse, ClientError>, code: ErrorCode) -> String {
     match result {
-        Err(ClientError::Api(ApiError::Rejected(text))) => text,
+        Err(ClientError::Api(error @ ApiError::Rejected(_))) => {
+            assert_eq!(error.code(), code, "{error}");
+            error.to_string()
+        }
         other => panic!("expected a rejection, got {other:?}"),
     }
 }
@@ -319,11 +323,11 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
     let before = (shares(&admin).await, jobs(&admin).await);
 
     eprintln!("--- unknown share");
-    let text = rejected(admin.call(ApiRequest::SubmitJob(job("nobody", 5))).await);
-    assert!(
-        text.contains("no share named nobody") && text.contains("quotient share list"),
-        "{text}"
+    let text = rejected(
+        admin.call(ApiRequest::SubmitJob(job("nobody", 5))).await,
+        ErrorCode::NotFound,
     );
+    assert!(text.contains("no share named nobody"), "{text}");
     let text = rejected(
         admin
             .call(ApiRequest::UpdateShare {
@@ -331,11 +335,15 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
                 update: ShareUpdate::default(),
             })
             .await,
+        ErrorCode::NotFound,
     );
     assert!(text.contains("no share named nobody"), "{text}");
 
     eprintln!("--- priority out of range");
-    let text = rejected(admin.call(ApiRequest::SubmitJob(job("team", 10_000))).await);
+    let text = rejected(
+        admin.call(ApiRequest::SubmitJob(job("team", 10_000))).await,
+        ErrorCode::InvalidArgument,
+    );
     assert!(text.contains("priority"), "{text}");
     let text = rejected(
         admin
@@ -344,11 +352,15 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
                 priority: 10_000,
             })
             .await,
+        ErrorCode::InvalidArgument,
     );
     assert!(text.contains("priority"), "{text}");
 
     eprintln!("--- duplicate share name");
-    let text = rejected(admin.call(ApiRequest::CreateShare(share("team"))).await);
+    let text = rejected(
+        admin.call(ApiRequest::CreateShare(share("team"))).await,
+        ErrorCode::Conflict,
+    );
     assert!(text.contains("already exists"), "{text}");
 
     eprintln!("--- deleting an enabled share");
@@ -358,9 +370,10 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
                 name: "team".to_string(),
             })
             .await,
+        ErrorCode::FailedPrecondition,
     );
     assert!(
-        text.contains("is enabled") && text.contains("--state disabled"),
+        text.contains("is enabled") && text.contains("disable it"),
         "{text}"
     );
 
@@ -379,7 +392,7 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
             node: "node-9".to_string(),
         },
     ] {
-        let text = rejected(admin.call(request).await);
+        let text = rejected(admin.call(request).await, ErrorCode::NotFound);
         assert!(text.contains("no node named node-9"), "{text}");
     }
     match admin.call(ApiRequest::ListNodes).await {
@@ -388,12 +401,11 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
     }
 
     eprintln!("--- unknown job");
-    match admin.call(ApiRequest::GetJob { job: JobId(999) }).await {
-        Err(ClientError::Api(ApiError::NotFound(text))) => {
-            assert!(text.contains("j-999"), "{text}")
-        }
-        other => panic!("expected not found, got {other:?}"),
-    }
+    let text = rejected(
+        admin.call(ApiRequest::GetJob { job: JobId(999) }).await,
+        ErrorCode::NotFound,
+    );
+    assert!(text.contains("j-999"), "{text}");
 
     eprintln!("--- a command and environment too large to launch");
     // The job: 256 values of 16,000 bytes pass every per-field limit, but execve
@@ -404,7 +416,10 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
             .env
             .insert(format!("VALUE_{index}"), "x".repeat(16_000));
     }
-    let text = rejected(admin.call(ApiRequest::SubmitJob(large)).await);
+    let text = rejected(
+        admin.call(ApiRequest::SubmitJob(large)).await,
+        ErrorCode::InvalidArgument,
+    );
     assert!(
         text.contains(&format!("over the limit of {LAUNCH_BYTES_MAX} bytes"))
             && text.contains("through a file"),
