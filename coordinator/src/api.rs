@@ -15,7 +15,7 @@
 //! - **Reads** are linearizable: `ensure_linearizable` on the leader, then the state machine.
 //!   `JobLogs` then asks the agent that ran the attempt ([`crate::job_logs`]).
 //! - A follower answers [`ApiError::NotLeader`] with the leader's id and address, which the
-//!   client follows ([`crate::client::ApiClient`] does; so does the CLI).
+//!   client follows (`quotient_client::ApiClient`, which the CLI uses too).
 //! - An answer over the frame limit ([`API_FRAME_BYTES_MAX`], e.g. `ListJobs` of a few
 //!   hundred thousand jobs) is not sent: the client gets [`ApiError::AnswerTooLarge`], which
 //!   says its size and how to narrow the request, and a warning is logged ([`answer_frame`]).
@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use openraft::{BasicNode, ChangeMembers};
+use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
     how_to_narrow, ApiError, ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX,
 };
@@ -43,7 +44,6 @@ use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
 use crate::agent_links::AgentLinks;
-use crate::client::{ApiClient, ClientError};
 use crate::identity::ClusterIdentity;
 use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
@@ -58,8 +58,8 @@ pub const API_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
 /// Deadline for answering one request, Raft commit included (milliseconds).
 pub const API_REQUEST_TIMEOUT_MS: u64 = 10_000;
 /// Longest a follower spends forwarding one request to the leader (milliseconds): less than
-/// a client's deadline for one attempt (`client::ATTEMPT_TIMEOUT_MS`, the CLI's 10 s), so
-/// that a forward that reached no leader comes back as "no leader yet", which the client
+/// a client's deadline for one attempt (`quotient_client::policy::ATTEMPT_DEADLINE_MS`, 12 s),
+/// so that a forward that reached no leader comes back as "no leader yet", which the client
 /// retries, rather than as a lost answer.
 pub const FORWARD_TIMEOUT_MS: u64 = 3_000;
 /// Deadline for a membership change: the new member must catch up first (milliseconds).
@@ -104,10 +104,11 @@ impl Forwarder {
                 return Ok(client.clone());
             }
         }
-        let client = ApiClient::over(Arc::clone(&self.client), vec![leader.to_string()])?
-            .with_cluster(self.identity.cluster());
+        let exchange = QuicExchange::over(Arc::clone(&self.client), self.identity.cluster());
+        let client =
+            ApiClient::with_exchange(exchange, vec![leader.to_string()], RetryPolicy::default())?;
         if let Some((_, old)) = cached.replace((leader.to_string(), client.clone())) {
-            old.close_connections();
+            old.close();
         }
         Ok(client)
     }
@@ -397,7 +398,7 @@ impl ApiService {
         let within = within.min(Duration::from_millis(FORWARD_TIMEOUT_MS));
         let client = match self.inner.forwarder.client_of(&leader) {
             Ok(client) => client.with_call_timeout(within),
-            Err(error) => return ApiResponse::Error(ApiError::Unavailable(error.to_string())),
+            Err(error) => return ApiResponse::Error(ApiError::Internal(error.to_string())),
         };
         let forwarded = ApiRequest::Forwarded {
             caller: caller.uri(),
@@ -408,14 +409,17 @@ impl ApiService {
             Err(ClientError::Api(error)) => ApiResponse::Error(error),
             // It reached no leader that would carry it out (the one this coordinator knows
             // is gone, or none is elected yet): as "no leader yet", which clients retry.
-            Err(ClientError::Unavailable { last, .. }) => {
-                tracing::debug!(%leader, %last, "could not forward a request to the leader");
+            Err(error @ (ClientError::Unavailable { .. } | ClientError::Unreachable { .. })) => {
+                tracing::debug!(%leader, %error, "could not forward a request to the leader");
                 ApiResponse::Error(ApiError::NotLeader {
                     leader_id: None,
                     leader_address: None,
                 })
             }
-            Err(error) => ApiResponse::Error(ApiError::Unavailable(format!(
+            Err(ClientError::Uncertain(why)) => ApiResponse::Error(ApiError::Uncertain(format!(
+                "forwarding to the leader at {leader}: {why}"
+            ))),
+            Err(error) => ApiResponse::Error(ApiError::Internal(format!(
                 "forwarding to the leader at {leader}: {error}"
             ))),
         }
@@ -832,47 +836,5 @@ mod tests {
             }
             other => panic!("expected AnswerTooLarge, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn an_answer_the_forwarding_client_cannot_read_is_not_called_a_bad_request() {
-        // Proves that a follower forwarding to a leader that could not send its answer whole
-        // (cut short) or sent one over the limit relays what happened, not "bad request".
-        let list = ApiRequest::ListJobs {
-            share: None,
-            state: None,
-        };
-        let cut_short = crate::client::unreadable_answer(
-            "leader:7401",
-            &list,
-            FrameError::Truncated {
-                expected: 4,
-                received: 0,
-            },
-        );
-        let text = cut_short.to_string();
-        assert!(
-            text.contains("cut short") && text.contains("--share NAME"),
-            "{text}"
-        );
-        assert!(!text.contains("bad request"), "{text}");
-        let too_large = crate::client::unreadable_answer(
-            "leader:7401",
-            &list,
-            FrameError::TooLarge {
-                size: 20_000_000,
-                limit: API_FRAME_BYTES_MAX,
-            },
-        );
-        assert!(
-            matches!(
-                too_large,
-                ApiError::AnswerTooLarge {
-                    size_bytes: 20_000_000,
-                    ..
-                }
-            ),
-            "{too_large:?}"
-        );
     }
 }

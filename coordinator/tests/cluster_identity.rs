@@ -7,9 +7,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use quotient_client::ClientError;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::ErrorCode;
-use quotient_coordinator::ClientError;
 use quotient_core::{apply, ApplyCtx, Command, State};
 use support::{
     create_share, holds_exactly, job, poll_until, submit, Cluster, CONVERGE, INIT_WITHIN,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use openraft::raft::VoteRequest;
 use openraft::Vote;
+use quotient_client::ClientError;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::certs::{self, PeerIdentity};
 use quotient_common::frame::MAX_FRAME_BYTES;
@@ -22,7 +23,6 @@ use quotient_common::transport::{
 };
 use quotient_common::{ErrorCode, JobId, ShareUpdate};
 use quotient_coordinator::network::{RaftRequest, RaftResponse};
-use quotient_coordinator::ClientError;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::{create_share, job, jobs, poll_until, share, shares, submit, Cluster, CONVERGE};
