@@ -11,8 +11,8 @@
 //! - A leader named by a follower that does not answer a handshake is handled by whether this
 //!   client could reach it when up. When its address is one of the client's, it is most likely
 //!   the leader just killed, and the follower has not noticed yet: the client waits briefly and
-//!   asks the follower again, until the follower names the new leader (an election: 0.6-1.2 s
-//!   here). When it is not (the coordinators know each other by names or addresses of a network
+//!   asks the follower again, until the follower names the new leader (the coordinators'
+//!   default Raft timing replaces a dead leader within about a second). When it is not (the coordinators know each other by names or addresses of a network
 //!   this client is not on), the request goes back to the follower wrapped as
 //!   [`ApiRequest::ViaLeader`], and the follower forwards it; the client remembers to wrap
 //!   from then on.

@@ -35,9 +35,9 @@ pub const CONNECT_PATIENCE_MS: u64 = 250;
 pub const REDIRECTS_MAX: u32 = 5;
 /// First pause while no leader is known (milliseconds); doubles up to the maximum.
 pub const BACKOFF_MS: u64 = 50;
-/// Longest pause while no leader is known (milliseconds). Short, because an election here
-/// takes about one election timeout (0.6-1.2 s) and the first try after it should come soon.
-pub const BACKOFF_MAX_MS: u64 = 200;
+/// Longest pause while no leader is known (milliseconds). Short, because a killed leader is
+/// replaced within about a second and the first try after that should come at once.
+pub const BACKOFF_MAX_MS: u64 = 100;
 
 /// How hard a call tries; [`RetryPolicy::default`] holds the constants above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
