@@ -8,7 +8,7 @@
 //! within the connect patience, while another coordinator is connected, gives up on it at once
 //! and asks another ([`HandshakeWait::patience`]). That is what makes a failover fast: the leader
 //! just killed never answers a handshake, and waiting out the whole connect deadline on it
-//! (as clients did) cost every command issued during the election 2-3 s.
+//! would add that deadline to every command issued during the election.
 //!
 //! When the client's config names a cluster, every request is sent wrapped in
 //! [`ApiRequest::InCluster`], so that a coordinator of another cluster refuses it.

@@ -140,7 +140,7 @@ pub fn authorise(peer: &PeerIdentity, request: &ApiRequest) -> Result<(), ApiErr
         "a user or admin certificate"
     };
     Err(ApiError::Unauthorized(format!(
-        "{peer} may not do this; it needs {needed} (issue one with `quotient certs issue --role ...`)"
+        "{peer} may not do this; it needs {needed}"
     )))
 }
 

@@ -20,9 +20,9 @@ pub const HEARTBEAT_INTERVAL_DEFAULT_MS: u64 = 100;
 ///
 /// openraft 0.9 has a follower that heard a leader wait out a lease (the upper bound) and then
 /// an election timeout (between the bounds) before it stands, so a killed leader is replaced
-/// after 2 to 2.5 times these numbers. 300-500 ms puts that at 0.8-1.0 s, so that a command
-/// issued as the leader dies is answered within 1.5 s (BENCHMARKS.md); with 600-1,200 ms it
-/// took 1.8-2.4 s. A standing follower still needs 8 missed heartbeats at the least.
+/// after the upper bound plus a timeout. 300-500 ms puts that at 0.8-1.0 s, so that a command
+/// issued as the leader dies is answered within 1.5 s (BENCHMARKS.md). A follower still stands
+/// only after 8 heartbeats missed in a row at the least.
 pub const ELECTION_TIMEOUT_MIN_DEFAULT_MS: u64 = 300;
 /// Default upper bound of the election timeout, and the leader lease a follower waits out
 /// first (milliseconds).
