@@ -43,7 +43,11 @@ impl Session {
             .context("cannot load the certificate named by the client config")?;
         let client = ApiClient::with_identity(config.coordinators.clone(), identity)
             .context("the client config lists no coordinators")?
-            .with_cluster(config.cluster_id);
+            .with_cluster(config.cluster_id)
+            .with_policy(RetryPolicy {
+                fail_fast_unreachable: true,
+                ..RetryPolicy::default()
+            });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -51,7 +55,8 @@ impl Session {
         Ok(Session { client, runtime })
     }
 
-    /// Replaces the retry policy (dev up waits less per probe, as it polls).
+    /// Replaces the retry policy (dev up waits less per probe, as it polls, and for
+    /// coordinators still starting).
     pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
         self.client = self.client.clone().with_policy(policy);
         self

@@ -2,8 +2,9 @@
 //!
 //! The client is given any subset of the coordinators. A client that has no connection yet
 //! connects to all of them at once and starts with the first that answers; if none does, it
-//! fails at once with what each said (a stopped cluster should not cost a person the whole
-//! deadline). Then, within one deadline per call ([`RetryPolicy`]):
+//! keeps trying until its deadline, or, with [`RetryPolicy::fail_fast_unreachable`] (the
+//! command line's), fails at once with what each said, so that a stopped cluster does not
+//! cost a person the whole deadline. Then, within one deadline per call ([`RetryPolicy`]):
 //!
 //! - A follower answers `NotLeader` with the leader's address, which is followed at once (at
 //!   most [`RetryPolicy::redirects_max`] hops in a row before a pause), so the caller never
@@ -71,8 +72,9 @@ struct ClientState {
     /// that is not among its own: from then on every request asks to be served through the
     /// leader ([`ApiRequest::ViaLeader`]).
     via_leader: bool,
-    /// Whether any coordinator ever answered this client: one that never reached the cluster
-    /// gives up after its first sweep of handshakes; one that did keeps trying.
+    /// Whether any coordinator ever answered this client: one that did keeps trying until
+    /// its deadline whatever [`RetryPolicy::fail_fast_unreachable`] says (a restart, a
+    /// failover).
     reached: bool,
 }
 
@@ -205,7 +207,7 @@ impl<E: Exchange> ApiClient<E> {
             let within = self.policy.connect_deadline.min(call_deadline);
             match self.exchange.connect_first(&self.addresses, within).await {
                 Ok(first) => next = Some(first),
-                Err(errors) if !self.lock().reached => {
+                Err(errors) if self.policy.fail_fast_unreachable && !self.lock().reached => {
                     return Err(ClientError::Unreachable {
                         tried: describe(&errors),
                     })

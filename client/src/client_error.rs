@@ -18,8 +18,8 @@ pub enum ClientError {
     #[error("cannot load the client's certificate: {0}")]
     Tls(#[from] TlsError),
     /// No coordinator answered a handshake, tried all at once: the cluster is down, or the
-    /// addresses are wrong. Only a client that never reached the cluster gives up this soon;
-    /// one that did keeps trying until its deadline (a restart, a failover).
+    /// addresses are wrong. Only a client that fails fast ([`crate::RetryPolicy`]) and never
+    /// reached the cluster gives up this soon, and a call to one coordinator alone.
     #[error("cannot reach any coordinator ({tried}); is the cluster running, and are these its addresses?")]
     Unreachable { tried: String },
     /// No coordinator could serve before the deadline (no leader elected, no quorum); nothing

@@ -57,6 +57,11 @@ pub struct RetryPolicy {
     /// First and longest pause while no leader is known.
     pub backoff: Duration,
     pub backoff_max: Duration,
+    /// Whether a client that never reached a coordinator gives up when none answers its
+    /// first handshakes, instead of trying until the deadline: for a person at the command
+    /// line, who should hear at once that the cluster is not running. Off by default, for
+    /// programs started alongside the cluster (tests, tools), which wait for it to come up.
+    pub fail_fast_unreachable: bool,
 }
 
 impl Default for RetryPolicy {
@@ -70,6 +75,7 @@ impl Default for RetryPolicy {
             redirects_max: REDIRECTS_MAX,
             backoff: Duration::from_millis(BACKOFF_MS),
             backoff_max: Duration::from_millis(BACKOFF_MAX_MS),
+            fail_fast_unreachable: false,
         }
     }
 }

@@ -319,13 +319,18 @@ fn an_unreachable_coordinator_is_skipped() {
 }
 
 #[test]
-fn no_reachable_coordinator_fails_after_one_sweep() {
-    // Proves a stopped cluster fails at once, naming every address, as Unavailable.
+fn no_reachable_coordinator_fails_after_one_sweep_when_failing_fast() {
+    // Proves a stopped cluster fails at once for the command line's policy, naming every
+    // address, as Unavailable.
     let mut fake = FakeExchange::default();
     for address in addresses() {
         fake = fake.down(&address);
     }
-    let (answer, tried, _) = run(fake, &ApiRequest::ListShares, &fast());
+    let policy = RetryPolicy {
+        fail_fast_unreachable: true,
+        ..fast()
+    };
+    let (answer, tried, _) = run(fake, &ApiRequest::ListShares, &policy);
     let error = answer.unwrap_err();
     assert!(
         matches!(error, ClientError::Unreachable { .. }),
@@ -437,4 +442,21 @@ fn an_answer_too_large_is_not_retried() {
             .starts_with("the answer is too large (20000000 bytes, limit 16777216)"),
         "{error}"
     );
+}
+
+#[test]
+fn a_cluster_that_is_not_up_yet_is_waited_for_by_default() {
+    // Proves a program started alongside the cluster is not refused because no coordinator
+    // answered its first handshakes: it goes on trying until one answers.
+    let mut fake = FakeExchange::default()
+        .script("a:1", Err(ExchangeError::Unreachable("starting".into())))
+        .script("b:1", Err(ExchangeError::Unreachable("starting".into())))
+        .script("c:1", Err(ExchangeError::Unreachable("starting".into())))
+        .script("a:1", Ok(health()));
+    for address in addresses() {
+        fake = fake.down(&address);
+    }
+    let (answer, tried, _) = run(fake, &ApiRequest::ListShares, &fast());
+    assert_eq!(answer.unwrap(), health());
+    assert_eq!(tried, ["a:1", "b:1", "c:1", "a:1"]);
 }
