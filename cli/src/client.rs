@@ -153,6 +153,11 @@ pub fn hint(request: &ApiRequest, error: &ClientError) -> Option<String> {
         },
         ClientError::Api(ApiError::NotLeader { .. } | ApiError::Unavailable(_))
         | ClientError::Unavailable { .. } => retry.to_string(),
+        ClientError::Api(ApiError::Stopped(_)) => {
+            "`quotient cluster health` shows which coordinators serve; restart the stopped ones \
+             once what their logs name is fixed"
+                .to_string()
+        }
         ClientError::Unreachable { .. } => {
             "check `coordinators` in the client config, or start a local cluster with \
              `quotient dev up`"

@@ -19,6 +19,9 @@
 //!   from then on.
 //! - While a leader is being elected (an error that is [`ApiError::retryable`]) it pauses
 //!   briefly ([`RetryPolicy::backoff`], doubling) and asks again.
+//! - A coordinator whose Raft stopped ([`ApiError::Stopped`]) is not asked again in the call;
+//!   the others are, until none is left. A write it refused may still be applied by the
+//!   others, so one that is not safe to send twice fails as [`ClientError::Uncertain`].
 //! - A request whose answer was lost after it was sent may have been carried out, so it is
 //!   sent again only when that is harmless ([`is_retry_safe`]: reads, and submits with an
 //!   idempotency key). Any other write fails as [`ClientError::Uncertain`], for the caller to
@@ -28,7 +31,7 @@
 //! wrapper), the tests and the benchmarks all use this one client, so they follow the same
 //! rules and deadlines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -228,6 +231,8 @@ impl<E: Exchange> ApiClient<E> {
         let mut via_leader: Option<ApiRequest> = None;
         // Whether a write may have been carried out by an attempt whose answer was lost.
         let mut maybe_applied = false;
+        // Coordinators whose Raft stopped: not asked again in this call.
+        let mut stopped: BTreeSet<String> = BTreeSet::new();
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -246,11 +251,14 @@ impl<E: Exchange> ApiClient<E> {
             }
             let address = match next.take() {
                 Some(address) => address,
-                None => {
-                    let address = self.addresses[round % self.addresses.len()].clone();
+                None => loop {
+                    // Not every address is stopped: the call ends when the last one is.
+                    let address = &self.addresses[round % self.addresses.len()];
                     round += 1;
-                    address
-                }
+                    if !stopped.contains(address) {
+                        break address.clone();
+                    }
+                },
             };
             if via_leader.is_none() && !wrapped && self.lock().via_leader {
                 via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
@@ -277,7 +285,7 @@ impl<E: Exchange> ApiClient<E> {
                 Ok(ApiResponse::Error(ApiError::NotLeader {
                     leader_address: Some(leader),
                     ..
-                })) if leader != address => {
+                })) if leader != address && !stopped.contains(&leader) => {
                     self.lock().reached = true;
                     unreachable_in_a_row = 0;
                     redirects += 1;
@@ -292,6 +300,23 @@ impl<E: Exchange> ApiClient<E> {
                     last_errors.insert(address.clone(), format!("redirected to {leader}"));
                     next = Some(leader);
                     redirected_by = Some(address);
+                }
+                Ok(ApiResponse::Error(ApiError::Stopped(why))) => {
+                    // This coordinator serves nothing until restarted; the others may. A write
+                    // it took may still be applied by them.
+                    self.lock().reached = true;
+                    unreachable_in_a_row = 0;
+                    let error = ApiError::Stopped(why);
+                    if write && !retry_safe {
+                        return Err(ClientError::Uncertain(format!("{address}: {error}")));
+                    }
+                    maybe_applied |= write;
+                    last_errors.insert(address.clone(), error.to_string());
+                    stopped.insert(address);
+                    if self.addresses.iter().all(|known| stopped.contains(known)) {
+                        return Err(ClientError::Api(error));
+                    }
+                    next = following;
                 }
                 Ok(ApiResponse::Error(error)) if error.retryable() => {
                     self.lock().reached = true;

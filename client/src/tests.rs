@@ -279,14 +279,11 @@ fn an_endless_election_ends_at_the_deadline() {
 }
 
 #[test]
-fn a_stopped_coordinator_or_a_bug_is_not_retried() {
-    // Proves the errors a retry cannot help come back at once, with their codes: a Raft
-    // stopped for good (Internal), an agent that is not connected, a refusal.
+fn a_bug_an_agent_gone_or_a_refusal_is_not_retried() {
+    // Proves the errors a retry cannot help come back at once, with their codes: a bug
+    // (Internal), an agent that is not connected, a refusal.
     for (error, code) in [
-        (
-            ApiError::Internal("raft stopped".into()),
-            ErrorCode::Internal,
-        ),
+        (ApiError::Internal("a bug".into()), ErrorCode::Internal),
         (
             ApiError::AgentUnavailable("node-1 is not connected".into()),
             ErrorCode::Unavailable,
@@ -459,4 +456,58 @@ fn a_cluster_that_is_not_up_yet_is_waited_for_by_default() {
     let (answer, tried, _) = run(fake, &ApiRequest::ListShares, &fast());
     assert_eq!(answer.unwrap(), health());
     assert_eq!(tried, ["a:1", "b:1", "c:1", "a:1"]);
+}
+
+#[test]
+fn a_coordinator_whose_raft_stopped_is_left_for_the_others() {
+    // Proves a stopped coordinator is never asked again in the call while the others are
+    // (a keyed submit, a read), that a write not safe to send twice is uncertain, and that
+    // with every coordinator stopped the call ends with that error, not at its deadline.
+    let stopped = || {
+        Ok(ApiResponse::Error(ApiError::Stopped(
+            "raft stopped: the disk is full".into(),
+        )))
+    };
+    let mut spec = JobSpec::new("qs1", 1, 1, vec!["true".into()]);
+    spec.idempotency_key = Some("k".into());
+    let submit = ApiRequest::SubmitJob(spec);
+    let fake = FakeExchange::default()
+        .script("a:1", stopped())
+        .script("a:1", Ok(ApiResponse::Done))
+        .script("b:1", not_leader(Some("a:1")))
+        .script("b:1", not_leader(None))
+        .script("c:1", Ok(ApiResponse::Done));
+    let (answer, tried, _) = run(fake, &submit, &fast());
+    assert_eq!(answer.unwrap(), ApiResponse::Done);
+    assert_eq!(tried, ["a:1", "b:1", "c:1"], "a:1 asked again");
+
+    let cancel = ApiRequest::CancelJob { job: JobId(1) };
+    let fake = FakeExchange::default().script("a:1", stopped());
+    let (answer, _, _) = run(fake, &cancel, &fast());
+    assert!(
+        matches!(answer, Err(ClientError::Uncertain(_))),
+        "{answer:?}"
+    );
+
+    let mut fake = FakeExchange::default();
+    for address in addresses() {
+        fake = fake.script(&address, stopped());
+    }
+    let policy = RetryPolicy {
+        call_deadline: Duration::from_secs(60),
+        ..fast()
+    };
+    let started = std::time::Instant::now();
+    let (answer, tried, _) = run(fake, &ApiRequest::ListShares, &policy);
+    let error = answer.unwrap_err();
+    assert!(
+        matches!(error, ClientError::Api(ApiError::Stopped(_))),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), ErrorCode::Unavailable);
+    assert_eq!(tried, ["a:1", "b:1", "c:1"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited for the deadline"
+    );
 }

@@ -281,6 +281,12 @@ pub enum ApiError {
     /// membership change Raft refused).
     #[error("{0}")]
     Precondition(String),
+    /// This coordinator's Raft stopped for good (a storage write failed, say): it serves
+    /// nothing until it is restarted, but the other coordinators may. The client does not ask
+    /// it again within the call; it asks another. A write it refused this way may still be
+    /// applied by the others, so one that is not idempotent is reported as uncertain.
+    #[error("this coordinator stopped serving: {0}; it serves again once restarted")]
+    Stopped(String),
 }
 
 impl ApiError {
@@ -290,7 +296,9 @@ impl ApiError {
             ApiError::Rejected(rejection) => rejection.code(),
             ApiError::NotLeader { .. } => ErrorCode::NotLeader,
             ApiError::Unauthorized(_) => ErrorCode::Forbidden,
-            ApiError::Unavailable(_) | ApiError::AgentUnavailable(_) => ErrorCode::Unavailable,
+            ApiError::Unavailable(_) | ApiError::AgentUnavailable(_) | ApiError::Stopped(_) => {
+                ErrorCode::Unavailable
+            }
             ApiError::BadRequest(_) => ErrorCode::InvalidArgument,
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::OtherCluster { .. } | ApiError::Precondition(_) => {
@@ -303,13 +311,16 @@ impl ApiError {
     }
 
     /// Whether sending the same request again, unchanged and with nothing else changed first,
-    /// can succeed: at the leader (`NotLeader`), or once an election or a lost quorum is over
-    /// (`Unavailable`). The client retries these within its deadline. An agent that is not
-    /// connected is `Unavailable` but not retried: it takes a person to bring it back. An
-    /// `Uncertain` write is retried only when it is idempotent, which the client knows from
-    /// the request, not from the error.
+    /// can succeed: at the leader (`NotLeader`), once an election or a lost quorum is over
+    /// (`Unavailable`), or at another coordinator (`Stopped`). The client retries these within
+    /// its deadline. An agent that is not connected is `Unavailable` but not retried: it takes
+    /// a person to bring it back. An `Uncertain` write is retried only when it is idempotent,
+    /// which the client knows from the request, not from the error.
     pub fn retryable(&self) -> bool {
-        matches!(self, ApiError::NotLeader { .. } | ApiError::Unavailable(_))
+        matches!(
+            self,
+            ApiError::NotLeader { .. } | ApiError::Unavailable(_) | ApiError::Stopped(_)
+        )
     }
 }
 
@@ -527,10 +538,10 @@ mod tests {
     }
 
     #[test]
-    fn only_a_redirect_and_an_unavailable_cluster_are_retryable() {
-        // Proves what the client retries by itself: a redirect and a cluster without a
-        // leader or quorum; never a stopped Raft, a bug, an agent that is gone or a write
-        // whose fate is unknown; and each error's code.
+    fn only_a_redirect_an_unavailable_cluster_and_a_stopped_member_are_retryable() {
+        // Proves what the client retries by itself: a redirect, a cluster without a leader or
+        // quorum, and a coordinator whose Raft stopped (at another); never a bug, an agent
+        // that is gone or a write whose fate is unknown; and each error's code.
         let cases = [
             (
                 ApiError::NotLeader {
@@ -551,9 +562,14 @@ mod tests {
                 false,
             ),
             (
-                ApiError::Internal("raft stopped".into()),
+                ApiError::Internal("a bug".into()),
                 ErrorCode::Internal,
                 false,
+            ),
+            (
+                ApiError::Stopped("raft stopped".into()),
+                ErrorCode::Unavailable,
+                true,
             ),
             (
                 ApiError::Uncertain("no answer".into()),

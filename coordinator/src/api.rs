@@ -754,13 +754,11 @@ fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) ->
     }
 }
 
-/// A Raft that stopped for good (a storage write failed, say): this coordinator serves nothing
-/// until it is restarted, so the error is `Internal`, not a retryable `Unavailable`.
+/// A Raft that stopped for good (a storage write failed, say): this coordinator serves
+/// nothing until it is restarted, so the error is `Stopped`, which a client takes to another
+/// coordinator and never back to this one.
 pub(crate) fn raft_stopped(fatal: &openraft::error::Fatal<NodeId>) -> ApiError {
-    ApiError::Internal(format!(
-        "raft stopped on this coordinator: {fatal}; its log says why, and it serves again once \
-         restarted"
-    ))
+    ApiError::Stopped(format!("raft stopped: {fatal}; its log says why"))
 }
 
 #[cfg(test)]
