@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use quotient_tests::DevCluster;
+use quotient_tests::{failover_cluster, FAILOVER_SUBMIT};
 
 const RUNS_DEFAULT: usize = 5;
 /// How long the cluster may take to report every coordinator healthy between runs.
@@ -21,25 +21,12 @@ fn main() {
         .ok()
         .and_then(|runs| runs.parse().ok())
         .unwrap_or(RUNS_DEFAULT);
-    let cluster = DevCluster::up(&["--nodes", "0"]);
-    cluster.create_share("team", 1, "lend", &[]);
+    let cluster = failover_cluster();
     let dir = cluster.dir.display().to_string();
-    let submit = [
-        "job",
-        "submit",
-        "--share",
-        "team",
-        "--priority",
-        "1",
-        "--gpus",
-        "1",
-        "--",
-        "true",
-    ];
     let mut figures_ms = Vec::new();
     for run in 1..=runs {
         cluster.wait_healthy(SETTLE);
-        let (took, output) = cluster.kill_leader_then(&submit);
+        let (took, output) = cluster.kill_leader_then(&FAILOVER_SUBMIT);
         assert!(
             output.status.success(),
             "run {run}: the submit failed: {}",

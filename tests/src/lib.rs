@@ -261,6 +261,29 @@ impl Drop for DevCluster {
     }
 }
 
+/// The write a failover test or benchmark times: a one-GPU job of share `team` running
+/// `true`, submitted through the CLI ([`failover_cluster`] makes the share).
+pub const FAILOVER_SUBMIT: [&str; 10] = [
+    "job",
+    "submit",
+    "--share",
+    "team",
+    "--priority",
+    "1",
+    "--gpus",
+    "1",
+    "--",
+    "true",
+];
+
+/// Three coordinators and no agent (`dev up --nodes 0`), with the share `team` that
+/// [`FAILOVER_SUBMIT`] submits to.
+pub fn failover_cluster() -> DevCluster {
+    let cluster = DevCluster::up(&["--nodes", "0"]);
+    cluster.create_share("team", 1, "lend", &[]);
+    cluster
+}
+
 /// A training job: records each start (and the checkpoint it resumes from) in its
 /// checkpoint folder, and on SIGTERM writes a checkpoint naming its attempt and exits 0.
 /// The folder is `$CHECKPOINTS/$NAME`, shared by every node of this one-host cluster (as

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use quotient_tests::DevCluster;
+use quotient_tests::{failover_cluster, FAILOVER_SUBMIT};
 
 /// Far above the benchmark's figures (about a second), far below the call's own deadline.
 const ANSWERED_WITHIN: Duration = Duration::from_secs(10);
@@ -16,22 +16,9 @@ const SETTLE: Duration = Duration::from_secs(60);
 fn a_submit_issued_as_the_leader_is_killed_is_acknowledged_by_the_next_leader() {
     // Proves failover as a user sees it: `job submit` run at once after SIGKILL of the
     // leader prints a job id well within the bound, and the new leader holds that job.
-    let cluster = DevCluster::up(&["--nodes", "0"]);
-    cluster.create_share("team", 1, "lend", &[]);
+    let cluster = failover_cluster();
     cluster.wait_healthy(SETTLE);
-    let submit = [
-        "job",
-        "submit",
-        "--share",
-        "team",
-        "--priority",
-        "1",
-        "--gpus",
-        "1",
-        "--",
-        "true",
-    ];
-    let (took, output) = cluster.kill_leader_then(&submit);
+    let (took, output) = cluster.kill_leader_then(&FAILOVER_SUBMIT);
     let stdout = String::from_utf8_lossy(&output.stdout).trim().to_string();
     eprintln!("kill -> acknowledged in {took:?}: {stdout}");
     assert!(
