@@ -13,11 +13,12 @@
 //! leader, term, last_applied, healthy, state_digest, cluster_id, problems} | null,
 //! "error": null | "..."}`.
 
-use anyhow::bail;
 use quotient_common::api::{ApiRequest, ApiResponse, HealthView};
+use quotient_common::ErrorCode;
 use serde::Serialize;
 
 use crate::client::{unexpected, Session};
+use crate::failure::RequestFailed;
 use crate::output::{self, OutputFormat, Table};
 use crate::GlobalArgs;
 
@@ -167,10 +168,13 @@ pub fn run(global: &GlobalArgs, _args: &ClusterHealthArgs) -> anyhow::Result<()>
     }
     let unhealthy = entries.iter().filter(|entry| !entry.healthy).count();
     if unhealthy > 0 {
-        bail!(
-            "{unhealthy} of {} coordinators are unreachable or unhealthy; see their logs",
-            entries.len()
-        );
+        return Err(RequestFailed::error(
+            ErrorCode::Unavailable,
+            format!(
+                "{unhealthy} of {} coordinators are unreachable or unhealthy; see their logs",
+                entries.len()
+            ),
+        ));
     }
     Ok(())
 }

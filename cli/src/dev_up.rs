@@ -27,16 +27,18 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use quotient_client::RetryPolicy;
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::certs::{self, Role};
-use quotient_common::{ClusterId, GpuClass, GPUS_PER_NODE_MAX};
+use quotient_common::{ClusterId, ErrorCode, GpuClass, GPUS_PER_NODE_MAX};
 
-use crate::client::{RetryPolicy, Session};
+use crate::client::Session;
 use crate::client_config::ClientConfig;
 use crate::dev_cluster::{
     self, AgentEntry, ClusterFile, CoordinatorEntry, ADMIN_CERT_NAME, CERTS_DIR,
     CLIENT_CONFIG_FILE, POLL_INTERVAL_MS,
 };
+use crate::failure::RequestFailed;
 use crate::output::{self, OutputFormat};
 use crate::parse::{parse_gpu_class, UsageError};
 use crate::GlobalArgs;
@@ -255,11 +257,14 @@ fn initialise(
             Err(problem) => problem,
         };
         if Instant::now() >= deadline {
-            bail!(
-                "could not initialise the cluster on {first} within {} s (last: {problem:#}); \
-                 see the logs in each coord-N folder",
-                READY_DEADLINE_MS / 1_000
-            );
+            return Err(RequestFailed::error(
+                ErrorCode::Unavailable,
+                format!(
+                    "could not initialise the cluster on {first} within {} s (last: \
+                     {problem:#}); see the logs in each coord-N folder",
+                    READY_DEADLINE_MS / 1_000
+                ),
+            ));
         }
         std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
     }
@@ -279,11 +284,14 @@ fn wait_until_ready(
             Err(problem) => problem,
         };
         if Instant::now() >= deadline {
-            bail!(
-                "the coordinators did not elect a leader and answer within {} s (last: {problem:#}); \
-                 see the logs in each coord-N folder",
-                READY_DEADLINE_MS / 1_000
-            );
+            return Err(RequestFailed::error(
+                ErrorCode::Unavailable,
+                format!(
+                    "the coordinators did not elect a leader and answer within {} s (last: \
+                     {problem:#}); see the logs in each coord-N folder",
+                    READY_DEADLINE_MS / 1_000
+                ),
+            ));
         }
         std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
     }

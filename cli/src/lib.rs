@@ -2,13 +2,16 @@
 //!
 //! `main.rs` only parses arguments with clap and calls the command's `run`; each command
 //! module owns its clap `Args` struct and returns `anyhow::Result`, so the binary prints the
-//! whole cause chain and exits 1 for a failed command, while clap exits 2 for a usage error
-//! (and `main` exits 2 for a [`parse::UsageError`] found after parsing).
+//! whole cause chain with its code ([`failure`]) and exits 1 for a failed command, 2 for a
+//! usage error (clap's own, or a [`parse::UsageError`] found after parsing).
 //!
 //! # Layout
 //! - [`client_config`]: the client config file and where it is looked for.
-//! - [`client`]: the API client: tries the coordinators, follows `NotLeader` redirects, waits
-//!   out elections, all within deadlines.
+//! - [`client`]: the synchronous wrapper around the API client (`quotient-client`, which
+//!   tries the coordinators, follows redirects and waits out elections within deadlines),
+//!   and this program's hints for each refusal.
+//! - [`failure`]: how a failed command prints its code (`error[CODE]: ...`, or JSON on
+//!   stderr with `-o json`) and which exit status it gives.
 //! - [`output`]: tables for people, `-o json` for machines.
 //! - [`parse`]: value parsers (`CLASS=N`, `30s`, `KEY=VALUE`, ...) and [`parse::UsageError`].
 //! - [`certs_init`], [`certs_issue`]: `quotient certs`.
@@ -37,6 +40,7 @@ pub mod demo;
 pub mod dev_cluster;
 pub mod dev_down;
 pub mod dev_up;
+pub mod failure;
 pub mod job_cancel;
 pub mod job_explain;
 pub mod job_get;

@@ -6,14 +6,10 @@
 
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
-use quotient_cli::parse::UsageError;
+use quotient_cli::failure::{self, Failure};
 use quotient_cli::*;
-
-/// Exit status of a command that was understood but failed.
-const EXIT_FAILED: u8 = 1;
-/// Exit status of a usage error (clap uses the same for its own).
-const EXIT_USAGE: u8 = 2;
 
 /// Quotient: quota shares of a GPU fleet.
 #[derive(Debug, Parser)]
@@ -161,16 +157,39 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(error),
+    };
     match run(&cli.global, cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            if error.downcast_ref::<UsageError>().is_some() {
-                ExitCode::from(EXIT_USAGE)
-            } else {
-                ExitCode::from(EXIT_FAILED)
-            }
-        }
+        Err(error) => report(&Failure::of(&error), cli.global.output),
     }
+}
+
+/// Prints `failure` on stderr in `format` and gives its exit status.
+fn report(failure: &Failure, format: output::OutputFormat) -> ExitCode {
+    eprint!("{}", failure.render(format));
+    ExitCode::from(failure.exit_status)
+}
+
+/// clap's own usage errors carry a code like every other (help and version print as clap
+/// prints them).
+fn usage_error(error: clap::Error) -> ExitCode {
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        error.exit();
+    }
+    let rendered = error.render().to_string();
+    let message = rendered.trim_end();
+    let message = message.strip_prefix("error: ").unwrap_or(message);
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    report(
+        &Failure::usage(message.to_string()),
+        failure::format_in_arguments(&arguments),
+    )
 }

@@ -1,8 +1,10 @@
 //! `quotient node list [-o json]`: the GPU hosts, their state and their GPUs.
 
 use quotient_common::api::{ApiRequest, ApiResponse, NodeView};
+use quotient_common::ErrorCode;
 
 use crate::client::{unexpected, Session};
+use crate::failure::RequestFailed;
 use crate::output::{self, OutputFormat};
 use crate::GlobalArgs;
 
@@ -24,7 +26,12 @@ pub fn fetch(session: &mut Session, name: &str) -> anyhow::Result<NodeView> {
     fetch_all(session)?
         .into_iter()
         .find(|node| node.name == name)
-        .ok_or_else(|| anyhow::anyhow!("node {name} is not in `quotient node list`"))
+        .ok_or_else(|| {
+            RequestFailed::error(
+                ErrorCode::NotFound,
+                format!("node {name} is not in `quotient node list`"),
+            )
+        })
 }
 
 pub fn run(global: &GlobalArgs, _args: &NodeListArgs) -> anyhow::Result<()> {

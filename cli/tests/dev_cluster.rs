@@ -184,9 +184,22 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     );
     assert_eq!(duplicate.status.code(), Some(1));
     assert!(
-        text(&duplicate.stderr).contains("qs2"),
+        text(&duplicate.stderr).starts_with("error[Conflict]: ")
+            && text(&duplicate.stderr).contains("qs2"),
         "{}",
         text(&duplicate.stderr)
+    );
+    // A refusal with -o json is one document on stderr carrying its code.
+    let missing = quotient(&config, &["job", "get", "j-999", "-o", "json"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(missing.stdout.is_empty());
+    let refusal: serde_json::Value =
+        serde_json::from_str(text(&missing.stderr).trim()).expect("one JSON document");
+    assert_eq!(refusal["error"]["code"], "NotFound", "{refusal}");
+    let message = refusal["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no job j-999") && message.contains("quotient job list"),
+        "{refusal}"
     );
 
     let shares = json(&config, &["share", "list", "-o", "json"]);
@@ -370,6 +383,7 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     );
     assert_eq!(refused.status.code(), Some(1));
     let refusal = text(&refused.stderr);
+    assert!(refusal.starts_with("error[Forbidden]: "), "{refusal}");
     assert!(refusal.contains("permission denied"), "{refusal}");
     assert!(refusal.contains("admin"), "{refusal}");
     let submitted = ok(

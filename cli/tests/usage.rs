@@ -139,8 +139,60 @@ fn bad_arguments_are_usage_errors() {
             stderr(&output)
         );
         assert!(output.stdout.is_empty(), "{arguments:?}");
-        assert!(!stderr(&output).is_empty(), "{arguments:?}");
+        assert!(
+            stderr(&output).starts_with("error[InvalidArgument]: "),
+            "{arguments:?}: {}",
+            stderr(&output)
+        );
     }
+}
+
+/// The `{"error": {...}}` document a failed `-o json` command printed on stderr.
+fn json_error(output: &Output) -> serde_json::Value {
+    let text = stderr(output);
+    let document: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|error| panic!("stderr is not one JSON document ({error}): {text}"));
+    document["error"].clone()
+}
+
+#[test]
+fn with_json_output_an_error_is_one_json_document_on_stderr_with_its_code() {
+    // Proves `-o json` errors are for machines too: a usage error found by clap or after it,
+    // and a local failure, each as {"error": {"code", "message"}} on stderr, nothing on
+    // stdout, with the exit status of the contract.
+    let home = tempfile::tempdir().unwrap();
+    for arguments in [
+        &["job", "list", "--state", "SLEEPING", "-o", "json"][..],
+        &["share", "update", "qs1", "-o", "json"],
+        &["job", "list", "--bogus", "--output=json"],
+    ] {
+        let output = quotient(arguments, None, home.path());
+        assert_eq!(output.status.code(), Some(2), "{arguments:?}");
+        assert!(output.stdout.is_empty(), "{arguments:?}");
+        let error = json_error(&output);
+        assert_eq!(error["code"], "InvalidArgument", "{arguments:?}: {error}");
+        assert!(
+            error["message"]
+                .as_str()
+                .is_some_and(|text| !text.is_empty()),
+            "{error}"
+        );
+    }
+    let missing = home.path().join("nowhere.toml");
+    let output = quotient(
+        &["share", "list", "-o", "json"],
+        Some(&missing),
+        home.path(),
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let error = json_error(&output);
+    assert_eq!(error["code"], "Local", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|text| text.contains("nowhere.toml")),
+        "{error}"
+    );
 }
 
 #[test]
@@ -185,6 +237,7 @@ fn a_missing_config_names_where_it_looked_and_how_to_make_one() {
     let output = quotient(&["share", "list"], Some(&missing), home.path());
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let text = stderr(&output);
+    assert!(text.starts_with("error[Local]: "), "{text}");
     assert!(text.contains("nowhere.toml"), "{text}");
     assert!(text.contains("QUOTIENT_CONFIG"), "{text}");
     assert!(text.contains("quotient dev up"), "{text}");
@@ -243,8 +296,10 @@ fn an_unreachable_cluster_fails_with_exit_1_and_a_hint() {
     let output = quotient(&["share", "list"], Some(&config), dir.path());
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let text = stderr(&output);
+    assert!(text.starts_with("error[Unavailable]: "), "{text}");
     assert!(text.contains(&address.to_string()), "{text}");
     assert!(text.contains("is the cluster running"), "{text}");
+    assert!(text.contains("quotient dev up"), "{text}");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::{ClusterId, JobId, JobSpec, JobState, ShareSpec, ShareUpdate};
+use crate::{ClusterId, ErrorCode, JobId, JobSpec, JobState, Rejection, ShareSpec, ShareUpdate};
 
 /// The largest API request or response frame: the transport's frame limit
 /// (`frame::MAX_FRAME_BYTES`, which holds every frame of every protocol to it, and asserts
@@ -139,6 +139,38 @@ impl ApiRequest {
         )
     }
 
+    /// The request's name alone (its variant's), for logs and messages: a job's environment
+    /// may hold secrets, so a request is never logged whole.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ApiRequest::CreateShare(_) => "CreateShare",
+            ApiRequest::UpdateShare { .. } => "UpdateShare",
+            ApiRequest::DeleteShare { .. } => "DeleteShare",
+            ApiRequest::ListShares => "ListShares",
+            ApiRequest::GetShare { .. } => "GetShare",
+            ApiRequest::SubmitJob(_) => "SubmitJob",
+            ApiRequest::GetJob { .. } => "GetJob",
+            ApiRequest::ListJobs { .. } => "ListJobs",
+            ApiRequest::UpdateJobPriority { .. } => "UpdateJobPriority",
+            ApiRequest::CancelJob { .. } => "CancelJob",
+            ApiRequest::ExplainJob { .. } => "ExplainJob",
+            ApiRequest::ListNodes => "ListNodes",
+            ApiRequest::CordonNode { .. } => "CordonNode",
+            ApiRequest::UncordonNode { .. } => "UncordonNode",
+            ApiRequest::DrainNode { .. } => "DrainNode",
+            ApiRequest::ClusterStatus => "ClusterStatus",
+            ApiRequest::AddMember { .. } => "AddMember",
+            ApiRequest::RemoveMember { .. } => "RemoveMember",
+            ApiRequest::Health => "Health",
+            ApiRequest::JobLogs { .. } => "JobLogs",
+            ApiRequest::ViaLeader(_) => "ViaLeader",
+            ApiRequest::Forwarded { .. } => "Forwarded",
+            ApiRequest::InCluster { .. } => "InCluster",
+            ApiRequest::InitCluster => "InitCluster",
+            ApiRequest::RemoveNode { .. } => "RemoveNode",
+        }
+    }
+
     /// Whether only an admin may send it: share, node and membership management.
     pub fn needs_admin(&self) -> bool {
         matches!(
@@ -191,12 +223,16 @@ pub enum ApiResponse {
     ClusterInitialised(ClusterInitView),
 }
 
-/// Why a request failed. `NotLeader` is for the CLI to follow, never for the user to see.
+/// Why a request failed. `NotLeader` is for the client to follow, never for the user to see.
+///
+/// Every error has a stable code ([`ApiError::code`]), a message for people (its `Display`)
+/// and whether sending the same request again can help ([`ApiError::retryable`]); docs/errors.md
+/// lists them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ApiError {
-    /// The state machine refused the command; the text says why and what to do.
+    /// The state machine refused the command (or the leader refused first what it would).
     #[error("{0}")]
-    Rejected(String),
+    Rejected(Rejection),
     #[error("not the leader; try coordinator {leader_id:?} at {leader_address:?}")]
     NotLeader {
         leader_id: Option<u64>,
@@ -204,14 +240,15 @@ pub enum ApiError {
     },
     #[error("permission denied: {0}")]
     Unauthorized(String),
-    #[error("the cluster cannot serve this now: {0}; retry, or check `quotient cluster status`")]
+    /// No leader, no quorum, or a read that could not finish in time: nothing was done.
+    #[error("the cluster cannot serve this now: {0}")]
     Unavailable(String),
     #[error("bad request: {0}")]
     BadRequest(String),
     #[error("not found: {0}")]
     NotFound(String),
     /// The agent that holds what was asked (an attempt's log) is not connected to the leader
-    /// or did not answer. Not retried by the CLI: the text names the node and what to check.
+    /// or did not answer. Not retried by the client: the text names the node and what to check.
     #[error("{0}")]
     AgentUnavailable(String),
     /// The coordinator belongs to another cluster than the one the client's config names.
@@ -235,6 +272,58 @@ pub enum ApiError {
     /// short or undecodable). Not retried; the text says what happened.
     #[error("{0}")]
     AnswerUnreadable(String),
+    /// A bug, or a coordinator that cannot go on (its Raft stopped): a retry does not help.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// The deadline passed after the write was proposed: it may or may not be applied.
+    #[error("{0}; the change may or may not have been made: check before retrying")]
+    Uncertain(String),
+    /// A check of the coordinator's own (not the state machine's) refused it; the text says
+    /// what must change first (an agent still connected, a cluster already initialised, a
+    /// membership change Raft refused).
+    #[error("{0}")]
+    Precondition(String),
+    /// This coordinator's Raft stopped for good (a storage write failed, say): it serves
+    /// nothing until it is restarted, but the other coordinators may. The client does not ask
+    /// it again within the call; it asks another. A write it refused this way may still be
+    /// applied by the others, so one that is not idempotent is reported as uncertain.
+    #[error("this coordinator stopped serving: {0}; it serves again once restarted")]
+    Stopped(String),
+}
+
+impl ApiError {
+    /// The stable code of this error (docs/errors.md).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::Rejected(rejection) => rejection.code(),
+            ApiError::NotLeader { .. } => ErrorCode::NotLeader,
+            ApiError::Unauthorized(_) => ErrorCode::Forbidden,
+            ApiError::Unavailable(_) | ApiError::AgentUnavailable(_) | ApiError::Stopped(_) => {
+                ErrorCode::Unavailable
+            }
+            ApiError::BadRequest(_) => ErrorCode::InvalidArgument,
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::OtherCluster { .. } | ApiError::Precondition(_) => {
+                ErrorCode::FailedPrecondition
+            }
+            ApiError::AnswerTooLarge { .. } => ErrorCode::LimitExceeded,
+            ApiError::AnswerUnreadable(_) | ApiError::Internal(_) => ErrorCode::Internal,
+            ApiError::Uncertain(_) => ErrorCode::Uncertain,
+        }
+    }
+
+    /// Whether sending the same request again, unchanged and with nothing else changed first,
+    /// can succeed: at the leader (`NotLeader`), once an election or a lost quorum is over
+    /// (`Unavailable`), or at another coordinator (`Stopped`). The client retries these within
+    /// its deadline. An agent that is not connected is `Unavailable` but not retried: it takes
+    /// a person to bring it back. An `Uncertain` write is retried only when it is idempotent,
+    /// which the client knows from the request, not from the error.
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            ApiError::NotLeader { .. } | ApiError::Unavailable(_) | ApiError::Stopped(_)
+        )
+    }
 }
 
 /// How to ask `request` for less when its answer is over [`API_FRAME_BYTES_MAX`]: the text
@@ -373,4 +462,175 @@ pub struct PendingMember {
     pub id: u64,
     pub address: String,
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One request of every kind.
+    fn every_request() -> Vec<ApiRequest> {
+        let job = JobId(1);
+        let node = || "node-1".to_string();
+        let share = || "qs1".to_string();
+        vec![
+            ApiRequest::CreateShare(ShareSpec {
+                name: share(),
+                limits: BTreeMap::new(),
+                strategy: crate::Strategy::Reserve,
+                borrow_limit_percent: None,
+                in_share_preemption: false,
+                state: crate::ShareState::Enabled,
+            }),
+            ApiRequest::UpdateShare {
+                name: share(),
+                update: ShareUpdate::default(),
+            },
+            ApiRequest::DeleteShare { name: share() },
+            ApiRequest::ListShares,
+            ApiRequest::GetShare { name: share() },
+            ApiRequest::SubmitJob(JobSpec::new("qs1", 0, 1, vec!["true".into()])),
+            ApiRequest::GetJob { job },
+            ApiRequest::ListJobs {
+                share: None,
+                state: None,
+            },
+            ApiRequest::UpdateJobPriority { job, priority: 1 },
+            ApiRequest::CancelJob { job },
+            ApiRequest::ExplainJob { job },
+            ApiRequest::ListNodes,
+            ApiRequest::CordonNode { node: node() },
+            ApiRequest::UncordonNode { node: node() },
+            ApiRequest::DrainNode { node: node() },
+            ApiRequest::ClusterStatus,
+            ApiRequest::AddMember {
+                id: 4,
+                address: "a:1".into(),
+            },
+            ApiRequest::RemoveMember { id: 4 },
+            ApiRequest::Health,
+            ApiRequest::JobLogs {
+                job,
+                attempt: None,
+                offset: 0,
+                max_bytes: 1,
+            },
+            ApiRequest::ViaLeader(Box::new(ApiRequest::Health)),
+            ApiRequest::Forwarded {
+                caller: "quotient://user/bob".into(),
+                request: Box::new(ApiRequest::Health),
+            },
+            ApiRequest::InCluster {
+                cluster: ClusterId::from_bytes([1; 16]),
+                request: Box::new(ApiRequest::Health),
+            },
+            ApiRequest::InitCluster,
+            ApiRequest::RemoveNode { node: node() },
+        ]
+    }
+
+    #[test]
+    fn every_request_is_named_by_its_variant() {
+        // Proves the name logs and messages use is the variant's, for every request.
+        for request in every_request() {
+            let debug = format!("{request:?}");
+            let variant: String = debug.chars().take_while(|c| c.is_alphanumeric()).collect();
+            assert_eq!(request.name(), variant, "{debug}");
+        }
+    }
+
+    #[test]
+    fn only_a_redirect_an_unavailable_cluster_and_a_stopped_member_are_retryable() {
+        // Proves what the client retries by itself: a redirect, a cluster without a leader or
+        // quorum, and a coordinator whose Raft stopped (at another); never a bug, an agent
+        // that is gone or a write whose fate is unknown; and each error's code.
+        let cases = [
+            (
+                ApiError::NotLeader {
+                    leader_id: None,
+                    leader_address: None,
+                },
+                ErrorCode::NotLeader,
+                true,
+            ),
+            (
+                ApiError::Unavailable("electing".into()),
+                ErrorCode::Unavailable,
+                true,
+            ),
+            (
+                ApiError::AgentUnavailable("node-1".into()),
+                ErrorCode::Unavailable,
+                false,
+            ),
+            (
+                ApiError::Internal("a bug".into()),
+                ErrorCode::Internal,
+                false,
+            ),
+            (
+                ApiError::Stopped("raft stopped".into()),
+                ErrorCode::Unavailable,
+                true,
+            ),
+            (
+                ApiError::Uncertain("no answer".into()),
+                ErrorCode::Uncertain,
+                false,
+            ),
+            (
+                ApiError::Rejected(Rejection::UnknownShare("qs1".into())),
+                ErrorCode::NotFound,
+                false,
+            ),
+            (
+                ApiError::Rejected(Rejection::ShareDisabled("qs1".into())),
+                ErrorCode::FailedPrecondition,
+                false,
+            ),
+            (
+                ApiError::Unauthorized("bob".into()),
+                ErrorCode::Forbidden,
+                false,
+            ),
+            (
+                ApiError::BadRequest("x".into()),
+                ErrorCode::InvalidArgument,
+                false,
+            ),
+            (ApiError::NotFound("x".into()), ErrorCode::NotFound, false),
+            (
+                ApiError::Precondition("agent connected".into()),
+                ErrorCode::FailedPrecondition,
+                false,
+            ),
+            (
+                ApiError::AnswerTooLarge {
+                    size_bytes: 2,
+                    limit_bytes: 1,
+                    narrow: String::new(),
+                },
+                ErrorCode::LimitExceeded,
+                false,
+            ),
+            (
+                ApiError::AnswerUnreadable("x".into()),
+                ErrorCode::Internal,
+                false,
+            ),
+            (
+                ApiError::OtherCluster {
+                    coordinator_id: 1,
+                    coordinator_cluster: "a".into(),
+                    client_cluster: "b".into(),
+                },
+                ErrorCode::FailedPrecondition,
+                false,
+            ),
+        ];
+        for (error, code, retryable) in cases {
+            assert_eq!(error.code(), code, "{error:?}");
+            assert_eq!(error.retryable(), retryable, "{error:?}");
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! - [`agent_api`]: the agent protocol's messages and the fencing epoch.
 //! - [`api`]: the client API's requests, responses and views (docs/cli.md's JSON).
 //! - [`cluster_id`]: a cluster's identity, carried in every exchange between its parts.
+//! - [`error_code`]: the stable code of every error a client can get (docs/errors.md).
 //! - [`name`]: validation of share, job and node names.
 //! - [`gpu_class`]: normalised GPU class names, mapped from NVML model strings.
 //! - [`share`]: the share spec (limits, strategy, borrow limit, in-share preemption, state).
@@ -13,6 +14,7 @@
 //!   state.
 //! - [`node`]: node inventory (GPUs per host) and node states.
 //! - [`spec_error`]: the validation error every spec returns, worded to say what to do.
+//! - [`rejection`]: why the state machine refused a command, carried whole to clients.
 //! - [`version`]: the version of every encoding that outlives a process, and the error that
 //!   refuses one this build does not read.
 //!
@@ -31,6 +33,7 @@ pub mod api;
 #[cfg(feature = "net")]
 pub mod certs;
 pub mod cluster_id;
+pub mod error_code;
 #[cfg(feature = "net")]
 pub mod frame;
 pub mod gpu_class;
@@ -39,6 +42,7 @@ pub mod job_name;
 pub mod job_report;
 pub mod name;
 pub mod node;
+pub mod rejection;
 pub mod share;
 pub mod spec_error;
 #[cfg(feature = "net")]
@@ -48,9 +52,11 @@ pub mod transport;
 pub mod version;
 
 pub use cluster_id::ClusterId;
+pub use error_code::ErrorCode;
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};
 pub use job_report::{JobEvent, JobReport};
 pub use node::{GpuDevice, NodeInventory, NodeState, GPUS_PER_NODE_MAX};
+pub use rejection::Rejection;
 pub use share::{ShareSpec, ShareState, ShareUpdate, Strategy};
 pub use spec_error::SpecError;

@@ -18,7 +18,7 @@ pub enum SpecError {
     GpuClass(String),
     #[error("priority {0} is out of range: use 0-9999 (higher runs first)")]
     Priority(u32),
-    #[error("a share needs 1 to 5 GPU class limits, got {0}: pass --limit CLASS=N once per class")]
+    #[error("a share needs 1 to 5 GPU class limits, got {0}: give one limit per class")]
     LimitCount(u32),
     #[error("the limit for GPU class {0} must be at least 1 GPU")]
     LimitZero(String),

@@ -31,11 +31,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use quotient_client::ApiClient;
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::certs::{self, Role};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
 use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
-use quotient_coordinator::ApiClient;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

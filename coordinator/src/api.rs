@@ -17,7 +17,7 @@
 //! - **Reads** are linearizable: `ensure_linearizable` on the leader, then the state machine.
 //!   `JobLogs` then asks the agent that ran the attempt ([`crate::job_logs`]).
 //! - A follower answers [`ApiError::NotLeader`] with the leader's id and address, which the
-//!   client follows ([`crate::client::ApiClient`] does; so does the CLI).
+//!   client follows (`quotient_client::ApiClient`, which the CLI uses too).
 //! - An answer over the frame limit ([`API_FRAME_BYTES_MAX`], e.g. `ListJobs` of a few
 //!   hundred thousand jobs) is not sent: the client gets [`ApiError::AnswerTooLarge`], which
 //!   says its size and how to narrow the request, and a warning is logged ([`answer_frame`]).
@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use openraft::{BasicNode, ChangeMembers};
+use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
     how_to_narrow, ApiError, ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX,
 };
@@ -50,7 +51,6 @@ use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
 use crate::agent_links::AgentLinks;
-use crate::client::{ApiClient, ClientError};
 use crate::identity::ClusterIdentity;
 use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
@@ -65,8 +65,8 @@ pub const API_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
 /// Deadline for answering one request, Raft commit included (milliseconds).
 pub const API_REQUEST_TIMEOUT_MS: u64 = 10_000;
 /// Longest a follower spends forwarding one request to the leader (milliseconds): less than
-/// a client's deadline for one attempt (`client::ATTEMPT_TIMEOUT_MS`, the CLI's 10 s), so
-/// that a forward that reached no leader comes back as "no leader yet", which the client
+/// a client's deadline for one attempt (`quotient_client::policy::ATTEMPT_DEADLINE_MS`, 12 s),
+/// so that a forward that reached no leader comes back as "no leader yet", which the client
 /// retries, rather than as a lost answer.
 pub const FORWARD_TIMEOUT_MS: u64 = 3_000;
 /// Deadline for a membership change: the new member must catch up first (milliseconds).
@@ -111,10 +111,11 @@ impl Forwarder {
                 return Ok(client.clone());
             }
         }
-        let client = ApiClient::over(Arc::clone(&self.client), vec![leader.to_string()])?
-            .with_cluster(self.identity.cluster());
+        let exchange = QuicExchange::over(Arc::clone(&self.client), self.identity.cluster());
+        let client =
+            ApiClient::with_exchange(exchange, vec![leader.to_string()], RetryPolicy::default())?;
         if let Some((_, old)) = cached.replace((leader.to_string(), client.clone())) {
-            old.close_connections();
+            old.close();
         }
         Ok(client)
     }
@@ -146,7 +147,7 @@ pub fn authorise(peer: &PeerIdentity, request: &ApiRequest) -> Result<(), ApiErr
         "a user or admin certificate"
     };
     Err(ApiError::Unauthorized(format!(
-        "{peer} may not do this; it needs {needed} (issue one with `quotient certs issue --role ...`)"
+        "{peer} may not do this; it needs {needed}"
     )))
 }
 
@@ -197,7 +198,7 @@ fn not_leader(forward: &ForwardToLeader<NodeId, BasicNode>) -> ApiError {
 }
 
 fn invalid(error: quotient_common::SpecError) -> ApiError {
-    ApiError::Rejected(Rejection::Invalid(error).to_string())
+    ApiError::Rejected(Rejection::Invalid(error))
 }
 
 impl ApiService {
@@ -280,7 +281,7 @@ impl ApiService {
                 return;
             }
         };
-        let kind = request_kind(request.unwrapped());
+        let kind = request.unwrapped().name();
         let narrow = how_to_narrow(&request);
         let response = self.handle(&peer, request).await;
         let version = stream.version().unwrap_or(API_WIRE.current);
@@ -327,7 +328,7 @@ impl ApiService {
         };
         let peer = &caller;
         if let Err(error) = authorise(peer, &request) {
-            tracing::warn!(%peer, request = request_kind(&request), "refused an unauthorised api request");
+            tracing::warn!(%peer, request = request.name(), "refused an unauthorised api request");
             return ApiResponse::Error(error);
         }
         let deadline = Duration::from_millis(match request {
@@ -358,6 +359,12 @@ impl ApiService {
                 }
                 ApiResponse::Error(error)
             }
+            // A write may still commit after its deadline: the caller must not take this for a
+            // refusal. A read changed nothing, and is worth asking again.
+            Err(_) if write => ApiResponse::Error(ApiError::Uncertain(format!(
+                "no commit within {} ms (is a quorum of coordinators up?)",
+                deadline.as_millis()
+            ))),
             Err(_) => ApiResponse::Error(ApiError::Unavailable(format!(
                 "no answer within {} ms (is a quorum of coordinators up?)",
                 deadline.as_millis()
@@ -399,7 +406,7 @@ impl ApiService {
         let within = within.min(Duration::from_millis(FORWARD_TIMEOUT_MS));
         let client = match self.inner.forwarder.client_of(&leader) {
             Ok(client) => client.with_call_timeout(within),
-            Err(error) => return ApiResponse::Error(ApiError::Unavailable(error.to_string())),
+            Err(error) => return ApiResponse::Error(ApiError::Internal(error.to_string())),
         };
         let forwarded = ApiRequest::Forwarded {
             caller: caller.uri(),
@@ -410,14 +417,17 @@ impl ApiService {
             Err(ClientError::Api(error)) => ApiResponse::Error(error),
             // It reached no leader that would carry it out (the one this coordinator knows
             // is gone, or none is elected yet): as "no leader yet", which clients retry.
-            Err(ClientError::Unavailable { last, .. }) => {
-                tracing::debug!(%leader, %last, "could not forward a request to the leader");
+            Err(error @ (ClientError::Unavailable { .. } | ClientError::Unreachable { .. })) => {
+                tracing::debug!(%leader, %error, "could not forward a request to the leader");
                 ApiResponse::Error(ApiError::NotLeader {
                     leader_id: None,
                     leader_address: None,
                 })
             }
-            Err(error) => ApiResponse::Error(ApiError::Unavailable(format!(
+            Err(ClientError::Uncertain(why)) => ApiResponse::Error(ApiError::Uncertain(format!(
+                "forwarding to the leader at {leader}: {why}"
+            ))),
+            Err(error) => ApiResponse::Error(ApiError::Internal(format!(
                 "forwarding to the leader at {leader}: {error}"
             ))),
         }
@@ -445,7 +455,7 @@ impl ApiService {
                     Outcome::JobSubmitted { job, duplicate } => {
                         Ok(ApiResponse::JobSubmitted { job, duplicate })
                     }
-                    other => Err(ApiError::Unavailable(format!(
+                    other => Err(ApiError::Internal(format!(
                         "unexpected outcome of a submit: {other:?}"
                     ))),
                 }
@@ -505,9 +515,7 @@ impl ApiService {
                     .state_machine
                     .read(|state| views::share_view_named(state, &name))
                     .map(ApiResponse::Share)
-                    .ok_or_else(|| {
-                        ApiError::NotFound(Rejection::UnknownShare(name.clone()).to_string())
-                    })
+                    .ok_or_else(|| ApiError::Rejected(Rejection::UnknownShare(name.clone())))
             }
             ApiRequest::GetJob { job } => {
                 self.linearizable().await?;
@@ -515,7 +523,7 @@ impl ApiService {
                     .state_machine
                     .read(|state| views::job_view_by_id(state, job))
                     .map(ApiResponse::Job)
-                    .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
+                    .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
             }
             ApiRequest::ListJobs { share, state } => {
                 self.linearizable().await?;
@@ -534,7 +542,7 @@ impl ApiService {
                         summary: explanation.summary,
                         details: explanation.details,
                     })
-                    .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))
+                    .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
             }
             ApiRequest::JobLogs {
                 job,
@@ -568,7 +576,7 @@ impl ApiService {
                     |id| peers.refusal(id),
                 )))
             }
-            write => unreachable!("{} is answered by `answer`", request_kind(&write)),
+            write => unreachable!("{} is answered by `answer`", write.name()),
         }
     }
 
@@ -587,12 +595,12 @@ impl ApiService {
         self.inner
             .state_machine
             .read(|state| state.check_remove_node(node))
-            .map_err(|rejection| ApiError::Rejected(rejection.to_string()))?;
+            .map_err(ApiError::Rejected)?;
         if self.inner.agent_links.get(node).is_some() {
-            return Err(ApiError::Rejected(format!(
+            return Err(ApiError::Precondition(format!(
                 "the agent of node {node} is still connected: stop it on its host first, or it \
-                 registers the host again at once as a new, ready node; then run `quotient node \
-                 remove {node}` again"
+                 registers the host again at once as a new, ready node; then remove the node \
+                 again"
             )));
         }
         Ok(())
@@ -622,10 +630,10 @@ impl ApiService {
     }
 
     /// Proposes `command` and waits until it is committed and applied; a rejection is an
-    /// error.
+    /// error. A stopped proposer means this coordinator is shutting down: another serves.
     async fn write(&self, command: Command) -> Result<Outcome, ApiError> {
         match self.inner.proposer.propose(command).await {
-            Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection.to_string())),
+            Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection)),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
             Err(NotProposed::Stopped) => {
@@ -649,9 +657,7 @@ impl ApiService {
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(quorum))) => Err(
                 ApiError::Unavailable(format!("the leader cannot reach a quorum: {quorum}")),
             ),
-            Err(RaftError::Fatal(fatal)) => {
-                Err(ApiError::Unavailable(format!("raft stopped: {fatal}")))
-            }
+            Err(RaftError::Fatal(fatal)) => Err(raft_stopped(&fatal)),
         }
     }
 
@@ -682,8 +688,8 @@ impl ApiService {
             let why = self.inner.peers.refusal(id).unwrap_or_else(|| {
                 format!("is it running, and reachable from the leader at {address}?")
             });
-            return Err(ApiError::Unavailable(format!(
-                "coordinator {id} was added as a learner but did not catch up within {} s, so it is not a voter: {why}; run add-member again once it is fixed",
+            return Err(ApiError::Precondition(format!(
+                "coordinator {id} was added as a learner but did not catch up within {} s, so it is not a voter: {why}; add it again once it is fixed",
                 LEARNER_CATCH_UP_MS / 1_000
             )));
         }
@@ -701,7 +707,7 @@ impl ApiService {
         let membership = metrics.membership_config.membership();
         if membership.get_node(&id).is_none() {
             return Err(ApiError::NotFound(format!(
-                "no coordinator {id} in the cluster: see `quotient cluster status`"
+                "no coordinator {id} in the cluster"
             )));
         }
         tracing::info!(id, "removing a coordinator");
@@ -773,45 +779,21 @@ pub fn answer_frame(
     })
 }
 
-/// The request's name alone, for logs: a job's environment may hold secrets.
-fn request_kind(request: &ApiRequest) -> &'static str {
-    match request {
-        ApiRequest::CreateShare(_) => "CreateShare",
-        ApiRequest::UpdateShare { .. } => "UpdateShare",
-        ApiRequest::DeleteShare { .. } => "DeleteShare",
-        ApiRequest::ListShares => "ListShares",
-        ApiRequest::GetShare { .. } => "GetShare",
-        ApiRequest::SubmitJob(_) => "SubmitJob",
-        ApiRequest::GetJob { .. } => "GetJob",
-        ApiRequest::ListJobs { .. } => "ListJobs",
-        ApiRequest::UpdateJobPriority { .. } => "UpdateJobPriority",
-        ApiRequest::CancelJob { .. } => "CancelJob",
-        ApiRequest::ExplainJob { .. } => "ExplainJob",
-        ApiRequest::ListNodes => "ListNodes",
-        ApiRequest::CordonNode { .. } => "CordonNode",
-        ApiRequest::UncordonNode { .. } => "UncordonNode",
-        ApiRequest::DrainNode { .. } => "DrainNode",
-        ApiRequest::ClusterStatus => "ClusterStatus",
-        ApiRequest::AddMember { .. } => "AddMember",
-        ApiRequest::RemoveMember { .. } => "RemoveMember",
-        ApiRequest::Health => "Health",
-        ApiRequest::JobLogs { .. } => "JobLogs",
-        ApiRequest::ViaLeader(_) => "ViaLeader",
-        ApiRequest::Forwarded { .. } => "Forwarded",
-        ApiRequest::InCluster { .. } => "InCluster",
-        ApiRequest::InitCluster => "InitCluster",
-        ApiRequest::RemoveNode { .. } => "RemoveNode",
-    }
-}
-
 fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
-            ApiError::Rejected(format!("membership change refused: {change}"))
+            ApiError::Precondition(format!("membership change refused: {change}"))
         }
-        RaftError::Fatal(fatal) => ApiError::Unavailable(format!("raft stopped: {fatal}")),
+        RaftError::Fatal(fatal) => raft_stopped(&fatal),
     }
+}
+
+/// A Raft that stopped for good (a storage write failed, say): this coordinator serves
+/// nothing until it is restarted, so the error is `Stopped`, which a client takes to another
+/// coordinator and never back to this one.
+pub(crate) fn raft_stopped(fatal: &openraft::error::Fatal<NodeId>) -> ApiError {
+    ApiError::Stopped(format!("raft stopped: {fatal}; its log says why"))
 }
 
 #[cfg(test)]
@@ -886,47 +868,5 @@ mod tests {
             }
             other => panic!("expected AnswerTooLarge, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn an_answer_the_forwarding_client_cannot_read_is_not_called_a_bad_request() {
-        // Proves that a follower forwarding to a leader that could not send its answer whole
-        // (cut short) or sent one over the limit relays what happened, not "bad request".
-        let list = ApiRequest::ListJobs {
-            share: None,
-            state: None,
-        };
-        let cut_short = crate::client::unreadable_answer(
-            "leader:7401",
-            &list,
-            FrameError::Truncated {
-                expected: 4,
-                received: 0,
-            },
-        );
-        let text = cut_short.to_string();
-        assert!(
-            text.contains("cut short") && text.contains("--share NAME"),
-            "{text}"
-        );
-        assert!(!text.contains("bad request"), "{text}");
-        let too_large = crate::client::unreadable_answer(
-            "leader:7401",
-            &list,
-            FrameError::TooLarge {
-                size: 20_000_000,
-                limit: API_FRAME_BYTES_MAX,
-            },
-        );
-        assert!(
-            matches!(
-                too_large,
-                ApiError::AnswerTooLarge {
-                    size_bytes: 20_000_000,
-                    ..
-                }
-            ),
-            "{too_large:?}"
-        );
     }
 }

@@ -44,7 +44,7 @@ pub fn new_cluster_id() -> Result<ClusterId, ApiError> {
     let mut bytes = [0u8; 16];
     SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| ApiError::Unavailable("the system's random source failed".to_string()))?;
+        .map_err(|_| ApiError::Internal("the system's random source failed".to_string()))?;
     Ok(ClusterId::from_bytes(bytes))
 }
 
@@ -57,16 +57,16 @@ pub async fn init(
 ) -> Result<ClusterInitView, ApiError> {
     let me = identity.member();
     if let Some(cluster) = identity.cluster() {
-        return Err(ApiError::Rejected(format!(
-            "coordinator {me} already belongs to cluster {cluster}: a cluster is initialised once; add coordinators to it with `quotient cluster add-member`"
+        return Err(ApiError::Precondition(format!(
+            "coordinator {me} already belongs to cluster {cluster}: a cluster is initialised once; add coordinators to it as members"
         )));
     }
     let initialised = raft
         .is_initialized()
         .await
-        .map_err(|error| ApiError::Unavailable(format!("reading the raft state: {error}")))?;
+        .map_err(|error| ApiError::Internal(format!("reading the raft state: {error}")))?;
     if initialised {
-        return Err(ApiError::Rejected(format!(
+        return Err(ApiError::Precondition(format!(
             "coordinator {me} already holds Raft state: a cluster is initialised once"
         )));
     }
@@ -80,17 +80,17 @@ pub async fn init(
     let joining = identity.clone();
     tokio::task::spawn_blocking(move || joining.join(cluster))
         .await
-        .map_err(|error| ApiError::Unavailable(error.to_string()))?
-        .map_err(|error| ApiError::Unavailable(error.to_string()))?;
+        .map_err(|error| ApiError::Internal(error.to_string()))?
+        .map_err(|error| ApiError::Internal(error.to_string()))?;
     tracing::info!(%cluster, member = me, "bootstrapping a new cluster with this coordinator as its first voter");
     raft.initialize(BTreeMap::from([(me, BasicNode::new(my_address))]))
         .await
-        .map_err(|error| ApiError::Unavailable(format!("initialising raft: {error}")))?;
+        .map_err(|error| ApiError::Internal(format!("initialising raft: {error}")))?;
     raft.wait(Some(Duration::from_millis(INIT_LEAD_TIMEOUT_MS)))
         .state(ServerState::Leader, "lead the new cluster")
         .await
         .map_err(|error| {
-            ApiError::Unavailable(format!(
+            ApiError::Internal(format!(
                 "the new cluster {cluster} was initialised, but this coordinator did not lead it in time: {error}"
             ))
         })?;
@@ -104,7 +104,7 @@ pub async fn init(
         tracing::info!(id, %address, "adding an initial peer as a learner");
         raft.add_learner(*id, BasicNode::new(address.clone()), false)
             .await
-            .map_err(|error| ApiError::Unavailable(format!("adding coordinator {id}: {error}")))?;
+            .map_err(|error| ApiError::Internal(format!("adding coordinator {id}: {error}")))?;
     }
     let caught_up = wait_caught_up(
         raft,
@@ -116,7 +116,7 @@ pub async fn init(
         raft.change_membership(ChangeMembers::AddVoterIds(caught_up.clone()), false)
             .await
             .map_err(|error| {
-                ApiError::Unavailable(format!("making the initial peers voters: {error}"))
+                ApiError::Internal(format!("making the initial peers voters: {error}"))
             })?;
     }
     let pending = others

@@ -34,7 +34,7 @@ pub struct LogTarget {
 pub fn log_target(state: &State, job: JobId, attempt: Option<u32>) -> Result<LogTarget, ApiError> {
     let record = state
         .job(job)
-        .ok_or_else(|| ApiError::NotFound(Rejection::UnknownJob(job).to_string()))?;
+        .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))?;
     let latest = record.attempts;
     let holds_gpus = record.allocation.is_some();
     let allocation_node = record
@@ -191,7 +191,7 @@ mod tests {
         );
         assert!(matches!(
             log_target(&log.state, JobId(99), None),
-            Err(ApiError::NotFound(_))
+            Err(ApiError::Rejected(Rejection::UnknownJob(_)))
         ));
 
         log.schedule();

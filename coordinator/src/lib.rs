@@ -25,14 +25,12 @@
 //! - [`node_disks`]: the leader's in-memory record of each agent's disk use.
 //! - [`proposer`]: batches client commands into Raft entries (one fsync for many writes).
 //! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
-//! - [`client`]: a small Rust client of the API that follows redirects (tests, benchmarks).
 //! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
 
 pub mod agent_links;
 pub mod agent_service;
 pub mod api;
 pub mod applied;
-pub mod client;
 pub mod cluster_init;
 pub mod config;
 pub mod coordinator;
@@ -52,6 +50,5 @@ pub mod views;
 #[cfg(test)]
 mod test_log;
 
-pub use client::{ApiClient, ClientError};
 pub use config::CoordinatorConfig;
 pub use coordinator::{run, Coordinator, CoordinatorError};

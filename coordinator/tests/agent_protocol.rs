@@ -8,6 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use quotient_client::ApiClient;
 use quotient_common::agent_api::{
     ActualAttempt, ActualPhase, AgentError, AgentRequest, AgentResponse, DesiredState, Fence,
     WireIntent, ACTUAL_ATTEMPTS_MAX, WATCH_TIMEOUT_MS,
@@ -23,7 +24,6 @@ use quotient_common::{
 };
 use quotient_coordinator::agent_service::LEADER_QUORUM_ACK_MAX_MS;
 use quotient_coordinator::config::AGENT_LEASE_DEFAULT_MS;
-use quotient_coordinator::ApiClient;
 use support::{class, poll_until, Cluster, CONVERGE};
 
 /// Deadline of one fake-agent request (a watch adds the server's long-poll time).

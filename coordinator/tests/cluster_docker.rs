@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use quotient_client::ClientError;
 use quotient_common::api::ApiRequest;
 use quotient_common::JobId;
-use quotient_coordinator::ClientError;
 use support::{create_share, holds_exactly, job, submit, Cluster};
 
 /// A call to the unplugged leader gives up after this.
@@ -243,7 +243,7 @@ async fn the_cli_given_only_a_follower_is_served_through_it() {
 
 /// The state and node of job `id` as the leader sees it.
 async fn placement(
-    client: &quotient_coordinator::ApiClient,
+    client: &quotient_client::ApiClient,
     id: &str,
 ) -> Option<(String, Option<String>, u32)> {
     support::jobs(client)
@@ -254,7 +254,7 @@ async fn placement(
 }
 
 /// Whether node `name` is `ready` as the leader sees it.
-async fn is_ready(client: &quotient_coordinator::ApiClient, name: &str) -> bool {
+async fn is_ready(client: &quotient_client::ApiClient, name: &str) -> bool {
     match client.call(ApiRequest::ListNodes).await {
         Ok(quotient_common::api::ApiResponse::Nodes(nodes)) => nodes
             .iter()

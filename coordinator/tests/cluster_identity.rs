@@ -7,8 +7,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use quotient_client::ClientError;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
-use quotient_coordinator::ClientError;
+use quotient_common::ErrorCode;
 use quotient_core::{apply, ApplyCtx, Command, State};
 use support::{
     create_share, holds_exactly, job, poll_until, submit, Cluster, CONVERGE, INIT_WITHIN,
@@ -35,8 +36,9 @@ async fn a_member_of_another_cluster_is_refused_by_every_exchange_naming_both_id
         .call(ApiRequest::InitCluster)
         .await;
     match again {
-        Err(ClientError::Api(ApiError::Rejected(text))) => {
-            assert!(text.contains(&ours.to_string()), "{text}")
+        Err(ClientError::Api(error @ ApiError::Precondition(_))) => {
+            assert_eq!(error.code(), ErrorCode::FailedPrecondition);
+            assert!(error.to_string().contains(&ours.to_string()), "{error}")
         }
         other => panic!("a second init must be refused: {other:?}"),
     }

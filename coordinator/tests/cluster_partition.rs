@@ -12,13 +12,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use quotient_client::{ApiClient, ClientError};
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::{JobId, JobSpec};
-use quotient_coordinator::{ApiClient, ClientError};
 use support::{create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, submit, Cluster};
 
-/// A call to the cut-off leader gives up after this; longer than one attempt
-/// (`quotient_coordinator::client::ATTEMPT_TIMEOUT_MS`), so a read is tried twice.
+/// A call to the cut-off leader gives up after this, within one attempt's deadline
+/// (`quotient_client::policy::ATTEMPT_DEADLINE_MS`): its answer never comes.
 const CALL_TO_THE_CUT_OFF_LEADER: Duration = Duration::from_secs(8);
 
 /// A leader that hears nothing is replaced within this: its connections give up after a few

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use openraft::raft::VoteRequest;
 use openraft::Vote;
+use quotient_client::ClientError;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
 use quotient_common::certs::{self, PeerIdentity};
 use quotient_common::frame::{self, FrameError, FRAME_MAGIC, MAX_FRAME_BYTES};
@@ -22,9 +23,8 @@ use quotient_common::transport::{
     STREAM_CODE_BAD_FRAME, STREAM_CODE_FRAME_TOO_LARGE, STREAM_CODE_UNSUPPORTED_VERSION,
 };
 use quotient_common::version::{API_WIRE, RAFT_WIRE};
-use quotient_common::{JobId, ShareUpdate};
+use quotient_common::{ErrorCode, JobId, ShareUpdate};
 use quotient_coordinator::network::{RaftRequest, RaftResponse};
-use quotient_coordinator::ClientError;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::{create_share, job, jobs, poll_until, share, shares, submit, Cluster, CONVERGE};
@@ -124,9 +124,13 @@ fn header(version: u16, length: u32) -> Vec<u8> {
     header
 }
 
-fn rejected(result: Result<ApiResponse, ClientError>) -> String {
+/// The text of the rejection `result` must be, which must carry `code`.
+fn rejected(result: Result<ApiResponse, ClientError>, code: ErrorCode) -> String {
     match result {
-        Err(ClientError::Api(ApiError::Rejected(text))) => text,
+        Err(ClientError::Api(error @ ApiError::Rejected(_))) => {
+            assert_eq!(error.code(), code, "{error}");
+            error.to_string()
+        }
         other => panic!("expected a rejection, got {other:?}"),
     }
 }
@@ -386,11 +390,11 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
     let before = (shares(&admin).await, jobs(&admin).await);
 
     eprintln!("--- unknown share");
-    let text = rejected(admin.call(ApiRequest::SubmitJob(job("nobody", 5))).await);
-    assert!(
-        text.contains("no share named nobody") && text.contains("quotient share list"),
-        "{text}"
+    let text = rejected(
+        admin.call(ApiRequest::SubmitJob(job("nobody", 5))).await,
+        ErrorCode::NotFound,
     );
+    assert!(text.contains("no share named nobody"), "{text}");
     let text = rejected(
         admin
             .call(ApiRequest::UpdateShare {
@@ -398,11 +402,15 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
                 update: ShareUpdate::default(),
             })
             .await,
+        ErrorCode::NotFound,
     );
     assert!(text.contains("no share named nobody"), "{text}");
 
     eprintln!("--- priority out of range");
-    let text = rejected(admin.call(ApiRequest::SubmitJob(job("team", 10_000))).await);
+    let text = rejected(
+        admin.call(ApiRequest::SubmitJob(job("team", 10_000))).await,
+        ErrorCode::InvalidArgument,
+    );
     assert!(text.contains("priority"), "{text}");
     let text = rejected(
         admin
@@ -411,11 +419,15 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
                 priority: 10_000,
             })
             .await,
+        ErrorCode::InvalidArgument,
     );
     assert!(text.contains("priority"), "{text}");
 
     eprintln!("--- duplicate share name");
-    let text = rejected(admin.call(ApiRequest::CreateShare(share("team"))).await);
+    let text = rejected(
+        admin.call(ApiRequest::CreateShare(share("team"))).await,
+        ErrorCode::Conflict,
+    );
     assert!(text.contains("already exists"), "{text}");
 
     eprintln!("--- deleting an enabled share");
@@ -425,9 +437,10 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
                 name: "team".to_string(),
             })
             .await,
+        ErrorCode::FailedPrecondition,
     );
     assert!(
-        text.contains("is enabled") && text.contains("--state disabled"),
+        text.contains("is enabled") && text.contains("disable it"),
         "{text}"
     );
 
@@ -446,7 +459,7 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
             node: "node-9".to_string(),
         },
     ] {
-        let text = rejected(admin.call(request).await);
+        let text = rejected(admin.call(request).await, ErrorCode::NotFound);
         assert!(text.contains("no node named node-9"), "{text}");
     }
     match admin.call(ApiRequest::ListNodes).await {
@@ -455,12 +468,11 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
     }
 
     eprintln!("--- unknown job");
-    match admin.call(ApiRequest::GetJob { job: JobId(999) }).await {
-        Err(ClientError::Api(ApiError::NotFound(text))) => {
-            assert!(text.contains("j-999"), "{text}")
-        }
-        other => panic!("expected not found, got {other:?}"),
-    }
+    let text = rejected(
+        admin.call(ApiRequest::GetJob { job: JobId(999) }).await,
+        ErrorCode::NotFound,
+    );
+    assert!(text.contains("j-999"), "{text}");
 
     eprintln!("--- a command and environment too large to launch");
     // The job: 256 values of 16,000 bytes pass every per-field limit, but execve
@@ -471,7 +483,10 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
             .env
             .insert(format!("VALUE_{index}"), "x".repeat(16_000));
     }
-    let text = rejected(admin.call(ApiRequest::SubmitJob(large)).await);
+    let text = rejected(
+        admin.call(ApiRequest::SubmitJob(large)).await,
+        ErrorCode::InvalidArgument,
+    );
     assert!(
         text.contains(&format!("over the limit of {LAUNCH_BYTES_MAX} bytes"))
             && text.contains("through a file"),

@@ -14,10 +14,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use quotient_client::ApiClient;
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::tls::TlsFiles;
 use quotient_common::{GpuClass, JobId, JobSpec, ShareSpec, ShareState, Strategy};
-use quotient_coordinator::client::ApiClient;
 use quotient_tests::{poll_until, DevCluster};
 
 const ROUNDS_DEFAULT: usize = 200;

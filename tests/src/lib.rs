@@ -8,7 +8,8 @@
 //! target folder and fails with a message to build the workspace when one is missing.
 //!
 //! [`DevCluster`] is a `quotient dev up` cluster that is stopped however the test ends
-//! (`dev down`, then SIGKILL of whatever is left); [`poll_until`] waits with a deadline.
+//! (`dev down`, then SIGKILL of whatever is left), whose leader a test can kill
+//! ([`DevCluster::kill_leader_then`]); [`poll_until`] waits with a deadline.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -158,6 +159,49 @@ impl DevCluster {
             .unwrap_or_else(|error| panic!("{arguments:?}: {error}: {stdout}"))
     }
 
+    /// The leading coordinator's id and process id, from `cluster status` and `cluster.json`.
+    pub fn leader(&self) -> (u64, libc::pid_t) {
+        let status = self.json(&["cluster", "status", "-o", "json"]);
+        let leader = status["leader"].as_u64().expect("a leader");
+        let file = std::fs::read_to_string(self.dir.join("cluster.json")).expect("cluster.json");
+        let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
+        let pid = file["coordinators"]
+            .as_array()
+            .expect("coordinators")
+            .iter()
+            .find(|entry| entry["id"] == leader)
+            .and_then(|entry| entry["pid"].as_i64())
+            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+            .expect("the leader's pid");
+        (leader, pid)
+    }
+
+    /// Waits until `cluster health` reports every coordinator healthy.
+    pub fn wait_healthy(&self, timeout: Duration) {
+        poll_until("every coordinator healthy", timeout, || {
+            let output = self.run(&["cluster", "health"]);
+            if output.status.success() {
+                Ok(())
+            } else {
+                Err(text(&output.stderr))
+            }
+        });
+    }
+
+    /// SIGKILLs the leading coordinator and at once runs `quotient ARGUMENTS`; the time from
+    /// the kill to the command's exit, and its output.
+    pub fn kill_leader_then(&self, arguments: &[&str]) -> (Duration, Output) {
+        let (leader, pid) = self.leader();
+        eprintln!("--- coordinator {leader}, the leader, is killed");
+        let killed = Instant::now();
+        // SAFETY: kill(2) on a coordinator this cluster started; plain integers.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        let output = self.run(arguments);
+        (killed.elapsed(), output)
+    }
+
     /// The end of every coordinator and agent log, for a failure message.
     pub fn logs(&self) -> String {
         let mut all = String::new();
@@ -215,6 +259,29 @@ impl Drop for DevCluster {
             }
         }
     }
+}
+
+/// The write a failover test or benchmark times: a one-GPU job of share `team` running
+/// `true`, submitted through the CLI ([`failover_cluster`] makes the share).
+pub const FAILOVER_SUBMIT: [&str; 10] = [
+    "job",
+    "submit",
+    "--share",
+    "team",
+    "--priority",
+    "1",
+    "--gpus",
+    "1",
+    "--",
+    "true",
+];
+
+/// Three coordinators and no agent (`dev up --nodes 0`), with the share `team` that
+/// [`FAILOVER_SUBMIT`] submits to.
+pub fn failover_cluster() -> DevCluster {
+    let cluster = DevCluster::up(&["--nodes", "0"]);
+    cluster.create_share("team", 1, "lend", &[]);
+    cluster
 }
 
 /// A training job: records each start (and the checkpoint it resumes from) in its

@@ -13,11 +13,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quotient_client::ApiClient;
 use quotient_common::api::{ApiRequest, ApiResponse, API_FRAME_BYTES_MAX};
 use quotient_common::frame;
 use quotient_common::tls::TlsFiles;
 use quotient_common::JobSpec;
-use quotient_coordinator::ApiClient;
 use quotient_tests::DevCluster;
 
 /// Submissions in flight at once.

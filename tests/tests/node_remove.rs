@@ -32,7 +32,7 @@ fn nodes(cluster: &DevCluster) -> Vec<(String, String, Vec<String>)> {
         .collect()
 }
 
-/// Runs `quotient node remove NAME`, which must fail; its stderr.
+/// Runs `quotient node remove NAME`, which must fail as something to change first; its stderr.
 fn refused(cluster: &DevCluster, name: &str) -> String {
     let output = cluster.run(&["node", "remove", name]);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -40,6 +40,10 @@ fn refused(cluster: &DevCluster, name: &str) -> String {
         !output.status.success(),
         "removing {name} was accepted: {}",
         String::from_utf8_lossy(&output.stdout)
+    );
+    assert!(
+        stderr.starts_with("error[FailedPrecondition]: "),
+        "{stderr}"
     );
     stderr
 }
@@ -151,8 +155,11 @@ fn a_node_is_removed_once_drained_and_its_agent_stopped_and_comes_back_as_a_new_
     assert_eq!(names, ["node-1"]);
     let output = cluster.run(&["node", "remove", "node-2", "-o", "json"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
+    let refusal: Value = serde_json::from_str(stderr.trim()).expect("one JSON document");
     assert!(
-        !output.status.success() && stderr.contains("no node named node-2"),
+        !output.status.success()
+            && refusal["error"]["code"] == "NotFound"
+            && stderr.contains("no node named node-2"),
         "removed twice: {stderr}"
     );
 

@@ -311,20 +311,7 @@ fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
         killed_at.as_secs(),
         killed_at.subsec_millis()
     );
-    let status = walk.cluster.json(&["cluster", "status", "-o", "json"]);
-    let leader = status["leader"].as_u64().expect("a leader");
-    let cluster_file: Value = serde_json::from_str(
-        &std::fs::read_to_string(walk.cluster.dir.join("cluster.json")).expect("cluster.json"),
-    )
-    .expect("cluster.json is JSON");
-    let pid = cluster_file["coordinators"]
-        .as_array()
-        .expect("coordinators")
-        .iter()
-        .find(|entry| entry["id"] == leader)
-        .and_then(|entry| entry["pid"].as_i64())
-        .and_then(|pid| libc::pid_t::try_from(pid).ok())
-        .expect("the leader's pid");
+    let (leader, pid) = walk.cluster.leader();
     // SAFETY: kill(2) on a coordinator this test's cluster started; plain integers.
     unsafe {
         libc::kill(pid, libc::SIGKILL);

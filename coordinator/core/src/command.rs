@@ -7,9 +7,11 @@ use serde::{Deserialize, Serialize};
 
 // An agent's report is replicated as it was sent; its home is the protocol crate.
 pub use quotient_common::job_report::{JobEvent, JobReport};
-use quotient_common::{
-    JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareUpdate, SpecError,
-};
+use quotient_common::{JobId, JobSpec, NodeInventory, NodeState, ShareSpec, ShareUpdate};
+
+/// Why a command was refused: defined beside the API's errors, which carry it whole to
+/// clients ([`quotient_common::api::ApiError::Rejected`]).
+pub use quotient_common::Rejection;
 
 use crate::plan::Plan;
 use crate::state::NodeId;
@@ -113,65 +115,4 @@ impl Outcome {
     pub fn is_rejected(&self) -> bool {
         matches!(self, Outcome::Rejected(_))
     }
-}
-
-/// Why a command was refused. Nothing in the state changed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum Rejection {
-    #[error("{0}")]
-    Invalid(SpecError),
-    #[error("no share named {0}: list shares with `quotient share list`")]
-    UnknownShare(String),
-    #[error("a share named {0} already exists: pick another name or use `quotient share update`")]
-    DuplicateShare(String),
-    #[error(
-        "share {0} is enabled: disable it first with `quotient share update {0} --state disabled`"
-    )]
-    ShareEnabled(String),
-    #[error("share {0} is disabled and refuses new jobs: enable it with `quotient share update {0} --state enabled`")]
-    ShareDisabled(String),
-    #[error("share {share} has no limit for GPU class {class}: use one of {classes}")]
-    UnknownClass {
-        share: String,
-        class: String,
-        classes: String,
-    },
-    #[error("share {share} has limits for several GPU classes ({classes}): pass --gpu-class")]
-    ClassRequired { share: String, classes: String },
-    #[error("no job {0}: list jobs with `quotient job list`")]
-    UnknownJob(JobId),
-    #[error("job {job} is {state} and can no longer change")]
-    JobTerminal { job: JobId, state: JobState },
-    #[error("no node named {0}: list nodes with `quotient node list`")]
-    UnknownNode(String),
-    #[error("node {0} is lost: it must register again before its state can change")]
-    NodeLost(String),
-    #[error("node {node} has no GPU with index {index}")]
-    UnknownGpu { node: String, index: u32 },
-    #[error("the cluster holds its maximum of {max} {what}")]
-    TooMany { what: String, max: u64 },
-    #[error("stale report for {job} attempt {attempt} from {node}: {why}")]
-    StaleReport {
-        job: JobId,
-        attempt: u32,
-        node: String,
-        why: String,
-    },
-    #[error("stale plan action: {0}")]
-    StalePlan(String),
-    #[error(
-        "node {0} is ready and may be given jobs at any moment: cordon it first \
-         (`quotient node cordon {0}`, or `quotient node drain {0}` to move its jobs off), stop its \
-         agent, then remove it"
-    )]
-    NodeReady(String),
-    #[error(
-        "node {node} still holds {jobs} job(s), {first} first: drain it (`quotient node drain \
-         {node}`) and remove it once `quotient node list` shows none of its GPUs held"
-    )]
-    NodeHasJobs {
-        node: String,
-        jobs: u64,
-        first: JobId,
-    },
 }

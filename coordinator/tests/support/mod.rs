@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use quotient_client::ApiClient;
 use quotient_common::api::{ApiRequest, ApiResponse, ClusterView, HealthView};
 use quotient_common::certs::{self, Role};
 use quotient_common::tls::TlsFiles;
 use quotient_common::{ClusterId, GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
-use quotient_coordinator::ApiClient;
 
 use docker_hosts::{DockerHosts, DOCKER_PORT};
 use fault_proxy::{udp_ports_of, FaultProxy};

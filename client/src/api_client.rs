@@ -1,0 +1,435 @@
+//! [`ApiClient`]: sends a request to the cluster and finds the leader on the way.
+//!
+//! The client is given any subset of the coordinators. A client that has no connection yet
+//! connects to all of them at once and starts with the first that answers; if none does, it
+//! keeps trying until its deadline, or, with [`RetryPolicy::fail_fast_unreachable`] (the
+//! command line's), fails at once with what each said, so that a stopped cluster does not
+//! cost a person the whole deadline. Then, within one deadline per call ([`RetryPolicy`]):
+//!
+//! - A follower answers `NotLeader` with the leader's address, which is followed at once (at
+//!   most [`RetryPolicy::redirects_max`] hops in a row before a pause), so the caller never
+//!   sees "not leader".
+//! - A leader named by a follower that does not answer a handshake is handled by whether this
+//!   client could reach it when up. When its address is one of the client's, it is most likely
+//!   the leader just killed, and the follower has not noticed yet: the client waits briefly and
+//!   asks the follower again, until the follower names the new leader (the coordinators'
+//!   default Raft timing replaces a dead leader within about a second). When it is not (the coordinators know each other by names or addresses of a network
+//!   this client is not on), the request goes back to the follower wrapped as
+//!   [`ApiRequest::ViaLeader`], and the follower forwards it; the client remembers to wrap
+//!   from then on.
+//! - While a leader is being elected (an error that is [`ApiError::retryable`]) it pauses
+//!   briefly ([`RetryPolicy::backoff`], doubling) and asks again.
+//! - A coordinator whose Raft stopped ([`ApiError::Stopped`]) is not asked again in the call;
+//!   the others are, until none is left. A write it refused may still be applied by the
+//!   others, so one that is not safe to send twice fails as [`ClientError::Uncertain`].
+//! - A request whose answer was lost after it was sent may have been carried out, so it is
+//!   sent again only when that is harmless ([`is_retry_safe`]: reads, and submits with an
+//!   idempotency key). Any other write fails as [`ClientError::Uncertain`], for the caller to
+//!   check; so does a retried write whose deadline ran out after one of its answers was lost.
+//!
+//! The coordinator's forwarding to the leader, the command line (through its synchronous
+//! wrapper), the tests and the benchmarks all use this one client, so they follow the same
+//! rules and deadlines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
+use quotient_common::tls::{TlsFiles, TlsIdentity};
+use quotient_common::transport;
+use quotient_common::ClusterId;
+use tokio::time::Instant;
+
+use crate::client_error::ClientError;
+use crate::exchange::{Exchange, ExchangeError, HandshakeWait};
+use crate::policy::{is_retry_safe, RetryPolicy};
+use crate::quic_exchange::QuicExchange;
+
+/// A client of the coordinator API. Cheap to clone; clones share connections.
+#[derive(Debug)]
+pub struct ApiClient<E: Exchange = QuicExchange> {
+    exchange: Arc<E>,
+    addresses: Arc<Vec<String>>,
+    policy: RetryPolicy,
+    state: Arc<Mutex<ClientState>>,
+}
+
+impl<E: Exchange> Clone for ApiClient<E> {
+    fn clone(&self) -> Self {
+        ApiClient {
+            exchange: Arc::clone(&self.exchange),
+            addresses: Arc::clone(&self.addresses),
+            policy: self.policy,
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+/// What a client learnt from earlier calls.
+#[derive(Debug, Default)]
+struct ClientState {
+    /// The address that last answered (the leader, most likely): the next call starts there.
+    preferred: Option<String>,
+    /// Set once a follower redirected a call to an address this client could not reach and
+    /// that is not among its own: from then on every request asks to be served through the
+    /// leader ([`ApiRequest::ViaLeader`]).
+    via_leader: bool,
+    /// Whether any coordinator ever answered this client: one that did keeps trying until
+    /// its deadline whatever [`RetryPolicy::fail_fast_unreachable`] says (a restart, a
+    /// failover).
+    reached: bool,
+}
+
+impl ApiClient<QuicExchange> {
+    /// A client of the coordinators at `addresses` (`HOST:PORT`, any subset of the cluster)
+    /// presenting the certificate in `tls`. Connects on the first call.
+    pub fn connect(addresses: Vec<String>, tls: &TlsFiles) -> Result<Self, ClientError> {
+        Self::with_identity(addresses, TlsIdentity::load(tls)?)
+    }
+
+    /// As [`ApiClient::connect`], with TLS material already loaded.
+    pub fn with_identity(
+        addresses: Vec<String>,
+        identity: TlsIdentity,
+    ) -> Result<Self, ClientError> {
+        Self::over(Arc::new(transport::Client::new(identity)), addresses)
+    }
+
+    /// A client of the coordinators at `addresses` that connects with `client`, already set
+    /// up (a coordinator's own, to forward requests to the leader).
+    pub fn over(
+        client: Arc<transport::Client>,
+        addresses: Vec<String>,
+    ) -> Result<Self, ClientError> {
+        Self::with_exchange(
+            QuicExchange::over(client, None),
+            addresses,
+            RetryPolicy::default(),
+        )
+    }
+
+    /// Another client of the same coordinators with its own connections, sharing this one's
+    /// UDP socket and TLS settings: many clients in one process (a benchmark, a tool) without
+    /// a socket and an endpoint task each.
+    pub fn sibling(&self) -> ApiClient {
+        ApiClient {
+            exchange: Arc::new(self.exchange.sibling(self.exchange.cluster())),
+            addresses: Arc::clone(&self.addresses),
+            policy: self.policy,
+            state: Arc::new(Mutex::new(ClientState::default())),
+        }
+    }
+
+    /// The same coordinators, sending every request for `cluster` only: a coordinator of
+    /// another cluster refuses it with [`ApiError::OtherCluster`]. `None` sends requests bare.
+    /// The new client has connections of its own.
+    pub fn with_cluster(self, cluster: Option<ClusterId>) -> Self {
+        ApiClient {
+            exchange: Arc::new(self.exchange.sibling(cluster)),
+            addresses: self.addresses,
+            policy: self.policy,
+            state: Arc::new(Mutex::new(ClientState::default())),
+        }
+    }
+}
+
+impl<E: Exchange> ApiClient<E> {
+    /// A client of `addresses` over `exchange` (a scripted one in tests).
+    pub fn with_exchange(
+        exchange: E,
+        addresses: Vec<String>,
+        policy: RetryPolicy,
+    ) -> Result<Self, ClientError> {
+        if addresses.is_empty() {
+            return Err(ClientError::NoAddresses);
+        }
+        Ok(ApiClient {
+            exchange: Arc::new(exchange),
+            addresses: Arc::new(addresses),
+            policy,
+            state: Arc::new(Mutex::new(ClientState::default())),
+        })
+    }
+
+    /// The same client (sharing its connections) with another retry policy.
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The same client (sharing its connections) with another deadline per call.
+    pub fn with_call_timeout(mut self, deadline: Duration) -> Self {
+        self.policy.call_deadline = deadline;
+        self
+    }
+
+    /// The coordinators this client was given.
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    /// The retry policy it follows.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// The exchange it sends requests over.
+    pub fn exchange(&self) -> &E {
+        &self.exchange
+    }
+
+    fn handshake(&self, patience: Option<Duration>) -> HandshakeWait {
+        HandshakeWait {
+            deadline: self.policy.connect_deadline,
+            patience,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ClientState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `request` to the leader (found by redirects) and returns its answer; an
+    /// `ApiResponse::Error` other than a redirect or "no leader yet" becomes
+    /// [`ClientError::Api`]. The rules are in the module docs.
+    pub async fn call(&self, request: ApiRequest) -> Result<ApiResponse, ClientError> {
+        let (call_deadline, attempt_deadline) = self.policy.deadlines(&request);
+        let started = Instant::now();
+        let deadline = started + call_deadline;
+        let retry_safe = is_retry_safe(&request);
+        let write = request.is_write();
+        let wrapped = matches!(
+            request,
+            ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
+        );
+        // What each address said last, for the final error.
+        let mut last_errors: BTreeMap<String, String> = BTreeMap::new();
+        let mut next: Option<String> = self.lock().preferred.clone();
+        if !self.exchange.has_open_connection() {
+            let within = self.policy.connect_deadline.min(call_deadline);
+            match self.exchange.connect_first(&self.addresses, within).await {
+                Ok(first) => next = Some(first),
+                Err(errors) if self.policy.fail_fast_unreachable && !self.lock().reached => {
+                    return Err(ClientError::Unreachable {
+                        tried: describe(&errors),
+                    })
+                }
+                Err(errors) => last_errors.extend(errors),
+            }
+        }
+        // The rotation goes on from the address tried first.
+        let mut round = next
+            .as_ref()
+            .and_then(|first| self.addresses.iter().position(|a| a == first))
+            .map_or(0, |index| index + 1);
+        let mut redirects = 0u32;
+        let mut unreachable_in_a_row = 0usize;
+        let mut backoff = self.policy.backoff;
+        // The follower whose redirect is being followed.
+        let mut redirected_by: Option<String> = None;
+        let mut via_leader: Option<ApiRequest> = None;
+        // Whether a write may have been carried out by an attempt whose answer was lost.
+        let mut maybe_applied = false;
+        // Coordinators whose Raft stopped: not asked again in this call.
+        let mut stopped: BTreeSet<String> = BTreeSet::new();
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                let after_ms = u64::try_from(call_deadline.as_millis()).unwrap_or(u64::MAX);
+                return Err(if write && maybe_applied {
+                    ClientError::Uncertain(format!(
+                        "no answer within {after_ms} ms after an answer was lost: {}",
+                        describe(&last_errors)
+                    ))
+                } else {
+                    ClientError::Unavailable {
+                        after_ms,
+                        last: describe(&last_errors),
+                    }
+                });
+            }
+            let address = match next.take() {
+                Some(address) => address,
+                None => loop {
+                    // Not every address is stopped: the call ends when the last one is.
+                    let address = &self.addresses[round % self.addresses.len()];
+                    round += 1;
+                    if !stopped.contains(address) {
+                        break address.clone();
+                    }
+                },
+            };
+            if via_leader.is_none() && !wrapped && self.lock().via_leader {
+                via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
+            }
+            let sent = via_leader.as_ref().unwrap_or(&request);
+            let following = redirected_by.take();
+            let within = attempt_deadline.min(deadline - now);
+            let mut pause = |last_errors: &mut BTreeMap<String, String>, why: String| {
+                last_errors.insert(address.clone(), why);
+                let pause = backoff.min(deadline.saturating_duration_since(Instant::now()));
+                backoff = (backoff * 2).min(self.policy.backoff_max);
+                pause
+            };
+            match self
+                .exchange
+                .exchange(
+                    &address,
+                    sent,
+                    within,
+                    self.handshake(Some(self.policy.connect_patience)),
+                )
+                .await
+            {
+                Ok(ApiResponse::Error(ApiError::NotLeader {
+                    leader_address: Some(leader),
+                    ..
+                })) if leader != address && !stopped.contains(&leader) => {
+                    self.lock().reached = true;
+                    unreachable_in_a_row = 0;
+                    redirects += 1;
+                    if redirects > self.policy.redirects_max {
+                        // Two coordinators naming each other: a leader change under way.
+                        redirects = 0;
+                        let why =
+                            format!("redirected {} times in a row", self.policy.redirects_max);
+                        tokio::time::sleep(pause(&mut last_errors, why)).await;
+                        continue;
+                    }
+                    last_errors.insert(address.clone(), format!("redirected to {leader}"));
+                    next = Some(leader);
+                    redirected_by = Some(address);
+                }
+                Ok(ApiResponse::Error(ApiError::Stopped(why))) => {
+                    // This coordinator serves nothing until restarted; the others may. A write
+                    // it took may still be applied by them.
+                    self.lock().reached = true;
+                    unreachable_in_a_row = 0;
+                    let error = ApiError::Stopped(why);
+                    if write && !retry_safe {
+                        return Err(ClientError::Uncertain(format!("{address}: {error}")));
+                    }
+                    maybe_applied |= write;
+                    last_errors.insert(address.clone(), error.to_string());
+                    stopped.insert(address);
+                    if self.addresses.iter().all(|known| stopped.contains(known)) {
+                        return Err(ClientError::Api(error));
+                    }
+                    next = following;
+                }
+                Ok(ApiResponse::Error(error)) if error.retryable() => {
+                    self.lock().reached = true;
+                    unreachable_in_a_row = 0;
+                    redirects = 0;
+                    let why = match &error {
+                        ApiError::NotLeader { .. } => "no leader yet".to_string(),
+                        other => other.to_string(),
+                    };
+                    tokio::time::sleep(pause(&mut last_errors, why)).await;
+                }
+                Ok(ApiResponse::Error(ApiError::Uncertain(why))) if retry_safe => {
+                    // The coordinator's deadline passed with the write proposed; sending a
+                    // keyed submit again gets the first one's job if it did commit.
+                    self.lock().reached = true;
+                    unreachable_in_a_row = 0;
+                    maybe_applied = true;
+                    tokio::time::sleep(pause(&mut last_errors, why)).await;
+                }
+                Ok(response) => {
+                    let mut state = self.lock();
+                    state.reached = true;
+                    state.preferred = Some(address);
+                    drop(state);
+                    return match response {
+                        ApiResponse::Error(error) => Err(ClientError::Api(error)),
+                        response => Ok(response),
+                    };
+                }
+                Err(ExchangeError::Unreachable(why)) => {
+                    last_errors.insert(address.clone(), why);
+                    if let Some(follower) = following {
+                        if self.addresses.contains(&address) {
+                            // Reachable when up, and silent: most likely the leader just lost,
+                            // that the follower has not given up on yet. Ask it again soon.
+                            let why = format!("leader {address} does not answer");
+                            tokio::time::sleep(pause(&mut last_errors, why)).await;
+                        } else if !wrapped {
+                            // Out of this client's reach: the follower serves it through the
+                            // leader instead.
+                            self.lock().via_leader = true;
+                            via_leader = Some(ApiRequest::ViaLeader(Box::new(request.clone())));
+                        }
+                        next = Some(follower);
+                    } else {
+                        unreachable_in_a_row += 1;
+                        if unreachable_in_a_row >= self.addresses.len() {
+                            // A whole sweep without a coordinator: pause before the next.
+                            unreachable_in_a_row = 0;
+                            let why = last_errors.get(&address).cloned().unwrap_or_default();
+                            tokio::time::sleep(pause(&mut last_errors, why)).await;
+                        }
+                    }
+                }
+                Err(ExchangeError::Lost(why)) => {
+                    if !retry_safe {
+                        return Err(ClientError::Uncertain(format!("{address}: {why}")));
+                    }
+                    maybe_applied |= write;
+                    unreachable_in_a_row = 0;
+                    last_errors.insert(address.clone(), why);
+                }
+                Err(ExchangeError::Refused(error)) => return Err(ClientError::Api(error)),
+            }
+        }
+    }
+
+    /// Sends `request` to the coordinator at `address` only, within `deadline`: no
+    /// redirects, no retries (`Health`, which is about the coordinator that answers;
+    /// `InitCluster`, which bootstraps the one it is sent to).
+    pub async fn call_one(
+        &self,
+        address: &str,
+        request: ApiRequest,
+        deadline: Duration,
+    ) -> Result<ApiResponse, ClientError> {
+        let answer = self
+            .exchange
+            .exchange(address, &request, deadline, self.handshake(None))
+            .await;
+        match answer {
+            Ok(ApiResponse::Error(error)) => Err(ClientError::Api(error)),
+            Ok(response) => Ok(response),
+            Err(ExchangeError::Unreachable(why)) => Err(ClientError::Unreachable {
+                tried: format!("{address}: {why}"),
+            }),
+            Err(ExchangeError::Lost(why)) if request.is_write() => {
+                Err(ClientError::Uncertain(format!("{address}: {why}")))
+            }
+            Err(ExchangeError::Lost(why)) => Err(ClientError::Unavailable {
+                after_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+                last: format!("{address}: {why}"),
+            }),
+            Err(ExchangeError::Refused(error)) => Err(ClientError::Api(error)),
+        }
+    }
+
+    /// Closes every connection of this client (and of its clones); the client serves no
+    /// call after it. A QUIC client it was made [`over`](ApiClient::over), and that client's
+    /// other connections, stay open.
+    pub fn close(&self) {
+        self.exchange.close();
+    }
+}
+
+/// "ADDRESS: what it said; ..." for error messages.
+fn describe(errors: &BTreeMap<String, String>) -> String {
+    if errors.is_empty() {
+        return "no coordinator answered".to_string();
+    }
+    errors
+        .iter()
+        .map(|(address, why)| format!("{address}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
