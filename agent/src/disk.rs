@@ -604,7 +604,7 @@ mod tests {
 
     fn desired(jobs: &[u64]) -> Desired {
         Desired {
-            epoch: 1,
+            fence: 1,
             allocations: jobs
                 .iter()
                 .map(|job| DesiredAllocation {

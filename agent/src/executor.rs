@@ -49,7 +49,7 @@ pub const LOCAL_ATTEMPTS_MAX: usize = quotient_common::agent_api::ACTUAL_ATTEMPT
 
 /// What the executor tracks about one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tracked {
+pub struct LocalAttempt {
     pub handle: JobHandle,
     pub local: LocalJob,
 }
@@ -77,12 +77,12 @@ pub struct Executor<R: Runtime> {
     checkpoint_root: PathBuf,
     /// GPU index -> UUID, from the node's inventory.
     gpu_uuids: BTreeMap<u32, String>,
-    jobs: BTreeMap<(JobId, u32), Tracked>,
+    jobs: BTreeMap<(JobId, u32), LocalAttempt>,
     finished: BTreeSet<(JobId, u32)>,
     /// Attempts whose launch failed and will be tried again.
     launch_retries: BTreeMap<(JobId, u32), LaunchRetry>,
-    fence_epoch: Option<u64>,
-    epoch_start: Instant,
+    fence: Option<u64>,
+    clock_origin: Instant,
     /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
     /// when the caller says so.
     deferred_removals: Option<Vec<JobHandle>>,
@@ -112,8 +112,8 @@ impl<R: Runtime> Executor<R> {
             jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
             launch_retries: BTreeMap::new(),
-            fence_epoch: None,
-            epoch_start: Instant::now(),
+            fence: None,
+            clock_origin: Instant::now(),
             deferred_removals: None,
         }
     }
@@ -145,7 +145,7 @@ impl<R: Runtime> Executor<R> {
     }
 
     /// The attempts tracked now.
-    pub fn jobs(&self) -> impl Iterator<Item = &Tracked> {
+    pub fn jobs(&self) -> impl Iterator<Item = &LocalAttempt> {
         self.jobs.values()
     }
 
@@ -156,9 +156,9 @@ impl<R: Runtime> Executor<R> {
             .map(|tracked| &tracked.handle)
     }
 
-    /// The highest fencing epoch acted on.
-    pub fn fence_epoch(&self) -> Option<u64> {
-        self.fence_epoch
+    /// The highest fence acted on.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
     }
 
     /// Updates the GPU index -> UUID map (after a new inventory).
@@ -168,7 +168,7 @@ impl<R: Runtime> Executor<R> {
 
     /// Milliseconds since this executor was made.
     pub fn now_ms(&self) -> u64 {
-        self.epoch_start.elapsed().as_millis() as u64
+        self.clock_origin.elapsed().as_millis() as u64
     }
 
     /// How long until the next grace period runs out or the next launch is tried again, if
@@ -207,7 +207,7 @@ impl<R: Runtime> Executor<R> {
             tracing::info!(job = %key.0, attempt = key.1, ?phase, "found an attempt of this agent");
             self.jobs.insert(
                 key,
-                Tracked {
+                LocalAttempt {
                     handle: found.handle,
                     local: LocalJob {
                         job: key.0,
@@ -272,7 +272,7 @@ impl<R: Runtime> Executor<R> {
             })
             .collect();
         let desired = Desired {
-            epoch: self.fence_epoch.unwrap_or(0),
+            fence: self.fence.unwrap_or(0),
             allocations,
         };
         self.step_with(Some(&desired)).await
@@ -284,16 +284,16 @@ impl<R: Runtime> Executor<R> {
         // Without a desired state, reconcile sees one older than any it acted on, which it
         // ignores: only exits and due kills are handled.
         let stale = Desired {
-            epoch: 0,
+            fence: 0,
             allocations: Vec::new(),
         };
-        let (desired_now, fence_epoch) = match desired {
-            Some(desired) => (desired, self.fence_epoch),
+        let (desired_now, fence) = match desired {
+            Some(desired) => (desired, self.fence),
             None => (&stale, Some(1)),
         };
         let decision = reconcile::reconcile(Input {
             desired: desired_now,
-            fence_epoch,
+            fence,
             local: &local,
             finished: &self.finished,
             now_ms: self.now_ms(),
@@ -301,12 +301,12 @@ impl<R: Runtime> Executor<R> {
         if let Some(desired) = desired {
             if !decision.accepted {
                 tracing::warn!(
-                    epoch = desired.epoch,
-                    fence = ?self.fence_epoch,
-                    "ignoring a desired state from an older epoch"
+                    fence = desired.fence,
+                    fence = ?self.fence,
+                    "ignoring a desired state from an older fence"
                 );
             }
-            self.fence_epoch = decision.fence_epoch;
+            self.fence = decision.fence;
             if decision.accepted {
                 // A launch no longer desired is not tried again.
                 self.launch_retries.retain(|key, _| {
@@ -418,7 +418,7 @@ impl<R: Runtime> Executor<R> {
                         self.launch_retries.remove(&(job, attempt));
                         self.jobs.insert(
                             (job, attempt),
-                            Tracked {
+                            LocalAttempt {
                                 handle,
                                 local: LocalJob {
                                     job,

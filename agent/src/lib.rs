@@ -2,7 +2,7 @@
 //! preempts the jobs the coordinators place there.
 //!
 //! The agent is told desired state, not commands (docs/architecture.md): the coordinators
-//! push the node's desired allocations with a fencing epoch, [`reconcile`] diffs them against
+//! push the node's desired allocations with a fence, [`reconcile`] diffs them against
 //! what actually runs here, and [`executor`] carries the resulting actions out against a
 //! [`runtime::Runtime`].
 //!

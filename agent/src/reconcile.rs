@@ -1,7 +1,7 @@
 //! Reconcile: the pure diff of what the coordinators want on this node against what runs here.
 //!
 //! Agents are told desired state, not commands (docs/architecture.md). The coordinators send
-//! the node's [`Desired`] allocations stamped with a fencing epoch; [`reconcile`] compares them
+//! the node's [`Desired`] allocations stamped with a fence; [`reconcile`] compares them
 //! with the [`LocalJob`]s the executor tracks and returns the [`Action`]s that close the gap.
 //! It reads no clock and does no I/O (the caller passes `now_ms`), so each rule below has a
 //! unit test.
@@ -20,7 +20,7 @@
 //! - desired to stop but never run here: **Report** it `ExitedAfterSignal` with no code, so
 //!   the coordinators can finish the stop.
 //!
-//! A desired state older than the newest one acted on (a lower epoch: a deposed leader's) is
+//! A desired state older than the newest one acted on (a lower fence: a deposed leader's) is
 //! ignored: only actions that need no desired state are taken (reporting exits, finishing
 //! kills whose grace period ran out).
 
@@ -50,8 +50,8 @@ pub struct DesiredAllocation {
 /// The node's whole desired state as the leader last sent it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Desired {
-    /// Fencing epoch: grows with every leader (and every push); older ones are stale.
-    pub epoch: u64,
+    /// Fence: grows with every leader (and every push); older ones are stale.
+    pub fence: u64,
     pub allocations: Vec<DesiredAllocation>,
 }
 
@@ -85,8 +85,8 @@ pub struct LocalJob {
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
     pub desired: &'a Desired,
-    /// The highest epoch acted on so far; `None` before the first desired state.
-    pub fence_epoch: Option<u64>,
+    /// The highest fence acted on so far; `None` before the first desired state.
+    pub fence: Option<u64>,
     pub local: &'a [LocalJob],
     /// Attempts that ran here and were reported as exited: never started again.
     pub finished: &'a BTreeSet<(JobId, u32)>,
@@ -128,8 +128,8 @@ pub enum Action {
 pub struct Decision {
     /// False when the desired state was stale and ignored.
     pub accepted: bool,
-    /// The fencing epoch to remember from now on.
-    pub fence_epoch: Option<u64>,
+    /// The fence to remember from now on.
+    pub fence: Option<u64>,
     pub actions: Vec<Action>,
 }
 
@@ -146,13 +146,11 @@ pub fn exit_event(code: Option<i32>, stopped_by_agent: bool) -> JobEvent {
 
 /// The diff. See the module docs for the rules.
 pub fn reconcile(input: Input<'_>) -> Decision {
-    let accepted = input
-        .fence_epoch
-        .is_none_or(|fence| input.desired.epoch >= fence);
-    let fence_epoch = if accepted {
-        Some(input.desired.epoch)
+    let accepted = input.fence.is_none_or(|fence| input.desired.fence >= fence);
+    let fence = if accepted {
+        Some(input.desired.fence)
     } else {
-        input.fence_epoch
+        input.fence
     };
     let desired: BTreeMap<(JobId, u32), &DesiredAllocation> = if accepted {
         input
@@ -242,7 +240,7 @@ pub fn reconcile(input: Input<'_>) -> Decision {
     }
     Decision {
         accepted,
-        fence_epoch,
+        fence,
         actions,
     }
 }
@@ -278,8 +276,8 @@ mod tests {
         }
     }
 
-    fn desired(epoch: u64, allocations: Vec<DesiredAllocation>) -> Desired {
-        Desired { epoch, allocations }
+    fn desired(fence: u64, allocations: Vec<DesiredAllocation>) -> Desired {
+        Desired { fence, allocations }
     }
 
     fn local(job: u64, attempt: u32, phase: LocalPhase) -> LocalJob {
@@ -307,7 +305,7 @@ mod tests {
     ) -> Decision {
         reconcile(Input {
             desired,
-            fence_epoch: fence,
+            fence: fence,
             local,
             finished,
             now_ms,
@@ -319,7 +317,7 @@ mod tests {
     fn a_desired_job_that_is_absent_is_started() {
         let decision = run(&desired(1, vec![want(1, 1, Intent::Run)]), None, &[], 0);
         assert!(decision.accepted);
-        assert_eq!(decision.fence_epoch, Some(1));
+        assert_eq!(decision.fence, Some(1));
         assert_eq!(
             decision.actions,
             vec![Action::Start {
@@ -596,10 +594,10 @@ mod tests {
         );
     }
 
-    /// A desired state from an older epoch (a deposed leader) is ignored: nothing is started,
+    /// A desired state from an older fence (a deposed leader) is ignored: nothing is started,
     /// stopped or killed as unknown, but exits are still reported and due kills still happen.
     #[test]
-    fn a_stale_epoch_is_ignored() {
+    fn a_stale_fence_is_ignored() {
         let stale = desired(4, vec![want(1, 1, Intent::Run), want(2, 1, Intent::Stop)]);
         let mut signalled = local(3, 1, LocalPhase::Running);
         signalled.signalled_at_ms = Some(0);
@@ -611,7 +609,7 @@ mod tests {
         ];
         let decision = run(&stale, Some(7), &here, GRACE_MS);
         assert!(!decision.accepted);
-        assert_eq!(decision.fence_epoch, Some(7), "the fence never goes back");
+        assert_eq!(decision.fence, Some(7), "the fence never goes back");
         assert_eq!(
             decision.actions,
             vec![
@@ -630,8 +628,8 @@ mod tests {
                 },
             ]
         );
-        let same_epoch = run(&desired(7, vec![]), Some(7), &[], 0);
-        assert!(same_epoch.accepted, "the same epoch again is not stale");
+        let same_fence = run(&desired(7, vec![]), Some(7), &[], 0);
+        assert!(same_fence.accepted, "the same fence again is not stale");
     }
 
     mod properties {
@@ -667,13 +665,13 @@ mod tests {
         proptest! {
             /// Safety: reconcile never starts an attempt that is here or already ran here, never
             /// starts a job that has any attempt here, never starts two attempts of one job, and
-            /// acts on nothing but exits and due kills when the epoch is stale.
+            /// acts on nothing but exits and due kills when the fence is stale.
             #[test]
             fn a_job_never_runs_twice(
                 allocations in proptest::collection::vec(allocation(), 0..8),
                 local_jobs in proptest::collection::vec(local_job(), 0..6),
                 finished in proptest::collection::btree_set((1u64..6, 1u32..4), 0..4),
-                epoch in 0u64..4,
+                desired_fence in 0u64..4,
                 fence in proptest::option::of(0u64..4),
                 now_ms in 0u64..2_000,
             ) {
@@ -685,7 +683,7 @@ mod tests {
                     .collect();
                 let finished: BTreeSet<(JobId, u32)> =
                     finished.into_iter().map(|(job, attempt)| (JobId(job), attempt)).collect();
-                let desired = desired(epoch, allocations);
+                let desired = desired(desired_fence, allocations);
                 let decision = run_finished(&desired, fence, &local_jobs, &finished, now_ms);
                 let mut started_jobs = BTreeSet::new();
                 for action in &decision.actions {
@@ -700,10 +698,10 @@ mod tests {
                             action,
                             Action::Kill { .. } | Action::Report { .. } | Action::Forget { .. }
                         );
-                        prop_assert!(allowed, "stale epoch acted: {action:?}");
+                        prop_assert!(allowed, "stale fence acted: {action:?}");
                     }
                 }
-                prop_assert!(decision.fence_epoch >= fence);
+                prop_assert!(decision.fence >= fence);
             }
         }
     }

@@ -47,7 +47,7 @@ use crate::reconcile::{Desired, LocalPhase};
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::process::ProcessRuntime;
 use crate::runtime::{Runtime, RuntimeError};
-use crate::session::{Session, Shared};
+use crate::session::{LeaderSession, Shared};
 
 /// How often the executor loop steps without news: the delay in seeing an exit, in killing
 /// after a grace period, and in noticing that the lease ran out.
@@ -203,7 +203,7 @@ async fn drive<R: Runtime + 'static>(
         disk_usage: disk_usage_rx,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    let session = Session::new(
+    let session = LeaderSession::new(
         shared.clone(),
         Client::new(tls),
         config.coordinators.clone(),

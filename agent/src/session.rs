@@ -224,7 +224,7 @@ type Attempt<'a> =
     Pin<Box<dyn Future<Output = (String, Result<(PeerConnection, Timing), Ended>)> + Send + 'a>>;
 
 /// The agent's session with whichever coordinator leads.
-pub struct Session {
+pub struct LeaderSession {
     shared: Arc<Shared>,
     client: Client,
     coordinators: Vec<String>,
@@ -237,14 +237,14 @@ pub struct Session {
     last_ack_recorded: Mutex<Option<Instant>>,
 }
 
-impl Session {
+impl LeaderSession {
     pub fn new(
         shared: Arc<Shared>,
         client: Client,
         coordinators: Vec<String>,
         lease_min_ms: u64,
-    ) -> Session {
-        Session {
+    ) -> LeaderSession {
+        LeaderSession {
             shared,
             client,
             coordinators,
@@ -470,7 +470,7 @@ impl Session {
             .map_err(|error| Ended::Lost(error.to_string()))?;
         match response {
             AgentResponse::Registered {
-                node_epoch,
+                node_incarnation,
                 agent_lease_ms,
                 heartbeat_ms,
                 cluster,
@@ -487,7 +487,7 @@ impl Session {
                     .max(HEARTBEAT_MIN_MS);
                 self.shared.renew_lease(sent_at, Some(lease_ms));
                 self.record_ack(sent_at);
-                tracing::debug!(node_epoch, "registration acknowledged");
+                tracing::debug!(node_incarnation, "registration acknowledged");
                 Ok(Timing {
                     heartbeat_ms,
                     lease_ms,
@@ -698,7 +698,7 @@ impl Session {
         }
         tracing::info!(fence = ?state.fence, allocations = allocations.len(), "new desired state");
         self.shared.desired.send_replace(Some(Desired {
-            epoch: state.fence.as_u64(),
+            fence: state.fence.as_u64(),
             allocations,
         }));
     }

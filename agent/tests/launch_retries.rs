@@ -211,7 +211,7 @@ async fn a_launch_no_longer_desired_is_not_tried_again() {
     assert_eq!(executor.runtime().tries().len(), 1);
     assert!(executor.next_deadline().is_some(), "a try is pending");
     let gone = quotient_agent::reconcile::Desired {
-        epoch: 2,
+        fence: 2,
         allocations: Vec::new(),
     };
     let reports = step_for(

@@ -344,7 +344,7 @@ async fn process_found_job_that_is_not_desired_is_killed() {
     );
     assert_eq!(executor.recover().await.unwrap(), 1);
     let nothing = quotient_agent::reconcile::Desired {
-        epoch: 2,
+        fence: 2,
         allocations: vec![],
     };
     let reports = step_until(&mut executor, &nothing, "the unknown job's exit", is_exit).await;

@@ -18,7 +18,7 @@
 //! (`quotient job logs`). Each such request is one stream with a deadline, answered by one
 //! [`LeaderResponse`] frame.
 //!
-//! The fencing epoch ([`Fence`]) orders desired states across leaders: a deposed leader's
+//! The fence ([`Fence`]) orders desired states across leaders: a deposed leader's
 //! desired state is older than any the new leader sends, and the agent ignores it.
 
 use serde::{Deserialize, Serialize};
@@ -39,7 +39,7 @@ pub const LEADER_REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// The most actual attempts a `Register` or `Heartbeat` may list; the leader refuses more.
 pub const ACTUAL_ATTEMPTS_MAX: usize = 1_024;
 
-/// A fencing epoch: the leader's Raft term, then the log index of the state the desired state
+/// A fence: the leader's Raft term, then the log index of the state the desired state
 /// was computed from. Compared as a pair, so any state sent by a newer leader is newer.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
@@ -158,8 +158,8 @@ pub struct DiskUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AgentResponse {
     Registered {
-        /// The node's epoch in the replicated state (bumped on every registration).
-        node_epoch: u64,
+        /// The node's incarnation in the replicated state (bumped on every registration).
+        node_incarnation: u64,
         /// The agent stops its jobs after this long without a heartbeat answer from a leader.
         agent_lease_ms: u64,
         heartbeat_ms: u64,

@@ -1,7 +1,7 @@
 //! Types that every Quotient part shares: the domain vocabulary of quota shares, jobs and nodes.
 //!
 //! # Layout
-//! - [`agent_api`]: the agent protocol's messages and the fencing epoch.
+//! - [`agent_api`]: the agent protocol's messages and the fence.
 //! - [`api`]: the client API's requests, responses and views (docs/cli.md's JSON).
 //! - [`cluster_id`]: a cluster's identity, carried in every exchange between its parts.
 //! - [`error_code`]: the stable code of every error a client can get (docs/errors.md).

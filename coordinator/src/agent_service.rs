@@ -7,7 +7,7 @@
 //!   [`AgentError::Unauthorized`] and is logged, and nothing is written.
 //! - **Followers** answer every request with [`AgentError::NotLeader`], naming the leader, so
 //!   an agent finds the leader from any coordinator address.
-//! - **Register** commits `Command::RegisterNode` and answers the node's epoch and the agent
+//! - **Register** commits `Command::RegisterNode` and answers the node's incarnation and the agent
 //!   timing ([`crate::config::AgentTuning`]).
 //! - **Heartbeat** records the node's last-seen time in memory ([`NodeLeases`]; not
 //!   replicated) and commits `Command::SetGpuHealth` only for GPUs whose health changed.
@@ -329,12 +329,12 @@ impl AgentService {
                 let node = inventory.name.clone();
                 let gpus = inventory.gpus.len();
                 match self.write(Command::RegisterNode(inventory)).await? {
-                    Outcome::NodeRegistered { epoch, .. } => {
+                    Outcome::NodeRegistered { incarnation, .. } => {
                         self.inner.leases.heard_from(&node);
                         self.after_write();
-                        tracing::info!(%node, gpus, epoch, "node registered");
+                        tracing::info!(%node, gpus, incarnation, "node registered");
                         Ok(AgentResponse::Registered {
-                            node_epoch: epoch,
+                            node_incarnation: incarnation,
                             agent_lease_ms: self.inner.tuning.agent_lease_ms,
                             heartbeat_ms: self.inner.tuning.agent_heartbeat_ms,
                             cluster,

@@ -56,7 +56,7 @@ use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
 use crate::proposer::{NotProposed, Proposer};
 use crate::store::type_config::Raft;
-use crate::store::{NodeId, QuotientStateMachine};
+use crate::store::{MemberId, QuotientStateMachine};
 use crate::views;
 use crate::{cluster_init, job_logs};
 
@@ -82,10 +82,10 @@ pub struct ApiService {
 }
 
 struct Inner {
-    id: NodeId,
+    id: MemberId,
     identity: ClusterIdentity,
     /// `--peers`: the members `cluster init` starts the cluster with.
-    initial_peers: BTreeMap<NodeId, String>,
+    initial_peers: BTreeMap<MemberId, String>,
     raft: Raft,
     state_machine: QuotientStateMachine,
     peers: PeerConnections,
@@ -190,7 +190,7 @@ fn unwrap_request(
     Ok((caller, request, via_leader))
 }
 
-fn not_leader(forward: &ForwardToLeader<NodeId, BasicNode>) -> ApiError {
+fn not_leader(forward: &ForwardToLeader<MemberId, BasicNode>) -> ApiError {
     ApiError::NotLeader {
         leader_id: forward.leader_id,
         leader_address: forward.leader_node.as_ref().map(|node| node.addr.clone()),
@@ -204,7 +204,7 @@ fn invalid(error: quotient_common::SpecError) -> ApiError {
 impl ApiService {
     pub fn new(
         identity: ClusterIdentity,
-        initial_peers: BTreeMap<NodeId, String>,
+        initial_peers: BTreeMap<MemberId, String>,
         raft: Raft,
         state_machine: QuotientStateMachine,
         peers: PeerConnections,
@@ -661,7 +661,7 @@ impl ApiService {
         }
     }
 
-    async fn add_member(&self, id: NodeId, address: String) -> Result<ApiResponse, ApiError> {
+    async fn add_member(&self, id: MemberId, address: String) -> Result<ApiResponse, ApiError> {
         if id == 0 {
             return Err(ApiError::BadRequest(
                 "member id 0 is reserved: number coordinators from 1".into(),
@@ -702,7 +702,7 @@ impl ApiService {
         Ok(ApiResponse::Done)
     }
 
-    async fn remove_member(&self, id: NodeId) -> Result<ApiResponse, ApiError> {
+    async fn remove_member(&self, id: MemberId) -> Result<ApiResponse, ApiError> {
         let metrics = self.inner.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership();
         if membership.get_node(&id).is_none() {
@@ -779,7 +779,7 @@ pub fn answer_frame(
     })
 }
 
-fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+fn write_error(error: RaftError<MemberId, ClientWriteError<MemberId, BasicNode>>) -> ApiError {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
@@ -792,7 +792,7 @@ fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) ->
 /// A Raft that stopped for good (a storage write failed, say): this coordinator serves
 /// nothing until it is restarted, so the error is `Stopped`, which a client takes to another
 /// coordinator and never back to this one.
-pub(crate) fn raft_stopped(fatal: &openraft::error::Fatal<NodeId>) -> ApiError {
+pub(crate) fn raft_stopped(fatal: &openraft::error::Fatal<MemberId>) -> ApiError {
     ApiError::Stopped(format!("raft stopped: {fatal}; its log says why"))
 }
 

@@ -29,7 +29,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use crate::identity::ClusterIdentity;
 use crate::network::PeerConnections;
 use crate::store::type_config::Raft;
-use crate::store::NodeId;
+use crate::store::MemberId;
 
 /// How long `cluster init` waits to lead its one-member cluster (milliseconds).
 pub const INIT_LEAD_TIMEOUT_MS: u64 = 10_000;
@@ -53,7 +53,7 @@ pub async fn init(
     raft: &Raft,
     identity: &ClusterIdentity,
     connections: &PeerConnections,
-    peers: &BTreeMap<NodeId, String>,
+    peers: &BTreeMap<MemberId, String>,
 ) -> Result<ClusterInitView, ApiError> {
     let me = identity.member();
     if let Some(cluster) = identity.cluster() {
@@ -95,7 +95,7 @@ pub async fn init(
             ))
         })?;
 
-    let others: BTreeMap<NodeId, String> = peers
+    let others: BTreeMap<MemberId, String> = peers
         .iter()
         .filter(|(id, _)| **id != me)
         .map(|(id, address)| (*id, address.clone()))
@@ -154,12 +154,12 @@ pub async fn init(
 /// cluster's) would be counted on in vain.
 pub async fn wait_caught_up(
     raft: &Raft,
-    learners: BTreeSet<NodeId>,
+    learners: BTreeSet<MemberId>,
     within: Duration,
-) -> BTreeSet<NodeId> {
+) -> BTreeSet<MemberId> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let caught_up: BTreeSet<NodeId> = {
+        let caught_up: BTreeSet<MemberId> = {
             let metrics = raft.metrics().borrow().clone();
             let last = metrics.last_log_index.unwrap_or(0);
             metrics

@@ -33,7 +33,7 @@ use crate::node_leases::NodeLeases;
 use crate::proposer::Proposer;
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
-use crate::store::{self, NodeId, QuotientStateMachine};
+use crate::store::{self, MemberId, QuotientStateMachine};
 use crate::{applied, digest_check, raft_service, scheduler_loop};
 
 /// How long shutdown waits for connections to close cleanly (milliseconds).
@@ -64,7 +64,7 @@ pub enum CoordinatorError {
 
 /// A running coordinator.
 pub struct Coordinator {
-    id: NodeId,
+    id: MemberId,
     raft: Raft,
     state_machine: QuotientStateMachine,
     server: Arc<Server>,
@@ -212,7 +212,7 @@ impl Coordinator {
     }
 
     /// This coordinator's Raft id.
-    pub fn id(&self) -> NodeId {
+    pub fn id(&self) -> MemberId {
         self.id
     }
 
@@ -298,7 +298,7 @@ async fn has_raft_state(
     state_machine: &QuotientStateMachine,
 ) -> Result<bool, CoordinatorError> {
     let storage =
-        |error: openraft::StorageError<NodeId>| CoordinatorError::Storage(error.to_string());
+        |error: openraft::StorageError<MemberId>| CoordinatorError::Storage(error.to_string());
     let log = log_store.get_log_state().await.map_err(storage)?;
     let vote = log_store.read_vote().await.map_err(storage)?;
     Ok(log.last_log_id.is_some()
@@ -350,7 +350,7 @@ async fn follow_applies(
 async fn accept_loop(
     server: Arc<Server>,
     raft: Raft,
-    durability: LogDurability<NodeId>,
+    durability: LogDurability<MemberId>,
     identity: ClusterIdentity,
     api: ApiService,
     agents: AgentService,

@@ -1,5 +1,5 @@
 //! Desired state per node: what the leader wants each agent to run, computed from the
-//! replicated state, with the fencing epoch that orders it across leaders.
+//! replicated state, with the fence that orders it across leaders.
 //!
 //! [`desired_allocations`] is the pure part: every job holding GPUs on a node becomes a
 //! [`WireAllocation`] with intent `Run`, or `Stop` once the job is PREEMPTING (a preemption or
@@ -87,14 +87,14 @@ fn signature(state: &State, node: &NodeRecord) -> Signature {
 }
 
 #[derive(Default)]
-struct Tracked {
+struct DesiredByNode {
     term: u64,
     nodes: BTreeMap<String, (Signature, DesiredState)>,
     /// The name of each tracked node's id, to find what a changed id was called.
     names: BTreeMap<NodeId, String>,
 }
 
-impl Tracked {
+impl DesiredByNode {
     /// Brings node `id` up to date with `state`; whether its desired state changed.
     fn refresh_node(&mut self, state: &State, id: NodeId, fence: Fence) -> bool {
         let Some(node) = state.node(id) else {
@@ -149,7 +149,7 @@ pub struct Refreshed {
 /// Every node's current desired state, and a signal when any of them changes. Cheap to clone.
 #[derive(Clone)]
 pub struct DesiredTracker {
-    tracked: Arc<Mutex<Tracked>>,
+    tracked: Arc<Mutex<DesiredByNode>>,
     changed: Arc<watch::Sender<u64>>,
 }
 
@@ -169,7 +169,7 @@ impl DesiredTracker {
     pub fn new() -> DesiredTracker {
         let (changed, _) = watch::channel(0);
         DesiredTracker {
-            tracked: Arc::new(Mutex::new(Tracked::default())),
+            tracked: Arc::new(Mutex::new(DesiredByNode::default())),
             changed: Arc::new(changed),
         }
     }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 
-use crate::store::NodeId;
+use crate::store::MemberId;
 
 /// The identity file's name in the data directory.
 pub const IDENTITY_FILE_NAME: &str = "cluster-identity.toml";
@@ -60,8 +60,8 @@ pub enum IdentityError {
     OtherMember {
         dir: PathBuf,
         cluster: ClusterId,
-        file_member: NodeId,
-        configured: NodeId,
+        file_member: MemberId,
+        configured: MemberId,
     },
     #[error("the data directory {} belongs to cluster {in_directory}, but --cluster-id names cluster {configured}: point --data-dir at this cluster's directory, or correct --cluster-id", dir.display())]
     OtherCluster {
@@ -79,7 +79,7 @@ pub enum IdentityError {
     },
     #[error("coordinator {member} already belongs to cluster {current}; it cannot join cluster {offered}")]
     AlreadyJoined {
-        member: NodeId,
+        member: MemberId,
         current: ClusterId,
         offered: ClusterId,
     },
@@ -89,7 +89,7 @@ pub enum IdentityError {
 #[derive(Debug, Serialize, Deserialize)]
 struct IdentityFile {
     cluster_id: String,
-    member_id: NodeId,
+    member_id: MemberId,
 }
 
 /// A refusal, as the health report and the log rate limit see it.
@@ -112,7 +112,7 @@ struct Inner {
 /// This coordinator's cluster membership as its data directory records it; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ClusterIdentity {
-    member: NodeId,
+    member: MemberId,
     dir: PathBuf,
     /// `--cluster-id`: the only cluster this coordinator may join.
     configured: Option<ClusterId>,
@@ -125,7 +125,7 @@ impl ClusterIdentity {
     /// `configured` is `--cluster-id`. Blocks on file I/O: call it at startup.
     pub fn open(
         dir: &Path,
-        member: NodeId,
+        member: MemberId,
         raft_state_present: bool,
         configured: Option<ClusterId>,
     ) -> Result<ClusterIdentity, IdentityError> {
@@ -188,7 +188,7 @@ impl ClusterIdentity {
     }
 
     /// This coordinator's id.
-    pub fn member(&self) -> NodeId {
+    pub fn member(&self) -> MemberId {
         self.member
     }
 

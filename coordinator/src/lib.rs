@@ -18,7 +18,7 @@
 //!   heartbeats, desired state as a long poll, job reports.
 //! - [`agent_links`]: the agents' open connections, for the leader's requests to agents.
 //! - [`job_logs`]: `quotient job logs`: finds the attempt's node and reads from its agent.
-//! - [`desired`]: each node's desired allocations and their fencing epoch.
+//! - [`desired`]: each node's desired allocations and their fence.
 //! - [`applied`]: what the applied entries changed, and the leader's refresh that follows.
 //! - [`scheduler_loop`]: the leader's scheduling rounds, committed as plans.
 //! - [`node_leases`]: the leader's in-memory heartbeat clocks; silent nodes are marked lost.

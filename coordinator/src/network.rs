@@ -70,7 +70,7 @@ use crate::identity::{ClusterIdentity, REFUSAL_HEALTH_WINDOW_MS, REFUSAL_LOG_INT
 use crate::store::codec::encoded_len;
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Entry;
-use crate::store::{NodeId, TypeConfig};
+use crate::store::{MemberId, TypeConfig};
 
 /// The longest any single Raft RPC may take, whatever openraft asks (milliseconds).
 pub const RAFT_RPC_TIMEOUT_MAX_MS: u64 = 30_000;
@@ -93,7 +93,7 @@ pub const REDUNDANT_APPEND_WINDOW_MS: u64 = 5;
 #[derive(Debug, Serialize, Deserialize)]
 pub enum RaftRequest {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<NodeId>),
+    Vote(VoteRequest<MemberId>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
 }
 
@@ -103,7 +103,7 @@ pub struct RaftEnvelope {
     /// The sender's cluster.
     pub cluster: ClusterId,
     /// The member the sender means to reach.
-    pub to: NodeId,
+    pub to: MemberId,
     /// Whether the sender's membership counts `to` as a voter (in either half of a joint one).
     pub to_voter: bool,
     pub request: RaftRequest,
@@ -121,10 +121,10 @@ impl WireMessage for RaftEnvelope {
 /// receiver's refusal to hand it to its Raft at all.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum RaftResponse {
-    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
-    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    AppendEntries(Result<AppendEntriesResponse<MemberId>, RaftError<MemberId>>),
+    Vote(Result<VoteResponse<MemberId>, RaftError<MemberId>>),
     InstallSnapshot(
-        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+        Result<InstallSnapshotResponse<MemberId>, RaftError<MemberId, InstallSnapshotError>>,
     ),
     Refused(RaftRefusal),
 }
@@ -138,16 +138,22 @@ impl WireMessage for RaftResponse {
 pub enum RaftRefusal {
     #[error("coordinator {member} belongs to cluster {member_cluster}, but a coordinator of cluster {sender_cluster} sent it a Raft request: two clusters' members are listed together (a data directory copied from another cluster, or a wrong --peers or add-member address); give each cluster its own members and data directories")]
     OtherCluster {
-        member: NodeId,
+        member: MemberId,
         member_cluster: ClusterId,
         sender_cluster: ClusterId,
     },
     #[error("a Raft request for coordinator {addressed} reached coordinator {member}: the address the cluster has for {addressed} leads to {member}; correct it (`quotient cluster remove-member --id {addressed}`, then `add-member` with the right address)")]
-    OtherMember { member: NodeId, addressed: NodeId },
+    OtherMember {
+        member: MemberId,
+        addressed: MemberId,
+    },
     #[error("coordinator {member} has joined no cluster (its data directory holds no Raft state), so it does not vote; bootstrap a new cluster with `quotient cluster init`, or add it to this one with `quotient cluster add-member --id {member} --address ADDR`")]
-    NotJoined { member: NodeId },
+    NotJoined { member: MemberId },
     #[error("cluster {cluster} counts coordinator {member} as a voter, but its data directory is empty (wiped or replaced?): a voter that lost its log and vote cannot vote or acknowledge entries safely. Remove it and add it back, as a new member that copies the log first: `quotient cluster remove-member --id {member}`, then `quotient cluster add-member --id {member} --address ADDR`")]
-    EmptyVoter { member: NodeId, cluster: ClusterId },
+    EmptyVoter {
+        member: MemberId,
+        cluster: ClusterId,
+    },
 }
 
 impl RaftRefusal {
@@ -179,10 +185,10 @@ struct PeerRefusal {
 
 #[derive(Debug, Default)]
 struct PoolInner {
-    connections: BTreeMap<NodeId, Pooled>,
-    last_answer: BTreeMap<NodeId, Instant>,
-    timeouts_in_a_row: BTreeMap<NodeId, u32>,
-    refusals: BTreeMap<NodeId, PeerRefusal>,
+    connections: BTreeMap<MemberId, Pooled>,
+    last_answer: BTreeMap<MemberId, Instant>,
+    timeouts_in_a_row: BTreeMap<MemberId, u32>,
+    refusals: BTreeMap<MemberId, PeerRefusal>,
 }
 
 /// Connections to the other coordinators, one per peer, shared by every Raft RPC; cheap to
@@ -190,11 +196,11 @@ struct PoolInner {
 #[derive(Debug, Clone)]
 pub struct PeerConnections {
     client: Arc<Client>,
-    durability: LogDurability<NodeId>,
+    durability: LogDurability<MemberId>,
     identity: ClusterIdentity,
     /// This node's Raft metrics, for the membership: set once Raft exists
     /// ([`PeerConnections::watch_membership`]).
-    metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<NodeId, BasicNode>>>>,
+    metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<MemberId, BasicNode>>>>,
     inner: Arc<Mutex<PoolInner>>,
 }
 
@@ -204,7 +210,7 @@ impl PeerConnections {
     /// `durability` says is on this node's disk.
     pub fn new(
         client: Arc<Client>,
-        durability: LogDurability<NodeId>,
+        durability: LogDurability<MemberId>,
         identity: ClusterIdentity,
     ) -> Self {
         PeerConnections {
@@ -217,13 +223,13 @@ impl PeerConnections {
     }
 
     /// Reads the membership from `metrics` (this node's Raft's) from now on.
-    pub fn watch_membership(&self, metrics: watch::Receiver<RaftMetrics<NodeId, BasicNode>>) {
+    pub fn watch_membership(&self, metrics: watch::Receiver<RaftMetrics<MemberId, BasicNode>>) {
         let _ = self.metrics.set(metrics);
     }
 
     /// Whether this node's membership counts `peer` as a voter; `true` when it cannot tell,
     /// the cautious answer (an empty member then refuses rather than joins).
-    fn counts_as_voter(&self, peer: NodeId) -> bool {
+    fn counts_as_voter(&self, peer: MemberId) -> bool {
         self.metrics.get().is_none_or(|metrics| {
             metrics
                 .borrow()
@@ -236,7 +242,7 @@ impl PeerConnections {
 
     /// Why `peer` last refused this node's Raft requests, if it did within
     /// `identity::REFUSAL_HEALTH_WINDOW_MS`.
-    pub fn refusal(&self, peer: NodeId) -> Option<String> {
+    pub fn refusal(&self, peer: MemberId) -> Option<String> {
         self.lock().refusals.get(&peer).and_then(|refused| {
             (refused.seen.elapsed() < Duration::from_millis(REFUSAL_HEALTH_WINDOW_MS))
                 .then(|| refused.refusal.to_string())
@@ -245,7 +251,7 @@ impl PeerConnections {
 
     /// Records that `peer` refused a request, and logs it unless the same refusal was logged
     /// within `identity::REFUSAL_LOG_INTERVAL_MS`.
-    fn record_refusal(&self, peer: NodeId, refusal: &RaftRefusal) {
+    fn record_refusal(&self, peer: MemberId, refusal: &RaftRefusal) {
         let now = Instant::now();
         let mut inner = self.lock();
         let logged = match inner.refusals.get(&peer) {
@@ -282,21 +288,21 @@ impl PeerConnections {
     }
 
     /// Whether `peer` answered a Raft RPC within [`REACHABLE_WINDOW_MS`].
-    pub fn is_reachable(&self, peer: NodeId) -> bool {
+    pub fn is_reachable(&self, peer: MemberId) -> bool {
         self.lock()
             .last_answer
             .get(&peer)
             .is_some_and(|at| at.elapsed() < Duration::from_millis(REACHABLE_WINDOW_MS))
     }
 
-    fn record_answer(&self, peer: NodeId) {
+    fn record_answer(&self, peer: MemberId) {
         let mut inner = self.lock();
         inner.last_answer.insert(peer, Instant::now());
         inner.timeouts_in_a_row.remove(&peer);
     }
 
     /// Counts a timed-out RPC; whether the connection should now be replaced.
-    fn record_timeout(&self, peer: NodeId) -> bool {
+    fn record_timeout(&self, peer: MemberId) -> bool {
         let mut inner = self.lock();
         let count = inner.timeouts_in_a_row.entry(peer).or_insert(0);
         *count += 1;
@@ -308,7 +314,7 @@ impl PeerConnections {
     }
 
     /// The pooled connection to `peer` at `address`, or a new one.
-    async fn connection(&self, peer: NodeId, address: &str) -> Result<PeerConnection, String> {
+    async fn connection(&self, peer: MemberId, address: &str) -> Result<PeerConnection, String> {
         if let Some(pooled) = self.lock().connections.get(&peer) {
             if pooled.address == address && pooled.connection.connection().close_reason().is_none()
             {
@@ -340,7 +346,7 @@ impl PeerConnections {
 
     /// Drops `connection` from the pool if it is still the pooled one, so the next RPC
     /// reconnects.
-    fn discard(&self, peer: NodeId, connection: &PeerConnection) {
+    fn discard(&self, peer: MemberId, connection: &PeerConnection) {
         let mut inner = self.lock();
         let same = inner.connections.get(&peer).is_some_and(|pooled| {
             pooled.connection.connection().stable_id() == connection.connection().stable_id()
@@ -354,7 +360,7 @@ impl PeerConnections {
 impl RaftNetworkFactory<TypeConfig> for PeerConnections {
     type Network = PeerNetwork;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerNetwork {
+    async fn new_client(&mut self, target: MemberId, node: &BasicNode) -> PeerNetwork {
         PeerNetwork {
             pool: self.clone(),
             target,
@@ -371,7 +377,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerConnections {
 #[derive(Debug)]
 pub struct PeerNetwork {
     pool: PeerConnections,
-    target: NodeId,
+    target: MemberId,
     address: String,
     /// The last AppendEntries through this client that the peer answered with success.
     acknowledged: Option<Acknowledged>,
@@ -379,7 +385,7 @@ pub struct PeerNetwork {
 
 /// The last log id a follower holds once it accepts `rpc`: its last entry, or where it
 /// starts when it carries none.
-pub fn last_log_id_sent(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<LogId<NodeId>> {
+pub fn last_log_id_sent(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<LogId<MemberId>> {
     rpc.entries
         .last()
         .map(|entry| entry.log_id)
@@ -390,9 +396,9 @@ pub fn last_log_id_sent(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<LogId<
 /// index it was told, and when the request was sent.
 #[derive(Debug)]
 pub struct Acknowledged {
-    vote: Vote<NodeId>,
-    last_log_id: Option<LogId<NodeId>>,
-    commit: Option<LogId<NodeId>>,
+    vote: Vote<MemberId>,
+    last_log_id: Option<LogId<MemberId>>,
+    commit: Option<LogId<MemberId>>,
     sent: Instant,
 }
 
@@ -500,8 +506,8 @@ impl PeerNetwork {
         &self,
         error: SendError,
         action: RPCTypes,
-        vote_from: NodeId,
-    ) -> RPCError<NodeId, BasicNode, E> {
+        vote_from: MemberId,
+    ) -> RPCError<MemberId, BasicNode, E> {
         match error {
             SendError::Unreachable(text) => RPCError::Unreachable(Unreachable::new(&Message(
                 format!("coordinator {} at {}: {text}", self.target, self.address),
@@ -524,7 +530,7 @@ impl PeerNetwork {
         }
     }
 
-    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<MemberId, BasicNode, E> {
         RPCError::Network(NetworkError::new(&Message(format!(
             "coordinator {} answered with a response of the wrong kind",
             self.target
@@ -555,7 +561,8 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<MemberId>, RPCError<MemberId, BasicNode, RaftError<MemberId>>>
+    {
         rpc.leader_commit = self.pool.durability.commit_to_send(rpc.leader_commit);
         let sent = Instant::now();
         if self
@@ -611,8 +618,8 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+        InstallSnapshotResponse<MemberId>,
+        RPCError<MemberId, BasicNode, RaftError<MemberId, InstallSnapshotError>>,
     > {
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
         let response = self
@@ -629,9 +636,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<MemberId>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<MemberId>, RPCError<MemberId, BasicNode, RaftError<MemberId>>> {
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
         let response = self
             .send(RaftRequest::Vote(rpc), &option)
@@ -651,15 +658,15 @@ mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, Entry, EntryPayload};
 
-    fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+    fn log_id(term: u64, index: u64) -> LogId<MemberId> {
         LogId::new(CommittedLeaderId::new(term, 1), index)
     }
 
     fn append(
         term: u64,
-        prev: Option<LogId<NodeId>>,
-        entries: &[LogId<NodeId>],
-        commit: Option<LogId<NodeId>>,
+        prev: Option<LogId<MemberId>>,
+        entries: &[LogId<MemberId>],
+        commit: Option<LogId<MemberId>>,
     ) -> AppendEntriesRequest<TypeConfig> {
         let mut vote = Vote::new(term, 1);
         vote.commit();

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use crate::config::APPEND_ENTRIES_BYTES_MAX;
 use crate::store::codec::{encoded_len, MAX_ENTRY_BYTES};
 use crate::store::type_config::Raft;
-use crate::store::{NodeId, Request};
+use crate::store::{MemberId, Request};
 
 /// Most commands in one log entry: bounds the work of applying it.
 pub const PROPOSAL_BATCH_MAX: usize = 1_024;
@@ -53,7 +53,7 @@ pub const PROPOSALS_IN_FLIGHT_MAX: usize = 1;
 pub const PROPOSALS_QUEUED_MAX: usize = 16_384;
 
 /// Why a proposal failed; the API maps it to its errors.
-pub type ProposalError = RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>;
+pub type ProposalError = RaftError<MemberId, ClientWriteError<MemberId, BasicNode>>;
 
 /// Why a command was not proposed at all.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -33,7 +33,7 @@ use crate::identity::ClusterIdentity;
 use crate::network::{RaftEnvelope, RaftRefusal, RaftRequest, RaftResponse};
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
-use crate::store::{NodeId, TypeConfig};
+use crate::store::{MemberId, TypeConfig};
 
 /// Deadline for a peer to deliver a Raft request once it opened the stream (milliseconds).
 pub const RAFT_REQUEST_READ_TIMEOUT_MS: u64 = 30_000;
@@ -44,7 +44,7 @@ pub const RAFT_HANDLE_TIMEOUT_MS: u64 = 30_000;
 /// Serves one connection on the Raft ALPN until it closes.
 pub async fn serve_connection(
     raft: Raft,
-    durability: LogDurability<NodeId>,
+    durability: LogDurability<MemberId>,
     identity: ClusterIdentity,
     connection: PeerConnection,
 ) {
@@ -78,7 +78,7 @@ pub async fn serve_connection(
 
 async fn serve_request(
     raft: &Raft,
-    durability: &LogDurability<NodeId>,
+    durability: &LogDurability<MemberId>,
     identity: &ClusterIdentity,
     mut stream: RequestStream,
 ) -> Result<(), quotient_common::transport::RequestError> {
@@ -166,7 +166,7 @@ pub async fn admit(identity: &ClusterIdentity, envelope: &RaftEnvelope) -> Resul
 /// [`append_entries`]).
 async fn handle(
     raft: &Raft,
-    durability: &LogDurability<NodeId>,
+    durability: &LogDurability<MemberId>,
     request: RaftRequest,
 ) -> Option<RaftResponse> {
     let response = match request {
@@ -186,9 +186,9 @@ async fn handle(
 /// replaced them first or the store stopped writing: no answer is better than a false one.
 pub async fn append_entries(
     raft: &Raft,
-    durability: &LogDurability<NodeId>,
+    durability: &LogDurability<MemberId>,
     rpc: AppendEntriesRequest<TypeConfig>,
-) -> Option<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
+) -> Option<Result<AppendEntriesResponse<MemberId>, RaftError<MemberId>>> {
     let generation = durability.generation();
     let last_sent = crate::network::last_log_id_sent(&rpc);
     let result = raft.append_entries(rpc).await;

@@ -10,7 +10,7 @@ use quotient_common::api::{ClusterView, GpuView, JobView, MemberView, NodeView, 
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{share_accounts, JobRecord, NodeRecord, ShareAccount, ShareRecord, State};
 
-use crate::store::NodeId;
+use crate::store::MemberId;
 
 /// A share with its accounts (usage, borrowed, lent, runnable, running).
 pub fn share_view(share: &ShareRecord, account: Option<&ShareAccount>) -> ShareView {
@@ -153,12 +153,12 @@ pub fn node_views(state: &State) -> Vec<NodeView> {
 /// this coordinator heard from it recently (itself always).
 pub fn cluster_view(
     cluster: Option<ClusterId>,
-    metrics: &RaftMetrics<NodeId, openraft::BasicNode>,
-    reachable: impl Fn(NodeId) -> bool,
-    refusal: impl Fn(NodeId) -> Option<String>,
+    metrics: &RaftMetrics<MemberId, openraft::BasicNode>,
+    reachable: impl Fn(MemberId) -> bool,
+    refusal: impl Fn(MemberId) -> Option<String>,
 ) -> ClusterView {
     let membership = metrics.membership_config.membership();
-    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    let voters: Vec<MemberId> = membership.voter_ids().collect();
     let members = membership
         .nodes()
         .map(|(id, node)| {
@@ -188,7 +188,7 @@ pub fn cluster_view(
 }
 
 /// Whether this coordinator's Raft considers itself the leader.
-pub fn is_leader(metrics: &RaftMetrics<NodeId, openraft::BasicNode>) -> bool {
+pub fn is_leader(metrics: &RaftMetrics<MemberId, openraft::BasicNode>) -> bool {
     metrics.state == ServerState::Leader
 }
 

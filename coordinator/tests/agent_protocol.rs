@@ -89,7 +89,9 @@ impl FakeAgent {
             })
             .await
         {
-            AgentResponse::Registered { node_epoch, .. } => node_epoch,
+            AgentResponse::Registered {
+                node_incarnation, ..
+            } => node_incarnation,
             other => panic!("registering {name} failed: {other:?}"),
         }
     }
@@ -413,8 +415,8 @@ async fn a_registered_node_runs_a_submitted_job_and_unknown_reports_are_rejected
     let admin = cluster.admin();
     let agent = FakeAgent::connect(&cluster, "node-1").await;
 
-    let epoch = agent.register("node-1", 2).await;
-    assert!(epoch >= 1);
+    let incarnation = agent.register("node-1", 2).await;
+    assert!(incarnation >= 1);
     let listed = nodes(&admin).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].state, "ready");

@@ -15,7 +15,7 @@ use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote};
 use quotient_coordinator::raft_service;
 use quotient_coordinator::store::log_writer::NotDurable;
-use quotient_coordinator::store::{self, LogStore, NodeId, TypeConfig};
+use quotient_coordinator::store::{self, LogStore, MemberId, TypeConfig};
 use support::no_network::NoNetwork;
 
 /// How long a stalled wait is watched to make sure it does not end.
@@ -23,7 +23,7 @@ const STALL: Duration = Duration::from_millis(300);
 /// How long a released wait may take to end.
 const RELEASE: Duration = Duration::from_secs(10);
 
-fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+fn log_id(term: u64, index: u64) -> LogId<MemberId> {
     LogId::new(CommittedLeaderId::new(term, 2), index)
 }
 
@@ -53,7 +53,7 @@ async fn read_indexes(store: &mut LogStore) -> Vec<u64> {
 async fn after_restart(
     store: LogStore,
     dir: &std::path::Path,
-) -> (Vec<u64>, Option<LogId<NodeId>>) {
+) -> (Vec<u64>, Option<LogId<MemberId>>) {
     drop(store);
     let mut store = LogStore::open(dir).expect("reopen");
     let committed = store.read_committed().await.expect("read committed");
@@ -242,7 +242,7 @@ async fn a_follower_answers_an_append_only_once_its_entries_are_on_disk() {
         .expect("raft");
     let leader = Vote::new_committed(1, 2);
     let request =
-        |prev: Option<LogId<NodeId>>, entries: Vec<Entry<TypeConfig>>| AppendEntriesRequest::<
+        |prev: Option<LogId<MemberId>>, entries: Vec<Entry<TypeConfig>>| AppendEntriesRequest::<
             TypeConfig,
         > {
             vote: leader,

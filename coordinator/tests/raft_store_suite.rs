@@ -50,7 +50,7 @@ openraft::declare_raft_types!(
 /// The test entries have one version, as the real ones so far.
 impl VersionedEntries for TestConfig {}
 
-type NodeId = u64;
+type MemberId = u64;
 type Store = RaftLogStore<TestConfig>;
 
 // ---------------------------------------------------------------------------------------------
@@ -58,15 +58,15 @@ type Store = RaftLogStore<TestConfig>;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct MemData {
-    last_applied: Option<LogId<NodeId>>,
-    last_membership: StoredMembership<NodeId, BasicNode>,
+    last_applied: Option<LogId<MemberId>>,
+    last_membership: StoredMembership<MemberId, BasicNode>,
     values: Vec<String>,
 }
 
 #[derive(Debug, Default)]
 struct MemInner {
     data: MemData,
-    current: Option<(SnapshotMeta<NodeId, BasicNode>, Vec<u8>)>,
+    current: Option<(SnapshotMeta<MemberId, BasicNode>, Vec<u8>)>,
     snapshots_built: u64,
 }
 
@@ -84,12 +84,12 @@ impl MemStateMachine {
     }
 }
 
-fn sm_error(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+fn sm_error(e: impl std::error::Error + 'static) -> StorageError<MemberId> {
     StorageIOError::write_state_machine(&e).into()
 }
 
 impl RaftSnapshotBuilder<TestConfig> for MemStateMachine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TestConfig>, StorageError<NodeId>> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TestConfig>, StorageError<MemberId>> {
         let mut inner = self.lock();
         let bytes = encode_value(&inner.data).map_err(sm_error)?;
         inner.snapshots_built += 1;
@@ -111,13 +111,18 @@ impl RaftStateMachine<TestConfig> for MemStateMachine {
 
     async fn applied_state(
         &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>>
-    {
+    ) -> Result<
+        (
+            Option<LogId<MemberId>>,
+            StoredMembership<MemberId, BasicNode>,
+        ),
+        StorageError<MemberId>,
+    > {
         let inner = self.lock();
         Ok((inner.data.last_applied, inner.data.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<TestResponse>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<TestResponse>, StorageError<MemberId>>
     where
         I: IntoIterator<Item = Entry<TestConfig>> + Send,
         I::IntoIter: Send,
@@ -147,15 +152,15 @@ impl RaftStateMachine<TestConfig> for MemStateMachine {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<MemberId>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, BasicNode>,
+        meta: &SnapshotMeta<MemberId, BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
+    ) -> Result<(), StorageError<MemberId>> {
         let bytes = snapshot.into_inner();
         let data: MemData = decode_value(&bytes).map_err(sm_error)?;
         let mut inner = self.lock();
@@ -166,7 +171,7 @@ impl RaftStateMachine<TestConfig> for MemStateMachine {
 
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<Snapshot<TestConfig>>, StorageError<NodeId>> {
+    ) -> Result<Option<Snapshot<TestConfig>>, StorageError<MemberId>> {
         let inner = self.lock();
         Ok(inner.current.as_ref().map(|(meta, bytes)| Snapshot {
             meta: meta.clone(),
@@ -184,7 +189,7 @@ struct LogStoreBuilder;
 impl StoreBuilder<TestConfig, Store, MemStateMachine, tempfile::TempDir> for LogStoreBuilder {
     async fn build(
         &self,
-    ) -> Result<(tempfile::TempDir, Store, MemStateMachine), StorageError<NodeId>> {
+    ) -> Result<(tempfile::TempDir, Store, MemStateMachine), StorageError<MemberId>> {
         let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
         let store = Store::open(dir.path())?;
         Ok((dir, store, MemStateMachine::default()))
@@ -212,7 +217,7 @@ impl
             store::LogStore,
             store::QuotientStateMachine,
         ),
-        StorageError<NodeId>,
+        StorageError<MemberId>,
     > {
         let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
         let (log, state_machine) = store::open(dir.path())?;
@@ -229,7 +234,7 @@ fn openraft_suite_on_quotient_stores() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------------
 // This project's tests.
 
-fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+fn log_id(term: u64, index: u64) -> LogId<MemberId> {
     LogId::new(CommittedLeaderId::new(term, 1), index)
 }
 

@@ -208,7 +208,7 @@ async fn answer(request: AgentRequest, state: &Mutex<LeaderState>) -> Option<Age
             state.registrations.push((inventory, actual));
             state.registered_clusters.push(cluster);
             Some(AgentResponse::Registered {
-                node_epoch: state.registrations.len() as u64,
+                node_incarnation: state.registrations.len() as u64,
                 agent_lease_ms: state.lease_ms,
                 heartbeat_ms: state.heartbeat_ms,
                 cluster: state.cluster,

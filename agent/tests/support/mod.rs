@@ -110,9 +110,9 @@ pub fn job_spec(image: Option<&str>, command: Vec<String>) -> JobSpec {
 }
 
 /// A desired state of one allocation.
-pub fn desired_one(epoch: u64, job: u64, attempt: u32, spec: &JobSpec, intent: Intent) -> Desired {
+pub fn desired_one(fence: u64, job: u64, attempt: u32, spec: &JobSpec, intent: Intent) -> Desired {
     Desired {
-        epoch,
+        fence,
         allocations: vec![DesiredAllocation {
             job: JobId(job),
             attempt,

@@ -310,8 +310,8 @@ impl State {
                 }
                 // The first slot a removed node left, else a new one at the end.
                 let vacant = self.data.nodes.iter().position(NodeRecord::is_vacant);
-                let (id, epoch) = match vacant {
-                    Some(slot) => (NodeId(slot as u32), self.data.nodes[slot].epoch),
+                let (id, incarnation) = match vacant {
+                    Some(slot) => (NodeId(slot as u32), self.data.nodes[slot].incarnation),
                     None => {
                         let id = NodeId(self.data.nodes.len() as u32);
                         self.data.nodes.push(NodeRecord::vacant(id, 0));
@@ -324,7 +324,7 @@ impl State {
                     name: inventory.name.clone(),
                     state: NodeState::Ready,
                     gpus: Vec::new(),
-                    epoch,
+                    incarnation,
                 };
                 id
             }
@@ -353,12 +353,15 @@ impl State {
         if node.state == NodeState::Lost {
             node.state = NodeState::Ready;
         }
-        node.epoch += 1;
-        let epoch = node.epoch;
+        node.incarnation += 1;
+        let incarnation = node.incarnation;
         let record = node.clone();
         self.index.refresh_node(&record);
         self.note_node(id);
-        Outcome::NodeRegistered { node: id, epoch }
+        Outcome::NodeRegistered {
+            node: id,
+            incarnation,
+        }
     }
 
     fn set_node_state(&mut self, name: &str, to: NodeState, ctx: ApplyCtx) -> Outcome {
@@ -376,7 +379,7 @@ impl State {
             for job in self.jobs_on_node(id) {
                 self.stop_without_signal(job, PreemptionKind::NodeLost, ctx);
             }
-            self.data.nodes[id.0 as usize].epoch += 1;
+            self.data.nodes[id.0 as usize].incarnation += 1;
         }
         self.data.nodes[id.0 as usize].state = to;
         if !to.schedulable() {
@@ -436,8 +439,8 @@ impl State {
         // the ready state); dropped again in case, as a vacant slot must have none.
         self.clear_nominations_on(id);
         self.data.node_ids.remove(name);
-        let epoch = self.data.nodes[id.0 as usize].epoch + 1;
-        let vacant = NodeRecord::vacant(id, epoch);
+        let incarnation = self.data.nodes[id.0 as usize].incarnation + 1;
+        let vacant = NodeRecord::vacant(id, incarnation);
         self.index.refresh_node(&vacant);
         self.data.nodes[id.0 as usize] = vacant;
         while self.data.nodes.last().is_some_and(NodeRecord::is_vacant) {

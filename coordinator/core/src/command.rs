@@ -106,7 +106,7 @@ pub struct PlanReport {
 pub enum Outcome {
     Done,
     JobSubmitted { job: JobId, duplicate: bool },
-    NodeRegistered { node: NodeId, epoch: u64 },
+    NodeRegistered { node: NodeId, incarnation: u64 },
     PlanApplied(PlanReport),
     Rejected(Rejection),
 }

@@ -194,8 +194,8 @@ pub struct NodeRecord {
     pub name: String,
     pub state: NodeState,
     pub gpus: Vec<GpuDevice>,
-    /// Bumped whenever the node (re-)registers or is lost: the agent's fencing epoch.
-    pub epoch: u64,
+    /// Bumped whenever the node (re-)registers or is lost: which life of the node this is.
+    pub incarnation: u64,
 }
 
 impl NodeRecord {
@@ -206,14 +206,14 @@ impl NodeRecord {
         self.name.is_empty()
     }
 
-    /// A vacant slot with `id`, keeping `epoch` so that the node taking it next continues it.
-    pub(crate) fn vacant(id: NodeId, epoch: u64) -> NodeRecord {
+    /// A vacant slot with `id`, keeping `incarnation` so that the node taking it next continues it.
+    pub(crate) fn vacant(id: NodeId, incarnation: u64) -> NodeRecord {
         NodeRecord {
             id,
             name: String::new(),
             state: NodeState::Lost,
             gpus: Vec::new(),
-            epoch,
+            incarnation,
         }
     }
 

@@ -117,7 +117,7 @@ fn removing_an_unknown_node_is_refused() {
 fn a_removed_nodes_slot_is_taken_by_the_next_new_node() {
     let mut sim = Sim::new();
     fleet(&mut sim, 3, 1);
-    let epoch_before = sim.state.node_by_name("node-2").unwrap().epoch;
+    let incarnation_before = sim.state.node_by_name("node-2").unwrap().incarnation;
     sim.ok(Command::CordonNode {
         node: "node-2".into(),
     });
@@ -136,8 +136,8 @@ fn a_removed_nodes_slot_is_taken_by_the_next_new_node() {
     assert_eq!(taken.id, NodeId(1));
     assert_eq!(taken.state, NodeState::Ready);
     assert!(
-        taken.epoch > epoch_before,
-        "the slot's epoch goes on rising"
+        taken.incarnation > incarnation_before,
+        "the slot's incarnation goes on rising"
     );
     assert_eq!(sim.state.data().nodes.len(), 3);
 

@@ -30,13 +30,13 @@ use openraft::StorageError;
 
 pub use log_store::{LogDurability, RaftLogStore};
 pub use state_machine::QuotientStateMachine;
-pub use type_config::{LogStore, NodeId, Outcomes, Request, TypeConfig};
+pub use type_config::{LogStore, MemberId, Outcomes, Request, TypeConfig};
 
 /// Opens (or creates) both halves of a coordinator's Raft storage in `data_dir`.
 ///
 /// Blocks on file I/O: call it at startup.
 #[allow(clippy::result_large_err)] // openraft's StorageError, kept so callers see one error type.
-pub fn open(data_dir: &Path) -> Result<(LogStore, QuotientStateMachine), StorageError<NodeId>> {
+pub fn open(data_dir: &Path) -> Result<(LogStore, QuotientStateMachine), StorageError<MemberId>> {
     let log = LogStore::open(data_dir)?;
     let state_machine = QuotientStateMachine::open(data_dir)?;
     Ok((log, state_machine))

@@ -46,7 +46,7 @@ use quotient_core::limits::SNAPSHOT_BYTES_MAX;
 use quotient_core::{ApplyCtx, Command, Outcome, SnapshotError, State, SNAPSHOT_STATE_MAGIC};
 
 use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
-use super::type_config::{Entry, NodeId, Outcomes, Request, TypeConfig};
+use super::type_config::{Entry, MemberId, Outcomes, Request, TypeConfig};
 use crate::applied::AppliedChanges;
 use crate::digest_check::DigestChecks;
 
@@ -66,8 +66,8 @@ const SNAPSHOT_HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + 3 + 8 + 8;
 pub const MAX_SNAPSHOT_FILE_BYTES: u64 =
     (SNAPSHOT_HEADER_BYTES + MAX_ENTRY_BYTES + SNAPSHOT_BYTES_MAX) as u64;
 
-type Meta = SnapshotMeta<NodeId, BasicNode>;
-type Membership = StoredMembership<NodeId, BasicNode>;
+type Meta = SnapshotMeta<MemberId, BasicNode>;
+type Membership = StoredMembership<MemberId, BasicNode>;
 
 /// Why the snapshot file could not be written or read back.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,7 @@ pub enum SnapshotFileError {
 /// What has been applied: the state, the last applied log id and the last membership.
 struct Applied {
     state: State,
-    last_applied: Option<LogId<NodeId>>,
+    last_applied: Option<LogId<MemberId>>,
     last_membership: Membership,
 }
 
@@ -154,10 +154,10 @@ impl Shared {
 
     fn storage_error(
         &self,
-        subject: ErrorSubject<NodeId>,
+        subject: ErrorSubject<MemberId>,
         verb: ErrorVerb,
         error: &(dyn std::error::Error + 'static),
-    ) -> StorageError<NodeId> {
+    ) -> StorageError<MemberId> {
         let source = AnyError::from_dyn(error, None)
             .add_context(|| format!("raft snapshot {}", self.snapshot_path().display()));
         StorageIOError::new(subject, verb, source).into()
@@ -187,7 +187,7 @@ impl QuotientStateMachine {
     ///
     /// A snapshot file that cannot be read or decoded, or whose state fails validation, is an
     /// error: starting empty instead could lose the history the purged log no longer has.
-    pub fn open(data_dir: &Path) -> Result<Self, StorageError<NodeId>> {
+    pub fn open(data_dir: &Path) -> Result<Self, StorageError<MemberId>> {
         std::fs::create_dir_all(data_dir).map_err(|e| {
             let source = AnyError::new(&e)
                 .add_context(|| format!("creating raft data directory {}", data_dir.display()));
@@ -253,7 +253,7 @@ impl QuotientStateMachine {
     }
 
     /// The id of the last applied log entry, if any.
-    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+    pub fn last_applied(&self) -> Option<LogId<MemberId>> {
         self.shared.read_applied().last_applied
     }
 
@@ -265,12 +265,12 @@ impl QuotientStateMachine {
     /// Runs `f` on tokio's blocking pool with the shared state.
     async fn blocking<R, F>(
         &self,
-        subject: ErrorSubject<NodeId>,
+        subject: ErrorSubject<MemberId>,
         verb: ErrorVerb,
         f: F,
-    ) -> Result<R, StorageError<NodeId>>
+    ) -> Result<R, StorageError<MemberId>>
     where
-        F: FnOnce(&Shared) -> Result<R, StorageError<NodeId>> + Send + 'static,
+        F: FnOnce(&Shared) -> Result<R, StorageError<MemberId>> + Send + 'static,
         R: Send + 'static,
     {
         let shared = Arc::clone(&self.shared);
@@ -282,7 +282,7 @@ impl QuotientStateMachine {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for QuotientStateMachine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<MemberId>> {
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let subject = ErrorSubject::Snapshot(None);
         let (meta, bytes) = self
@@ -333,12 +333,12 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
 
     async fn applied_state(
         &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, Membership), StorageError<NodeId>> {
+    ) -> Result<(Option<LogId<MemberId>>, Membership), StorageError<MemberId>> {
         let applied = self.shared.read_applied();
         Ok((applied.last_applied, applied.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcomes>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcomes>, StorageError<MemberId>>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -401,7 +401,7 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<MemberId>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -409,7 +409,7 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
         &mut self,
         meta: &Meta,
         snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
+    ) -> Result<(), StorageError<MemberId>> {
         let bytes = snapshot.into_inner();
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
         let owned_meta = meta.clone();
@@ -440,7 +440,7 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
 
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<MemberId>> {
         let subject = ErrorSubject::Snapshot(None);
         let loaded = self
             .blocking(subject.clone(), ErrorVerb::Read, move |shared| {

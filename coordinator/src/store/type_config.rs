@@ -44,7 +44,7 @@ openraft::declare_raft_types!(
     pub TypeConfig:
         D = Request,
         R = Outcomes,
-        NodeId = NodeId,
+        NodeId = MemberId,
         Node = BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
@@ -54,8 +54,9 @@ openraft::declare_raft_types!(
 /// Entries of version 1 of the Raft log encoding, the only one so far, are read as they are.
 impl super::codec::VersionedEntries for TypeConfig {}
 
-/// A coordinator's Raft node id.
-pub type NodeId = u64;
+/// A coordinator's id as a Raft member (openraft's `NodeId`). "Node" means a GPU host
+/// everywhere else in Quotient (`quotient_core::NodeId`).
+pub type MemberId = u64;
 
 /// The Raft handle of a coordinator.
 pub type Raft = openraft::Raft<TypeConfig>;

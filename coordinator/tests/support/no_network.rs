@@ -8,12 +8,12 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{AnyError, BasicNode};
-use quotient_coordinator::store::{NodeId, TypeConfig};
+use quotient_coordinator::store::{MemberId, TypeConfig};
 
 /// Every peer is unreachable.
 pub struct NoNetwork;
 
-fn unreachable<E: std::error::Error>() -> RPCError<NodeId, BasicNode, E> {
+fn unreachable<E: std::error::Error>() -> RPCError<MemberId, BasicNode, E> {
     RPCError::Unreachable(Unreachable::new(&AnyError::error(
         "this test's node has no network",
     )))
@@ -22,7 +22,7 @@ fn unreachable<E: std::error::Error>() -> RPCError<NodeId, BasicNode, E> {
 impl RaftNetworkFactory<TypeConfig> for NoNetwork {
     type Network = NoNetwork;
 
-    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> Self::Network {
+    async fn new_client(&mut self, _target: MemberId, _node: &BasicNode) -> Self::Network {
         NoNetwork
     }
 }
@@ -32,7 +32,8 @@ impl RaftNetwork<TypeConfig> for NoNetwork {
         &mut self,
         _rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<MemberId>, RPCError<MemberId, BasicNode, RaftError<MemberId>>>
+    {
         Err(unreachable())
     }
 
@@ -41,17 +42,17 @@ impl RaftNetwork<TypeConfig> for NoNetwork {
         _rpc: InstallSnapshotRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+        InstallSnapshotResponse<MemberId>,
+        RPCError<MemberId, BasicNode, RaftError<MemberId, InstallSnapshotError>>,
     > {
         Err(unreachable())
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
+        _rpc: VoteRequest<MemberId>,
         _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<MemberId>, RPCError<MemberId, BasicNode, RaftError<MemberId>>> {
         Err(unreachable())
     }
 }
