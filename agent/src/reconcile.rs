@@ -305,7 +305,7 @@ mod tests {
     ) -> Decision {
         reconcile(Input {
             desired,
-            fence: fence,
+            fence,
             local,
             finished,
             now_ms,
