@@ -39,18 +39,10 @@ use quotient_common::transport::{PeerConnection, RequestStream, RESPONSE_WRITE_T
 use quotient_common::{GpuDevice, NodeState};
 use quotient_common::{JobEvent, JobReport};
 use quotient_core::{Command, Outcome};
-use tokio::sync::Notify;
 
-use crate::agent_links::AgentLinks;
 use crate::applied;
-use crate::config::AgentTuning;
-use crate::desired::DesiredTracker;
-use crate::identity::ClusterIdentity;
-use crate::node_disks::NodeDisks;
-use crate::node_leases::NodeLeases;
-use crate::proposer::{NotProposed, ProposalError, Proposer};
-use crate::store::type_config::Raft;
-use crate::store::QuotientStateMachine;
+use crate::context::Context;
+use crate::proposer::{NotProposed, ProposalError};
 
 /// Deadline for an agent to deliver its request once it opened the stream (milliseconds).
 pub const AGENT_REQUEST_READ_TIMEOUT_MS: u64 = 10_000;
@@ -69,40 +61,13 @@ pub struct AgentService {
 }
 
 struct Inner {
-    raft: Raft,
-    state_machine: QuotientStateMachine,
-    proposer: Proposer,
-    desired: DesiredTracker,
-    leases: NodeLeases,
-    tuning: AgentTuning,
-    scheduler: Arc<Notify>,
-    links: AgentLinks,
-    identity: ClusterIdentity,
-    disks: NodeDisks,
+    ctx: Context,
 }
 
 impl std::fmt::Debug for AgentService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentService").finish_non_exhaustive()
     }
-}
-
-/// The parts of a coordinator the agent service works with.
-#[derive(Clone)]
-pub struct AgentServiceParts {
-    pub raft: Raft,
-    pub state_machine: QuotientStateMachine,
-    pub proposer: Proposer,
-    pub desired: DesiredTracker,
-    pub leases: NodeLeases,
-    pub tuning: AgentTuning,
-    pub scheduler: Arc<Notify>,
-    /// Where each agent's connection is recorded, for the leader's requests to agents.
-    pub links: AgentLinks,
-    /// This coordinator's cluster: an agent of another is refused at registration.
-    pub identity: ClusterIdentity,
-    /// Where each node's disk use is kept, for `quotient node list`.
-    pub disks: NodeDisks,
 }
 
 /// The node a request is about.
@@ -162,20 +127,9 @@ fn bounded(mut report: JobReport) -> JobReport {
 }
 
 impl AgentService {
-    pub fn new(parts: AgentServiceParts) -> AgentService {
+    pub fn new(ctx: &Context) -> AgentService {
         AgentService {
-            inner: Arc::new(Inner {
-                raft: parts.raft,
-                state_machine: parts.state_machine,
-                proposer: parts.proposer,
-                desired: parts.desired,
-                leases: parts.leases,
-                tuning: parts.tuning,
-                scheduler: parts.scheduler,
-                links: parts.links,
-                identity: parts.identity,
-                disks: parts.disks,
-            }),
+            inner: Arc::new(Inner { ctx: ctx.clone() }),
         }
     }
 
@@ -188,7 +142,10 @@ impl AgentService {
             return;
         }
         tracing::debug!(%peer, %address, "agent connected");
-        self.inner.links.connected(&peer.name, &connection);
+        self.inner
+            .ctx
+            .agent_links
+            .connected(&peer.name, &connection);
         loop {
             let stream = match connection.accept_request().await {
                 Ok(Some(stream)) => stream,
@@ -202,7 +159,10 @@ impl AgentService {
             let peer = peer.clone();
             tokio::spawn(async move { service.serve_request(peer, stream).await });
         }
-        self.inner.links.disconnected(&peer.name, &connection);
+        self.inner
+            .ctx
+            .agent_links
+            .disconnected(&peer.name, &connection);
     }
 
     async fn serve_request(&self, peer: PeerIdentity, mut stream: RequestStream) {
@@ -266,7 +226,7 @@ impl AgentService {
 
     /// `Ok` on the leader; else where the leader is.
     fn leader(&self) -> Result<(), AgentError> {
-        let metrics = self.inner.raft.metrics().borrow().clone();
+        let metrics = self.inner.ctx.raft.metrics().borrow().clone();
         if metrics.state == ServerState::Leader {
             return Ok(());
         }
@@ -285,7 +245,13 @@ impl AgentService {
 
     /// `Ok` while a quorum acknowledged this leader within [`LEADER_QUORUM_ACK_MAX_MS`].
     fn confirmed_leader(&self) -> Result<(), AgentError> {
-        let since_ack_ms = self.inner.raft.metrics().borrow().millis_since_quorum_ack;
+        let since_ack_ms = self
+            .inner
+            .ctx
+            .raft
+            .metrics()
+            .borrow()
+            .millis_since_quorum_ack;
         match since_ack_ms {
             Some(ms) if ms <= LEADER_QUORUM_ACK_MAX_MS => Ok(()),
             _ => Err(AgentError::Unavailable(format!(
@@ -296,7 +262,7 @@ impl AgentService {
     }
 
     fn term(&self) -> u64 {
-        self.inner.raft.metrics().borrow().current_term
+        self.inner.ctx.raft.metrics().borrow().current_term
     }
 
     async fn answer(&self, request: AgentRequest) -> Result<AgentResponse, AgentError> {
@@ -306,7 +272,7 @@ impl AgentService {
                 actual,
                 cluster: agent_cluster,
             } => {
-                let Some(cluster) = self.inner.identity.cluster() else {
+                let Some(cluster) = self.inner.ctx.identity.cluster() else {
                     return Err(AgentError::Unavailable(
                         "this coordinator has joined no cluster yet".to_string(),
                     ));
@@ -330,13 +296,13 @@ impl AgentService {
                 let gpus = inventory.gpus.len();
                 match self.write(Command::RegisterNode(inventory)).await? {
                     Outcome::NodeRegistered { incarnation, .. } => {
-                        self.inner.leases.heard_from(&node);
+                        self.inner.ctx.leases.heard_from(&node);
                         self.after_write();
                         tracing::info!(%node, gpus, incarnation, "node registered");
                         Ok(AgentResponse::Registered {
                             node_incarnation: incarnation,
-                            agent_lease_ms: self.inner.tuning.agent_lease_ms,
-                            heartbeat_ms: self.inner.tuning.agent_heartbeat_ms,
+                            agent_lease_ms: self.inner.ctx.config.agents.agent_lease_ms,
+                            heartbeat_ms: self.inner.ctx.config.agents.agent_heartbeat_ms,
                             cluster,
                         })
                     }
@@ -361,7 +327,7 @@ impl AgentService {
             AgentRequest::Report { node, reports } => self.report(&node, reports).await,
             AgentRequest::DiskUsage { node, usage } => {
                 self.registered(&node)?;
-                self.inner.disks.record(&node, usage);
+                self.inner.ctx.node_disks.record(&node, usage);
                 Ok(AgentResponse::DiskUsageRecorded)
             }
         }
@@ -369,7 +335,7 @@ impl AgentService {
 
     /// Proposes `command`; its outcome once committed and applied.
     async fn write(&self, command: Command) -> Result<Outcome, AgentError> {
-        match self.inner.proposer.propose(command).await {
+        match self.inner.ctx.proposer.propose(command).await {
             Ok(Ok(Outcome::Rejected(rejection))) => Err(bad_request(rejection.to_string())),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
@@ -380,18 +346,18 @@ impl AgentService {
     /// Refreshes the desired state of what a write of ours changed and wakes the scheduler
     /// if it changed anything (the apply watcher does it too; this saves its latency).
     fn after_write(&self) {
-        let inner = &self.inner;
+        let ctx = &self.inner.ctx;
         applied::follow(
-            &inner.state_machine,
-            &inner.desired,
-            &inner.scheduler,
+            &ctx.state_machine,
+            &ctx.desired,
+            &ctx.scheduler,
             self.term(),
         );
     }
 
     /// `Ok` when `node` is registered and not lost.
     fn registered(&self, node: &str) -> Result<(), AgentError> {
-        self.inner.state_machine.read(|state| {
+        self.inner.ctx.state_machine.read(|state| {
             state
                 .node_by_name(node)
                 .filter(|record| record.state != NodeState::Lost)
@@ -401,7 +367,7 @@ impl AgentService {
     }
 
     fn heartbeat(&self, node: &str, gpus: &[GpuDevice]) -> Result<AgentResponse, AgentError> {
-        let changes: Vec<(u32, bool)> = self.inner.state_machine.read(|state| {
+        let changes: Vec<(u32, bool)> = self.inner.ctx.state_machine.read(|state| {
             let record = state
                 .node_by_name(node)
                 .filter(|record| record.state != NodeState::Lost)
@@ -416,7 +382,7 @@ impl AgentService {
                     .collect(),
             )
         })?;
-        self.inner.leases.heard_from(node);
+        self.inner.ctx.leases.heard_from(node);
         if !changes.is_empty() {
             let service = self.clone();
             let node = node.to_string();
@@ -439,10 +405,11 @@ impl AgentService {
     }
 
     async fn watch(&self, node: &str, after_fence: Fence) -> Result<DesiredState, AgentError> {
-        let desired = &self.inner.desired;
+        let desired = &self.inner.ctx.desired;
         let mut changes = desired.subscribe();
         let known = self
             .inner
+            .ctx
             .state_machine
             .read(|state| state.node_by_name(node).is_some());
         if !known {
@@ -486,7 +453,7 @@ impl AgentService {
         }
         let proposals = reports.iter().map(|report| {
             let command = Command::ReportJob(bounded(report.clone()));
-            self.inner.proposer.propose(command)
+            self.inner.ctx.proposer.propose(command)
         });
         // Proposed together, they share log entries.
         let outcomes = futures_util::future::join_all(proposals).await;

@@ -27,7 +27,7 @@
 //! for a learner to catch up).
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -50,13 +50,10 @@ use quotient_common::version::API_WIRE;
 use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
-use crate::agent_links::AgentLinks;
+use crate::context::Context;
 use crate::identity::ClusterIdentity;
-use crate::network::PeerConnections;
-use crate::node_disks::NodeDisks;
-use crate::proposer::{NotProposed, Proposer};
-use crate::store::type_config::Raft;
-use crate::store::{MemberId, QuotientStateMachine};
+use crate::proposer::NotProposed;
+use crate::store::MemberId;
 use crate::views;
 use crate::{cluster_init, job_logs};
 
@@ -75,24 +72,15 @@ pub const MEMBERSHIP_TIMEOUT_MS: u64 = 120_000;
 /// (milliseconds); under [`MEMBERSHIP_TIMEOUT_MS`], so the answer says why when it does not.
 pub const LEARNER_CATCH_UP_MS: u64 = 100_000;
 
-/// What the API handlers share: this coordinator's Raft, its state machine and its peers.
+/// The client API's handlers, over the coordinator's [`Context`]; cheap to clone.
 #[derive(Clone)]
 pub struct ApiService {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    id: MemberId,
-    identity: ClusterIdentity,
-    /// `--peers`: the members `cluster init` starts the cluster with.
-    initial_peers: BTreeMap<MemberId, String>,
-    raft: Raft,
-    state_machine: QuotientStateMachine,
-    peers: PeerConnections,
-    proposer: Proposer,
-    agent_links: AgentLinks,
+    ctx: Context,
     forwarder: Forwarder,
-    node_disks: NodeDisks,
 }
 
 /// The client a follower forwards requests to the leader with, over this coordinator's own
@@ -124,7 +112,7 @@ impl Forwarder {
 impl std::fmt::Debug for ApiService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiService")
-            .field("id", &self.inner.id)
+            .field("id", &self.inner.ctx.id())
             .finish()
     }
 }
@@ -202,52 +190,17 @@ fn invalid(error: quotient_common::SpecError) -> ApiError {
 }
 
 impl ApiService {
-    pub fn new(
-        identity: ClusterIdentity,
-        initial_peers: BTreeMap<MemberId, String>,
-        raft: Raft,
-        state_machine: QuotientStateMachine,
-        peers: PeerConnections,
-        proposer: Proposer,
-    ) -> Self {
+    pub fn new(ctx: &Context) -> Self {
         ApiService {
             inner: Arc::new(Inner {
-                id: identity.member(),
-                identity: identity.clone(),
-                initial_peers,
-                proposer,
-                raft,
-                state_machine,
                 forwarder: Forwarder {
-                    client: peers.client(),
-                    identity,
+                    client: ctx.peers.client(),
+                    identity: ctx.identity.clone(),
                     leader: Mutex::new(None),
                 },
-                peers,
-                agent_links: AgentLinks::new(),
-                node_disks: NodeDisks::new(),
+                ctx: ctx.clone(),
             }),
         }
-    }
-
-    /// Reads logs through `links` (the agent service's record of agent connections); without
-    /// it no agent is ever connected and `JobLogs` says so.
-    pub fn with_agent_links(mut self, links: AgentLinks) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => inner.agent_links = links,
-            None => tracing::error!("agent links set on a shared ApiService; ignored"),
-        }
-        self
-    }
-
-    /// Shows the disk use agents report through `disks` (the agent service's record) in
-    /// `ListNodes`; without it no node has any.
-    pub fn with_node_disks(mut self, disks: NodeDisks) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => inner.node_disks = disks,
-            None => tracing::error!("node disks set on a shared ApiService; ignored"),
-        }
-        self
     }
 
     /// Serves one connection on the API ALPN until it closes; each request on its own task.
@@ -380,10 +333,10 @@ impl ApiService {
         let ApiRequest::InCluster { cluster, request } = request else {
             return Ok(request);
         };
-        match self.inner.identity.cluster() {
+        match self.inner.ctx.identity.cluster() {
             _ if matches!(*request, ApiRequest::Health) => Ok(*request),
             Some(mine) if mine != cluster => Err(ApiError::OtherCluster {
-                coordinator_id: self.inner.id,
+                coordinator_id: self.inner.ctx.id(),
                 coordinator_cluster: mine.to_string(),
                 client_cluster: cluster.to_string(),
             }),
@@ -495,10 +448,10 @@ impl ApiService {
         match request {
             ApiRequest::AddMember { id, address } => self.add_member(id, address).await,
             ApiRequest::InitCluster => cluster_init::init(
-                &self.inner.raft,
-                &self.inner.identity,
-                &self.inner.peers,
-                &self.inner.initial_peers,
+                &self.inner.ctx.raft,
+                &self.inner.ctx.identity,
+                &self.inner.ctx.peers,
+                &self.inner.ctx.config.peers,
             )
             .await
             .map(ApiResponse::ClusterInitialised),
@@ -506,12 +459,13 @@ impl ApiService {
             ApiRequest::ListShares => {
                 self.linearizable().await?;
                 Ok(ApiResponse::Shares(
-                    self.inner.state_machine.read(views::share_views),
+                    self.inner.ctx.state_machine.read(views::share_views),
                 ))
             }
             ApiRequest::GetShare { name } => {
                 self.linearizable().await?;
                 self.inner
+                    .ctx
                     .state_machine
                     .read(|state| views::share_view_named(state, &name))
                     .map(ApiResponse::Share)
@@ -520,6 +474,7 @@ impl ApiService {
             ApiRequest::GetJob { job } => {
                 self.linearizable().await?;
                 self.inner
+                    .ctx
                     .state_machine
                     .read(|state| views::job_view_by_id(state, job))
                     .map(ApiResponse::Job)
@@ -529,6 +484,7 @@ impl ApiService {
                 self.linearizable().await?;
                 Ok(ApiResponse::Jobs(
                     self.inner
+                        .ctx
                         .state_machine
                         .read(|s| views::job_views(s, share.as_deref(), state)),
                 ))
@@ -536,6 +492,7 @@ impl ApiService {
             ApiRequest::ExplainJob { job } => {
                 self.linearizable().await?;
                 self.inner
+                    .ctx
                     .state_machine
                     .read(|state| quotient_core::explain(state, job))
                     .map(|explanation| ApiResponse::Explanation {
@@ -553,24 +510,26 @@ impl ApiService {
                 self.linearizable().await?;
                 let target = self
                     .inner
+                    .ctx
                     .state_machine
                     .read(|state| job_logs::log_target(state, job, attempt))?;
-                job_logs::read_logs(&self.inner.agent_links, job, target, offset, max_bytes).await
+                job_logs::read_logs(&self.inner.ctx.agent_links, job, target, offset, max_bytes)
+                    .await
             }
             ApiRequest::ListNodes => {
                 self.linearizable().await?;
-                let mut nodes = self.inner.state_machine.read(views::node_views);
+                let mut nodes = self.inner.ctx.state_machine.read(views::node_views);
                 for node in &mut nodes {
-                    views::add_disk_usage(node, self.inner.node_disks.of(&node.name));
+                    views::add_disk_usage(node, self.inner.ctx.node_disks.of(&node.name));
                 }
                 Ok(ApiResponse::Nodes(nodes))
             }
             ApiRequest::ClusterStatus => {
                 self.linearizable().await?;
-                let metrics = self.inner.raft.metrics().borrow().clone();
-                let peers = &self.inner.peers;
+                let metrics = self.inner.ctx.raft.metrics().borrow().clone();
+                let peers = &self.inner.ctx.peers;
                 Ok(ApiResponse::Cluster(views::cluster_view(
-                    self.inner.identity.cluster(),
+                    self.inner.ctx.identity.cluster(),
                     &metrics,
                     |id| peers.is_reachable(id),
                     |id| peers.refusal(id),
@@ -588,15 +547,16 @@ impl ApiService {
     /// so a follower does not check: the write it redirects is checked by the leader. The
     /// connection is not replicated: like a heartbeat, it is the leader's knowledge.
     fn check_node_removable(&self, node: &str) -> Result<(), ApiError> {
-        let leads = views::is_leader(&self.inner.raft.metrics().borrow());
+        let leads = views::is_leader(&self.inner.ctx.raft.metrics().borrow());
         if !leads {
             return Ok(());
         }
         self.inner
+            .ctx
             .state_machine
             .read(|state| state.check_remove_node(node))
             .map_err(ApiError::Rejected)?;
-        if self.inner.agent_links.get(node).is_some() {
+        if self.inner.ctx.agent_links.get(node).is_some() {
             return Err(ApiError::Precondition(format!(
                 "the agent of node {node} is still connected: stop it on its host first, or it \
                  registers the host again at once as a new, ready node; then remove the node \
@@ -610,21 +570,21 @@ impl ApiService {
     /// while it has joined no cluster, for a while after it refused or was refused a Raft
     /// request, and for good once its state diverged from the leader's.
     fn health(&self) -> HealthView {
-        let metrics = self.inner.raft.metrics().borrow().clone();
+        let metrics = self.inner.ctx.raft.metrics().borrow().clone();
         let mut problems = Vec::new();
         if let Err(fatal) = &metrics.running_state {
             problems.push(format!("raft stopped: {fatal}"));
         }
-        problems.extend(self.inner.identity.problems());
-        problems.extend(self.inner.state_machine.digest_checks().problem());
+        problems.extend(self.inner.ctx.identity.problems());
+        problems.extend(self.inner.ctx.state_machine.digest_checks().problem());
         HealthView {
-            id: self.inner.id,
+            id: self.inner.ctx.id(),
             leader: metrics.current_leader,
             term: metrics.current_term,
             last_applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
             healthy: problems.is_empty(),
-            state_digest: self.inner.state_machine.read(views::state_digest),
-            cluster_id: self.inner.identity.cluster().map(|id| id.to_string()),
+            state_digest: self.inner.ctx.state_machine.read(views::state_digest),
+            cluster_id: self.inner.ctx.identity.cluster().map(|id| id.to_string()),
             problems,
         }
     }
@@ -632,7 +592,7 @@ impl ApiService {
     /// Proposes `command` and waits until it is committed and applied; a rejection is an
     /// error. A stopped proposer means this coordinator is shutting down: another serves.
     async fn write(&self, command: Command) -> Result<Outcome, ApiError> {
-        match self.inner.proposer.propose(command).await {
+        match self.inner.ctx.proposer.propose(command).await {
             Ok(Ok(Outcome::Rejected(rejection))) => Err(ApiError::Rejected(rejection)),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(write_error(error)),
@@ -649,7 +609,7 @@ impl ApiService {
 
     /// Confirms leadership with a quorum and waits for the state machine to catch up.
     async fn linearizable(&self) -> Result<(), ApiError> {
-        match self.inner.raft.ensure_linearizable().await {
+        match self.inner.ctx.raft.ensure_linearizable().await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
                 Err(not_leader(&forward))
@@ -674,18 +634,19 @@ impl ApiService {
         }
         tracing::info!(id, %address, "adding a coordinator as a learner");
         self.inner
+            .ctx
             .raft
             .add_learner(id, BasicNode::new(address.clone()), false)
             .await
             .map_err(write_error)?;
         let caught_up = cluster_init::wait_caught_up(
-            &self.inner.raft,
+            &self.inner.ctx.raft,
             BTreeSet::from([id]),
             Duration::from_millis(LEARNER_CATCH_UP_MS),
         )
         .await;
         if caught_up.is_empty() {
-            let why = self.inner.peers.refusal(id).unwrap_or_else(|| {
+            let why = self.inner.ctx.peers.refusal(id).unwrap_or_else(|| {
                 format!("is it running, and reachable from the leader at {address}?")
             });
             return Err(ApiError::Precondition(format!(
@@ -695,6 +656,7 @@ impl ApiService {
         }
         tracing::info!(id, "learner caught up; making it a voter");
         self.inner
+            .ctx
             .raft
             .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
             .await
@@ -703,7 +665,7 @@ impl ApiService {
     }
 
     async fn remove_member(&self, id: MemberId) -> Result<ApiResponse, ApiError> {
-        let metrics = self.inner.raft.metrics().borrow().clone();
+        let metrics = self.inner.ctx.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership();
         if membership.get_node(&id).is_none() {
             return Err(ApiError::NotFound(format!(
@@ -717,6 +679,7 @@ impl ApiService {
             ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
         self.inner
+            .ctx
             .raft
             .change_membership(change, false)
             .await

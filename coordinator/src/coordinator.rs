@@ -22,19 +22,19 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::agent_links::AgentLinks;
-use crate::agent_service::{AgentService, AgentServiceParts};
+use crate::agent_service::AgentService;
 use crate::api::ApiService;
 use crate::config::{ConfigError, CoordinatorConfig};
+use crate::context::Context;
 use crate::desired::DesiredTracker;
 use crate::identity::{ClusterIdentity, IdentityError};
 use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
 use crate::proposer::Proposer;
-use crate::store::log_store::LogDurability;
 use crate::store::type_config::Raft;
 use crate::store::{self, MemberId, QuotientStateMachine};
-use crate::{applied, digest_check, raft_service, scheduler_loop};
+use crate::{applied, digest_check, node_leases, raft_service, scheduler_loop};
 
 /// How long shutdown waits for connections to close cleanly (milliseconds).
 pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
@@ -126,66 +126,27 @@ impl Coordinator {
             &[ALPN_API, ALPN_RAFT, ALPN_AGENT],
         )?);
         let local_addr = server.local_addr()?;
-        let proposer = Proposer::start(raft.clone());
-        let agent_links = AgentLinks::new();
-        let node_disks = NodeDisks::new();
-        let api = ApiService::new(
-            identity.clone(),
-            config.peers.clone(),
-            raft.clone(),
-            state_machine.clone(),
-            peers,
-            proposer.clone(),
-        )
-        .with_agent_links(agent_links.clone())
-        .with_node_disks(node_disks.clone());
-        let desired = DesiredTracker::new();
-        let leases = NodeLeases::new(config.agents.clone());
-        let scheduler = Arc::new(Notify::new());
-        let agents = AgentService::new(AgentServiceParts {
+        let ctx = Context {
+            config: Arc::new(config.clone()),
+            identity: identity.clone(),
+            proposer: Proposer::start(raft.clone()),
             raft: raft.clone(),
             state_machine: state_machine.clone(),
-            proposer: proposer.clone(),
-            desired: desired.clone(),
-            leases: leases.clone(),
-            tuning: config.agents.clone(),
-            scheduler: scheduler.clone(),
-            links: agent_links,
-            identity: identity.clone(),
-            disks: node_disks,
-        });
-        let mut loops = vec![
-            tokio::spawn(scheduler_loop::run(
-                raft.clone(),
-                state_machine.clone(),
-                proposer.clone(),
-                scheduler.clone(),
-                desired.clone(),
-            )),
-            tokio::spawn(leases.run(raft.clone(), state_machine.clone(), proposer.clone())),
-            tokio::spawn(follow_applies(
-                raft.clone(),
-                state_machine.clone(),
-                desired,
-                scheduler,
-            )),
-        ];
-        if config.raft.digest_check_interval_ms > 0 {
-            loops.push(tokio::spawn(digest_check::run(
-                raft.clone(),
-                state_machine.clone(),
-                proposer.clone(),
-                Duration::from_millis(config.raft.digest_check_interval_ms),
-            )));
-        }
-        let accept_task = tokio::spawn(accept_loop(
-            server.clone(),
-            raft.clone(),
+            peers,
             durability,
-            identity.clone(),
-            api,
-            agents,
-        ));
+            agent_links: AgentLinks::new(),
+            node_disks: NodeDisks::new(),
+            desired: DesiredTracker::new(),
+            leases: NodeLeases::new(config.agents.clone()),
+            scheduler: Arc::new(Notify::new()),
+        };
+        let loops = vec![
+            tokio::spawn(scheduler_loop::run(ctx.clone())),
+            tokio::spawn(node_leases::run(ctx.clone())),
+            tokio::spawn(follow_applies(ctx.clone())),
+            tokio::spawn(digest_check::run(ctx.clone())),
+        ];
+        let accept_task = tokio::spawn(accept_loop(server.clone(), ctx));
         tracing::info!(
             id = config.id,
             %local_addr,
@@ -313,12 +274,14 @@ async fn has_raft_state(
 /// Watching Raft's metrics, rather than hooking the state machine, keeps the storage code
 /// free of leader concerns; what a batch applied between two looks changed is still drained
 /// once, by this or by the next write's own refresh.
-async fn follow_applies(
-    raft: Raft,
-    state_machine: QuotientStateMachine,
-    desired: DesiredTracker,
-    scheduler: Arc<Notify>,
-) {
+async fn follow_applies(ctx: Context) {
+    let Context {
+        raft,
+        state_machine,
+        desired,
+        scheduler,
+        ..
+    } = ctx;
     let mut metrics = raft.metrics();
     let mut seen = (0u64, None);
     loop {
@@ -347,18 +310,11 @@ async fn follow_applies(
 }
 
 /// Accepts connections and hands each to the service of its ALPN.
-async fn accept_loop(
-    server: Arc<Server>,
-    raft: Raft,
-    durability: LogDurability<MemberId>,
-    identity: ClusterIdentity,
-    api: ApiService,
-    agents: AgentService,
-) {
+async fn accept_loop(server: Arc<Server>, ctx: Context) {
+    let api = ApiService::new(&ctx);
+    let agents = AgentService::new(&ctx);
     while let Some(incoming) = server.accept().await {
-        let raft = raft.clone();
-        let durability = durability.clone();
-        let identity = identity.clone();
+        let ctx = ctx.clone();
         let api = api.clone();
         let agents = agents.clone();
         tokio::spawn(async move {
@@ -371,7 +327,7 @@ async fn accept_loop(
                 }
             };
             if connection.alpn() == ALPN_RAFT {
-                raft_service::serve_connection(raft, durability, identity, connection).await;
+                raft_service::serve_connection(ctx, connection).await;
             } else if connection.alpn() == ALPN_API {
                 api.serve_connection(connection).await;
             } else if connection.alpn() == ALPN_AGENT {

@@ -23,9 +23,8 @@ use std::time::Duration;
 
 use quotient_core::{Command, DigestAt, SnapshotCapture};
 
-use crate::proposer::{NotProposed, Proposer};
-use crate::store::type_config::Raft;
-use crate::store::QuotientStateMachine;
+use crate::context::Context;
+use crate::proposer::NotProposed;
 use crate::views;
 
 /// Digests kept, newest first out: the leader asks about the previous check only, a few more
@@ -99,13 +98,20 @@ impl DigestChecks {
     }
 }
 
-/// On the leader, proposes a check every `interval`; returns when Raft stops.
-pub async fn run(
-    raft: Raft,
-    state_machine: QuotientStateMachine,
-    proposer: Proposer,
-    interval: Duration,
-) {
+/// On the leader, proposes a check every `raft.digest_check_interval_ms` (none when 0);
+/// returns when Raft stops.
+pub async fn run(ctx: Context) {
+    let interval_ms = ctx.config.raft.digest_check_interval_ms;
+    if interval_ms == 0 {
+        return;
+    }
+    let interval = Duration::from_millis(interval_ms);
+    let Context {
+        raft,
+        state_machine,
+        proposer,
+        ..
+    } = ctx;
     // The first check one interval after start, not at once: a new leader has nothing to
     // compare yet.
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`store`]: Raft storage: the openraft type config, the redb log store, the state machine
 //!   adapter with its snapshot file, and their codec.
+//! - [`context`]: the one context a coordinator's services and loops share.
 //! - [`config`]: the coordinator's flags / TOML config and the openraft config they give.
 //! - [`network`]: the Raft network over QUIC (client side), with one connection per peer.
 //! - [`raft_service`]: the Raft network's server side; only coordinators may speak Raft, and
@@ -33,6 +34,7 @@ pub mod api;
 pub mod applied;
 pub mod cluster_init;
 pub mod config;
+pub mod context;
 pub mod coordinator;
 pub mod desired;
 pub mod digest_check;

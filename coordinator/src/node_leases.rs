@@ -21,6 +21,7 @@ use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, State};
 
 use crate::config::AgentTuning;
+use crate::context::Context;
 use crate::proposer::{NotProposed, Proposer};
 use crate::store::type_config::Raft;
 use crate::store::QuotientStateMachine;
@@ -97,7 +98,12 @@ impl NodeLeases {
 
     /// Checks the leases while this coordinator leads, marking expired nodes lost. Runs until
     /// the Raft node shuts down.
-    pub async fn run(self, raft: Raft, state_machine: QuotientStateMachine, proposer: Proposer) {
+    async fn check_while_leading(
+        self,
+        raft: Raft,
+        state_machine: QuotientStateMachine,
+        proposer: Proposer,
+    ) {
         let mut was_leader = false;
         let mut tick = tokio::time::interval(Duration::from_millis(NODE_LEASE_CHECK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -145,6 +151,21 @@ impl NodeLeases {
             }
         }
     }
+}
+
+/// Checks the nodes' leases while this coordinator leads, marking expired nodes lost
+/// ([`NodeLeases::expired`]). Runs until the Raft node shuts down.
+pub async fn run(ctx: Context) {
+    let Context {
+        leases,
+        raft,
+        state_machine,
+        proposer,
+        ..
+    } = ctx;
+    leases
+        .check_while_leading(raft, state_machine, proposer)
+        .await
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use quotient_common::transport::{
     PeerConnection, RequestStream, RESPONSE_WRITE_TIMEOUT_MS, STREAM_CODE_TIMEOUT,
 };
 
+use crate::context::Context;
 use crate::identity::ClusterIdentity;
 use crate::network::{RaftEnvelope, RaftRefusal, RaftRequest, RaftResponse};
 use crate::store::log_store::LogDurability;
@@ -42,12 +43,13 @@ pub const RAFT_REQUEST_READ_TIMEOUT_MS: u64 = 30_000;
 pub const RAFT_HANDLE_TIMEOUT_MS: u64 = 30_000;
 
 /// Serves one connection on the Raft ALPN until it closes.
-pub async fn serve_connection(
-    raft: Raft,
-    durability: LogDurability<MemberId>,
-    identity: ClusterIdentity,
-    connection: PeerConnection,
-) {
+pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
+    let Context {
+        raft,
+        durability,
+        identity,
+        ..
+    } = ctx;
     let peer = connection.peer().clone();
     let address = connection.remote_address();
     if let Err(error) = connection.require_role(&[Role::Coordinator]) {

@@ -20,19 +20,15 @@
 //! After a failover the new leader plans from the replicated state: running jobs hold their
 //! GPUs there, so nothing is restarted.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
 use quotient_core::{Command, Outcome, Plan, PlanReport};
-use tokio::sync::Notify;
 
 use crate::applied;
-use crate::desired::DesiredTracker;
+use crate::context::Context;
 use crate::proposer::{NotProposed, ProposalError, Proposer, PROPOSAL_BYTES_MAX};
 use crate::store::codec::{encoded_len, CodecError};
-use crate::store::type_config::Raft;
-use crate::store::QuotientStateMachine;
 
 /// The safety-net period of the loop (milliseconds).
 pub const SCHEDULER_TICK_MS: u64 = 1_000;
@@ -46,13 +42,15 @@ pub const PLAN_COMMIT_TIMEOUT_MS: u64 = 10_000;
 pub const SCHEDULER_STALE_BACKOFF_MS: u64 = 200;
 
 /// Runs the loop until the Raft node shuts down.
-pub async fn run(
-    raft: Raft,
-    state_machine: QuotientStateMachine,
-    proposer: Proposer,
-    trigger: Arc<Notify>,
-    desired: DesiredTracker,
-) {
+pub async fn run(ctx: Context) {
+    let Context {
+        raft,
+        state_machine,
+        proposer,
+        scheduler: trigger,
+        desired,
+        ..
+    } = ctx;
     loop {
         tokio::select! {
             _ = trigger.notified() => {}
