@@ -665,6 +665,9 @@ impl ApiService {
     }
 
     async fn remove_member(&self, id: MemberId) -> Result<ApiResponse, ApiError> {
+        // Only the leader's membership says whether `id` is a member: a follower behind, or a
+        // coordinator that has joined no cluster (and knows no members), redirects instead.
+        self.linearizable().await?;
         let metrics = self.inner.ctx.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership();
         if membership.get_node(&id).is_none() {
