@@ -455,6 +455,7 @@ impl LeaderSession {
     ) -> Result<Timing, Ended> {
         let inventory = NodeInventory {
             name: self.shared.node.clone(),
+            host: quotient_common::HostInfo::process_only(),
             gpus,
         };
         let actual = self.shared.actual.borrow().clone();
@@ -879,6 +880,8 @@ mod tests {
             gpu_uuids: uuids.into_iter().map(str::to_string).collect(),
             spec: JobSpec::new("qs1", 1, 1, vec!["true".into()]),
             intent: WireIntent::Run,
+            cpu_millis: 0,
+            memory_bytes: 0,
         }
     }
 

@@ -206,6 +206,8 @@ fn allocation(node: &str, job: u64, gpu_indices: Vec<u32>, intent: WireIntent) -
         gpu_indices,
         spec: job_spec(None, shell(COUNTING_JOB)),
         intent,
+        cpu_millis: 0,
+        memory_bytes: 0,
     }
 }
 

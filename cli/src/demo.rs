@@ -288,6 +288,10 @@ impl Demo {
             grace_period_ms: GRACE_PERIOD_MS,
             max_preemptions: None,
             idempotency_key: Some(format!("demo-{}-{name}", std::process::id())),
+            cpu_millis: None,
+            memory_bytes: None,
+            time_limit_ms: None,
+            retry: Default::default(),
         };
         match self.call(ApiRequest::SubmitJob(spec))? {
             ApiResponse::JobSubmitted { job, .. } => {
@@ -300,7 +304,7 @@ impl Demo {
 
     fn job(&mut self, id: &JobId) -> anyhow::Result<JobView> {
         match self.call(ApiRequest::GetJob { job: *id })? {
-            ApiResponse::Job(job) => Ok(job),
+            ApiResponse::Job(job) => Ok(*job),
             other => bail!("unexpected answer to job get: {other:?}"),
         }
     }

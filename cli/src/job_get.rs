@@ -19,7 +19,7 @@ pub struct JobGetArgs {
 pub fn fetch(session: &mut Session, job: JobId) -> anyhow::Result<JobView> {
     let request = ApiRequest::GetJob { job };
     match session.call(request.clone())? {
-        ApiResponse::Job(view) => Ok(view),
+        ApiResponse::Job(view) => Ok(*view),
         other => Err(unexpected(&request, &other)),
     }
 }

@@ -16,13 +16,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::job::GRACE_PERIOD_DEFAULT_MS;
-use quotient_common::{GpuClass, JobPayload, JobSpec, Signal};
+use quotient_common::{GpuClass, JobPayload, JobSpec, RetryPolicy, RetryRule, Signal};
 
 use crate::client::{unexpected, Session};
 use crate::output::{self, OutputFormat};
 use crate::parse::{
-    parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_name, parse_priority,
-    parse_share_name, parse_signal, UsageError,
+    parse_cpus, parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_name, parse_memory,
+    parse_priority, parse_retry_rule, parse_share_name, parse_signal, parse_time_limit_ms,
+    UsageError,
 };
 use crate::GlobalArgs;
 
@@ -60,6 +61,28 @@ pub struct JobSubmitArgs {
     /// An environment variable for the job, KEY=VALUE; repeat for several.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// CPUs for the job, e.g. 4 or 0.5 [default: its share of the node's CPUs, in proportion
+    /// to the GPUs it takes there]. Enforced with cgroups (processes) or Docker's limits.
+    #[arg(long, value_name = "N", value_parser = parse_cpus)]
+    pub cpus: Option<u32>,
+    /// Memory for the job, e.g. 16G or 512Mi [default: its share of the node's memory, as for
+    /// --cpus]. Past it, the kernel kills the job.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub memory: Option<u64>,
+    /// How long an attempt may run, e.g. 90m, 12h or 2d [default: no limit]. At the limit the
+    /// job gets its checkpoint signal and grace period, then fails with reason "time limit".
+    #[arg(long, value_name = "DURATION", value_parser = parse_time_limit_ms)]
+    pub time_limit: Option<u64>,
+    /// Start a failed attempt again up to N times (0-9): a non-zero exit, the time limit, or
+    /// a launch failure of the job's own making. Node loss and preemptions never use a retry.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub retries: u32,
+    /// A rule deciding whether a failure is retried, ACTION:CONDITION[,CONDITION]: ACTION is
+    /// retry or exit; a CONDITION is exit-code=PATTERN or reason=PATTERN, where a trailing *
+    /// matches any rest (retry:exit-code=137, exit:reason=time*). The first rule that matches
+    /// decides; with none matching, the failure is retried. Repeat for several (at most 5).
+    #[arg(long = "retry-on", value_name = "RULE", value_parser = parse_retry_rule)]
+    pub retry_on: Vec<RetryRule>,
     /// Retrying a submit with the same key returns the same job instead of a new one.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
@@ -101,7 +124,19 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
         grace_period_ms: args.grace_period.unwrap_or(GRACE_PERIOD_DEFAULT_MS),
         max_preemptions: args.max_preemptions,
         idempotency_key: Some(args.idempotency_key.clone().unwrap_or(fresh_key)),
+        cpu_millis: args.cpus,
+        memory_bytes: args.memory,
+        time_limit_ms: args.time_limit,
+        retry: RetryPolicy {
+            retries: args.retries,
+            rules: args.retry_on.clone(),
+        },
     };
+    if !spec.retry.rules.is_empty() && spec.retry.retries == 0 {
+        return Err(UsageError(
+            "--retry-on needs --retries N: rules decide which failures use a retry".to_string(),
+        ));
+    }
     spec.validate()
         .map_err(|error| UsageError(error.to_string()))?;
     Ok(spec)

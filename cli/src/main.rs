@@ -78,7 +78,7 @@ enum ShareCommand {
 #[derive(Debug, Subcommand)]
 enum JobCommand {
     /// Submit a job; prints its id.
-    Submit(job_submit::JobSubmitArgs),
+    Submit(Box<job_submit::JobSubmitArgs>),
     /// Show one job.
     Get(job_get::JobGetArgs),
     /// List jobs.

@@ -184,6 +184,48 @@ pub fn job_table(jobs: &[JobView]) -> String {
     table.render()
 }
 
+/// A time in milliseconds since the Unix epoch as RFC 3339 in UTC, to the second
+/// (`2026-12-04T18:20:11Z`).
+pub fn rfc3339(ms: u64) -> String {
+    let seconds = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    time::OffsetDateTime::from_unix_timestamp(seconds)
+        .ok()
+        .and_then(|at| {
+            at.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{ms} ms"))
+}
+
+/// A duration in milliseconds for people: `850ms`, `42s`, `3m07s`, `5h02m`, `2d03h`.
+pub fn human_duration(ms: u64) -> String {
+    let seconds = ms / 1000;
+    match seconds {
+        0 => format!("{ms}ms"),
+        1..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m{:02}s", seconds / 60, seconds % 60),
+        3600..86_400 => format!("{}h{:02}m", seconds / 3600, seconds % 3600 / 60),
+        _ => format!("{}d{:02}h", seconds / 86_400, seconds % 86_400 / 3600),
+    }
+}
+
+/// The attempts of a job, a line each: number, node, start and end, how it ended.
+fn attempt_lines(job: &JobView) -> String {
+    let mut out = String::new();
+    for attempt in &job.attempt_history {
+        let started = attempt
+            .started_ms
+            .map_or_else(|| "never ran".to_string(), rfc3339);
+        let ended = attempt.ended_ms.map_or_else(|| "now".to_string(), rfc3339);
+        let outcome = attempt.outcome.as_deref().unwrap_or("current");
+        out.push_str(&format!(
+            "  #{} on {}: {started} to {ended}: {outcome}\n",
+            attempt.attempt, attempt.node
+        ));
+    }
+    out
+}
+
 /// One job in detail, `field: value` lines (for `job get` without `-o json`).
 pub fn job_detail(job: &JobView) -> String {
     let dash = |value: String| {
@@ -218,11 +260,68 @@ pub fn job_detail(job: &JobView) -> String {
         dash(optional(&job.reason)),
         dash(optional(&job.last_preemption)),
         dash(optional(&job.preempted_for)),
+    ) + &job_times(job)
+}
+
+/// The lines of `job get` about times, limits and attempts.
+fn job_times(job: &JobView) -> String {
+    let opt_time = |ms: Option<u64>| ms.map_or_else(|| "-".to_string(), rfc3339);
+    let waited = match job.waited_ms {
+        Some(ms) => human_duration(ms),
+        None => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            format!(
+                "{} so far",
+                human_duration(now.saturating_sub(job.submitted_ms))
+            )
+        }
+    };
+    let resources = match (job.allocated_cpu_millis, job.allocated_memory_bytes) {
+        (Some(cpus), Some(memory)) if cpus > 0 || memory > 0 => format!(
+            "{} CPUs, {} memory",
+            f64::from(cpus) / 1000.0,
+            human_bytes(memory)
+        ),
+        _ => match (job.cpu_millis, job.memory_bytes) {
+            (None, None) => "its share of the node's, by GPUs".to_string(),
+            (cpus, memory) => format!(
+                "{} CPUs, {} memory",
+                cpus.map_or("share of".to_string(), |c| (f64::from(c) / 1000.0)
+                    .to_string()),
+                memory.map_or("share of".to_string(), human_bytes)
+            ),
+        },
+    };
+    let retries = if job.retry_rules.is_empty() {
+        format!("{} of {}", job.retries_used, job.retries)
+    } else {
+        format!(
+            "{} of {} ({})",
+            job.retries_used,
+            job.retries,
+            job.retry_rules.join(" ")
+        )
+    };
+    format!(
+        "submitted:        {}\nstarted:          {}\nended:            {}\nwaited:           {waited}\n\
+         last node:        {}\nexit code:        {}\nresources:        {resources}\n\
+         time limit:       {}\nretries:          {retries}\nattempt history:\n{}",
+        rfc3339(job.submitted_ms),
+        opt_time(job.started_ms),
+        opt_time(job.ended_ms),
+        job.last_node.as_deref().unwrap_or("-"),
+        job.exit_code.map_or("-".to_string(), |code| code.to_string()),
+        job.time_limit_ms.map_or("-".to_string(), human_duration),
+        attempt_lines(job),
     )
 }
 
-/// The node table: NAME STATE GPUS CLASS FREE UNHEALTHY JOBS DISK-USED/FREE (the agent's
-/// logs and checkpoints, and what its state dir's filesystem has left; `-` when unknown).
+/// The node table: NAME STATE GPUS CLASS FREE UNHEALTHY JOBS DISK-USED/FREE RUNTIMES
+/// LAST-HEARTBEAT (the agent's logs and checkpoints, and what its state dir's filesystem has
+/// left; `-` when unknown). A node the leader has not heard from since a heartbeat was due
+/// shows the state `unreachable` (its JSON keeps its state and says `"unreachable": true`).
 pub fn node_table(nodes: &[NodeView]) -> String {
     let mut table = Table::new(&[
         "NAME",
@@ -233,6 +332,8 @@ pub fn node_table(nodes: &[NodeView]) -> String {
         "UNHEALTHY",
         "JOBS",
         "DISK-USED/FREE",
+        "RUNTIMES",
+        "LAST-HEARTBEAT",
     ]);
     for node in nodes {
         let mut classes: Vec<&str> = node.gpus.iter().map(|gpu| gpu.class.as_str()).collect();
@@ -249,9 +350,14 @@ pub fn node_table(nodes: &[NodeView]) -> String {
             .filter_map(|gpu| gpu.job.as_deref())
             .collect();
         jobs.dedup();
+        let state = if node.unreachable {
+            "unreachable".to_string()
+        } else {
+            node.state.clone()
+        };
         table.row(vec![
             node.name.clone(),
-            node.state.clone(),
+            state,
             node.gpus.len().to_string(),
             classes.join(","),
             free.to_string(),
@@ -261,6 +367,8 @@ pub fn node_table(nodes: &[NodeView]) -> String {
                 (Some(used), Some(free)) => format!("{}/{}", human_bytes(used), human_bytes(free)),
                 _ => String::new(),
             },
+            node.runtimes.join(","),
+            node.last_heartbeat_ms.map_or_else(String::new, rfc3339),
         ]);
     }
     table.render()
@@ -366,6 +474,7 @@ mod tests {
             preempted_for: None,
             gpu_indices: vec![0],
             submitted_ms: 0,
+            ..JobView::default()
         }
     }
 
@@ -430,16 +539,17 @@ a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1        
             disk_logs_bytes: disk.map(|(used, _)| used),
             disk_checkpoints_bytes: disk.map(|_| 0),
             disk_free_bytes: disk.map(|(_, free)| free),
+            ..NodeView::default()
         };
         let text = node_table(&[
             node("node-1", Some((3 << 19, 40 << 30))),
             node("node-2", None),
         ]);
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].ends_with("JOBS  DISK-USED/FREE"), "{text}");
-        assert!(lines[1].ends_with("1.5MiB/40.0GiB"), "{text}");
+        assert!(lines[0].contains("JOBS  DISK-USED/FREE"), "{text}");
+        assert!(lines[1].contains("1.5MiB/40.0GiB"), "{text}");
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
-        assert_eq!(cells[cells.len() - 2..], ["-", "-"], "{text}");
+        assert_eq!(cells[cells.len() - 4..], ["-", "-", "-", "-"], "{text}");
         assert_eq!(human_bytes(512), "512B");
         assert_eq!(human_bytes(1536), "1.5KiB");
         let json = serde_json::to_value(node("node-1", Some((7, 9)))).unwrap();

@@ -5,9 +5,12 @@
 //! caught before any connection is made, with a message that shows a valid value.
 //! [`UsageError`] covers the checks that need several arguments at once; `main` exits 2 for it.
 
-use quotient_common::job::{GRACE_PERIOD_MAX_MS, PRIORITY_MAX};
+use quotient_common::job::{
+    CPU_MILLIS_MAX, CPU_MILLIS_MIN, GRACE_PERIOD_MAX_MS, MEMORY_BYTES_MAX, MEMORY_BYTES_MIN,
+    PRIORITY_MAX, TIME_LIMIT_MS_MAX, TIME_LIMIT_MS_MIN,
+};
 use quotient_common::name::validate_name;
-use quotient_common::{GpuClass, Signal};
+use quotient_common::{GpuClass, RetryRule, Signal};
 
 /// A usage error found after clap parsed the arguments (e.g. a combination of flags, or a
 /// spec the shared validation refuses); `main` exits 2 for it, as clap does for its own.
@@ -35,16 +38,21 @@ pub fn parse_limit(text: &str) -> Result<(GpuClass, u32), String> {
     Ok((class, count))
 }
 
-/// Parses a duration with a unit, `500ms`, `30s` or `5m`, into milliseconds.
+/// Parses a duration with a unit, `500ms`, `30s`, `5m`, `12h` or `2d`, into milliseconds.
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    let hint =
-        || format!("invalid duration {text:?}: write a whole number with ms, s or m, e.g. 30s");
+    let hint = || {
+        format!("invalid duration {text:?}: write a whole number with ms, s, m, h or d, e.g. 30s")
+    };
     let (number, unit_ms) = if let Some(number) = text.strip_suffix("ms") {
         (number, 1)
     } else if let Some(number) = text.strip_suffix('s') {
         (number, 1_000)
     } else if let Some(number) = text.strip_suffix('m') {
         (number, 60_000)
+    } else if let Some(number) = text.strip_suffix('h') {
+        (number, 3_600_000)
+    } else if let Some(number) = text.strip_suffix('d') {
+        (number, 86_400_000)
     } else {
         return Err(hint());
     };
@@ -68,6 +76,73 @@ pub fn parse_grace_period_ms(text: &str) -> Result<u64, String> {
         ));
     }
     Ok(ms)
+}
+
+/// Parses a time limit: a duration from 1s to 365d.
+pub fn parse_time_limit_ms(text: &str) -> Result<u64, String> {
+    let ms = parse_duration_ms(text)?;
+    if !(TIME_LIMIT_MS_MIN..=TIME_LIMIT_MS_MAX).contains(&ms) {
+        return Err(format!("time limit {text} is out of range: use 1s to 365d"));
+    }
+    Ok(ms)
+}
+
+/// Parses a CPU count, `4` or `0.5` (at most three decimals), into thousandths of a CPU.
+pub fn parse_cpus(text: &str) -> Result<u32, String> {
+    let hint =
+        || format!("invalid CPU count {text:?}: write a number such as 4 or 0.5 (0.01 to 1024)");
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |part: &str| part.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty()
+        || !digits(whole)
+        || !digits(fraction)
+        || fraction.len() > 3
+        || whole.len() > 5
+    {
+        return Err(hint());
+    }
+    let whole: u32 = whole.parse().map_err(|_| hint())?;
+    let fraction: u32 = format!("{fraction:0<3}").parse().map_err(|_| hint())?;
+    let millis = whole * 1000 + fraction;
+    if !(CPU_MILLIS_MIN..=CPU_MILLIS_MAX).contains(&millis) {
+        return Err(hint());
+    }
+    Ok(millis)
+}
+
+/// Parses an amount of memory, `512Mi`, `16G`, `16GiB` or bytes, into bytes (K, M, G and T
+/// are powers of 1024, as in Docker and Slurm).
+pub fn parse_memory(text: &str) -> Result<u64, String> {
+    let hint = || {
+        format!("invalid memory {text:?}: write a whole number with K, M, G or T, e.g. 16G or 512Mi (8Mi to 64Ti)")
+    };
+    let trimmed = text.trim_end_matches('B').trim_end_matches('i');
+    let (number, shift) = match trimmed.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&trimmed[..i], 10),
+        Some((i, 'M' | 'm')) => (&trimmed[..i], 20),
+        Some((i, 'G' | 'g')) => (&trimmed[..i], 30),
+        Some((i, 'T' | 't')) => (&trimmed[..i], 40),
+        _ if trimmed.len() == text.len() => (trimmed, 0),
+        _ => return Err(hint()),
+    };
+    if number.is_empty() || number.len() > 15 || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(hint());
+    }
+    let bytes = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(hint)?;
+    if !(MEMORY_BYTES_MIN..=MEMORY_BYTES_MAX).contains(&bytes) {
+        return Err(hint());
+    }
+    Ok(bytes)
+}
+
+/// Parses a retry rule, `retry:exit-code=137` or `exit:reason=time limit`
+/// (`quotient_common::RetryRule::parse`).
+pub fn parse_retry_rule(text: &str) -> Result<RetryRule, String> {
+    RetryRule::parse(text).map_err(|error| error.to_string())
 }
 
 /// Parses `KEY=VALUE`; the value may contain `=`.
@@ -132,18 +207,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_take_ms_s_and_m() {
-        // Proves the three units and that a bare number or a fraction is refused.
+    fn durations_take_ms_s_m_h_and_d() {
+        // Proves the units and that a bare number or a fraction is refused.
         assert_eq!(parse_duration_ms("30s"), Ok(30_000));
         assert_eq!(parse_duration_ms("250ms"), Ok(250));
         assert_eq!(parse_duration_ms("2m"), Ok(120_000));
         assert_eq!(parse_duration_ms("0s"), Ok(0));
+        assert_eq!(parse_duration_ms("10h"), Ok(36_000_000));
+        assert_eq!(parse_duration_ms("1d"), Ok(86_400_000));
         for bad in [
             "30",
             "1.5s",
             "s",
             "-1s",
-            "10h",
+            "10x",
             "",
             " 3s",
             "99999999999999999999s",
@@ -180,5 +257,32 @@ mod tests {
         assert!(parse_env("=x").is_err());
         assert_eq!(parse_signal("usr1"), Ok(Signal::Sigusr1));
         assert!(parse_signal("SIGKILL").is_err());
+    }
+}
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+
+    #[test]
+    fn cpus_memory_and_time_limits_parse_with_their_units() {
+        // Proves each unit is read as documented and out-of-range values are refused.
+        assert_eq!(parse_cpus("4"), Ok(4_000));
+        assert_eq!(parse_cpus("0.5"), Ok(500));
+        assert_eq!(parse_cpus("1.25"), Ok(1_250));
+        for bad in ["0", "-1", "1.2345", "abc", "", "2000"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_memory("16G"), Ok(16 << 30));
+        assert_eq!(parse_memory("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_memory("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_memory("1T"), Ok(1 << 40));
+        for bad in ["1M", "16X", "G", "", "100Ti"] {
+            assert!(parse_memory(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_time_limit_ms("12h"), Ok(12 * 3_600_000));
+        assert_eq!(parse_time_limit_ms("2d"), Ok(2 * 86_400_000));
+        assert!(parse_time_limit_ms("500ms").is_err());
+        assert!(parse_time_limit_ms("400d").is_err());
     }
 }

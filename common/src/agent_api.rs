@@ -75,6 +75,11 @@ pub struct WireAllocation {
     pub gpu_uuids: Vec<String>,
     pub spec: JobSpec,
     pub intent: WireIntent,
+    /// The CPUs (thousandths) and memory (bytes) set aside for it on the node: the limits
+    /// the agent enforces (cgroups v2 for a process, Docker's limits for a container); 0 is
+    /// no limit (the node reports no CPUs or memory).
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
 }
 
 /// The node's whole desired state.

@@ -199,7 +199,7 @@ pub enum ApiResponse {
     },
     Share(ShareView),
     Shares(Vec<ShareView>),
-    Job(JobView),
+    Job(Box<JobView>),
     Jobs(Vec<JobView>),
     Explanation {
         summary: String,
@@ -355,7 +355,7 @@ pub struct ShareView {
 }
 
 /// A job as `quotient job get -o json` prints it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobView {
     pub id: String,
     pub name: Option<String>,
@@ -373,6 +373,47 @@ pub struct JobView {
     pub preempted_for: Option<String>,
     pub gpu_indices: Vec<u32>,
     pub submitted_ms: u64,
+    /// When its current or last attempt started running.
+    pub started_ms: Option<u64>,
+    /// When it ended (SUCCEEDED, FAILED, CANCELLED).
+    pub ended_ms: Option<u64>,
+    /// How long it waited in the queue before it first ran; `None` while it still waits
+    /// (the time since `submitted_ms`, then).
+    pub waited_ms: Option<u64>,
+    /// The node of its current or last attempt (kept after it ends).
+    pub last_node: Option<String>,
+    /// The exit code of its last attempt, when it exited.
+    pub exit_code: Option<i32>,
+    /// Preemptions that count toward `max_preemptions` (reclaim and in-share only).
+    pub counted_preemptions: u32,
+    pub max_preemptions: Option<u32>,
+    /// What it asked for (`None`: its share of the node's, by GPUs).
+    pub cpu_millis: Option<u32>,
+    pub memory_bytes: Option<u64>,
+    /// What its current attempt holds on its node (0 where the node does not report them).
+    pub allocated_cpu_millis: Option<u32>,
+    pub allocated_memory_bytes: Option<u64>,
+    pub time_limit_ms: Option<u64>,
+    pub retries: u32,
+    pub retries_used: u32,
+    /// Its retry rules, as `--retry-on` takes them.
+    pub retry_rules: Vec<String>,
+    pub image: Option<String>,
+    /// Its latest attempts, oldest first (at most 32).
+    pub attempt_history: Vec<AttemptView>,
+}
+
+/// One attempt of a job, in a job view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub attempt: u32,
+    pub node: String,
+    pub placed_ms: u64,
+    pub started_ms: Option<u64>,
+    pub ended_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// How it ended, in words; `None` while it is the current attempt.
+    pub outcome: Option<String>,
 }
 
 /// One GPU in a node view.
@@ -386,7 +427,7 @@ pub struct GpuView {
 }
 
 /// A node as `quotient node list -o json` prints it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeView {
     pub name: String,
     pub state: String,
@@ -398,6 +439,22 @@ pub struct NodeView {
     pub disk_logs_bytes: Option<u64>,
     pub disk_checkpoints_bytes: Option<u64>,
     pub disk_free_bytes: Option<u64>,
+    /// How it runs jobs: `process`, and `docker` where its agent reaches Docker.
+    pub runtimes: Vec<String>,
+    /// The images it holds, as its agent last registered them.
+    pub images: Vec<String>,
+    /// CPUs (thousandths) and memory (bytes) it reports (0: not reported) and what its jobs
+    /// hold of them.
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub cpu_millis_allocated: u64,
+    pub memory_bytes_allocated: u64,
+    /// The leader has not heard from its agent since a heartbeat was due; nothing new is
+    /// placed on it until it is heard from again, or it is lost when its lease runs out.
+    pub unreachable: bool,
+    /// When the leader last heard from its agent (ms since the Unix epoch); `None` when this
+    /// leader has not heard from it since it was elected.
+    pub last_heartbeat_ms: Option<u64>,
 }
 
 /// One coordinator in the cluster view.

@@ -10,6 +10,7 @@ use std::fmt;
 
 use crate::name::validate_name;
 use crate::node::GPUS_PER_NODE_MAX;
+use crate::retry::RetryPolicy;
 use crate::{GpuClass, SpecError};
 
 /// The highest job priority.
@@ -41,11 +42,25 @@ pub const LAUNCH_STRING_OVERHEAD_BYTES: usize = 1 + 8;
 /// coordinators before replicating it).
 pub const LAUNCH_MESSAGE_BYTES_MAX: usize = 512;
 
+/// The fewest CPUs a job may ask for, in thousandths of a CPU.
+pub const CPU_MILLIS_MIN: u32 = 10;
+/// The most CPUs a job may ask for, in thousandths of a CPU (1,024 CPUs).
+pub const CPU_MILLIS_MAX: u32 = 1_024_000;
+/// The least memory a job may ask for (Docker refuses less than 6 MiB).
+pub const MEMORY_BYTES_MIN: u64 = 8 << 20;
+/// The most memory a job may ask for (64 TiB).
+pub const MEMORY_BYTES_MAX: u64 = 64 << 40;
+/// The shortest time limit: one second.
+pub const TIME_LIMIT_MS_MIN: u64 = 1_000;
+/// The longest time limit: a year.
+pub const TIME_LIMIT_MS_MAX: u64 = 365 * 24 * 3_600_000;
+
 /// Environment variables Quotient sets itself; a job may not override them.
-pub const RESERVED_ENV: [&str; 5] = [
+pub const RESERVED_ENV: [&str; 6] = [
     "QUOTIENT_JOB_ID",
     "QUOTIENT_ATTEMPT",
     "QUOTIENT_CHECKPOINT_DIR",
+    "QUOTIENT_WORK_DIR",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 ];
@@ -151,6 +166,16 @@ pub struct JobSpec {
     pub max_preemptions: Option<u32>,
     /// Retries of a submit with the same key return the same job.
     pub idempotency_key: Option<String>,
+    /// CPUs in thousandths (`--cpus 1.5` is 1500). `None`: the job's share of its node's
+    /// CPUs, in proportion to the GPUs it takes there.
+    pub cpu_millis: Option<u32>,
+    /// Memory in bytes. `None`: the job's share of its node's memory, as for CPUs.
+    pub memory_bytes: Option<u64>,
+    /// How long an attempt may run: at the limit it gets its checkpoint signal and grace
+    /// period, then fails with the reason `time limit`. `None`: no limit.
+    pub time_limit_ms: Option<u64>,
+    /// How failed attempts are retried.
+    pub retry: RetryPolicy,
 }
 
 impl JobSpec {
@@ -171,6 +196,10 @@ impl JobSpec {
             grace_period_ms: GRACE_PERIOD_DEFAULT_MS,
             max_preemptions: None,
             idempotency_key: None,
+            cpu_millis: None,
+            memory_bytes: None,
+            time_limit_ms: None,
+            retry: RetryPolicy::default(),
         }
     }
 
@@ -236,6 +265,34 @@ impl JobSpec {
         if let Some(key) = &self.idempotency_key {
             check_len("the idempotency key", key, IDEMPOTENCY_KEY_BYTES_MAX)?;
         }
+        if let Some(cpus) = self.cpu_millis {
+            if !(CPU_MILLIS_MIN..=CPU_MILLIS_MAX).contains(&cpus) {
+                return Err(SpecError::OutOfRange {
+                    field: "cpus".into(),
+                    value: format!("{}", f64::from(cpus) / 1000.0),
+                    range: "0.01 to 1024".into(),
+                });
+            }
+        }
+        if let Some(memory) = self.memory_bytes {
+            if !(MEMORY_BYTES_MIN..=MEMORY_BYTES_MAX).contains(&memory) {
+                return Err(SpecError::OutOfRange {
+                    field: "memory".into(),
+                    value: format!("{memory} bytes"),
+                    range: "8Mi to 64Ti".into(),
+                });
+            }
+        }
+        if let Some(limit) = self.time_limit_ms {
+            if !(TIME_LIMIT_MS_MIN..=TIME_LIMIT_MS_MAX).contains(&limit) {
+                return Err(SpecError::OutOfRange {
+                    field: "time limit".into(),
+                    value: format!("{limit} ms"),
+                    range: "1s to 365d".into(),
+                });
+            }
+        }
+        self.retry.validate()?;
         let launch_bytes = self.launch_bytes();
         if launch_bytes > LAUNCH_BYTES_MAX {
             return Err(SpecError::LaunchTooLarge {

@@ -43,6 +43,7 @@ pub mod job_report;
 pub mod name;
 pub mod node;
 pub mod rejection;
+pub mod retry;
 pub mod share;
 pub mod spec_error;
 #[cfg(feature = "net")]
@@ -56,7 +57,8 @@ pub use error_code::ErrorCode;
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};
 pub use job_report::{JobEvent, JobReport};
-pub use node::{GpuDevice, NodeInventory, NodeState, GPUS_PER_NODE_MAX};
+pub use node::{GpuDevice, HostInfo, NodeInventory, NodeState, Runtime, GPUS_PER_NODE_MAX};
 pub use rejection::Rejection;
+pub use retry::{RetryAction, RetryPolicy, RetryRule};
 pub use share::{ShareSpec, ShareState, ShareUpdate, Strategy};
 pub use spec_error::SpecError;

@@ -23,11 +23,121 @@ pub struct GpuDevice {
     pub healthy: bool,
 }
 
+/// The most images a node reports (the rest are left out of its inventory).
+pub const NODE_IMAGES_MAX: usize = 512;
+/// The longest image reference a node reports.
+pub const IMAGE_REF_BYTES_MAX: usize = 512;
+
+/// A way an agent runs jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runtime {
+    /// A command run as a process on the host: every agent has it.
+    Process,
+    /// A container image run by the host's Docker engine: only where Docker is reachable.
+    Docker,
+}
+
+impl Runtime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Process => "process",
+            Runtime::Docker => "docker",
+        }
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a node can run besides its GPUs: its runtimes, the images it holds, its CPUs and
+/// memory. A job is placed only where its runtime (and image) is, and where the CPUs and
+/// memory it takes are free.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    /// In order, each once.
+    pub runtimes: Vec<Runtime>,
+    /// The images present in the node's Docker engine (repository:tag), sorted, each once.
+    /// Images are never pulled, so a container job goes only where its image is.
+    pub images: Vec<String>,
+    /// CPUs in thousandths; 0 when not reported (then CPUs are not accounted on the node).
+    pub cpu_millis: u32,
+    /// Memory in bytes; 0 when not reported (then memory is not accounted on the node).
+    pub memory_bytes: u64,
+}
+
+impl HostInfo {
+    /// What a node of a build from before nodes reported more than their GPUs could run:
+    /// processes, without CPU or memory accounting.
+    pub fn process_only() -> HostInfo {
+        HostInfo {
+            runtimes: vec![Runtime::Process],
+            ..HostInfo::default()
+        }
+    }
+
+    pub fn has_runtime(&self, runtime: Runtime) -> bool {
+        self.runtimes.contains(&runtime)
+    }
+
+    /// Whether the node holds `image`. A reference without a tag means `:latest`, as Docker
+    /// reads it.
+    pub fn has_image(&self, image: &str) -> bool {
+        let tagged;
+        let wanted = if image_has_tag_or_digest(image) {
+            image
+        } else {
+            tagged = format!("{image}:latest");
+            &tagged
+        };
+        self.images
+            .binary_search_by(|held| held.as_str().cmp(wanted))
+            .is_ok()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.runtimes.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err("reports its runtimes out of order or twice".into());
+        }
+        if self.images.len() > NODE_IMAGES_MAX {
+            return Err(format!(
+                "reports {} images, at most {NODE_IMAGES_MAX} are kept",
+                self.images.len()
+            ));
+        }
+        if self.images.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err("reports its images out of order or twice".into());
+        }
+        if let Some(image) = self
+            .images
+            .iter()
+            .find(|image| image.is_empty() || image.len() > IMAGE_REF_BYTES_MAX)
+        {
+            return Err(format!(
+                "reports an image reference of {} bytes (1 to {IMAGE_REF_BYTES_MAX})",
+                image.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether an image reference names its tag or digest (`repo:tag`, `repo@sha256:...`); a
+/// `:` in a registry's host:port does not count.
+pub fn image_has_tag_or_digest(image: &str) -> bool {
+    let last = image.rsplit('/').next().unwrap_or(image);
+    last.contains(':') || last.contains('@')
+}
+
 /// What an agent reports about its host when it registers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInventory {
     pub name: String,
     pub gpus: Vec<GpuDevice>,
+    pub host: HostInfo,
 }
 
 impl NodeInventory {
@@ -64,6 +174,7 @@ impl NodeInventory {
             }
             GpuClass::parse(gpu.class.as_str())?;
         }
+        self.host.validate().map_err(problem)?;
         Ok(())
     }
 }
@@ -119,6 +230,7 @@ mod tests {
         let mut node = NodeInventory {
             name: "node-1".into(),
             gpus: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")],
+            host: HostInfo::process_only(),
         };
         assert_eq!(node.validate(), Ok(()));
         node.gpus.push(gpu(1, "GPU-c"));
@@ -129,5 +241,31 @@ mod tests {
         node.gpus.pop();
         node.gpus.push(gpu(64, "GPU-z"));
         assert!(node.validate().is_err());
+        node.gpus.pop();
+        node.host.images = vec!["b:1".into(), "a:1".into()];
+        assert!(node.validate().is_err(), "images out of order");
+        node.host.images = vec!["a:1".into(), "b:1".into()];
+        assert_eq!(node.validate(), Ok(()));
+        node.host.runtimes = vec![Runtime::Docker, Runtime::Process];
+        assert!(node.validate().is_err(), "runtimes out of order");
+    }
+
+    #[test]
+    fn an_image_without_a_tag_is_its_latest() {
+        // Proves has_image reads references as Docker does.
+        let host = HostInfo {
+            runtimes: vec![Runtime::Process, Runtime::Docker],
+            images: vec![
+                "localhost:5000/x:latest".into(),
+                "trainer:1".into(),
+                "trainer:latest".into(),
+            ],
+            ..HostInfo::default()
+        };
+        assert!(host.has_image("trainer"));
+        assert!(host.has_image("trainer:1"));
+        assert!(!host.has_image("trainer:2"));
+        assert!(host.has_image("localhost:5000/x"));
+        assert!(!host.has_image("localhost:5000/y"));
     }
 }

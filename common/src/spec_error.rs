@@ -46,4 +46,14 @@ pub enum SpecError {
     Inventory { node: String, problem: String },
     #[error("the job's command and environment take {bytes} bytes at launch, over the limit of {max} bytes (each argument and variable counts, plus 9 bytes for its end and pointer, as execve counts them): pass large data through a file, e.g. in the checkpoint dir or on shared storage, and give its path in a variable")]
     LaunchTooLarge { bytes: u64, max: u64 },
+    #[error("{0} retries is too many: use 0 to 9 (with the first attempt, at most 10 attempts)")]
+    Retries(u32),
+    #[error("invalid retry rule {0}")]
+    RetryRule(String),
+    #[error("{field} {value} is out of range: use {range}")]
+    OutOfRange {
+        field: String,
+        value: String,
+        range: String,
+    },
 }

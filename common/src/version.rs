@@ -49,16 +49,16 @@ pub struct Encoding {
 /// header of every frame.
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
-    current: 1,
-    oldest: 1,
+    current: 2,
+    oldest: 2,
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
 /// `LeaderRequest` and `LeaderResponse`, in the header of every frame.
 pub const AGENT_WIRE: Encoding = Encoding {
     name: "the agent protocol",
-    current: 1,
-    oldest: 1,
+    current: 2,
+    oldest: 2,
 };
 
 /// Raft between coordinators (ALPN `quotient-raft/1`): the coordinator's `RaftEnvelope` and
@@ -66,17 +66,19 @@ pub const AGENT_WIRE: Encoding = Encoding {
 /// so a new version of [`RAFT_LOG`] or [`SNAPSHOT_STATE`] is a new version of this too.
 pub const RAFT_WIRE: Encoding = Encoding {
     name: "the Raft protocol",
-    current: 1,
-    oldest: 1,
+    current: 2,
+    oldest: 2,
 };
 
 /// The Raft log on disk: every log entry (the coordinator's `Request`: a batch of
 /// `quotient_core::Command`s) and committed id in `raft-wal/`, whose record header holds its
 /// version, and the vote and the last purged id in `raft.redb`, written with their version.
 /// Records and values written before versions were recorded hold none; they are version 1.
+/// Version 2: jobs carry CPUs, memory, a time limit and a retry strategy, nodes what they can
+/// run (`quotient_core::v1` reads version 1).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
-    current: 1,
+    current: 2,
     oldest: 1,
 };
 
@@ -91,9 +93,10 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 
 /// The replicated state as a snapshot holds it (`quotient_core::State::to_snapshot_bytes`),
 /// in the snapshot file and in the snapshot a leader sends a follower, in its first bytes.
+/// Version 2: as [`RAFT_LOG`] 2, and each job's attempt history and counters.
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
-    current: 1,
+    current: 2,
     oldest: 1,
 };
 

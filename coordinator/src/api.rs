@@ -477,7 +477,7 @@ impl ApiService {
                     .ctx
                     .state_machine
                     .read(|state| views::job_view_by_id(state, job))
-                    .map(ApiResponse::Job)
+                    .map(|view| ApiResponse::Job(Box::new(view)))
                     .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
             }
             ApiRequest::ListJobs { share, state } => {
@@ -519,8 +519,10 @@ impl ApiService {
             ApiRequest::ListNodes => {
                 self.linearizable().await?;
                 let mut nodes = self.inner.ctx.state_machine.read(views::node_views);
+                let now = std::time::Instant::now();
                 for node in &mut nodes {
                     views::add_disk_usage(node, self.inner.ctx.node_disks.of(&node.name));
+                    views::add_heartbeat(node, self.inner.ctx.leases.heard(&node.name, now));
                 }
                 Ok(ApiResponse::Nodes(nodes))
             }
@@ -786,6 +788,7 @@ mod tests {
             preempted_for: None,
             gpu_indices: Vec::new(),
             submitted_ms: 1_700_000_000_000,
+            ..JobView::default()
         }
     }
 

@@ -56,6 +56,8 @@ pub fn desired_allocations(state: &State, node: &NodeRecord) -> Vec<WireAllocati
                 gpu_uuids,
                 spec: job.spec.clone(),
                 intent,
+                cpu_millis: allocation.cpu_millis,
+                memory_bytes: allocation.memory_bytes,
             })
         })
         .collect()

@@ -12,13 +12,13 @@
 //! A coordinator that becomes leader starts every node's clock at its election: it cannot
 //! know when the old leader last heard from them, and starting late only delays a requeue.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use openraft::ServerState;
-use quotient_common::NodeState;
-use quotient_core::{Command, Outcome, State};
+use quotient_common::{JobId, JobState, NodeState};
+use quotient_core::{Command, NodeId, Outcome, State};
 
 use crate::config::AgentTuning;
 use crate::context::Context;
@@ -32,11 +32,29 @@ pub const NODE_LEASE_CHECK_MS: u64 = 200;
 /// tries again.
 pub const MARK_LOST_TIMEOUT_MS: u64 = 10_000;
 
+/// How often the leader looks for attempts past their job's time limit (milliseconds).
+pub const TIME_LIMIT_CHECK_MS: u64 = 1_000;
+
+/// When a node was last heard from: on the leader's monotonic clock (for leases), and as
+/// wall-clock milliseconds (for people).
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    at: Instant,
+    wall_ms: Option<u64>,
+}
+
 /// The last-seen time of every node, on the leader. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct NodeLeases {
-    last_seen: Arc<Mutex<BTreeMap<String, Instant>>>,
+    last_seen: Arc<Mutex<BTreeMap<String, Seen>>>,
     tuning: AgentTuning,
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
 impl NodeLeases {
@@ -49,10 +67,42 @@ impl NodeLeases {
 
     /// Records that `node` was heard from now.
     pub fn heard_from(&self, node: &str) {
-        self.lock().insert(node.to_string(), Instant::now());
+        let seen = Seen {
+            at: Instant::now(),
+            wall_ms: Some(wall_ms()),
+        };
+        self.lock().insert(node.to_string(), seen);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Instant>> {
+    /// How long a node may be silent before it is unreachable: it missed a heartbeat (two
+    /// intervals, so that one late heartbeat is not enough).
+    pub fn suspect_after(&self) -> Duration {
+        Duration::from_millis(self.tuning.agent_heartbeat_ms.saturating_mul(2))
+    }
+
+    /// When this leader last heard from `node` (wall-clock ms), and whether it has been
+    /// silent past [`NodeLeases::suspect_after`]. `None` when this leader has not heard from it
+    /// since it was elected.
+    pub fn heard(&self, node: &str, now: Instant) -> Option<(u64, bool)> {
+        let seen = *self.lock().get(node)?;
+        let silent = now.saturating_duration_since(seen.at) > self.suspect_after();
+        Some((seen.wall_ms?, silent))
+    }
+
+    /// The nodes, not lost, silent past [`NodeLeases::suspect_after`] as of `now`: the
+    /// scheduler places nothing new on them ([`quotient_core::plan_avoiding`]).
+    pub fn unreachable(&self, state: &State, now: Instant) -> BTreeSet<NodeId> {
+        let last_seen = self.lock();
+        last_seen
+            .iter()
+            .filter(|(_, seen)| now.saturating_duration_since(seen.at) > self.suspect_after())
+            .filter_map(|(name, _)| state.node_by_name(name))
+            .filter(|node| node.state != NodeState::Lost)
+            .map(|node| node.id)
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Seen>> {
         self.last_seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -88,8 +138,11 @@ impl NodeLeases {
                 last_seen.remove(&node.name);
                 continue;
             }
-            let seen = *last_seen.entry(node.name.clone()).or_insert(now);
-            if now.saturating_duration_since(seen) > self.lease_of(state, node) {
+            let seen = last_seen.entry(node.name.clone()).or_insert(Seen {
+                at: now,
+                wall_ms: None,
+            });
+            if now.saturating_duration_since(seen.at) > self.lease_of(state, node) {
                 expired.push(node.name.clone());
             }
         }
@@ -105,6 +158,7 @@ impl NodeLeases {
         proposer: Proposer,
     ) {
         let mut was_leader = false;
+        let mut last_time_limit_check = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(NODE_LEASE_CHECK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -121,6 +175,29 @@ impl NodeLeases {
                 // A new leader: every node's clock starts now.
                 self.lock().clear();
                 was_leader = true;
+            }
+            if last_time_limit_check.elapsed() >= Duration::from_millis(TIME_LIMIT_CHECK_MS) {
+                last_time_limit_check = Instant::now();
+                let over = state_machine.read(|state| past_time_limit(state, wall_ms()));
+                for (job, attempt) in over {
+                    tracing::info!(%job, attempt, "the job's attempt reached its time limit; stopping it");
+                    let proposal = proposer.propose(Command::StopAtTimeLimit { job, attempt });
+                    match tokio::time::timeout(
+                        Duration::from_millis(MARK_LOST_TIMEOUT_MS),
+                        proposal,
+                    )
+                    .await
+                    {
+                        Ok(Err(NotProposed::Stopped)) => return,
+                        Ok(Ok(Ok(Outcome::Rejected(rejection)))) => {
+                            tracing::debug!(%job, %rejection, "stopping at the time limit was refused");
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            tracing::warn!(%job, "stopping at the time limit was not committed in time")
+                        }
+                    }
+                }
             }
             let expired = state_machine.read(|state| self.expired(state, Instant::now()));
             for node in expired {
@@ -151,6 +228,28 @@ impl NodeLeases {
             }
         }
     }
+}
+
+/// The attempts running past their job's time limit as of `now_ms` (wall clock): the jobs
+/// holding GPUs (not already stopping) whose attempt started running more than the limit ago
+/// (as AWS Batch counts from `startedAt`), or, one that never got to run, was placed that
+/// long ago. A leader's clock behind the old one's only makes the stop late.
+pub fn past_time_limit(state: &State, now_ms: u64) -> Vec<(JobId, u32)> {
+    state
+        .jobs_holding_gpus()
+        .filter(|job| {
+            matches!(
+                job.state,
+                JobState::Scheduled | JobState::Starting | JobState::Running
+            )
+        })
+        .filter_map(|job| {
+            let limit = job.spec.time_limit_ms?;
+            let attempt = job.history.last().filter(|a| a.attempt == job.attempts)?;
+            let since = attempt.started_ms.unwrap_or(attempt.placed_ms);
+            (now_ms.saturating_sub(since) >= limit).then_some((job.id, job.attempts))
+        })
+        .collect()
 }
 
 /// Checks the nodes' leases while this coordinator leads, marking expired nodes lost
@@ -187,6 +286,7 @@ mod tests {
         let commands = vec![
             Command::RegisterNode(NodeInventory {
                 name: "node-1".into(),
+                host: quotient_common::HostInfo::process_only(),
                 gpus: vec![GpuDevice {
                     index: 0,
                     uuid: "GPU-0".into(),

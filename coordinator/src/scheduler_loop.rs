@@ -49,6 +49,7 @@ pub async fn run(ctx: Context) {
         proposer,
         scheduler: trigger,
         desired,
+        leases,
         ..
     } = ctx;
     loop {
@@ -64,7 +65,10 @@ pub async fn run(ctx: Context) {
         if metrics.state != ServerState::Leader {
             continue;
         }
-        let plan = state_machine.read(quotient_core::plan);
+        let plan = state_machine.read(|state| {
+            let unreachable = leases.unreachable(state, std::time::Instant::now());
+            quotient_core::plan_avoiding(state, &unreachable)
+        });
         if plan.is_empty() {
             continue;
         }

@@ -58,6 +58,7 @@ impl Log {
     pub fn register_node(&mut self, name: &str, gpus: u32) {
         self.apply(Command::RegisterNode(NodeInventory {
             name: name.into(),
+            host: quotient_common::HostInfo::process_only(),
             gpus: (0..gpus)
                 .map(|index| GpuDevice {
                     index,

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::agent_api::DiskUsage;
-use quotient_common::api::{ClusterView, GpuView, JobView, MemberView, NodeView, ShareView};
+use quotient_common::api::{
+    AttemptView, ClusterView, GpuView, JobView, MemberView, NodeView, ShareView,
+};
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{share_accounts, JobRecord, NodeRecord, ShareAccount, ShareRecord, State};
 
@@ -91,6 +93,42 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
             .map(|alloc| alloc.gpu_indices())
             .unwrap_or_default(),
         submitted_ms: job.submitted_ms,
+        started_ms: job.started_ms,
+        ended_ms: job.ended_ms,
+        waited_ms: (job.first_started_ms.is_some() || job.ended_ms.is_some())
+            .then(|| job.waited_ms(0)),
+        last_node: job.last_node.clone(),
+        exit_code: job.exit_code,
+        counted_preemptions: job.counted_preemptions,
+        max_preemptions: job.spec.max_preemptions,
+        cpu_millis: job.spec.cpu_millis,
+        memory_bytes: job.spec.memory_bytes,
+        allocated_cpu_millis: job.allocation.map(|alloc| alloc.cpu_millis),
+        allocated_memory_bytes: job.allocation.map(|alloc| alloc.memory_bytes),
+        time_limit_ms: job.spec.time_limit_ms,
+        retries: job.spec.retry.retries,
+        retries_used: job.retries_used,
+        retry_rules: job
+            .spec
+            .retry
+            .rules
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        image: job.spec.payload.image.clone(),
+        attempt_history: job
+            .history
+            .iter()
+            .map(|attempt| AttemptView {
+                attempt: attempt.attempt,
+                node: attempt.node.clone(),
+                placed_ms: attempt.placed_ms,
+                started_ms: attempt.started_ms,
+                ended_ms: attempt.ended_ms,
+                exit_code: attempt.exit_code,
+                outcome: attempt.outcome.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -130,7 +168,28 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
         disk_logs_bytes: None,
         disk_checkpoints_bytes: None,
         disk_free_bytes: None,
+        runtimes: node
+            .host
+            .runtimes
+            .iter()
+            .map(|runtime| runtime.as_str().to_string())
+            .collect(),
+        images: node.host.images.clone(),
+        cpu_millis: node.host.cpu_millis,
+        memory_bytes: node.host.memory_bytes,
+        cpu_millis_allocated: state.node_resources_used(node.id).0,
+        memory_bytes_allocated: state.node_resources_used(node.id).1,
+        unreachable: false,
+        last_heartbeat_ms: None,
     }
+}
+
+/// Fills in what the leader knows of the node's heartbeats: when it last heard from it, and
+/// whether it is unreachable (silent since a heartbeat was due; a lost node is not).
+pub fn add_heartbeat(view: &mut NodeView, heard: Option<(u64, bool)>) {
+    view.last_heartbeat_ms = heard.map(|(at, _)| at);
+    view.unreachable =
+        view.state != NodeState::Lost.as_str() && heard.is_some_and(|(_, silent)| silent);
 }
 
 /// Fills in the disk use the node's agent last reported (`None`: none known to this leader,
@@ -144,9 +203,11 @@ pub fn add_disk_usage(view: &mut NodeView, usage: Option<DiskUsage>) {
     view.disk_free_bytes = usage.map(|usage| usage.free_bytes);
 }
 
-/// Every node, in id order: registration order, but a new node takes the place of a removed one.
+/// Every node, by name.
 pub fn node_views(state: &State) -> Vec<NodeView> {
-    state.nodes().map(|node| node_view(state, node)).collect()
+    let mut views: Vec<NodeView> = state.nodes().map(|node| node_view(state, node)).collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    views
 }
 
 /// The cluster as this coordinator's Raft sees it. `reachable` says, per member, whether

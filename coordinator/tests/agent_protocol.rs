@@ -164,6 +164,7 @@ impl Drop for FakeAgent {
 fn inventory(name: &str, gpus: u32) -> NodeInventory {
     NodeInventory {
         name: name.to_string(),
+        host: quotient_common::HostInfo::process_only(),
         gpus: (0..gpus)
             .map(|index| GpuDevice {
                 index,
@@ -212,7 +213,7 @@ async fn nodes(client: &ApiClient) -> Vec<NodeView> {
 
 async fn job(client: &ApiClient, id: JobId) -> JobView {
     match client.call(ApiRequest::GetJob { job: id }).await {
-        Ok(ApiResponse::Job(view)) => view,
+        Ok(ApiResponse::Job(view)) => *view,
         other => panic!("getting {id} failed: {other:?}"),
     }
 }

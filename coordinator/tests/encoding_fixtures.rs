@@ -122,6 +122,7 @@ fn fixture_log() -> Vec<Entry> {
         })],
         vec![Command::RegisterNode(NodeInventory {
             name: "gpu-a".into(),
+            host: quotient_common::HostInfo::process_only(),
             gpus: (0..4)
                 .map(|index| GpuDevice {
                     index,

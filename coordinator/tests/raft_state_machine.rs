@@ -35,6 +35,7 @@ fn log_id(term: u64, index: u64) -> LogId<u64> {
 fn inventory(name: &str) -> NodeInventory {
     NodeInventory {
         name: name.to_string(),
+        host: quotient_common::HostInfo::process_only(),
         gpus: vec![GpuDevice {
             index: 0,
             uuid: format!("GPU-{name}-0"),

@@ -122,7 +122,7 @@ fn a_job_list_over_the_frame_limit_says_so_and_a_filter_narrows_it() {
     let view = match runtime.block_on(client.call(ApiRequest::GetJob {
         job: quotient_common::JobId(1),
     })) {
-        Ok(ApiResponse::Job(view)) => view,
+        Ok(ApiResponse::Job(view)) => *view,
         other => panic!("reading the job back failed: {other:?}"),
     };
     assert!(

@@ -124,6 +124,7 @@ fn main() {
         let class = classes[n % 2].clone();
         b.apply(Command::RegisterNode(NodeInventory {
             name: format!("node-{n}"),
+            host: quotient_common::HostInfo::process_only(),
             gpus: (0..8)
                 .map(|i| GpuDevice {
                     index: i,

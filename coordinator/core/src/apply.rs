@@ -16,10 +16,12 @@ use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport
 use crate::limits::{ACTIVE_JOBS_MAX, JOBS_MAX, LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
-use crate::rules::{admit, available_for_job, limit_of, BorrowedFromLowest};
+use crate::rules::{
+    admit, available_for_job, limit_of, resources_for, runs_on, BorrowedFromLowest,
+};
 use crate::state::{
-    Allocation, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind, ShareRecord, State,
-    StopCause,
+    Allocation, AttemptRecord, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,
+    ShareRecord, State, StopCause, ATTEMPT_HISTORY_MAX,
 };
 
 /// Applies one command. See the module docs.
@@ -78,6 +80,7 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         Command::ReportJob(report) => state.report(report, ctx),
         Command::CheckDigest { .. } => unreachable!("answered above"),
         Command::RemoveNode { node } => state.remove_node(&node),
+        Command::StopAtTimeLimit { job, attempt } => state.stop_at_time_limit(job, attempt),
     };
     state.data.last_applied_index = ctx.log_index;
     outcome
@@ -325,6 +328,7 @@ impl State {
                     state: NodeState::Ready,
                     gpus: Vec::new(),
                     incarnation,
+                    host: inventory.host.clone(),
                 };
                 id
             }
@@ -350,6 +354,7 @@ impl State {
         let node = &mut self.data.nodes[id.0 as usize];
         node.gpus = inventory.gpus;
         node.gpus.sort_by_key(|g| g.index);
+        node.host = inventory.host;
         if node.state == NodeState::Lost {
             node.state = NodeState::Ready;
         }
@@ -492,8 +497,8 @@ impl State {
         self.finish_stop(id, None, ctx);
     }
 
-    /// A job asked to stop has exited: requeue it, fail it past max_preemptions, or end it
-    /// cancelled. Frees its GPUs.
+    /// A job asked to stop has exited: requeue it, fail it past max_preemptions, retry or
+    /// fail it at its time limit, or end it cancelled. Frees its GPUs.
     fn finish_stop(&mut self, id: JobId, code: Option<i32>, ctx: ApplyCtx) {
         self.update_job(id, |job| {
             let now = job.stamp(ctx.time_ms);
@@ -502,21 +507,37 @@ impl State {
             job.started_ms = None;
             match job.stop.take() {
                 Some(StopCause::Cancelled) => {
+                    end_attempt(job, now, code, "cancelled".into());
                     job.state = JobState::Cancelled;
                     job.reason = Some(WaitReason::Ended("cancelled".into()));
                     job.ended_ms = Some(now);
                 }
+                Some(StopCause::TimeLimit) => {
+                    let limit = job.spec.time_limit_ms.unwrap_or(0);
+                    let outcome = format!("time limit ({}) reached", duration_words(limit));
+                    end_attempt(job, now, code, outcome.clone());
+                    fail_or_retry(job, now, code, TIME_LIMIT_REASON, outcome);
+                }
                 Some(StopCause::Preempted(p)) => {
                     job.preemptions += 1;
                     let kind = p.kind;
+                    let counted = kind.counts_toward_max();
+                    if counted {
+                        job.counted_preemptions += 1;
+                    }
+                    let outcome = match p.for_job {
+                        Some(for_job) => format!("preempted ({}) for {for_job}", kind.as_str()),
+                        None => format!("preempted ({})", kind.as_str()),
+                    };
+                    end_attempt(job, now, code, outcome);
                     job.last_preemption = Some(p);
                     match job.spec.max_preemptions {
-                        Some(max) if job.preemptions > max => {
+                        Some(max) if counted && job.counted_preemptions > max => {
                             job.state = JobState::Failed;
                             job.reason = Some(WaitReason::Ended(format!(
-                                "preempted ({}) {} times; max_preemptions is {max}",
+                                "preempted by the scheduling rules {} times (this time: {}); max_preemptions is {max}",
+                                job.counted_preemptions,
                                 kind.as_str(),
-                                job.preemptions
                             )));
                             job.ended_ms = Some(now);
                         }
@@ -529,6 +550,30 @@ impl State {
                 None => unreachable!("finish_stop on a job that was not asked to stop"),
             }
         });
+    }
+
+    /// The leader saw a job's attempt reach its time limit: it is stopped with its checkpoint
+    /// signal and grace period, and its end is a failure with the reason `time limit`.
+    fn stop_at_time_limit(&mut self, id: JobId, attempt: u32) -> Outcome {
+        let Some(job) = self.job(id) else {
+            return rejected(Rejection::UnknownJob(id));
+        };
+        let applies = job.attempts == attempt
+            && matches!(
+                job.state,
+                JobState::Scheduled | JobState::Starting | JobState::Running
+            )
+            && job.spec.time_limit_ms.is_some();
+        if !applies {
+            return rejected(Rejection::StalePlan(format!(
+                "time limit of {id} attempt {attempt}: the attempt is not running"
+            )));
+        }
+        self.update_job(id, |job| {
+            job.state = JobState::Preempting;
+            job.stop = Some(StopCause::TimeLimit);
+        });
+        Outcome::Done
     }
 
     fn report(&mut self, report: JobReport, ctx: ApplyCtx) -> Outcome {
@@ -563,8 +608,13 @@ impl State {
             JobEvent::Running => {
                 if matches!(state, JobState::Scheduled | JobState::Starting) {
                     self.update_job(id, |job| {
+                        let now = job.stamp(ctx.time_ms);
                         job.state = JobState::Running;
-                        job.started_ms = Some(job.stamp(ctx.time_ms));
+                        job.started_ms = Some(now);
+                        job.first_started_ms.get_or_insert(now);
+                        if let Some(attempt) = job.current_attempt_mut() {
+                            attempt.started_ms = Some(now);
+                        }
                     });
                 }
             }
@@ -575,15 +625,17 @@ impl State {
                 self.finish_stop(id, code, ctx)
             }
             JobEvent::Exited { code } => self.update_job(id, |job| {
+                let now = job.stamp(ctx.time_ms);
+                let outcome = format!("exited with code {code}");
                 job.allocation = None;
                 job.exit_code = Some(code);
-                job.ended_ms = Some(job.stamp(ctx.time_ms));
+                end_attempt(job, now, Some(code), outcome.clone());
                 if code == 0 {
                     job.state = JobState::Succeeded;
-                    job.reason = Some(WaitReason::Ended("exited with code 0".into()));
+                    job.reason = Some(WaitReason::Ended(outcome));
+                    job.ended_ms = Some(now);
                 } else {
-                    job.state = JobState::Failed;
-                    job.reason = Some(WaitReason::Ended(format!("exited with code {code}")));
+                    fail_or_retry(job, now, Some(code), &outcome, outcome.clone());
                 }
             }),
             JobEvent::ExitedAfterSignal { code } => {
@@ -630,15 +682,16 @@ impl State {
         ctx: ApplyCtx,
     ) {
         self.update_job(id, |job| {
-            let requeues = match fault {
-                LaunchFault::Job => job.launch_requeues(),
-                LaunchFault::Node => job.launch_requeues() + 1,
-            };
+            let now = job.stamp(ctx.time_ms);
+            if fault == LaunchFault::Node {
+                job.launch_requeues += 1;
+            }
+            let requeues = job.launch_requeues;
             let requeue = fault == LaunchFault::Node && requeues <= LAUNCH_REQUEUES_MAX;
             job.allocation = None;
             job.started_ms = None;
             job.exit_code = None;
-            job.reason = Some(WaitReason::LaunchFailed {
+            let reason = WaitReason::LaunchFailed {
                 node,
                 tries,
                 fault,
@@ -647,12 +700,26 @@ impl State {
                 message: bounded_launch_message(&message),
                 requeues,
                 requeues_max: LAUNCH_REQUEUES_MAX,
-            });
+            };
+            let outcome = reason.to_string();
+            end_attempt(job, now, None, outcome.clone());
             if requeue {
                 job.state = JobState::Runnable;
+                job.reason = Some(reason);
+            } else if fault == LaunchFault::Job
+                && job
+                    .spec
+                    .retry
+                    .retries_failure(job.retries_used, None, &outcome)
+            {
+                // A fault of the job is a failure of the job: its retry strategy decides.
+                job.retries_used += 1;
+                job.state = JobState::Runnable;
+                job.reason = Some(reason);
             } else {
                 job.state = JobState::Failed;
-                job.ended_ms = Some(job.stamp(ctx.time_ms));
+                job.reason = Some(reason);
+                job.ended_ms = Some(now);
             }
         });
     }
@@ -738,6 +805,9 @@ impl State {
                 record.name
             ));
         }
+        if let Err(why) = runs_on(job, record, self.index.node_resources_used(node)) {
+            return stale(why.to_string());
+        }
         let own = if job.nomination == Some(node) {
             self.index.kept_for(id)
         } else {
@@ -772,11 +842,34 @@ impl State {
     }
 
     fn place(&mut self, id: JobId, node: NodeId, gpu_mask: u64, ctx: ApplyCtx) {
-        let node_name = self.node(node).map(|record| record.name.clone());
+        let record = self.node(node).expect("checked by check_place");
+        let node_name = record.name.clone();
+        let (cpu_millis, memory_bytes) = {
+            let job = self.job(id).expect("checked by check_place");
+            resources_for(job, record)
+        };
         self.update_job(id, |job| {
-            job.last_node = node_name;
+            let now = job.stamp(ctx.time_ms);
+            job.history.push(AttemptRecord {
+                attempt: job.attempts + 1,
+                node: node_name.clone(),
+                placed_ms: now,
+                started_ms: None,
+                ended_ms: None,
+                exit_code: None,
+                outcome: None,
+            });
+            if job.history.len() > ATTEMPT_HISTORY_MAX {
+                job.history.remove(0);
+            }
+            job.last_node = Some(node_name);
             job.state = JobState::Scheduled;
-            job.allocation = Some(Allocation { node, gpu_mask });
+            job.allocation = Some(Allocation {
+                node,
+                gpu_mask,
+                cpu_millis,
+                memory_bytes,
+            });
             job.placed_index = ctx.log_index;
             job.attempts += 1;
             job.nomination = None;
@@ -904,6 +997,58 @@ impl State {
     }
 }
 
+/// The reason of an attempt stopped at its time limit, as retry rules match it.
+pub const TIME_LIMIT_REASON: &str = "time limit";
+
+/// Records the end of a job's current attempt in its history.
+fn end_attempt(job: &mut JobRecord, now: u64, code: Option<i32>, outcome: String) {
+    if let Some(attempt) = job.current_attempt_mut() {
+        attempt.ended_ms = Some(now);
+        attempt.exit_code = code;
+        attempt.outcome = Some(outcome);
+    }
+}
+
+/// A failed attempt (`reason` is what retry rules match): back to the queue if the job's
+/// retry strategy retries it, else the job ends FAILED saying `outcome`.
+fn fail_or_retry(job: &mut JobRecord, now: u64, code: Option<i32>, reason: &str, outcome: String) {
+    if job
+        .spec
+        .retry
+        .retries_failure(job.retries_used, code, reason)
+    {
+        job.retries_used += 1;
+        job.state = JobState::Runnable;
+        job.reason = None;
+        return;
+    }
+    let retried = job.retries_used;
+    let tail = match (retried, job.spec.retry.retries) {
+        (0, 0) => String::new(),
+        (used, max) if used >= max => format!(" (after {used} of {max} retries)"),
+        (used, max) => format!(" (after {used} of {max} retries; a retry rule said exit)"),
+    };
+    job.state = JobState::Failed;
+    job.reason = Some(WaitReason::Ended(format!("{outcome}{tail}")));
+    job.ended_ms = Some(now);
+}
+
+/// A duration in the largest whole unit that states it: `12h`, `90m`, `1500ms`.
+pub fn duration_words(ms: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    for (size, unit) in UNITS {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[cfg(test)]
 mod tests {
     use quotient_common::{GpuDevice, NodeInventory, Strategy};
@@ -938,6 +1083,7 @@ mod tests {
             &mut state,
             Command::RegisterNode(NodeInventory {
                 name: "n".into(),
+                host: quotient_common::HostInfo::process_only(),
                 gpus: vec![GpuDevice {
                     index: 0,
                     uuid: "GPU-0".into(),

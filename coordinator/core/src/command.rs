@@ -82,6 +82,13 @@ pub enum Command {
     CheckDigest {
         leader: Option<DigestAt>,
     },
+    /// The leader saw attempt `attempt` of `job` run past the job's time limit: the job is
+    /// stopped with its checkpoint signal and grace period, and the attempt ends as a failure
+    /// with the reason `time limit`.
+    StopAtTimeLimit {
+        job: JobId,
+        attempt: u32,
+    },
 }
 
 /// A state's digest after the log entry at `index` (see [`Command::CheckDigest`]).

@@ -76,6 +76,10 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             Some(StopCause::Cancelled) => {
                 format!("{id} is stopping because it was cancelled")
             }
+            Some(StopCause::TimeLimit) => format!(
+                "{id} is stopping because its attempt reached its time limit ({})",
+                crate::apply::duration_words(job.spec.time_limit_ms.unwrap_or(0))
+            ),
             Some(StopCause::Preempted(p)) => {
                 let target = match (p.for_job, &p.for_share) {
                     (Some(f), Some(s)) => format!(" for {f} of share {s}"),
@@ -111,10 +115,16 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             format!("{id} is {}{why}", job.state)
         }
     };
-    let launch_requeues = job.launch_requeues();
+    let launch_requeues = job.launch_requeues;
     if launch_requeues > 0 && !job.state.is_terminal() {
         details.push(format!(
             "went back to the queue {launch_requeues} time(s) because a node could not launch it; past {LAUNCH_REQUEUES_MAX} it fails"
+        ));
+    }
+    if job.spec.retry.retries > 0 {
+        details.push(format!(
+            "retries used: {} of {}",
+            job.retries_used, job.spec.retry.retries
         ));
     }
     if let Some(p) = &job.last_preemption {
@@ -122,9 +132,14 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             (Some(f), Some(s)) => format!(" for {f} of share {s}"),
             _ => String::new(),
         };
+        let max = job
+            .spec
+            .max_preemptions
+            .map_or_else(String::new, |max| format!(" of at most {max}"));
         details.push(format!(
-            "preempted {} time(s); last: {}{target} on {} at {}",
+            "preempted {} time(s), {} by the scheduling rules{max} (drains and lost nodes do not count); last: {}{target} on {} at {}",
             job.preemptions,
+            job.counted_preemptions,
             p.kind.as_str(),
             p.node,
             utc_time(p.at_ms)

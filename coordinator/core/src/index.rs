@@ -139,6 +139,9 @@ pub struct Index {
     pub capacity: BTreeMap<GpuClass, ClassCapacity>,
     /// Allocated GPUs per node, all classes.
     pub node_alloc: BTreeMap<NodeId, u64>,
+    /// CPUs (thousandths) and memory (bytes) set aside per node, for the jobs holding GPUs
+    /// there (nodes with none left out).
+    pub node_resources: BTreeMap<NodeId, (u64, u64)>,
     pub node_jobs: BTreeMap<NodeId, BTreeSet<JobId>>,
     /// RUNNABLE jobs that a node keeps GPUs for.
     pub nominated: BTreeMap<JobId, Nominee>,
@@ -259,6 +262,11 @@ impl Index {
             .flat_map(|i| i.holding.iter().map(|(_, _, id)| *id))
     }
 
+    /// The CPUs (thousandths) and memory (bytes) set aside on `node`.
+    pub fn node_resources_used(&self, node: NodeId) -> (u64, u64) {
+        self.node_resources.get(&node).copied().unwrap_or((0, 0))
+    }
+
     pub fn jobs_on_node(&self, node: NodeId) -> impl Iterator<Item = JobId> + '_ {
         self.node_jobs.get(&node).into_iter().flatten().copied()
     }
@@ -312,6 +320,11 @@ impl Index {
             }
             self.adjust_reserved(data, &share, &class, before, after);
             *self.node_alloc.entry(alloc.node).or_insert(0) |= alloc.gpu_mask;
+            if alloc.cpu_millis > 0 || alloc.memory_bytes > 0 {
+                let used = self.node_resources.entry(alloc.node).or_insert((0, 0));
+                used.0 += u64::from(alloc.cpu_millis);
+                used.1 += alloc.memory_bytes;
+            }
             self.node_jobs.entry(alloc.node).or_default().insert(job.id);
             self.refresh_node_by_id(alloc.node, data);
         }
@@ -369,6 +382,13 @@ impl Index {
                 *mask &= !alloc.gpu_mask;
                 if *mask == 0 {
                     self.node_alloc.remove(&alloc.node);
+                }
+            }
+            if let Some(used) = self.node_resources.get_mut(&alloc.node) {
+                used.0 -= u64::from(alloc.cpu_millis);
+                used.1 -= alloc.memory_bytes;
+                if *used == (0, 0) {
+                    self.node_resources.remove(&alloc.node);
                 }
             }
             if let Some(jobs) = self.node_jobs.get_mut(&alloc.node) {

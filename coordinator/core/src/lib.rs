@@ -34,6 +34,7 @@ pub mod rules;
 pub mod scheduler;
 pub mod snapshot;
 pub mod state;
+pub mod v1;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};
@@ -45,7 +46,7 @@ pub use command::{
 pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
 pub use reason::WaitReason;
-pub use scheduler::plan;
+pub use scheduler::{plan, plan_avoiding};
 pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
     Allocation, IdempotencyKeys, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,

@@ -71,6 +71,13 @@ pub enum WaitReason {
         requeues: u32,
         requeues_max: u32,
     },
+    /// Nodes have the GPUs, but none of them can run the job otherwise: `unfit` says why
+    /// not on the first such node (no Docker, the image missing, too few CPUs or memory).
+    NodeUnfit {
+        class: GpuClass,
+        gpus: u32,
+        unfit: String,
+    },
 }
 
 impl fmt::Display for WaitReason {
@@ -115,6 +122,10 @@ impl fmt::Display for WaitReason {
                 write!(f, "queued behind {job}, which is ahead of it in its share's queue")
             }
             WaitReason::Ended(text) => f.write_str(text),
+            WaitReason::NodeUnfit { class, gpus, unfit } => write!(
+                f,
+                "no ready node with {gpus} free {class} GPUs can run it ({unfit}); container jobs go only to nodes whose agent reaches Docker and holds the image (images are never pulled: load it on the nodes), and CPUs and memory must be free beside the GPUs"
+            ),
             WaitReason::LaunchFailed { node, tries, fault, message, requeues, requeues_max } => {
                 let tries_word = if *tries == 1 { "try" } else { "tries" };
                 write!(f, "launch failed on node {node} after {tries} {tries_word}: {message}; ")?;

@@ -1,10 +1,11 @@
 //! The quota rules of docs/quota-shares.md as small pure functions, shared by the scheduler
 //! (which decides) and `apply` (which re-checks), so that the two can never disagree.
 
-use quotient_common::{GpuClass, ShareSpec, Strategy};
+use quotient_common::{GpuClass, Runtime, ShareSpec, Strategy};
 
 use crate::index::NodeSlot;
 use crate::reason::WaitReason;
+use crate::state::{JobRecord, NodeRecord};
 
 /// How a placement would count against its share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +204,98 @@ impl BorrowedFromLowest {
 }
 
 /// A job that can never start as things stand, whatever else ends: the reason, or `None`.
+/// Why a node cannot run a job, its GPUs aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unfit {
+    /// A container job, on a node without Docker.
+    NoDocker,
+    /// A container job, on a node that does not hold its image (images are never pulled).
+    NoImage(String),
+    /// Not enough CPUs (thousandths) left on the node.
+    Cpus { need: u64, free: u64 },
+    /// Not enough memory (bytes) left on the node.
+    Memory { need: u64, free: u64 },
+    /// The leader has not heard from the node since its last heartbeat was due.
+    Unreachable,
+}
+
+impl std::fmt::Display for Unfit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unfit::NoDocker => f.write_str("the node has no Docker runtime"),
+            Unfit::Unreachable => f.write_str("the node is unreachable"),
+            Unfit::NoImage(image) => write!(f, "the node does not hold image {image}"),
+            Unfit::Cpus { need, free } => write!(
+                f,
+                "the job needs {} CPUs, the node has {} free",
+                millis_words(*need),
+                millis_words(*free)
+            ),
+            Unfit::Memory { need, free } => write!(
+                f,
+                "the job needs {} MiB of memory, the node has {} MiB free",
+                need >> 20,
+                free >> 20
+            ),
+        }
+    }
+}
+
+fn millis_words(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        format!("{}", millis / 1000)
+    } else {
+        format!("{:.2}", millis as f64 / 1000.0)
+    }
+}
+
+/// The CPUs (thousandths) and memory (bytes) a job takes on `node`: what it asked for, or
+/// its share of the node's by GPUs (`gpus` of the node's GPUs; 0 where the node reports
+/// none).
+pub fn resources_for(job: &JobRecord, node: &NodeRecord) -> (u32, u64) {
+    let node_gpus = node.gpus.len().max(1) as u128;
+    let share = |total: u64| (u128::from(total) * u128::from(job.gpus()) / node_gpus) as u64;
+    let cpus = job
+        .spec
+        .cpu_millis
+        .unwrap_or_else(|| share(u64::from(node.host.cpu_millis)) as u32);
+    let memory = job
+        .spec
+        .memory_bytes
+        .unwrap_or_else(|| share(node.host.memory_bytes));
+    (cpus, memory)
+}
+
+/// Whether `node` can run `job`, its GPUs aside: its runtime and image, and the CPUs and
+/// memory it takes beside `used` (what the node has set aside already). A node that reports
+/// no CPUs or memory does not account them.
+pub fn runs_on(job: &JobRecord, node: &NodeRecord, used: (u64, u64)) -> Result<(), Unfit> {
+    if let Some(image) = &job.spec.payload.image {
+        if !node.host.has_runtime(Runtime::Docker) {
+            return Err(Unfit::NoDocker);
+        }
+        if !node.host.has_image(image) {
+            return Err(Unfit::NoImage(image.clone()));
+        }
+    }
+    let (cpus, memory) = resources_for(job, node);
+    let total_cpus = u64::from(node.host.cpu_millis);
+    if total_cpus > 0 && used.0 + u64::from(cpus) > total_cpus {
+        return Err(Unfit::Cpus {
+            need: u64::from(cpus),
+            free: total_cpus.saturating_sub(used.0),
+        });
+    }
+    let total_memory = node.host.memory_bytes;
+    if total_memory > 0 && used.1 + memory > total_memory {
+        return Err(Unfit::Memory {
+            need: memory,
+            free: total_memory.saturating_sub(used.1),
+        });
+    }
+    Ok(())
+}
+
 pub fn never_fits(
     share: &ShareSpec,
     class: &GpuClass,

@@ -28,14 +28,42 @@ use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
 use crate::rules::{
-    admit, available_for_job, can_ever_fit, limit_of, reserved_idle_of, Admission,
-    BorrowedFromLowest, Refusal,
+    admit, available_for_job, can_ever_fit, limit_of, reserved_idle_of, resources_for, runs_on,
+    Admission, BorrowedFromLowest, Refusal, Unfit,
 };
 use crate::state::{JobRecord, NodeId, PreemptionKind, State};
 
 /// Computes one scheduling round. See the module docs.
 pub fn plan(state: &State) -> Plan {
-    Round::new(state).run()
+    plan_avoiding(state, &BTreeSet::new())
+}
+
+/// [`plan`], placing nothing new on the nodes of `unreachable`: nodes the leader has not
+/// heard from since their last heartbeat was due, whose lease has not yet run out. Which
+/// nodes those are is the leader's own knowledge, not replicated state; `apply` does not
+/// re-check it (a placement there is no safety problem, only a likely launch delay).
+pub fn plan_avoiding(state: &State, unreachable: &BTreeSet<NodeId>) -> Plan {
+    Round::new(state, unreachable).run()
+}
+
+/// Whether `node` can run `job` this round, its GPUs aside: reachable, and
+/// [`runs_on`] with the CPUs and memory the state and this round have set aside there.
+fn node_runs(
+    state: &State,
+    unreachable: &BTreeSet<NodeId>,
+    used_this_round: &HashMap<NodeId, (u64, u64)>,
+    job: &JobRecord,
+    node: NodeId,
+) -> Result<(), Unfit> {
+    if unreachable.contains(&node) {
+        return Err(Unfit::Unreachable);
+    }
+    let Some(record) = state.node(node) else {
+        return Err(Unfit::Unreachable);
+    };
+    let (cpus, memory) = state.index.node_resources_used(node);
+    let (more_cpus, more_memory) = used_this_round.get(&node).copied().unwrap_or((0, 0));
+    runs_on(job, record, (cpus + more_cpus, memory + more_memory))
 }
 
 /// The free capacity of one class as the round has spent it so far.
@@ -115,8 +143,15 @@ impl<'a> ClassScratch<'a> {
     }
 
     /// Best fit: the node with the fewest available GPUs that still has `gpus`, lowest id
-    /// first. Packing jobs onto busy nodes keeps whole nodes free for large jobs.
-    fn best_fit(&mut self, gpus: u32) -> Option<NodeId> {
+    /// first, among the nodes `accept` takes. Packing jobs onto busy nodes keeps whole nodes
+    /// free for large jobs. When no node fits, why the first node with the GPUs was refused
+    /// (`None`: no node has the GPUs).
+    fn best_fit(
+        &mut self,
+        gpus: u32,
+        mut accept: impl FnMut(NodeId) -> Result<(), Unfit>,
+    ) -> Result<NodeId, Option<Unfit>> {
+        let mut refused = None;
         for k in (gpus as usize)..self.overlay.len() {
             let real = self.real_candidate(k);
             let overlay = self.overlay[k].first().copied();
@@ -124,11 +159,30 @@ impl<'a> ClassScratch<'a> {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if best.is_some() {
-                return best;
+            let Some(best) = best else { continue };
+            match accept(best) {
+                Ok(()) => return Ok(best),
+                Err(unfit) => {
+                    refused.get_or_insert(unfit);
+                }
+            }
+            // The slow way, only when the first candidate was refused: every node of the
+            // bucket, in id order.
+            let untouched = self.real.buckets[k]
+                .iter()
+                .filter(|node| !self.touched.contains_key(node));
+            let mut candidates: Vec<NodeId> =
+                untouched.chain(self.overlay[k].iter()).copied().collect();
+            candidates.sort_unstable();
+            if let Some(node) = candidates
+                .into_iter()
+                .filter(|node| *node != best)
+                .find(|node| accept(*node).is_ok())
+            {
+                return Ok(node);
             }
         }
-        None
+        Err(refused)
     }
 }
 
@@ -219,10 +273,14 @@ struct Round<'a> {
     victim_gpus: BTreeMap<(&'a str, &'a GpuClass), u64>,
     /// Usage of (share, class) pairs without a queue never changes in a round.
     queue_of: BTreeMap<(&'a str, &'a GpuClass), usize>,
+    /// Nodes to place nothing new on ([`plan_avoiding`]).
+    unreachable: &'a BTreeSet<NodeId>,
+    /// CPUs and memory this round's placements set aside, per node.
+    resources_used: HashMap<NodeId, (u64, u64)>,
 }
 
 impl<'a> Round<'a> {
-    fn new(state: &'a State) -> Self {
+    fn new(state: &'a State, unreachable: &'a BTreeSet<NodeId>) -> Self {
         let mut queues = Vec::new();
         let mut queue_of = BTreeMap::new();
         for (share_name, classes) in &state.index.shares {
@@ -270,6 +328,8 @@ impl<'a> Round<'a> {
             victims: HashSet::new(),
             victim_gpus: BTreeMap::new(),
             queue_of,
+            unreachable,
+            resources_used: HashMap::new(),
         }
     }
 
@@ -353,6 +413,17 @@ impl<'a> Round<'a> {
         let Some(slot) = scratch.slot(node) else {
             return false;
         };
+        if node_runs(
+            self.state,
+            self.unreachable,
+            &self.resources_used,
+            job,
+            node,
+        )
+        .is_err()
+        {
+            return false;
+        }
         // This job may use the GPUs kept for it, but not those kept for others.
         let kept = self.state.index.kept_for(job.id);
         let available = available_for_job(slot, scratch.available_total, kept);
@@ -457,11 +528,24 @@ impl<'a> Round<'a> {
             reserved,
         )
         .map_err(Blocked::Refused)?;
-        let Some(node) = scratch.best_fit(job.gpus()) else {
-            return Err(Blocked::Reason(WaitReason::Fragmented {
-                class: class.clone(),
-                gpus: job.gpus(),
-            }));
+        let (state, unreachable, used) = (self.state, self.unreachable, &self.resources_used);
+        let node = match scratch.best_fit(job.gpus(), |node| {
+            node_runs(state, unreachable, used, job, node)
+        }) {
+            Ok(node) => node,
+            Err(None) => {
+                return Err(Blocked::Reason(WaitReason::Fragmented {
+                    class: class.clone(),
+                    gpus: job.gpus(),
+                }))
+            }
+            Err(Some(unfit)) => {
+                return Err(Blocked::Reason(WaitReason::NodeUnfit {
+                    class: class.clone(),
+                    gpus: job.gpus(),
+                    unfit: unfit.to_string(),
+                }))
+            }
         };
         let slot = scratch.slot(node).expect("best_fit returns a known node");
         self.bind(q, job, node, slot, 0);
@@ -479,6 +563,12 @@ impl<'a> Round<'a> {
             free &= !lowest;
         }
         slot.free_mask = free;
+        if let Some(record) = self.state.node(node) {
+            let (cpus, memory) = resources_for(job, record);
+            let used = self.resources_used.entry(node).or_insert((0, 0));
+            used.0 += u64::from(cpus);
+            used.1 += memory;
+        }
         let class = job.class();
         self.classes
             .get_mut(class)
@@ -666,6 +756,9 @@ impl<'a> Round<'a> {
             let Some(slot) = scratch.slot(alloc.node) else {
                 continue;
             };
+            if !self.may_host(job, alloc.node) {
+                continue;
+            }
             let on_node = per_node.entry(alloc.node).or_default();
             on_node.push(id);
             if self.frees_enough(q, job, slot, scratch.available_total, on_node, share_name) {
@@ -784,6 +877,16 @@ impl<'a> Round<'a> {
             self.plan
                 .actions
                 .push(PlanAction::Preempt { job, kind, for_job });
+        }
+    }
+
+    /// Whether preempting jobs on `node` could make room for `job` there: the node is
+    /// reachable and has its runtime and image (its CPUs and memory are checked when the job
+    /// is placed, after the victims have freed theirs).
+    fn may_host(&self, job: &JobRecord, node: NodeId) -> bool {
+        match node_runs(self.state, self.unreachable, &HashMap::new(), job, node) {
+            Ok(()) | Err(Unfit::Cpus { .. } | Unfit::Memory { .. }) => true,
+            Err(Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable) => false,
         }
     }
 

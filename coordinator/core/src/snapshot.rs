@@ -144,6 +144,7 @@ impl State {
         // `StateData` and converts it here (quotient_common::version says how).
         let data: StateData = match version {
             version if version == SNAPSHOT_STATE.current => decode_data(body)?,
+            1 => decode_data::<crate::v1::StateDataV1>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
         let index = Index::rebuild(&data);
@@ -160,8 +161,8 @@ impl State {
 }
 
 /// The whole `body` as `StateData` of the current version.
-fn decode_data(body: &[u8]) -> Result<StateData, SnapshotError> {
-    let (data, read): (StateData, usize) = bincode::serde::decode_from_slice(body, config())
+fn decode_data<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SnapshotError> {
+    let (data, read): (T, usize) = bincode::serde::decode_from_slice(body, config())
         .map_err(|e| SnapshotError::Decode(e.to_string()))?;
     if read != body.len() {
         return Err(SnapshotError::Trailing(body.len() - read));

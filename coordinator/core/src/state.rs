@@ -9,7 +9,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use quotient_common::{GpuClass, GpuDevice, JobId, JobSpec, JobState, NodeState, ShareSpec};
+use quotient_common::{
+    GpuClass, GpuDevice, HostInfo, JobId, JobSpec, JobState, NodeState, ShareSpec,
+};
 
 use crate::changes::Changes;
 use crate::index::Index;
@@ -22,11 +24,16 @@ use crate::reason::WaitReason;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
 
-/// The GPUs a job holds: one node and a bit mask of GPU indices on it.
+/// What a job holds: one node, a bit mask of GPU indices on it, and the CPUs and memory set
+/// aside for it there (0 where the node does not report them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub node: NodeId,
     pub gpu_mask: u64,
+    /// CPUs in thousandths: the job's `cpu_millis`, or its share of the node's by GPUs.
+    pub cpu_millis: u32,
+    /// Memory in bytes: the job's `memory_bytes`, or its share of the node's by GPUs.
+    pub memory_bytes: u64,
 }
 
 impl Allocation {
@@ -47,6 +54,8 @@ pub enum StopCause {
     Preempted(Preemption),
     /// Cancelled by a user or by its share's deletion; it ends CANCELLED when it exits.
     Cancelled,
+    /// Its attempt reached the job's time limit; a failure (retried by its retry strategy).
+    TimeLimit,
 }
 
 /// Why a job was preempted.
@@ -65,6 +74,14 @@ pub enum PreemptionKind {
 }
 
 impl PreemptionKind {
+    /// Whether a preemption of this kind counts toward the job's `max_preemptions`: only the
+    /// scheduling rules' own (reclaim, in-share), as AWS Batch's
+    /// `preemptionRetriesBeforeTermination`. A drain, a lost node or an agent that stopped
+    /// its jobs is the fleet's doing, not the rules', and requeues the job without counting.
+    pub fn counts_toward_max(self) -> bool {
+        matches!(self, PreemptionKind::Reclaim | PreemptionKind::InShare)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             PreemptionKind::Reclaim => "reclaim",
@@ -95,6 +112,25 @@ pub struct ShareRecord {
     pub created_ms: u64,
 }
 
+/// The most attempts a job record keeps (the latest; `attempts` still counts them all).
+pub const ATTEMPT_HISTORY_MAX: usize = 32;
+
+/// One attempt of a job: where and when it ran and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// QUOTIENT_ATTEMPT of the attempt, from 1.
+    pub attempt: u32,
+    pub node: String,
+    pub placed_ms: u64,
+    /// When it was seen running; `None` if it never ran.
+    pub started_ms: Option<u64>,
+    pub ended_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// How it ended, in words (`exited with code 1`, `preempted (reclaim) for j-4`,
+    /// `time limit`, `launch failed ...`); `None` while it is the current attempt.
+    pub outcome: Option<String>,
+}
+
 /// A job as the state machine keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -105,9 +141,7 @@ pub struct JobRecord {
     pub submitted_ms: u64,
     /// How many times it was placed (QUOTIENT_ATTEMPT of the current or last attempt).
     pub attempts: u32,
-    /// Attempts that ended in a preemption. Every other attempt of a live job but the current
-    /// one went back to the queue after a node's launch failure: [`JobRecord::launch_requeues`]
-    /// counts them from that, so any new way of requeueing a job must count here.
+    /// Attempts that ended in a preemption, of any kind.
     pub preemptions: u32,
     pub allocation: Option<Allocation>,
     /// The log index of its current placement: the "start order" of spec rule 2.
@@ -124,6 +158,17 @@ pub struct JobRecord {
     /// The name of the node of its current or last placement (kept after the attempt ends,
     /// so that its logs can be found on that node's agent).
     pub last_node: Option<String>,
+    /// Preemptions that count toward `max_preemptions`
+    /// ([`PreemptionKind::counts_toward_max`]).
+    pub counted_preemptions: u32,
+    /// Times it went back to the queue because a node could not launch it.
+    pub launch_requeues: u32,
+    /// Failed attempts retried by its retry strategy.
+    pub retries_used: u32,
+    /// When it first ran: the end of its wait in the queue.
+    pub first_started_ms: Option<u64>,
+    /// Its latest attempts, oldest first, at most [`ATTEMPT_HISTORY_MAX`].
+    pub history: Vec<AttemptRecord>,
 }
 
 impl JobRecord {
@@ -146,6 +191,11 @@ impl JobRecord {
             exit_code: None,
             ended_ms: None,
             last_node: None,
+            counted_preemptions: 0,
+            launch_requeues: 0,
+            retries_used: 0,
+            first_started_ms: None,
+            history: Vec::new(),
         }
     }
 
@@ -159,16 +209,22 @@ impl JobRecord {
             .max(self.started_ms.unwrap_or(0))
     }
 
-    /// How many times the job went back to the queue because an attempt could not be
-    /// launched for a fault of its node. Derived, not stored (a new field would leave older
-    /// snapshots undecodable): an attempt of a live job that ended without ending the job was
-    /// either preempted, and counted in `preemptions`, or such a requeue; the current attempt,
-    /// while it holds GPUs, has not ended. Meaningful for jobs that are not terminal.
-    pub fn launch_requeues(&self) -> u32 {
-        let current = u32::from(self.state.holds_gpus());
-        self.attempts
-            .saturating_sub(self.preemptions)
-            .saturating_sub(current)
+    /// How long it waited in the queue before it first ran, or has waited so far (`now_ms`)
+    /// if it never ran and has not ended.
+    pub fn waited_ms(&self, now_ms: u64) -> u64 {
+        let until = self
+            .first_started_ms
+            .or(self.ended_ms)
+            .unwrap_or(now_ms.max(self.submitted_ms));
+        until.saturating_sub(self.submitted_ms)
+    }
+
+    /// The record of its current or last attempt.
+    pub fn current_attempt_mut(&mut self) -> Option<&mut AttemptRecord> {
+        let attempt = self.attempts;
+        self.history
+            .last_mut()
+            .filter(|record| record.attempt == attempt)
     }
 
     pub fn class(&self) -> &GpuClass {
@@ -196,6 +252,8 @@ pub struct NodeRecord {
     pub gpus: Vec<GpuDevice>,
     /// Bumped whenever the node (re-)registers or is lost: which life of the node this is.
     pub incarnation: u64,
+    /// Its runtimes, images, CPUs and memory, as it last registered them.
+    pub host: HostInfo,
 }
 
 impl NodeRecord {
@@ -214,6 +272,7 @@ impl NodeRecord {
             state: NodeState::Lost,
             gpus: Vec::new(),
             incarnation,
+            host: HostInfo::default(),
         }
     }
 
@@ -332,6 +391,11 @@ impl State {
         self.index.usage(share, class)
     }
 
+    /// The CPUs (thousandths) and memory (bytes) the jobs on `node` hold.
+    pub fn node_resources_used(&self, node: NodeId) -> (u64, u64) {
+        self.index.node_resources_used(node)
+    }
+
     /// The job holding each GPU of a node, by GPU index.
     pub fn gpu_holders(&self, node: NodeId) -> BTreeMap<u32, JobId> {
         let mut holders = BTreeMap::new();
@@ -343,6 +407,15 @@ impl State {
             }
         }
         holders
+    }
+
+    /// Every job holding GPUs (SCHEDULED, STARTING, RUNNING, PREEMPTING), by node.
+    pub fn jobs_holding_gpus(&self) -> impl Iterator<Item = &JobRecord> {
+        self.index
+            .node_jobs
+            .values()
+            .flatten()
+            .filter_map(|id| self.job(*id))
     }
 
     /// The jobs whose GPUs are on `node`.

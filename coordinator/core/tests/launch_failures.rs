@@ -71,7 +71,7 @@ fn a_launch_failure_of_the_node_requeues_the_job_a_bounded_number_of_times() {
         assert_eq!(record.state, JobState::Runnable, "requeue {requeue}");
         assert_eq!(record.allocation, None);
         assert_eq!(record.preemptions, 0);
-        assert_eq!(record.launch_requeues(), requeue);
+        assert_eq!(record.launch_requeues, requeue);
         let reason = sim.state.reason(record).unwrap().to_string();
         assert!(
             reason.contains(&format!(
@@ -119,7 +119,7 @@ fn preemptions_do_not_use_up_launch_requeues() {
         assert_eq!(sim.state_of(id), JobState::Runnable);
     }
     assert_eq!(
-        sim.state.job(id).unwrap().launch_requeues(),
+        sim.state.job(id).unwrap().launch_requeues,
         LAUNCH_REQUEUES_MAX
     );
 }

@@ -84,14 +84,16 @@ pub fn check_version(version: u16, place: &Path) -> Result<u16, CodecError> {
 }
 
 /// Decodes a value stored in `version` at `place`: one of this build's versions, read by the
-/// decoder of the current one (the store's own values, the vote and log ids, are openraft's
-/// and have one version so far).
+/// decoder of the current one. Only for the store's own values, the vote and log ids: they are
+/// openraft's and encode the same in every version of the Raft log so far (version 2 changed
+/// the entries' commands only); entries go through [`VersionedEntries::decode_entry`].
 pub fn decode_stored<T: DeserializeOwned>(
     version: u16,
     bytes: &[u8],
     place: &Path,
 ) -> Result<T, CodecError> {
-    decode_current(check_version(version, place)?, bytes)
+    check_version(version, place)?;
+    decode_value(bytes)
 }
 
 /// [`decode_value`] when `version` is the current one; [`CodecError::NoCodec`] otherwise.

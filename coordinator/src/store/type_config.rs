@@ -52,7 +52,52 @@ openraft::declare_raft_types!(
 );
 
 /// Entries of version 1 of the Raft log encoding, the only one so far, are read as they are.
-impl super::codec::VersionedEntries for TypeConfig {}
+impl super::codec::VersionedEntries for TypeConfig {
+    fn decode_entry(version: u16, bytes: &[u8]) -> Result<Entry, super::codec::CodecError> {
+        match version {
+            1 => Ok(super::codec::decode_value::<EntryV1>(bytes)?.into()),
+            _ => super::codec::decode_current(version, bytes),
+        }
+    }
+}
+
+/// A log entry as version 1 of the Raft log encoded it: openraft's `Entry` field for field,
+/// with the commands of version 1 (`quotient_core::v1`).
+#[derive(Deserialize)]
+struct EntryV1 {
+    log_id: openraft::LogId<MemberId>,
+    payload: PayloadV1,
+}
+
+#[derive(Deserialize)]
+enum PayloadV1 {
+    Blank,
+    Normal(RequestV1),
+    Membership(openraft::Membership<MemberId, BasicNode>),
+}
+
+#[derive(Deserialize)]
+struct RequestV1 {
+    commands: Vec<quotient_core::v1::CommandV1>,
+    time_ms: u64,
+}
+
+impl From<EntryV1> for Entry {
+    fn from(v1: EntryV1) -> Entry {
+        let payload = match v1.payload {
+            PayloadV1::Blank => openraft::EntryPayload::Blank,
+            PayloadV1::Normal(request) => openraft::EntryPayload::Normal(Request {
+                commands: request.commands.into_iter().map(Command::from).collect(),
+                time_ms: request.time_ms,
+            }),
+            PayloadV1::Membership(membership) => openraft::EntryPayload::Membership(membership),
+        };
+        Entry {
+            log_id: v1.log_id,
+            payload,
+        }
+    }
+}
 
 /// A coordinator's id as a Raft member (openraft's `NodeId`). "Node" means a GPU host
 /// everywhere else in Quotient (`quotient_core::NodeId`).

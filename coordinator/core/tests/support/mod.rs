@@ -38,6 +38,7 @@ pub fn job(share: &str, name: &str, priority: u32, gpus: u32) -> JobSpec {
 pub fn node(name: &str, gpus: u32, gpu_class: &str) -> NodeInventory {
     NodeInventory {
         name: name.into(),
+        host: quotient_common::HostInfo::process_only(),
         gpus: (0..gpus)
             .map(|i| GpuDevice {
                 index: i,
