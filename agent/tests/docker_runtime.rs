@@ -34,10 +34,14 @@ while :; do sleep 0.05; done"#;
 const IGNORING_JOB: &str = r#"echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
 while :; do sleep 0.05; done"#;
 
-/// A runtime for a node name unique to this test, or `None` (skip) outside CI.
-async fn runtime_for(test: &str) -> Option<(DockerRuntime, String, RemoveContainers)> {
+/// A runtime for a node name unique to this test, with its state dir, or `None` (skip)
+/// outside CI.
+async fn runtime_for(
+    test: &str,
+) -> Option<(DockerRuntime, String, RemoveContainers, tempfile::TempDir)> {
     let node = format!("dt-{}-{test}", std::process::id());
-    let runtime = match DockerRuntime::connect(&node, false).await {
+    let state = tempfile::tempdir().unwrap();
+    let runtime = match DockerRuntime::connect(&node, state.path(), false).await {
         Ok(runtime) => runtime,
         Err(error) => {
             unavailable(format!("the Docker daemon is not reachable: {error}"));
@@ -49,7 +53,7 @@ async fn runtime_for(test: &str) -> Option<(DockerRuntime, String, RemoveContain
         return None;
     }
     let cleanup = RemoveContainers(vec![format!("label={LABEL_NODE}={node}")]);
-    Some((runtime, node, cleanup))
+    Some((runtime, node, cleanup, state))
 }
 
 async fn wait_ready(dir: &std::path::Path) {
@@ -69,10 +73,9 @@ fn gpu_uuids() -> BTreeMap<u32, String> {
 /// the checkpoint dir at the same path, its labels, and its logs can be read.
 #[tokio::test]
 async fn docker_job_gets_its_environment_and_gpus() {
-    let Some((runtime, node, _cleanup)) = runtime_for("env").await else {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("env").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         11,
@@ -117,12 +120,11 @@ async fn docker_job_gets_its_environment_and_gpus() {
 /// output, through the daemon's rotation (without the cap Docker keeps all of it).
 #[tokio::test]
 async fn docker_log_is_capped_by_the_daemons_rotation() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("logcap").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("logcap").await else {
         return;
     };
     let cap: u64 = 256 * 1024;
     let runtime = runtime.with_log_cap(cap).await;
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         31,
@@ -156,10 +158,9 @@ async fn docker_log_is_capped_by_the_daemons_rotation() {
 /// The checkpoint signal reaches the container's job, which checkpoints and exits.
 #[tokio::test]
 async fn docker_checkpoint_signal_reaches_the_job() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("signal").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("signal").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(state.path(), 12, 1, Some(IMAGE), shell(TRAPPING_JOB));
     let handle = runtime.start(&spec).await.unwrap();
     wait_ready(&spec.checkpoint_dir).await;
@@ -174,10 +175,9 @@ async fn docker_checkpoint_signal_reaches_the_job() {
 /// Preemption of a container job that traps its signal: reported as after-signal.
 #[tokio::test]
 async fn docker_preempted_job_that_traps_the_signal_is_reported_after_signal() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("trap").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("trap").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
     let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
     let reports = executor
@@ -204,10 +204,9 @@ async fn docker_preempted_job_that_traps_the_signal_is_reported_after_signal() {
 /// A container job that ignores its checkpoint signal is killed when its grace period ends.
 #[tokio::test]
 async fn docker_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("ignore").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("ignore").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
     let spec = job_spec(Some(IMAGE), shell(IGNORING_JOB));
     executor
@@ -237,10 +236,9 @@ async fn docker_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
 /// Container exit codes are reported as they are: 0 and non-zero.
 #[tokio::test]
 async fn docker_exit_codes_are_reported() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("codes").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("codes").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
     let ok = job_spec(Some(IMAGE), shell("exit 0"));
     let failing = job_spec(Some(IMAGE), shell("echo failing >&2; exit 3"));
@@ -266,10 +264,9 @@ async fn docker_exit_codes_are_reported() {
 /// (another host may have the image), and nothing is pulled.
 #[tokio::test]
 async fn docker_missing_image_fails_the_launch_without_pulling() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("noimage").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("noimage").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         13,
@@ -284,17 +281,20 @@ async fn docker_missing_image_fails_the_launch_without_pulling() {
     );
     assert_eq!(error.launch_fault(), LaunchFault::Node);
     let text = error.to_string();
-    assert!(text.contains("never pulls"), "{text}");
+    assert!(
+        text.contains("image quotient-test-absent:never is not present on node dt-")
+            && text.contains("images are never pulled"),
+        "{text}"
+    );
 }
 
 /// A command the image cannot execute is refused by the daemon when the container starts:
 /// the job's fault, with the daemon's words, and no container is left behind.
 #[tokio::test]
 async fn docker_command_the_image_cannot_execute_is_the_jobs_fault() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("nocommand").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("nocommand").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         14,
@@ -320,10 +320,9 @@ async fn docker_command_the_image_cannot_execute_is_the_jobs_fault() {
 /// instead of starting it again; containers of another node or with no labels are untouched.
 #[tokio::test]
 async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
-    let Some((first, node, mut cleanup)) = runtime_for("adopt").await else {
+    let Some((first, node, mut cleanup, state)) = runtime_for("adopt").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
     let run = desired_one(1, 41, 1, &spec, Intent::Run);
     let container = {
@@ -337,8 +336,10 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
     // Another node's container (same labels, other node) and an unlabelled one.
     let other_node = format!("{node}-other");
     cleanup.0.push(format!("label={LABEL_NODE}={other_node}"));
-    let other = DockerRuntime::connect(&other_node, false).await.unwrap();
     let other_state = tempfile::tempdir().unwrap();
+    let other = DockerRuntime::connect(&other_node, other_state.path(), false)
+        .await
+        .unwrap();
     let other_handle = other
         .start(&launch(
             other_state.path(),
@@ -365,7 +366,9 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
     assert!(unlabelled.status.success(), "{unlabelled:?}");
     cleanup.0.push(format!("name={unlabelled_name}"));
 
-    let runtime = DockerRuntime::connect(&node, false).await.unwrap();
+    let runtime = DockerRuntime::connect(&node, state.path(), false)
+        .await
+        .unwrap();
     let found = runtime.list_own().await.unwrap();
     assert_eq!(found.len(), 1, "only this node's container: {found:?}");
     assert_eq!(found[0].handle.id, container);
@@ -413,10 +416,9 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
 /// do leaves no files behind.
 #[tokio::test]
 async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() {
-    let Some((runtime, node, _cleanup)) = runtime_for("watchdog").await else {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("watchdog").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let lease_file = state.path().join(LEASE_FILE);
     let now_ms = boot_time_ms().expect("the boot clock");
     std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
@@ -446,7 +448,7 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     wait_ready(&trapping.checkpoint_dir).await;
     wait_ready(&ignoring.checkpoint_dir).await;
     // Adopting both again starts no second watchdog that acts: it finds the lock taken.
-    let adopting = DockerRuntime::connect(&node, false)
+    let adopting = DockerRuntime::connect(&node, state.path(), false)
         .await
         .unwrap()
         .with_orphan_watchdog(agent, &lease_file, state.path());
