@@ -485,3 +485,211 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     let signals = log.matches("stopping the container").count();
     assert_eq!(signals, 1, "one watchdog acted, not two:\n{log}");
 }
+
+/// The lines a container job prints (`line 0` to `line N-1` on stdout, then a traceback on
+/// stderr) before it exits 3.
+fn printing_job(lines: u32, pause_every: u32) -> Vec<String> {
+    shell(&format!(
+        r#"i=0; while [ $i -lt {lines} ]; do echo "line $i"; i=$((i+1)); if [ $((i % {pause_every})) = 0 ]; then sleep 0.05; fi; done; echo "Traceback: boom" >&2; exit 3"#
+    ))
+}
+
+/// The lines `printing_job` prints, sorted (stdout and stderr may interleave either way).
+fn printed_lines(lines: u32) -> Vec<String> {
+    let mut expected: Vec<String> = (0..lines).map(|i| format!("line {i}")).collect();
+    expected.push("Traceback: boom".into());
+    expected.sort();
+    expected
+}
+
+fn sorted_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+/// Reads the attempt's log whole through the log server, chunk by chunk, as the leader does.
+async fn read_through_the_log_server(state: &std::path::Path, node: &str, job: u64) -> String {
+    use quotient_agent::log_server::{answer, LogSource};
+    use quotient_common::agent_api::{LeaderRequest, LeaderResponse};
+    let source = LogSource::Files {
+        state_dir: state.to_path_buf(),
+    };
+    let (mut text, mut offset) = (Vec::new(), 0);
+    loop {
+        let request = LeaderRequest::ReadLogs {
+            node: node.to_string(),
+            job: JobId(job),
+            attempt: 1,
+            offset,
+            max_bytes: 1_000,
+        };
+        match answer(node, &source, request).await {
+            LeaderResponse::Logs {
+                data,
+                next_offset,
+                end,
+            } => {
+                text.extend_from_slice(&data);
+                offset = next_offset;
+                if end {
+                    return String::from_utf8(text).unwrap();
+                }
+            }
+            other => panic!("the log read failed: {other:?}"),
+        }
+    }
+}
+
+/// A container that prints lines and fails keeps its whole output on the agent: in the
+/// attempt's log file by the time its exit is reported, after its container is removed, and
+/// for a runtime made again (an agent restart).
+#[tokio::test]
+async fn docker_log_is_kept_whole_after_the_container_is_removed() {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("keeplog").await else {
+        return;
+    };
+    let mut executor = Executor::new(runtime, &node, state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), printing_job(20_000, 100_000));
+    let run = desired_one(1, 71, 1, &spec, Intent::Run);
+    let reports = step_until(&mut executor, &run, "the failed exit", is_exit).await;
+    assert!(events_of(&reports, 71, 1).contains(&JobEvent::Exited { code: 3 }));
+    // Read at once: the last lines are there before the exit is reported.
+    let log = std::fs::read_to_string(state.path().join("logs/j-71-1.log")).unwrap();
+    assert_eq!(sorted_lines(&log), printed_lines(20_000), "{log}");
+
+    // The exit is reported, so the container is removed; the log stays.
+    executor.step(&run).await;
+    assert!(executor.runtime().list_own().await.unwrap().is_empty());
+    let inspect = Command::new("docker")
+        .args(["inspect", &format!("quotient-{node}-j-71-1")])
+        .output()
+        .unwrap();
+    assert!(!inspect.status.success(), "the container is gone");
+    let served = read_through_the_log_server(state.path(), &node, 71).await;
+    assert_eq!(served, log);
+
+    drop(executor);
+    let restarted = DockerRuntime::connect(&node, state.path(), false)
+        .await
+        .unwrap();
+    let handle = quotient_agent::runtime::JobHandle {
+        job: JobId(71),
+        attempt: 1,
+        id: "0".repeat(64),
+    };
+    assert_eq!(restarted.logs(&handle).await.unwrap(), log);
+}
+
+/// `--follow` as the leader serves it (chunks from the last offset until the attempt has
+/// ended and the chunk reaches the end of the log) gets every line of a container job that
+/// prints while it runs, then ends cleanly.
+#[tokio::test]
+async fn docker_log_follow_ends_cleanly_with_every_line() {
+    use quotient_agent::log_server::{answer, LogSource};
+    use quotient_common::agent_api::{LeaderRequest, LeaderResponse};
+    let Some((runtime, node, _cleanup, state)) = runtime_for("follow").await else {
+        return;
+    };
+    let mut executor = Executor::new(runtime, &node, state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), printing_job(200, 10));
+    let run = desired_one(1, 72, 1, &spec, Intent::Run);
+    let source = LogSource::Files {
+        state_dir: state.path().to_path_buf(),
+    };
+    let deadline = Instant::now() + WAIT_DEADLINE;
+    let (mut followed, mut offset, mut ended, mut reads_while_running) = (Vec::new(), 0, false, 0);
+    loop {
+        let reports = executor.step(&run).await;
+        ended |= reports.iter().any(is_exit);
+        let request = LeaderRequest::ReadLogs {
+            node: node.clone(),
+            job: JobId(72),
+            attempt: 1,
+            offset,
+            max_bytes: 4_096,
+        };
+        let end = match answer(&node, &source, request).await {
+            LeaderResponse::Logs {
+                data,
+                next_offset,
+                end,
+            } => {
+                if !ended && !data.is_empty() {
+                    reads_while_running += 1;
+                }
+                followed.extend_from_slice(&data);
+                offset = next_offset;
+                end
+            }
+            other => panic!("follow failed: {other:?}"),
+        };
+        if ended && end {
+            break;
+        }
+        assert!(Instant::now() < deadline, "follow did not end");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    let followed = String::from_utf8(followed).unwrap();
+    assert_eq!(sorted_lines(&followed), printed_lines(200), "{followed}");
+    assert!(
+        reads_while_running > 1,
+        "the log is served live, not only once the container has exited"
+    );
+}
+
+/// A runtime made again while a container prints (an agent restart) follows on from where
+/// the last one stopped: every line is in the log once.
+#[tokio::test]
+async fn docker_log_follows_on_after_a_restart_without_repeating_lines() {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("relog").await else {
+        return;
+    };
+    let spec = launch(state.path(), 73, 1, Some(IMAGE), printing_job(150, 5));
+    let handle = runtime.start(&spec).await.unwrap();
+    wait_for("the first lines in the log", || {
+        let text = std::fs::read_to_string(&spec.log_path).unwrap_or_default();
+        async move { text.contains("line 10\n").then_some(()) }
+    })
+    .await;
+    drop(runtime);
+    let restarted = DockerRuntime::connect(&node, state.path(), false)
+        .await
+        .unwrap();
+    assert_eq!(restarted.list_own().await.unwrap().len(), 1);
+    assert_eq!(
+        restarted.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(3))
+    );
+    let log = std::fs::read_to_string(&spec.log_path).unwrap();
+    assert_eq!(sorted_lines(&log), printed_lines(150), "{log}");
+}
+
+/// A container runs as the job user (`--user uid:gid`), never root, and can write its
+/// checkpoint dir; its environment is the job's and Quotient's, not the agent's.
+#[tokio::test]
+async fn docker_job_runs_as_the_job_user() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("user").await else {
+        return;
+    };
+    let nobody = quotient_agent::runtime::lookup_user("nobody").expect("nobody exists");
+    let runtime = runtime.with_job_user(nobody.clone());
+    std::env::set_var("QUOTIENT_TEST_AGENT_ONLY_DOCKER", "the agent's own");
+    let spec = launch(
+        state.path(),
+        74,
+        1,
+        Some(IMAGE),
+        shell(r#"id -u > "$QUOTIENT_CHECKPOINT_DIR/uid"; env > "$QUOTIENT_CHECKPOINT_DIR/env""#),
+    );
+    let handle = runtime.start(&spec).await.unwrap();
+    assert_eq!(
+        runtime.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(0))
+    );
+    let uid = std::fs::read_to_string(spec.checkpoint_dir.join("uid")).unwrap();
+    assert_eq!(uid.trim(), nobody.uid.to_string());
+    let env = std::fs::read_to_string(spec.checkpoint_dir.join("env")).unwrap();
+    assert!(!env.contains("QUOTIENT_TEST_AGENT_ONLY_DOCKER"), "{env}");
+    assert!(env.lines().any(|line| line == "TRAIN_EPOCHS=3"), "{env}");
+}
