@@ -151,7 +151,7 @@ pub struct RunFlags {
     pub job_user: Option<String>,
     /// Let jobs run as root when the agent runs as root and no --job-user is given (containers
     /// then run as their image's user).
-    #[arg(long, env = "QUOTIENT_AGENT_ALLOW_ROOT_JOBS")]
+    #[arg(long, env = "QUOTIENT_AGENT_ALLOW_ROOT_JOBS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_root_jobs: bool,
     /// Self-fencing lease in milliseconds; keep it below the coordinators' node lease.
     #[arg(long, default_value_t = LEASE_DEFAULT_MS)]
