@@ -16,8 +16,8 @@
 //!   renaming the file (the job's descriptor keeps writing at its offset, so the start would
 //!   be lost, or the renamed file would grow on), copying the ends to a new file (the job
 //!   writes into the old one). On a filesystem that cannot punch holes (`EOPNOTSUPP`) logs
-//!   stay whole and the agent says so once. Docker keeps a container's log itself: see
-//!   [`crate::runtime::docker`].
+//!   stay whole and the agent says so once. A container's log is the same kind of file,
+//!   written by the agent's follower ([`crate::runtime::docker`]), and capped the same way.
 //! - **Retention** ([`DiskKeeper::sweep`], `--log-retention`, `--checkpoint-retention`). A
 //!   job's logs (`<state_dir>/logs/<job>-<attempt>.log`) and its attempts' working dirs
 //!   (`<state_dir>/work/<job>-<attempt>`, kept as long as the logs), and its checkpoint dir
