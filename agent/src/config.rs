@@ -88,12 +88,16 @@ pub enum OutputFormat {
     Json,
 }
 
-/// Which runtime runs jobs.
+/// Which runtimes run jobs. Each job picks its own: one with an image runs as a Docker
+/// container, one without as a process group on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuntimeKind {
-    /// Commands as process groups on the host.
+    /// Process jobs always, container jobs when Docker is reachable (the default).
+    Auto,
+    /// Process jobs only: a job with an image fails to launch here (the node's fault, so it is
+    /// placed on another node).
     Process,
-    /// Images as Docker containers.
+    /// Like auto, but the agent refuses to start when Docker is not reachable.
     Docker,
 }
 
@@ -136,8 +140,19 @@ pub struct RunFlags {
     /// the same shared storage so that a job preempted on one host resumes on another.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_root: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "process")]
+    /// Which jobs this node runs: auto runs process jobs, and container jobs (those with an
+    /// image) when Docker is reachable; process refuses container jobs; docker is auto that
+    /// refuses to start without Docker.
+    #[arg(long, value_enum, default_value = "auto")]
     pub runtime: RuntimeKind,
+    /// The user jobs run as (processes and containers). Required when the agent runs as root,
+    /// unless --allow-root-jobs; otherwise jobs run as the agent's own user.
+    #[arg(long, value_name = "USER", env = "QUOTIENT_AGENT_JOB_USER")]
+    pub job_user: Option<String>,
+    /// Let jobs run as root when the agent runs as root and no --job-user is given (containers
+    /// then run as their image's user).
+    #[arg(long, env = "QUOTIENT_AGENT_ALLOW_ROOT_JOBS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_root_jobs: bool,
     /// Self-fencing lease in milliseconds; keep it below the coordinators' node lease.
     #[arg(long, default_value_t = LEASE_DEFAULT_MS)]
     pub lease_ms: u64,
@@ -265,6 +280,43 @@ pub struct AgentConfig {
     pub cluster_id: Option<quotient_common::ClusterId>,
     /// What the agent keeps of its jobs' files, and for how long ([`crate::disk`]).
     pub disk: DiskSettings,
+    /// `--job-user`, resolved at start by [`resolve_job_user`].
+    pub job_user: Option<String>,
+    /// `--allow-root-jobs`.
+    pub allow_root_jobs: bool,
+}
+
+/// Why the agent will not run jobs as the user it was told (or not told).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum JobUserError {
+    #[error("the agent runs as root and would run every job as root: pass --job-user USER (an unprivileged user jobs run as, e.g. one made with `useradd --system quotient-job`), or --allow-root-jobs to run them as root")]
+    RootWithoutChoice,
+    #[error("--job-user {0:?}: no such user on this host (getent passwd {0})")]
+    Unknown(String),
+    #[error("--job-user {0:?}: the agent runs as uid {1}, which cannot run jobs as another user; run it as root, or drop --job-user to run jobs as the agent's own user")]
+    NotPermitted(String, u32),
+}
+
+/// Who jobs run as: `--job-user` (looked up with `lookup`); without it the agent's own user,
+/// but root only with `--allow-root-jobs`. `agent_uid` is the agent's effective uid.
+pub fn resolve_job_user(
+    job_user: Option<&str>,
+    allow_root_jobs: bool,
+    agent_uid: u32,
+    lookup: impl Fn(&str) -> Option<crate::runtime::JobUser>,
+    current: impl Fn() -> crate::runtime::JobUser,
+) -> Result<crate::runtime::JobUser, JobUserError> {
+    match job_user {
+        Some(name) => {
+            let user = lookup(name).ok_or_else(|| JobUserError::Unknown(name.to_string()))?;
+            if agent_uid != 0 && user.uid != agent_uid {
+                return Err(JobUserError::NotPermitted(name.to_string(), agent_uid));
+            }
+            Ok(user)
+        }
+        None if agent_uid == 0 && !allow_root_jobs => Err(JobUserError::RootWithoutChoice),
+        None => Ok(current()),
+    }
 }
 
 /// What the agent keeps of its jobs' logs and checkpoint dirs ([`crate::disk`]).
@@ -333,6 +385,8 @@ impl RunFlags {
             simulated_gpus: self.simulated_gpus,
             cluster_id: self.cluster_id,
             disk,
+            job_user: self.job_user,
+            allow_root_jobs: self.allow_root_jobs,
         })
     }
 }
@@ -431,6 +485,82 @@ mod tests {
             flags.run.into_config(),
             Err(ConfigError::Name { .. })
         ));
+    }
+
+    /// Without a flag the runtime is auto; --job-user and --allow-root-jobs are kept.
+    #[test]
+    fn runtime_defaults_to_auto_and_job_user_flags_parse() {
+        let base = [
+            "quotient-agent",
+            "--name",
+            "node-1",
+            "--coordinators",
+            "x:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+        ];
+        let config = parse(&base).run.into_config().unwrap();
+        assert_eq!(config.runtime, RuntimeKind::Auto);
+        assert_eq!(config.job_user, None);
+        assert!(!config.allow_root_jobs);
+        let mut args = base.to_vec();
+        args.extend([
+            "--job-user",
+            "nobody",
+            "--allow-root-jobs",
+            "--runtime",
+            "process",
+        ]);
+        let config = parse(&args).run.into_config().unwrap();
+        assert_eq!(config.runtime, RuntimeKind::Process);
+        assert_eq!(config.job_user.as_deref(), Some("nobody"));
+        assert!(config.allow_root_jobs);
+    }
+
+    /// Root runs jobs as root only when told; a named user must exist, and only root may
+    /// switch to another user.
+    #[test]
+    fn the_job_user_is_never_root_by_accident() {
+        use crate::runtime::JobUser;
+        let user = |name: &str, uid: u32| JobUser {
+            name: name.to_string(),
+            uid,
+            gid: uid,
+        };
+        let lookup = |name: &str| (name == "trainer").then(|| user("trainer", 1500));
+        let as_root = || user("root", 0);
+        let as_alice = || user("alice", 1000);
+        assert_eq!(
+            resolve_job_user(None, false, 0, lookup, as_root),
+            Err(JobUserError::RootWithoutChoice)
+        );
+        assert!(JobUserError::RootWithoutChoice
+            .to_string()
+            .contains("--job-user USER"));
+        assert_eq!(
+            resolve_job_user(None, true, 0, lookup, as_root),
+            Ok(user("root", 0))
+        );
+        assert_eq!(
+            resolve_job_user(Some("trainer"), false, 0, lookup, as_root),
+            Ok(user("trainer", 1500))
+        );
+        assert_eq!(
+            resolve_job_user(Some("ghost"), false, 0, lookup, as_root),
+            Err(JobUserError::Unknown("ghost".into()))
+        );
+        assert_eq!(
+            resolve_job_user(None, false, 1000, lookup, as_alice),
+            Ok(user("alice", 1000))
+        );
+        assert_eq!(
+            resolve_job_user(Some("trainer"), false, 1000, lookup, as_alice),
+            Err(JobUserError::NotPermitted("trainer".into(), 1000))
+        );
     }
 
     /// Log caps and retentions parse with their units, and bad ones say what to write.

@@ -16,10 +16,11 @@
 //!   renaming the file (the job's descriptor keeps writing at its offset, so the start would
 //!   be lost, or the renamed file would grow on), copying the ends to a new file (the job
 //!   writes into the old one). On a filesystem that cannot punch holes (`EOPNOTSUPP`) logs
-//!   stay whole and the agent says so once. Docker keeps a container's log itself: see
-//!   [`crate::runtime::docker`].
+//!   stay whole and the agent says so once. A container's log is the same kind of file,
+//!   written by the agent's follower ([`crate::runtime::docker`]), and capped the same way.
 //! - **Retention** ([`DiskKeeper::sweep`], `--log-retention`, `--checkpoint-retention`). A
-//!   job's logs (`<state_dir>/logs/<job>-<attempt>.log`) and its checkpoint dir
+//!   job's logs (`<state_dir>/logs/<job>-<attempt>.log`) and its attempts' working dirs
+//!   (`<state_dir>/work/<job>-<attempt>`, kept as long as the logs), and its checkpoint dir
 //!   (`<checkpoint_root>/<job>`) are removed once this node last ran an attempt of the job
 //!   longer ago than the retention. When it last ran is the newest modification time of those
 //!   files: the job's writes move it, and the agent sets it to now when an attempt ends here,
@@ -53,7 +54,7 @@ use tokio::sync::watch;
 
 use crate::config::{DiskSettings, Retention};
 use crate::reconcile::Desired;
-use crate::runtime::{checkpoint_dir, log_path, LOGS_DIR};
+use crate::runtime::{checkpoint_dir, log_path, work_dir, LOGS_DIR, WORK_DIR};
 
 /// How often the logs of running attempts are checked against the cap (milliseconds).
 pub const LOG_CAP_INTERVAL_MS: u64 = 1_000;
@@ -265,6 +266,8 @@ pub struct Sweep {
 #[derive(Debug, Default)]
 struct JobFiles {
     logs: Vec<(PathBuf, u64)>,
+    /// The attempts' working dirs: removed with the logs.
+    work_dirs: Vec<PathBuf>,
     checkpoint_dir: Option<PathBuf>,
     /// The newest modification time among them.
     last_ran: Option<SystemTime>,
@@ -345,6 +348,7 @@ impl DiskKeeper {
         for (job, attempt) in &ended {
             for path in [
                 log_path(&self.state_dir, *job, *attempt),
+                work_dir(&self.state_dir, *job, *attempt),
                 checkpoint_dir(&self.checkpoint_root, *job),
             ] {
                 if let Err(error) = touch(&path) {
@@ -402,6 +406,29 @@ impl DiskKeeper {
             files.saw(metadata.modified().ok());
             files.logs.push((path, allocated_bytes(&metadata)));
         }
+        let work_root = self.state_dir.join(WORK_DIR);
+        for entry in read_dir_or_empty(&work_root).take(SWEEP_ENTRIES_MAX) {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if name.starts_with(REMOVING_PREFIX) {
+                remove_tree(&entry.path());
+                continue;
+            }
+            let Some((job, _)) = parse_log_name(&format!("{name}.log")) else {
+                continue;
+            };
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            if !metadata.is_dir() {
+                continue;
+            }
+            let files = jobs.entry(job).or_default();
+            files.saw(metadata.modified().ok());
+            files.work_dirs.push(entry.path());
+        }
         for entry in read_dir_or_empty(&self.checkpoint_root).take(SWEEP_ENTRIES_MAX) {
             let name = entry.file_name();
             let Some(name) = name.to_str() else {
@@ -432,16 +459,31 @@ impl DiskKeeper {
                 .last_ran
                 .and_then(|last| now.duration_since(last).ok())
                 .unwrap_or(Duration::ZERO);
-            let logs = expired(self.settings.log_retention, age) && !files.logs.is_empty();
+            let logs = expired(self.settings.log_retention, age)
+                && !(files.logs.is_empty() && files.work_dirs.is_empty());
             let checkpoint =
                 expired(self.settings.checkpoint_retention, age) && files.checkpoint_dir.is_some();
             if !logs && !checkpoint {
                 continue;
             }
+            let mut renamed_work_dirs = Vec::new();
             let renamed = {
                 let in_use = self.in_use();
                 if !in_use.desired_known || in_use.holds(job) {
                     continue;
+                }
+                for dir in files.work_dirs.iter().filter(|_| logs) {
+                    let Some(name) = dir.file_name().and_then(|name| name.to_str()) else {
+                        continue;
+                    };
+                    let renamed =
+                        work_root.join(format!("{REMOVING_PREFIX}{name}-{}", std::process::id()));
+                    match std::fs::rename(dir, &renamed) {
+                        Ok(()) => renamed_work_dirs.push(renamed),
+                        Err(error) => {
+                            tracing::warn!(%job, dir = %dir.display(), "cannot remove an old working dir: {error}")
+                        }
+                    }
                 }
                 if logs {
                     for (path, bytes) in &files.logs {
@@ -470,7 +512,7 @@ impl DiskKeeper {
                     None => None,
                 }
             };
-            if let Some(renamed) = renamed {
+            for renamed in renamed_work_dirs.into_iter().chain(renamed) {
                 let mut budget = MEASURE_ENTRIES_MAX;
                 sweep.freed_bytes += tree_bytes(&renamed, &mut budget).0;
                 remove_tree(&renamed);
@@ -481,10 +523,16 @@ impl DiskKeeper {
         sweep
     }
 
-    /// What the logs and checkpoint dirs take, and what the state dir's filesystem has left.
+    /// What the logs (with the working dirs) and checkpoint dirs take, and what the state dir's filesystem has left.
     pub fn measure(&self) -> DiskUsage {
         let mut budget = MEASURE_ENTRIES_MAX;
         let (logs_bytes, logs_whole) = tree_bytes(&self.state_dir.join(LOGS_DIR), &mut budget);
+        // The attempts' working dirs count with the logs they are kept with.
+        let (work_bytes, work_whole) = tree_bytes(&self.state_dir.join(WORK_DIR), &mut budget);
+        let (logs_bytes, logs_whole) = (
+            logs_bytes.saturating_add(work_bytes),
+            logs_whole && work_whole,
+        );
         let mut budget = MEASURE_ENTRIES_MAX;
         let (checkpoints_bytes, checkpoints_whole) = tree_bytes(&self.checkpoint_root, &mut budget);
         if !logs_whole || !checkpoints_whole {
@@ -699,17 +747,23 @@ mod tests {
             let checkpoint = checkpoint_dir(&checkpoints, JobId(job));
             std::fs::create_dir_all(&checkpoint).unwrap();
             std::fs::write(checkpoint.join("model.ckpt"), b"weights").unwrap();
+            let work = work_dir(&state, JobId(job), 1);
+            std::fs::create_dir_all(&work).unwrap();
+            std::fs::write(work.join("scratch"), b"scratch").unwrap();
             if job != 3 {
                 set_age(&log, old);
                 set_age(&checkpoint, old);
+                set_age(&work, old);
             }
         }
         let gone = |job: u64| {
             !log_path(&state, JobId(job), 1).exists()
+                && !work_dir(&state, JobId(job), 1).exists()
                 && !checkpoint_dir(&checkpoints, JobId(job)).exists()
         };
         let kept = |job: u64| {
             log_path(&state, JobId(job), 1).exists()
+                && work_dir(&state, JobId(job), 1).join("scratch").exists()
                 && checkpoint_dir(&checkpoints, JobId(job))
                     .join("model.ckpt")
                     .exists()
@@ -731,6 +785,17 @@ mod tests {
         assert!(sweep.freed_bytes > 0);
         assert!(gone(1) && gone(5));
         assert!(kept(2) && kept(3) && kept(4));
+        let leftovers: Vec<_> = std::fs::read_dir(state.join(WORK_DIR))
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(REMOVING_PREFIX)
+            })
+            .collect();
+        assert!(leftovers.is_empty(), "renamed work dirs are deleted");
 
         // j-4's attempt ends: its files count from now.
         keeper.set_in_use(Some(&desired(&[2])), std::iter::empty());

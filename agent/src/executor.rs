@@ -33,7 +33,7 @@ use crate::reconcile::{
     self, Action, Desired, DesiredAllocation, Input, Intent, LocalJob, LocalPhase,
 };
 use crate::runtime::{
-    checkpoint_dir, log_path, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError,
+    checkpoint_dir, log_path, work_dir, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError,
 };
 
 /// Tries to launch one attempt before the executor gives up on it and reports it.
@@ -409,6 +409,7 @@ impl<R: Runtime> Executor<R> {
                     gpu_indices,
                     gpu_uuids,
                     checkpoint_dir: checkpoint_dir(&self.checkpoint_root, job),
+                    work_dir: work_dir(&self.state_dir, job, attempt),
                     log_path: log_path(&self.state_dir, job, attempt),
                     checkpoint_signal: spec.checkpoint_signal,
                     grace_period_ms: spec.grace_period_ms,

@@ -7,14 +7,13 @@
 //!
 //! - **Who may ask**: only a peer whose certificate says `coordinator`, and only about this
 //!   node ([`AgentError::Unauthorized`] otherwise).
-//! - **What is read**: this agent's own attempts only. With the process runtime, the attempt's
-//!   log file under the state dir ([`runtime::log_path`], named by job id and attempt number,
-//!   so no request can name another file); with Docker, the attempt's container
-//!   (`quotient-<node>-<job>-<attempt>`), checked to carry this node's label, through the
-//!   daemon. The Docker runtime removes a container once its exit is reported, and its log
-//!   with it; such a read says so. A file log whose middle the agent dropped to keep it under
-//!   its cap ([`crate::disk`]) reads as its start, one line `[... N bytes dropped ...]` and its
-//!   newest part, never as the hole's zeros; offsets still count the file's bytes.
+//! - **What is read**: this agent's own attempts only: the attempt's log file under the state
+//!   dir ([`runtime::log_path`], named by job id and attempt number, so no request can name
+//!   another file). Both runtimes write it, a process job itself and a container's follower
+//!   ([`crate::runtime::docker`]), so a container's log is read the same way, live and after
+//!   the container is gone. A file log whose middle the agent dropped to keep it under its cap
+//!   ([`crate::disk`]) reads as its start, one line `[... N bytes dropped ...]` and its newest
+//!   part, never as the hole's zeros; offsets still count the file's bytes.
 //! - **Limits**: at most [`LOG_CHUNK_BYTES_MAX`] bytes per answer, requests read within
 //!   [`REQUEST_READ_DEADLINE_MS`], each read done within [`LOG_READ_DEADLINE_MS`] (under the
 //!   leader's [`quotient_common::agent_api::LEADER_REQUEST_TIMEOUT_MS`]), and at most
@@ -25,10 +24,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bollard::container::LogsOptions;
-use bollard::errors::Error as DockerError;
-use bollard::Docker;
-use futures_util::StreamExt;
 use quotient_common::agent_api::{AgentError, LeaderRequest, LeaderResponse, LOG_CHUNK_BYTES_MAX};
 use quotient_common::certs::Role;
 use quotient_common::transport::{
@@ -38,24 +33,21 @@ use quotient_common::JobId;
 use tokio::sync::Semaphore;
 
 use crate::disk;
-use crate::runtime::docker::LABEL_NODE;
 use crate::runtime::{self};
 use crate::session::Shared;
 
 /// Deadline for the leader to deliver its request once it opened the stream (milliseconds).
 pub const REQUEST_READ_DEADLINE_MS: u64 = 2_000;
-/// Deadline of one log read, file or Docker (milliseconds).
+/// Deadline of one log read (milliseconds).
 pub const LOG_READ_DEADLINE_MS: u64 = 4_000;
 /// Requests served at once on one connection; more are refused.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 16;
 
-/// Where this agent's job logs are: what its runtime writes.
+/// Where this agent's job logs are: one file per attempt under the state dir, whichever
+/// runtime ran it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogSource {
-    /// The process runtime: one file per attempt under the state dir.
     Files { state_dir: PathBuf },
-    /// The Docker runtime: the containers' logs, through the daemon.
-    Docker,
 }
 
 /// Serves the leader's requests on `connection` until it closes.
@@ -124,7 +116,7 @@ pub async fn answer(node: &str, source: &LogSource, request: LeaderRequest) -> L
                 )));
             }
             let max_bytes = max_bytes.min(LOG_CHUNK_BYTES_MAX);
-            let read = read_logs(node, source, job, attempt, offset, max_bytes);
+            let read = read_logs(source, job, attempt, offset, max_bytes);
             match tokio::time::timeout(Duration::from_millis(LOG_READ_DEADLINE_MS), read).await {
                 Ok(Ok(chunk)) => LeaderResponse::Logs {
                     data: chunk.data,
@@ -150,22 +142,17 @@ pub struct LogChunk {
 }
 
 async fn read_logs(
-    node: &str,
     source: &LogSource,
     job: JobId,
     attempt: u32,
     offset: u64,
     max_bytes: u32,
 ) -> Result<LogChunk, AgentError> {
-    match source {
-        LogSource::Files { state_dir } => {
-            let path = runtime::log_path(state_dir, job, attempt);
-            tokio::task::spawn_blocking(move || read_file_chunk(&path, offset, max_bytes))
-                .await
-                .map_err(|error| AgentError::Unavailable(format!("the log read failed: {error}")))?
-        }
-        LogSource::Docker => read_docker_chunk(node, job, attempt, offset, max_bytes).await,
-    }
+    let LogSource::Files { state_dir } = source;
+    let path = runtime::log_path(state_dir, job, attempt);
+    tokio::task::spawn_blocking(move || read_file_chunk(&path, offset, max_bytes))
+        .await
+        .map_err(|error| AgentError::Unavailable(format!("the log read failed: {error}")))?
 }
 
 /// Up to `max_bytes` of the file from `offset` on. A missing file is an empty log (the attempt
@@ -232,83 +219,6 @@ pub fn read_file_chunk(path: &Path, offset: u64, max_bytes: u32) -> Result<LogCh
         data,
         next_offset: position,
         end: position >= length,
-    })
-}
-
-fn docker_unavailable(error: DockerError) -> AgentError {
-    AgentError::Unavailable(format!("docker: {error}"))
-}
-
-/// Up to `max_bytes` of the container's stdout and stderr from byte `offset` on (Docker has
-/// no offsets: the bytes before it are read and skipped).
-async fn read_docker_chunk(
-    node: &str,
-    job: JobId,
-    attempt: u32,
-    offset: u64,
-    max_bytes: u32,
-) -> Result<LogChunk, AgentError> {
-    let docker = Docker::connect_with_local_defaults()
-        .map_err(docker_unavailable)?
-        .with_timeout(Duration::from_millis(LOG_READ_DEADLINE_MS));
-    let docker = docker
-        .negotiate_version()
-        .await
-        .map_err(docker_unavailable)?;
-    let name = format!("quotient-{node}-{job}-{attempt}");
-    let gone = || {
-        AgentError::NotFound(format!(
-            "no container for {job} attempt {attempt} on node {node:?}: the Docker runtime \
-             removes an attempt's container, and its log, once its exit is reported"
-        ))
-    };
-    let inspected = match docker.inspect_container(&name, None).await {
-        Ok(inspected) => inspected,
-        Err(DockerError::DockerResponseServerError {
-            status_code: 404, ..
-        }) => return Err(gone()),
-        Err(error) => return Err(docker_unavailable(error)),
-    };
-    let labelled_here = inspected
-        .config
-        .and_then(|config| config.labels)
-        .and_then(|labels| labels.get(LABEL_NODE).cloned())
-        .is_some_and(|label| label == node);
-    if !labelled_here {
-        return Err(gone());
-    }
-    let options = LogsOptions::<String> {
-        stdout: true,
-        stderr: true,
-        ..LogsOptions::default()
-    };
-    let mut stream = docker.logs(&name, Some(options));
-    let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-    let mut position: u64 = 0;
-    let mut data = Vec::new();
-    let mut end = true;
-    while let Some(chunk) = stream.next().await {
-        let bytes = chunk.map_err(docker_unavailable)?.into_bytes();
-        let chunk_start = position;
-        position += bytes.len() as u64;
-        if position <= offset {
-            continue;
-        }
-        let skip = usize::try_from(offset.saturating_sub(chunk_start)).unwrap_or(usize::MAX);
-        let room = limit - data.len();
-        let take = &bytes[skip.min(bytes.len())..];
-        if take.len() > room {
-            data.extend_from_slice(&take[..room]);
-            end = false;
-            break;
-        }
-        data.extend_from_slice(take);
-    }
-    let next_offset = offset + data.len() as u64;
-    Ok(LogChunk {
-        data,
-        next_offset,
-        end,
     })
 }
 

@@ -34,7 +34,7 @@ use quotient_common::tls::{TlsError, TlsFiles, TlsIdentity};
 use quotient_common::transport::Client;
 use tokio::sync::{watch, Notify};
 
-use crate::config::{AgentConfig, RuntimeKind, LEASE_MIN_MS};
+use crate::config::{resolve_job_user, AgentConfig, JobUserError, RuntimeKind, LEASE_MIN_MS};
 use crate::disk::DiskKeeper;
 use crate::executor::Executor;
 use crate::gpu::nvml::NvmlBackend;
@@ -44,9 +44,9 @@ use crate::journal::{Journal, JournalError};
 use crate::lease::{LeaseClock, LEASE_FILE};
 use crate::log_server::LogSource;
 use crate::reconcile::{Desired, LocalPhase};
-use crate::runtime::docker::DockerRuntime;
+use crate::runtime::host::{DockerSetup, HostRuntime};
 use crate::runtime::process::ProcessRuntime;
-use crate::runtime::{Runtime, RuntimeError};
+use crate::runtime::{lookup_user, JobUser, Runtime, RuntimeError};
 use crate::session::{LeaderSession, Shared};
 
 /// How often the executor loop steps without news: the delay in seeing an exit, in killing
@@ -86,6 +86,59 @@ pub enum RunError {
     OwnBinary(#[source] std::io::Error),
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterFileError),
+    #[error(transparent)]
+    JobUser(#[from] JobUserError),
+    #[error("jobs run as {user}, who cannot reach {} (mode {mode:o}): it holds their working dirs and checkpoints and the agent's lease file, which their watchdog reads; chmod o+x it (and the dirs above it), or choose another --state-dir", path.display())]
+    StateDirClosed {
+        path: PathBuf,
+        mode: u32,
+        user: String,
+    },
+    #[error("--runtime docker: {0}; start Docker, or run the agent with --runtime auto to run process jobs without it")]
+    DockerRequired(RuntimeError),
+}
+
+/// Who jobs run as, from the agent's flags: see [`resolve_job_user`].
+pub fn job_user(config: &AgentConfig) -> Result<JobUser, JobUserError> {
+    // SAFETY: geteuid cannot fail.
+    let agent_uid = unsafe { libc::geteuid() };
+    resolve_job_user(
+        config.job_user.as_deref(),
+        config.allow_root_jobs,
+        agent_uid,
+        lookup_user,
+        JobUser::current,
+    )
+}
+
+/// Checks that a job user other than the agent's can pass through the state dir and the
+/// dirs above it (they may be created by the agent, with its umask, or by an admin).
+fn check_state_dir_reachable(state_dir: &std::path::Path, user: &JobUser) -> Result<(), RunError> {
+    use std::os::unix::fs::MetadataExt;
+    if !user.differs_from_agent() {
+        return Ok(());
+    }
+    let absolute = std::fs::canonicalize(state_dir).map_err(|source| RunError::StateDir {
+        path: state_dir.to_path_buf(),
+        source,
+    })?;
+    for dir in absolute.ancestors() {
+        let Ok(metadata) = std::fs::metadata(dir) else {
+            continue;
+        };
+        let mode = metadata.mode();
+        let searchable = mode & 0o001 != 0
+            || (metadata.uid() == user.uid && mode & 0o100 != 0)
+            || (metadata.gid() == user.gid && mode & 0o010 != 0);
+        if !searchable {
+            return Err(RunError::StateDirClosed {
+                path: dir.to_path_buf(),
+                mode: mode & 0o7777,
+                user: user.name.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Loads the agent's certificate and checks that it names an agent called `name`.
@@ -115,11 +168,13 @@ pub fn load_identity(config: &AgentConfig) -> Result<TlsIdentity, RunError> {
 
 /// Runs the agent until `shutdown` completes; jobs are left running then.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let user = job_user(&config)?;
     let tls = load_identity(&config)?;
     std::fs::create_dir_all(&config.state_dir).map_err(|source| RunError::StateDir {
         path: config.state_dir.clone(),
         source,
     })?;
+    check_state_dir_reachable(&config.state_dir, &user)?;
     let backend: Arc<dyn GpuBackend> = match &config.simulated_gpus {
         Some(spec) => Arc::new(SimulatedBackend::new(
             &config.name,
@@ -129,31 +184,44 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         None => Arc::new(NvmlBackend::new()?),
     };
     let inventory = backend.inventory()?;
-    tracing::info!(node = %config.name, gpus = inventory.len(), simulated = backend.is_simulated(), runtime = ?config.runtime, "agent starting");
+    tracing::info!(node = %config.name, gpus = inventory.len(), simulated = backend.is_simulated(), runtime = ?config.runtime, job_user = %user.name, job_uid = user.uid, "agent starting");
+    if user.is_root() {
+        tracing::warn!("jobs run as root (--allow-root-jobs)");
+    }
     let gpu_uuids: BTreeMap<u32, String> = inventory
         .iter()
         .map(|gpu| (gpu.index, gpu.uuid.clone()))
         .collect();
-    match config.runtime {
-        RuntimeKind::Process => {
-            let runtime = ProcessRuntime::new(&config.state_dir)
-                .with_orphan_watchdog(&config.state_dir.join(LEASE_FILE));
-            drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
-        }
-        RuntimeKind::Docker => {
+    let lease_file = config.state_dir.join(LEASE_FILE);
+    let process = ProcessRuntime::new(&config.state_dir)
+        .with_orphan_watchdog(&lease_file)
+        .with_job_user(user.clone());
+    let docker = match config.runtime {
+        RuntimeKind::Process => None,
+        RuntimeKind::Auto | RuntimeKind::Docker => {
             let program = std::env::current_exe().map_err(RunError::OwnBinary)?;
-            let runtime = DockerRuntime::connect(&config.name, !backend.is_simulated())
-                .await?
-                .with_log_cap(config.disk.log_max_bytes)
-                .await
-                .with_orphan_watchdog(
-                    &program,
-                    &config.state_dir.join(LEASE_FILE),
-                    &config.state_dir,
-                );
-            drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
+            Some(DockerSetup {
+                node: config.name.clone(),
+                state_dir: config.state_dir.clone(),
+                gpu_device_requests: !backend.is_simulated(),
+                log_max_bytes: Some(config.disk.log_max_bytes),
+                watchdog: Some((program, lease_file)),
+                user,
+            })
         }
+    };
+    let runtime = HostRuntime::new(&config.name, process, docker);
+    match (config.runtime, runtime.docker().await) {
+        (RuntimeKind::Process, _) => {
+            tracing::info!("process jobs only (--runtime process): jobs with an image fail to launch here")
+        }
+        (_, Ok(_)) => tracing::info!("process jobs, and container jobs through Docker"),
+        (RuntimeKind::Docker, Err(error)) => return Err(RunError::DockerRequired(error)),
+        (_, Err(error)) => tracing::warn!(
+            "process jobs only for now: {error}; container jobs fail to launch here until Docker answers"
+        ),
     }
+    drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
 }
 
 async fn drive<R: Runtime + 'static>(
@@ -238,13 +306,10 @@ async fn drive<R: Runtime + 'static>(
     Ok(())
 }
 
-/// Where the configured runtime leaves job logs.
+/// Where the runtimes leave job logs: the same files for both.
 fn log_source(config: &AgentConfig) -> LogSource {
-    match config.runtime {
-        RuntimeKind::Process => LogSource::Files {
-            state_dir: config.state_dir.clone(),
-        },
-        RuntimeKind::Docker => LogSource::Docker,
+    LogSource::Files {
+        state_dir: config.state_dir.clone(),
     }
 }
 

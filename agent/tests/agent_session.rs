@@ -141,6 +141,8 @@ impl Agent {
                 &lease_ms.to_string(),
             ])
             .args(&node.agent_args)
+            // The tests run as root in CI: jobs may run as root there (see --job-user).
+            .args(running_as_root().then_some("--allow-root-jobs"))
             .env_remove("QUOTIENT_SIMULATED_GPUS")
             .env_remove("QUOTIENT_COORDINATORS")
             .env("RUST_LOG", "info,quotient_agent=debug")

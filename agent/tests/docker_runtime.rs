@@ -34,10 +34,14 @@ while :; do sleep 0.05; done"#;
 const IGNORING_JOB: &str = r#"echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
 while :; do sleep 0.05; done"#;
 
-/// A runtime for a node name unique to this test, or `None` (skip) outside CI.
-async fn runtime_for(test: &str) -> Option<(DockerRuntime, String, RemoveContainers)> {
+/// A runtime for a node name unique to this test, with its state dir, or `None` (skip)
+/// outside CI.
+async fn runtime_for(
+    test: &str,
+) -> Option<(DockerRuntime, String, RemoveContainers, tempfile::TempDir)> {
     let node = format!("dt-{}-{test}", std::process::id());
-    let runtime = match DockerRuntime::connect(&node, false).await {
+    let state = tempfile::tempdir().unwrap();
+    let runtime = match DockerRuntime::connect(&node, state.path(), false).await {
         Ok(runtime) => runtime,
         Err(error) => {
             unavailable(format!("the Docker daemon is not reachable: {error}"));
@@ -49,7 +53,7 @@ async fn runtime_for(test: &str) -> Option<(DockerRuntime, String, RemoveContain
         return None;
     }
     let cleanup = RemoveContainers(vec![format!("label={LABEL_NODE}={node}")]);
-    Some((runtime, node, cleanup))
+    Some((runtime, node, cleanup, state))
 }
 
 async fn wait_ready(dir: &std::path::Path) {
@@ -69,10 +73,9 @@ fn gpu_uuids() -> BTreeMap<u32, String> {
 /// the checkpoint dir at the same path, its labels, and its logs can be read.
 #[tokio::test]
 async fn docker_job_gets_its_environment_and_gpus() {
-    let Some((runtime, node, _cleanup)) = runtime_for("env").await else {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("env").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         11,
@@ -117,12 +120,11 @@ async fn docker_job_gets_its_environment_and_gpus() {
 /// output, through the daemon's rotation (without the cap Docker keeps all of it).
 #[tokio::test]
 async fn docker_log_is_capped_by_the_daemons_rotation() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("logcap").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("logcap").await else {
         return;
     };
     let cap: u64 = 256 * 1024;
     let runtime = runtime.with_log_cap(cap).await;
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         31,
@@ -156,10 +158,9 @@ async fn docker_log_is_capped_by_the_daemons_rotation() {
 /// The checkpoint signal reaches the container's job, which checkpoints and exits.
 #[tokio::test]
 async fn docker_checkpoint_signal_reaches_the_job() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("signal").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("signal").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(state.path(), 12, 1, Some(IMAGE), shell(TRAPPING_JOB));
     let handle = runtime.start(&spec).await.unwrap();
     wait_ready(&spec.checkpoint_dir).await;
@@ -174,10 +175,9 @@ async fn docker_checkpoint_signal_reaches_the_job() {
 /// Preemption of a container job that traps its signal: reported as after-signal.
 #[tokio::test]
 async fn docker_preempted_job_that_traps_the_signal_is_reported_after_signal() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("trap").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("trap").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
     let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
     let reports = executor
@@ -204,10 +204,9 @@ async fn docker_preempted_job_that_traps_the_signal_is_reported_after_signal() {
 /// A container job that ignores its checkpoint signal is killed when its grace period ends.
 #[tokio::test]
 async fn docker_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("ignore").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("ignore").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
     let spec = job_spec(Some(IMAGE), shell(IGNORING_JOB));
     executor
@@ -237,10 +236,9 @@ async fn docker_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
 /// Container exit codes are reported as they are: 0 and non-zero.
 #[tokio::test]
 async fn docker_exit_codes_are_reported() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("codes").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("codes").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
     let ok = job_spec(Some(IMAGE), shell("exit 0"));
     let failing = job_spec(Some(IMAGE), shell("echo failing >&2; exit 3"));
@@ -266,10 +264,9 @@ async fn docker_exit_codes_are_reported() {
 /// (another host may have the image), and nothing is pulled.
 #[tokio::test]
 async fn docker_missing_image_fails_the_launch_without_pulling() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("noimage").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("noimage").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         13,
@@ -284,17 +281,20 @@ async fn docker_missing_image_fails_the_launch_without_pulling() {
     );
     assert_eq!(error.launch_fault(), LaunchFault::Node);
     let text = error.to_string();
-    assert!(text.contains("never pulls"), "{text}");
+    assert!(
+        text.contains("image quotient-test-absent:never is not present on node dt-")
+            && text.contains("images are never pulled"),
+        "{text}"
+    );
 }
 
 /// A command the image cannot execute is refused by the daemon when the container starts:
 /// the job's fault, with the daemon's words, and no container is left behind.
 #[tokio::test]
 async fn docker_command_the_image_cannot_execute_is_the_jobs_fault() {
-    let Some((runtime, _node, _cleanup)) = runtime_for("nocommand").await else {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("nocommand").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = launch(
         state.path(),
         14,
@@ -320,10 +320,9 @@ async fn docker_command_the_image_cannot_execute_is_the_jobs_fault() {
 /// instead of starting it again; containers of another node or with no labels are untouched.
 #[tokio::test]
 async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
-    let Some((first, node, mut cleanup)) = runtime_for("adopt").await else {
+    let Some((first, node, mut cleanup, state)) = runtime_for("adopt").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
     let run = desired_one(1, 41, 1, &spec, Intent::Run);
     let container = {
@@ -337,8 +336,10 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
     // Another node's container (same labels, other node) and an unlabelled one.
     let other_node = format!("{node}-other");
     cleanup.0.push(format!("label={LABEL_NODE}={other_node}"));
-    let other = DockerRuntime::connect(&other_node, false).await.unwrap();
     let other_state = tempfile::tempdir().unwrap();
+    let other = DockerRuntime::connect(&other_node, other_state.path(), false)
+        .await
+        .unwrap();
     let other_handle = other
         .start(&launch(
             other_state.path(),
@@ -365,7 +366,9 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
     assert!(unlabelled.status.success(), "{unlabelled:?}");
     cleanup.0.push(format!("name={unlabelled_name}"));
 
-    let runtime = DockerRuntime::connect(&node, false).await.unwrap();
+    let runtime = DockerRuntime::connect(&node, state.path(), false)
+        .await
+        .unwrap();
     let found = runtime.list_own().await.unwrap();
     assert_eq!(found.len(), 1, "only this node's container: {found:?}");
     assert_eq!(found[0].handle.id, container);
@@ -413,10 +416,9 @@ async fn docker_restarted_runtime_readopts_by_label_and_leaves_others_alone() {
 /// do leaves no files behind.
 #[tokio::test]
 async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() {
-    let Some((runtime, node, _cleanup)) = runtime_for("watchdog").await else {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("watchdog").await else {
         return;
     };
-    let state = tempfile::tempdir().unwrap();
     let lease_file = state.path().join(LEASE_FILE);
     let now_ms = boot_time_ms().expect("the boot clock");
     std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
@@ -446,7 +448,7 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     wait_ready(&trapping.checkpoint_dir).await;
     wait_ready(&ignoring.checkpoint_dir).await;
     // Adopting both again starts no second watchdog that acts: it finds the lock taken.
-    let adopting = DockerRuntime::connect(&node, false)
+    let adopting = DockerRuntime::connect(&node, state.path(), false)
         .await
         .unwrap()
         .with_orphan_watchdog(agent, &lease_file, state.path());
@@ -482,4 +484,212 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     assert!(log.contains("grace period over"), "{log}");
     let signals = log.matches("stopping the container").count();
     assert_eq!(signals, 1, "one watchdog acted, not two:\n{log}");
+}
+
+/// The lines a container job prints (`line 0` to `line N-1` on stdout, then a traceback on
+/// stderr) before it exits 3.
+fn printing_job(lines: u32, pause_every: u32) -> Vec<String> {
+    shell(&format!(
+        r#"i=0; while [ $i -lt {lines} ]; do echo "line $i"; i=$((i+1)); if [ $((i % {pause_every})) = 0 ]; then sleep 0.05; fi; done; echo "Traceback: boom" >&2; exit 3"#
+    ))
+}
+
+/// The lines `printing_job` prints, sorted (stdout and stderr may interleave either way).
+fn printed_lines(lines: u32) -> Vec<String> {
+    let mut expected: Vec<String> = (0..lines).map(|i| format!("line {i}")).collect();
+    expected.push("Traceback: boom".into());
+    expected.sort();
+    expected
+}
+
+fn sorted_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+/// Reads the attempt's log whole through the log server, chunk by chunk, as the leader does.
+async fn read_through_the_log_server(state: &std::path::Path, node: &str, job: u64) -> String {
+    use quotient_agent::log_server::{answer, LogSource};
+    use quotient_common::agent_api::{LeaderRequest, LeaderResponse};
+    let source = LogSource::Files {
+        state_dir: state.to_path_buf(),
+    };
+    let (mut text, mut offset) = (Vec::new(), 0);
+    loop {
+        let request = LeaderRequest::ReadLogs {
+            node: node.to_string(),
+            job: JobId(job),
+            attempt: 1,
+            offset,
+            max_bytes: 1_000,
+        };
+        match answer(node, &source, request).await {
+            LeaderResponse::Logs {
+                data,
+                next_offset,
+                end,
+            } => {
+                text.extend_from_slice(&data);
+                offset = next_offset;
+                if end {
+                    return String::from_utf8(text).unwrap();
+                }
+            }
+            other => panic!("the log read failed: {other:?}"),
+        }
+    }
+}
+
+/// A container that prints lines and fails keeps its whole output on the agent: in the
+/// attempt's log file by the time its exit is reported, after its container is removed, and
+/// for a runtime made again (an agent restart).
+#[tokio::test]
+async fn docker_log_is_kept_whole_after_the_container_is_removed() {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("keeplog").await else {
+        return;
+    };
+    let mut executor = Executor::new(runtime, &node, state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), printing_job(20_000, 100_000));
+    let run = desired_one(1, 71, 1, &spec, Intent::Run);
+    let reports = step_until(&mut executor, &run, "the failed exit", is_exit).await;
+    assert!(events_of(&reports, 71, 1).contains(&JobEvent::Exited { code: 3 }));
+    // Read at once: the last lines are there before the exit is reported.
+    let log = std::fs::read_to_string(state.path().join("logs/j-71-1.log")).unwrap();
+    assert_eq!(sorted_lines(&log), printed_lines(20_000), "{log}");
+
+    // The exit is reported, so the container is removed; the log stays.
+    executor.step(&run).await;
+    assert!(executor.runtime().list_own().await.unwrap().is_empty());
+    let inspect = Command::new("docker")
+        .args(["inspect", &format!("quotient-{node}-j-71-1")])
+        .output()
+        .unwrap();
+    assert!(!inspect.status.success(), "the container is gone");
+    let served = read_through_the_log_server(state.path(), &node, 71).await;
+    assert_eq!(served, log);
+
+    drop(executor);
+    let restarted = DockerRuntime::connect(&node, state.path(), false)
+        .await
+        .unwrap();
+    let handle = quotient_agent::runtime::JobHandle {
+        job: JobId(71),
+        attempt: 1,
+        id: "0".repeat(64),
+    };
+    assert_eq!(restarted.logs(&handle).await.unwrap(), log);
+}
+
+/// `--follow` as the leader serves it (chunks from the last offset until the attempt has
+/// ended and the chunk reaches the end of the log) gets every line of a container job that
+/// prints while it runs, then ends cleanly.
+#[tokio::test]
+async fn docker_log_follow_ends_cleanly_with_every_line() {
+    use quotient_agent::log_server::{answer, LogSource};
+    use quotient_common::agent_api::{LeaderRequest, LeaderResponse};
+    let Some((runtime, node, _cleanup, state)) = runtime_for("follow").await else {
+        return;
+    };
+    let mut executor = Executor::new(runtime, &node, state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), printing_job(200, 10));
+    let run = desired_one(1, 72, 1, &spec, Intent::Run);
+    let source = LogSource::Files {
+        state_dir: state.path().to_path_buf(),
+    };
+    let deadline = Instant::now() + WAIT_DEADLINE;
+    let (mut followed, mut offset, mut ended, mut reads_while_running) = (Vec::new(), 0, false, 0);
+    loop {
+        let reports = executor.step(&run).await;
+        ended |= reports.iter().any(is_exit);
+        let request = LeaderRequest::ReadLogs {
+            node: node.clone(),
+            job: JobId(72),
+            attempt: 1,
+            offset,
+            max_bytes: 4_096,
+        };
+        let end = match answer(&node, &source, request).await {
+            LeaderResponse::Logs {
+                data,
+                next_offset,
+                end,
+            } => {
+                if !ended && !data.is_empty() {
+                    reads_while_running += 1;
+                }
+                followed.extend_from_slice(&data);
+                offset = next_offset;
+                end
+            }
+            other => panic!("follow failed: {other:?}"),
+        };
+        if ended && end {
+            break;
+        }
+        assert!(Instant::now() < deadline, "follow did not end");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    let followed = String::from_utf8(followed).unwrap();
+    assert_eq!(sorted_lines(&followed), printed_lines(200), "{followed}");
+    assert!(
+        reads_while_running > 1,
+        "the log is served live, not only once the container has exited"
+    );
+}
+
+/// A runtime made again while a container prints (an agent restart) follows on from where
+/// the last one stopped: every line is in the log once.
+#[tokio::test]
+async fn docker_log_follows_on_after_a_restart_without_repeating_lines() {
+    let Some((runtime, node, _cleanup, state)) = runtime_for("relog").await else {
+        return;
+    };
+    let spec = launch(state.path(), 73, 1, Some(IMAGE), printing_job(150, 5));
+    let handle = runtime.start(&spec).await.unwrap();
+    wait_for("the first lines in the log", || {
+        let text = std::fs::read_to_string(&spec.log_path).unwrap_or_default();
+        async move { text.contains("line 10\n").then_some(()) }
+    })
+    .await;
+    drop(runtime);
+    let restarted = DockerRuntime::connect(&node, state.path(), false)
+        .await
+        .unwrap();
+    assert_eq!(restarted.list_own().await.unwrap().len(), 1);
+    assert_eq!(
+        restarted.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(3))
+    );
+    let log = std::fs::read_to_string(&spec.log_path).unwrap();
+    assert_eq!(sorted_lines(&log), printed_lines(150), "{log}");
+}
+
+/// A container runs as the job user (`--user uid:gid`), never root, and can write its
+/// checkpoint dir; its environment is the job's and Quotient's, not the agent's.
+#[tokio::test]
+async fn docker_job_runs_as_the_job_user() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("user").await else {
+        return;
+    };
+    let nobody = quotient_agent::runtime::lookup_user("nobody").expect("nobody exists");
+    let runtime = runtime.with_job_user(nobody.clone());
+    std::env::set_var("QUOTIENT_TEST_AGENT_ONLY_DOCKER", "the agent's own");
+    let spec = launch(
+        state.path(),
+        74,
+        1,
+        Some(IMAGE),
+        shell(r#"id -u > "$QUOTIENT_CHECKPOINT_DIR/uid"; env > "$QUOTIENT_CHECKPOINT_DIR/env""#),
+    );
+    let handle = runtime.start(&spec).await.unwrap();
+    assert_eq!(
+        runtime.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(0))
+    );
+    let uid = std::fs::read_to_string(spec.checkpoint_dir.join("uid")).unwrap();
+    assert_eq!(uid.trim(), nobody.uid.to_string());
+    let env = std::fs::read_to_string(spec.checkpoint_dir.join("env")).unwrap();
+    assert!(!env.contains("QUOTIENT_TEST_AGENT_ONLY_DOCKER"), "{env}");
+    assert!(env.lines().any(|line| line == "TRAIN_EPOCHS=3"), "{env}");
 }

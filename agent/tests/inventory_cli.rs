@@ -101,6 +101,8 @@ fn running_the_agent_checks_its_flags_and_certificate_files() {
         "node-1.pem",
         "--key",
         "node-1-key.pem",
+        // As root (CI) the agent would otherwise refuse first, for want of a job user.
+        "--allow-root-jobs",
     ]);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);

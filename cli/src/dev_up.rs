@@ -368,6 +368,8 @@ fn start_agent(
         .arg(dir.join(CHECKPOINTS_DIR))
         .arg("--runtime")
         .arg("process")
+        // A dev cluster runs jobs as whoever runs it, root included (a no-op for anyone else).
+        .arg("--allow-root-jobs")
         .arg("--simulated-gpus")
         .arg(gpus)
         .arg("--lease-ms")

@@ -18,15 +18,27 @@
 //! ignores signals it has no handler for, so a job that does not trap its checkpoint signal is
 //! killed when the grace period ends, exactly as a process job that ignores it.
 //!
-//! # The log cap
-//! Docker keeps a container's log itself, outside the agent's state dir, and removes it with
-//! the container once the exit is reported. With [`DockerRuntime::with_log_cap`] (the agent
-//! sets it from `--log-max-bytes`) a running container's log is bounded too, by Docker's own
-//! rotation: when the daemon's logging driver is `json-file` or `local`, each container gets
-//! that driver with `max-size` half the cap and `max-file` 2, so it keeps the newest half to
-//! whole cap of its output (the start of a long log is lost, unlike a process job's; a
-//! `--follow` across a rotation skips what was rotated away). With any other driver the
-//! agent leaves logging to it and says so at start.
+//! # Logs
+//! A container's output is kept in the same per-attempt file as a process job's
+//! ([`super::log_path`], `<state_dir>/logs/<job>-<attempt>.log`), so that it is served, capped
+//! and kept exactly the same way, live and after the exit, after the container is removed and
+//! after an agent restart. From the container's start a follower task streams its stdout and
+//! stderr from the daemon (`logs` with `follow` and `timestamps`) and appends each message to
+//! the file, without its timestamp. The timestamp of the last message written is kept in
+//! `<state_dir>/containers/<job>-<attempt>.since` (under an exclusive `flock`, so that only
+//! one follower writes a file), so that a follower started again (by a restarted agent, or
+//! after the daemon's stream broke) asks only for what came later and writes no line twice.
+//! [`DockerRuntime::status`] reports a container as exited only once its follower has written
+//! everything (at most [`LOG_DRAIN_MAX_MS`] after the exit; it says so past that), so that the
+//! log is whole when the exit is reported; a container that exited while the agent was down
+//! is drained by [`DockerRuntime::list_own`] before it is returned.
+//!
+//! Docker keeps its own copy of the log as well, in its own dir. With
+//! [`DockerRuntime::with_log_cap`] (the agent sets it from `--log-max-bytes`) that copy is
+//! bounded by Docker's own rotation: when the daemon's logging driver is `json-file` or
+//! `local`, each container gets that driver with `max-size` half the cap and `max-file` 2.
+//! With any other driver the agent leaves the daemon's copy to it and says so at start; a
+//! driver that cannot be read back (`none`, `syslog`...) leaves the agent's file empty.
 //!
 //! # The orphan watchdog
 //! A container outlives its agent on purpose (a restarted agent re-adopts it by label), but
@@ -56,6 +68,7 @@ use bollard::container::{
     RemoveContainerOptions, StartContainerOptions,
 };
 use bollard::errors::Error as DockerError;
+use bollard::image::ListImagesOptions;
 use bollard::models::{ContainerStateStatusEnum, DeviceRequest, HostConfig, HostConfigLogConfig};
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -63,8 +76,8 @@ use quotient_common::{JobId, Signal};
 
 use super::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use super::{
-    job_environment, FoundJob, GpuNumbering, JobHandle, JobStatus, LaunchSpec, Runtime,
-    RuntimeError, LOG_READ_BYTES_MAX,
+    create_checkpoint_dir, job_environment, log_path, read_log_tail, FoundJob, GpuNumbering,
+    JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError,
 };
 use crate::lease::{boot_time_ms, read_lease_file};
 
@@ -72,8 +85,18 @@ use crate::lease::{boot_time_ms, read_lease_file};
 pub const DOCKER_CALL_TIMEOUT_S: u64 = 30;
 /// Containers read by one `list_own`.
 pub const CONTAINERS_LISTED_MAX: usize = 4_096;
-/// Log lines read back by `logs`.
-pub const LOG_LINES_MAX: usize = 10_000;
+/// How long after a container's exit [`DockerRuntime::status`] waits for its follower to
+/// write the last of its output before it reports the exit anyway (milliseconds).
+pub const LOG_DRAIN_MAX_MS: u64 = 10_000;
+/// How long a follower waits before it asks the daemon again after the log stream of a
+/// running container broke (milliseconds).
+pub const LOG_FOLLOW_RETRY_MS: u64 = 200;
+/// The folder under the state dir with each attempt's `.since` file (see the module docs).
+pub const CONTAINERS_DIR: &str = "containers";
+/// The most image tags [`local_images`] returns.
+pub const IMAGES_LISTED_MAX: usize = 512;
+/// The longest image tag [`local_images`] returns; longer ones are left out.
+pub const IMAGE_TAG_BYTES_MAX: usize = 512;
 
 pub const LABEL_JOB: &str = "quotient.job";
 pub const LABEL_ATTEMPT: &str = "quotient.attempt";
@@ -102,6 +125,19 @@ pub struct DockerRuntime {
     watched: Mutex<BTreeSet<String>>,
     /// The logging setup of every container, when the log is capped.
     log_config: Option<HostConfigLogConfig>,
+    /// The agent's state dir: the attempts' log files and `.since` files.
+    state_dir: PathBuf,
+    /// Who containers run as.
+    user: JobUser,
+    /// The log follower of each container this runtime follows, by container id.
+    followers: Mutex<HashMap<String, Follower>>,
+}
+
+/// A container's log follower.
+struct Follower {
+    task: tokio::task::JoinHandle<()>,
+    /// When [`DockerRuntime::status`] first saw the container exited with the follower busy.
+    exit_seen: Option<Instant>,
 }
 
 /// How the agent starts a container's watchdog.
@@ -133,9 +169,11 @@ pub async fn connect_docker() -> Result<Docker, RuntimeError> {
 }
 
 impl DockerRuntime {
-    /// A runtime for node `node` on the local daemon ([`connect_docker`]).
+    /// A runtime for node `node` on the local daemon ([`connect_docker`]), keeping the
+    /// containers' logs under `state_dir` and running them as the agent's own user.
     pub async fn connect(
         node: &str,
+        state_dir: &Path,
         gpu_device_requests: bool,
     ) -> Result<DockerRuntime, RuntimeError> {
         Ok(DockerRuntime {
@@ -145,7 +183,76 @@ impl DockerRuntime {
             watchdog: None,
             watched: Mutex::new(BTreeSet::new()),
             log_config: None,
+            state_dir: state_dir.to_path_buf(),
+            user: JobUser::current(),
+            followers: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Containers run as `user` (`--user uid:gid`), or as their image's own user when that is
+    /// root (the agent allows root jobs).
+    pub fn with_job_user(mut self, user: JobUser) -> DockerRuntime {
+        self.user = user;
+        self
+    }
+
+    /// The daemon this runtime talks to.
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    fn since_file(&self, job: JobId, attempt: u32) -> PathBuf {
+        self.state_dir
+            .join(CONTAINERS_DIR)
+            .join(format!("{job}-{attempt}.since"))
+    }
+
+    /// Starts following container `id`'s log into the attempt's file, unless it is followed.
+    fn follow(&self, id: &str, job: JobId, attempt: u32) {
+        let mut followers = self
+            .followers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if followers
+            .get(id)
+            .is_some_and(|follower| !follower.task.is_finished())
+        {
+            return;
+        }
+        let task = tokio::spawn(follow_logs(
+            self.docker.clone(),
+            id.to_string(),
+            log_path(&self.state_dir, job, attempt),
+            self.since_file(job, attempt),
+        ));
+        followers.insert(
+            id.to_string(),
+            Follower {
+                task,
+                exit_seen: None,
+            },
+        );
+    }
+
+    /// Whether the exit of container `id` may be reported: its follower (if any) has written
+    /// all of its output, or has had [`LOG_DRAIN_MAX_MS`] to.
+    fn drained(&self, id: &str) -> bool {
+        let mut followers = self
+            .followers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(follower) = followers.get_mut(id) else {
+            return true;
+        };
+        if follower.task.is_finished() {
+            return true;
+        }
+        let seen = *follower.exit_seen.get_or_insert_with(Instant::now);
+        if seen.elapsed() < Duration::from_millis(LOG_DRAIN_MAX_MS) {
+            return false;
+        }
+        tracing::warn!(container = %id, "the container's log was not all written within {LOG_DRAIN_MAX_MS} ms of its exit; reporting the exit anyway (the follower goes on)");
+        true
     }
 
     /// Bounds each container's log to about `max_bytes` through the daemon's own rotation,
@@ -273,6 +380,21 @@ impl DockerRuntime {
     }
 }
 
+impl Drop for DockerRuntime {
+    /// The followers end with their runtime, as they would with the agent's process; a runtime
+    /// made again ([`DockerRuntime::list_own`]) follows on from where they stopped.
+    fn drop(&mut self) {
+        for follower in self
+            .followers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            follower.task.abort();
+        }
+    }
+}
+
 impl Runtime for DockerRuntime {
     async fn start(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
         let invalid = |problem: String| RuntimeError::InvalidLaunch {
@@ -285,8 +407,7 @@ impl Runtime for DockerRuntime {
                 "the Docker runtime needs an image (submit with --image)".to_string(),
             ));
         };
-        std::fs::create_dir_all(&spec.checkpoint_dir)
-            .map_err(|error| RuntimeError::io("create", &spec.checkpoint_dir, error))?;
+        create_checkpoint_dir(&spec.checkpoint_dir, &self.user)?;
         let checkpoint_dir = spec.checkpoint_dir.display().to_string();
         let env: Vec<String> = job_environment(spec, GpuNumbering::ContainerLocal)
             .into_iter()
@@ -304,6 +425,7 @@ impl Runtime for DockerRuntime {
             image: Some(image.clone()),
             cmd: (!spec.payload.command.is_empty()).then(|| spec.payload.command.clone()),
             env: Some(env),
+            user: (!self.user.is_root()).then(|| format!("{}:{}", self.user.uid, self.user.gid)),
             labels: Some(self.labels(spec)),
             host_config: Some(HostConfig {
                 binds: Some(vec![format!("{checkpoint_dir}:{checkpoint_dir}")]),
@@ -336,6 +458,7 @@ impl Runtime for DockerRuntime {
                     message,
                 } => RuntimeError::ImageMissing {
                     image: image.clone(),
+                    node: self.node.clone(),
                     detail: message,
                 },
                 // A bad parameter: the container spec itself is refused, on any host.
@@ -347,6 +470,27 @@ impl Runtime for DockerRuntime {
                 )),
                 other => docker_error("create container", other),
             })?;
+        // The attempt's log starts empty, whatever an earlier try left.
+        for dir in [
+            spec.log_path.parent().map(Path::to_path_buf),
+            self.since_file(spec.job, spec.attempt)
+                .parent()
+                .map(Path::to_path_buf),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            std::fs::create_dir_all(&dir)
+                .map_err(|error| RuntimeError::io("create", &dir, error))?;
+        }
+        let since_file = self.since_file(spec.job, spec.attempt);
+        match std::fs::remove_file(&since_file) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(RuntimeError::io("remove", &since_file, error)),
+        }
+        std::fs::File::create(&spec.log_path)
+            .map_err(|error| RuntimeError::io("create log", &spec.log_path, error))?;
         if let Err(error) = self
             .docker
             .start_container(&created.id, None::<StartContainerOptions<String>>)
@@ -376,6 +520,7 @@ impl Runtime for DockerRuntime {
             });
         }
         tracing::info!(job = %spec.job, attempt = spec.attempt, container = %name, "started container job");
+        self.follow(&created.id, spec.job, spec.attempt);
         self.watch(&created.id, spec.checkpoint_signal, spec.grace_period_ms);
         Ok(JobHandle {
             job: spec.job,
@@ -401,7 +546,7 @@ impl Runtime for DockerRuntime {
             Err(error) => return Err(docker_error("inspect container", error)),
         };
         let state = inspected.state.unwrap_or_default();
-        if state.running == Some(true) {
+        if state.running == Some(true) || !self.drained(&handle.id) {
             return Ok(JobStatus::Running);
         }
         let code = match state.status {
@@ -444,6 +589,30 @@ impl Runtime for DockerRuntime {
                 continue;
             }
             let handle = JobHandle { job, attempt, id };
+            let running = container_running(&self.docker, &handle.id).await == Some(true);
+            if running {
+                self.follow(&handle.id, job, attempt);
+            } else if !self
+                .followers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&handle.id)
+            {
+                // Exited while no agent followed it: write the rest of its output now, so that
+                // the log is whole when the exit is reported.
+                let drain = follow_logs(
+                    self.docker.clone(),
+                    handle.id.clone(),
+                    log_path(&self.state_dir, job, attempt),
+                    self.since_file(job, attempt),
+                );
+                if tokio::time::timeout(Duration::from_millis(LOG_DRAIN_MAX_MS), drain)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(container = %handle.id, "could not write the exited container's log within {LOG_DRAIN_MAX_MS} ms");
+                }
+            }
             let status = self.status(&handle).await?;
             let checkpoint_signal = labels
                 .get(LABEL_CHECKPOINT_SIGNAL)
@@ -487,34 +656,211 @@ impl Runtime for DockerRuntime {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .remove(&handle.id);
-                Ok(())
+                if let Some(follower) = self
+                    .followers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&handle.id)
+                {
+                    follower.task.abort();
+                }
+                // The log stays; only the follower's bookmark goes.
+                let since_file = self.since_file(handle.job, handle.attempt);
+                match std::fs::remove_file(&since_file) {
+                    Ok(()) => Ok(()),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(error) => Err(RuntimeError::io("remove", &since_file, error)),
+                }
             }
             Err(error) => Err(docker_error("remove container", error)),
         }
     }
 
     async fn logs(&self, handle: &JobHandle) -> Result<String, RuntimeError> {
-        let options = LogsOptions {
+        read_log_tail(&log_path(&self.state_dir, handle.job, handle.attempt))
+    }
+}
+
+/// When the daemon stamped one log message: whole seconds since the epoch and nanoseconds.
+/// Ordered, so that a follower skips what it wrote already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LogStamp {
+    pub seconds: i64,
+    pub nanos: u32,
+}
+
+impl LogStamp {
+    /// Parses the daemon's stamp, RFC 3339 in UTC with up to nine fraction digits
+    /// (`2024-05-01T12:00:00.123456789Z`).
+    pub fn parse(text: &str) -> Option<LogStamp> {
+        let text = text.strip_suffix('Z')?;
+        let (date, time) = text.split_once('T')?;
+        let mut date = date.splitn(3, '-').map(|part| part.parse::<i64>().ok());
+        let (year, month, day) = (date.next()??, date.next()??, date.next()??);
+        let (clock, fraction) = time.split_once('.').unwrap_or((time, ""));
+        let mut clock = clock.splitn(3, ':').map(|part| part.parse::<i64>().ok());
+        let (hour, minute, second) = (clock.next()??, clock.next()??, clock.next()??);
+        if fraction.len() > 9 || !fraction.bytes().all(|byte| byte.is_ascii_digit()) {
+            return None;
+        }
+        let nanos = if fraction.is_empty() {
+            0
+        } else {
+            fraction.parse::<u32>().ok()? * 10u32.pow(9 - fraction.len() as u32)
+        };
+        if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+            return None;
+        }
+        let seconds =
+            days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second;
+        Some(LogStamp { seconds, nanos })
+    }
+
+    fn encode(&self) -> String {
+        format!("{:020} {:09}\n", self.seconds, self.nanos)
+    }
+
+    fn decode(text: &str) -> Option<LogStamp> {
+        let mut words = text.split_whitespace();
+        Some(LogStamp {
+            seconds: words.next()?.parse().ok()?,
+            nanos: words.next()?.parse().ok()?,
+        })
+    }
+}
+
+/// Days since 1970-01-01 of a date in the proleptic Gregorian calendar (Howard Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month_index = (month + 9) % 12;
+    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// Splits one message of a log read with timestamps into its stamp and its bytes.
+fn split_stamp(bytes: &[u8]) -> Option<(LogStamp, &[u8])> {
+    let space = bytes.iter().take(40).position(|byte| *byte == b' ')?;
+    let stamp = LogStamp::parse(std::str::from_utf8(&bytes[..space]).ok()?)?;
+    Some((stamp, &bytes[space + 1..]))
+}
+
+/// Appends container `id`'s output to `log` until the container has ended and all of its
+/// output is written (see the module docs); `since_file` keeps the last stamp written. Ends at
+/// once when another follower holds `since_file`'s lock and the container is not running.
+pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: PathBuf) {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&since_file);
+    let since = match opened {
+        Ok(file) => file,
+        Err(error) => {
+            tracing::error!(container = %id, path = %since_file.display(), "cannot open the log bookmark, so the container's log is not kept: {error}");
+            return;
+        }
+    };
+    // One follower per attempt: a second one waits for the first to end.
+    loop {
+        // SAFETY: flock on a descriptor this task owns; released when it is closed.
+        if unsafe { libc::flock(since.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            break;
+        }
+        if container_running(&docker, &id).await == Some(false) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(LOG_FOLLOW_RETRY_MS)).await;
+    }
+    let mut last = {
+        let mut text = String::new();
+        use std::io::Read;
+        let _ = (&since).take(64).read_to_string(&mut text);
+        LogStamp::decode(&text)
+    };
+    let mut out = match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+    {
+        Ok(file) => file,
+        Err(error) => {
+            tracing::error!(container = %id, path = %log.display(), "cannot open the container's log file, so its log is not kept: {error}");
+            return;
+        }
+    };
+    let mut follow = true;
+    loop {
+        let options = LogsOptions::<String> {
+            follow,
             stdout: true,
             stderr: true,
-            tail: LOG_LINES_MAX.to_string(),
+            timestamps: true,
+            since: last.map_or(0, |stamp| stamp.seconds),
+            tail: "all".to_string(),
             ..LogsOptions::default()
         };
-        let mut stream = self.docker.logs(&handle.id, Some(options));
-        let mut text = String::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|error| docker_error("read logs", error))?;
-            text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
-            if text.len() as u64 > LOG_READ_BYTES_MAX {
-                let cut = text.len() - LOG_READ_BYTES_MAX as usize;
-                let cut = (cut..text.len())
-                    .find(|i| text.is_char_boundary(*i))
-                    .unwrap_or(text.len());
-                text.drain(..cut);
+        let mut stream = docker.logs(&id, Some(options));
+        while let Some(item) = stream.next().await {
+            let bytes = match item {
+                Ok(output) => output.into_bytes(),
+                Err(error) => {
+                    tracing::debug!(container = %id, "the log stream ended: {error}");
+                    break;
+                }
+            };
+            let Some((stamp, message)) = split_stamp(&bytes) else {
+                tracing::warn!(container = %id, "a log message without a stamp; writing it as it is");
+                if let Err(error) = out.write_all(&bytes) {
+                    tracing::warn!(container = %id, "cannot write the container's log: {error}");
+                }
+                continue;
+            };
+            if last.is_some_and(|last| stamp <= last) {
+                continue;
+            }
+            if let Err(error) = out.write_all(message) {
+                tracing::warn!(container = %id, path = %log.display(), "cannot write the container's log: {error}");
+            }
+            last = Some(stamp);
+            if let Err(error) = since.write_all_at(stamp.encode().as_bytes(), 0) {
+                tracing::warn!(container = %id, "cannot write the log bookmark: {error}");
             }
         }
-        Ok(text)
+        if !follow {
+            return;
+        }
+        match container_running(&docker, &id).await {
+            // Ended: one more read without follow picks up anything the stream left.
+            Some(false) => follow = false,
+            _ => tokio::time::sleep(Duration::from_millis(LOG_FOLLOW_RETRY_MS)).await,
+        }
     }
+}
+
+/// The tags of the images on the daemon's host, sorted: at most [`IMAGES_LISTED_MAX`], each
+/// at most [`IMAGE_TAG_BYTES_MAX`] bytes (longer ones are left out), no `<none>`.
+pub async fn local_images(docker: &Docker) -> Result<Vec<String>, RuntimeError> {
+    let images = docker
+        .list_images(Some(ListImagesOptions::<String> {
+            all: false,
+            ..ListImagesOptions::default()
+        }))
+        .await
+        .map_err(|error| docker_error("list images", error))?;
+    let tags: BTreeSet<String> = images
+        .into_iter()
+        .flat_map(|image| image.repo_tags)
+        .filter(|tag| tag.len() <= IMAGE_TAG_BYTES_MAX && !tag.contains("<none>"))
+        .collect();
+    Ok(tags.into_iter().take(IMAGES_LISTED_MAX).collect())
 }
 
 /// The log file of container `id`'s watchdog in `dir`.

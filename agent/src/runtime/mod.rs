@@ -9,9 +9,19 @@
 //!
 //! The environment every job gets is built here, once, by [`job_environment`]
 //! (docs/cli.md: `QUOTIENT_JOB_ID`, `QUOTIENT_ATTEMPT`, `QUOTIENT_CHECKPOINT_DIR`,
-//! `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`).
+//! `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`), and for a process job by
+//! [`process_environment`]: a clean one, nothing of the agent's own (see
+//! docs/operations.md, "What a job gets").
+//!
+//! # Who a job runs as
+//! A job never runs as the agent's user by accident: [`JobUser`] is resolved once at start
+//! (`--job-user`, or the agent's own user when it is not root, or root only with
+//! `--allow-root-jobs`, see [`crate::config::resolve_job_user`]) and every runtime runs its
+//! jobs as that user: a process with its uid and gid (supplementary groups cleared), a
+//! container with `--user uid:gid` (or the image's own user when jobs may run as root).
 
 pub mod docker;
+pub mod host;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -58,8 +68,19 @@ pub enum RuntimeError {
     Docker { operation: String, detail: String },
     /// The job's image is not on this host, and Quotient never pulls one. Another host may
     /// have it, so this is the node's fault, not the job's.
-    #[error("image {image} is not on this host ({detail}); Quotient never pulls images: docker pull, load or build it on the host first")]
-    ImageMissing { image: String, detail: String },
+    #[error("image {image} is not present on node {node}; images are never pulled: docker pull, load or build it on the node first ({detail})")]
+    ImageMissing {
+        image: String,
+        node: String,
+        detail: String,
+    },
+    /// A container job on a node whose Docker daemon does not answer. Another node may run
+    /// it, so this is the node's fault.
+    #[error("Docker is not reachable on node {node}, so it cannot run container jobs ({detail}); start Docker there, or let the job run on another node")]
+    DockerUnreachable { node: String, detail: String },
+    /// A container job on an agent told to run process jobs only (`--runtime process`).
+    #[error("node {node} runs process jobs only (its agent runs with --runtime process), so it cannot run a job with an image")]
+    ContainersDisabled { node: String },
 }
 
 impl RuntimeError {
@@ -98,7 +119,10 @@ pub struct LaunchSpec {
     pub gpu_uuids: Vec<String>,
     /// Kept across attempts: see [`checkpoint_dir`].
     pub checkpoint_dir: PathBuf,
-    /// Where stdout and stderr go (the process runtime; Docker keeps its own log).
+    /// The attempt's own working dir, created fresh at launch: see [`work_dir`]. A process
+    /// job runs in it (and it is its `HOME`); a container keeps its image's working dir.
+    pub work_dir: PathBuf,
+    /// Where stdout and stderr go, for both runtimes: see [`log_path`].
     pub log_path: PathBuf,
     /// Recorded with the job so that a restarted agent can stop it gracefully.
     pub checkpoint_signal: Signal,
@@ -215,6 +239,158 @@ pub fn log_path(state_dir: &Path, job: JobId, attempt: u32) -> PathBuf {
         .join(format!("{job}-{attempt}.log"))
 }
 
+/// The folder of the attempts' working dirs in the agent's state dir.
+pub const WORK_DIR: &str = "work";
+
+/// The attempt's working dir under the agent's state dir, `work/<job>-<attempt>`.
+pub fn work_dir(state_dir: &Path, job: JobId, attempt: u32) -> PathBuf {
+    state_dir.join(WORK_DIR).join(format!("{job}-{attempt}"))
+}
+
+/// The `PATH` of a process job that sets none.
+pub const JOB_PATH_DEFAULT: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The `LANG` of a process job that sets none.
+pub const JOB_LANG_DEFAULT: &str = "C.UTF-8";
+
+/// Who the agent's jobs run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl JobUser {
+    /// The user the agent itself runs as.
+    pub fn current() -> JobUser {
+        // SAFETY: geteuid and getegid cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let name = lookup_user_by_uid(uid)
+            .map(|user| user.name)
+            .unwrap_or_else(|| uid.to_string());
+        JobUser { name, uid, gid }
+    }
+
+    /// Whether this is root.
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Whether the agent must switch to this user to run a job (it runs as someone else).
+    pub fn differs_from_agent(&self) -> bool {
+        // SAFETY: geteuid cannot fail.
+        self.uid != unsafe { libc::geteuid() }
+    }
+}
+
+/// Looks a user up in the password database (`getpwnam_r`: /etc/passwd, LDAP, whatever NSS
+/// says); `None` when there is no such user.
+pub fn lookup_user(name: &str) -> Option<JobUser> {
+    let c_name = std::ffi::CString::new(name).ok()?;
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: getpwnam_r fills `entry` with pointers into `buffer`, which outlives their use.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let result = unsafe {
+        libc::getpwnam_r(
+            c_name.as_ptr(),
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if result != 0 || found.is_null() {
+        return None;
+    }
+    Some(JobUser {
+        name: name.to_string(),
+        uid: entry.pw_uid,
+        gid: entry.pw_gid,
+    })
+}
+
+/// The user with id `uid`, if the password database knows one.
+fn lookup_user_by_uid(uid: u32) -> Option<JobUser> {
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: as in `lookup_user`.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let result = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if result != 0 || found.is_null() || entry.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name is a NUL-terminated string in `buffer`.
+    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) }
+        .to_string_lossy()
+        .into_owned();
+    Some(JobUser {
+        name,
+        uid: entry.pw_uid,
+        gid: entry.pw_gid,
+    })
+}
+
+/// Hands `path` to the job user, when the agent runs as someone else (root): the job must be
+/// able to write its working dir and checkpoint dir.
+pub(crate) fn give_to(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
+    if !user.differs_from_agent() {
+        return Ok(());
+    }
+    std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))
+        .map_err(|error| RuntimeError::io("hand to the job user", path, error))
+}
+
+/// Creates the attempt's working dir fresh (whatever an earlier try left there is removed)
+/// and hands it to the job user, readable by it alone.
+pub(crate) fn create_work_dir(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(RuntimeError::io("remove the old", path, error)),
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| RuntimeError::io("create", parent, error))?;
+    }
+    std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        .map_err(|error| RuntimeError::io("set the mode of", path, error))?;
+    give_to(path, user)
+}
+
+/// Creates the job's checkpoint dir if missing and hands it to the job user.
+pub(crate) fn create_checkpoint_dir(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(path).map_err(|error| RuntimeError::io("create", path, error))?;
+    give_to(path, user)
+}
+
+/// The whole environment of a process job, and nothing of the agent's: a minimal `PATH`,
+/// `HOME` (its working dir) and `LANG` unless the job sets them, the job's own variables,
+/// then Quotient's ([`job_environment`], and `QUOTIENT_WORK_DIR`), which win.
+pub fn process_environment(spec: &LaunchSpec) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::from([
+        ("PATH".to_string(), JOB_PATH_DEFAULT.to_string()),
+        ("HOME".to_string(), spec.work_dir.display().to_string()),
+        ("LANG".to_string(), JOB_LANG_DEFAULT.to_string()),
+    ]);
+    env.extend(job_environment(spec, GpuNumbering::HostIndices));
+    env.insert(
+        "QUOTIENT_WORK_DIR".into(),
+        spec.work_dir.display().to_string(),
+    );
+    env
+}
+
 /// The environment of an attempt: the job's own variables, then Quotient's, which win.
 ///
 /// `CUDA_VISIBLE_DEVICES` names GPU indices (host indices for processes, 0.. for containers);
@@ -289,6 +465,7 @@ mod tests {
             gpu_indices: vec![2, 5],
             gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
             checkpoint_dir: PathBuf::from("/state/checkpoints/j-7"),
+            work_dir: PathBuf::from("/state/work/j-7-2"),
             log_path: PathBuf::from("/state/logs/j-7-2.log"),
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: 1_000,
@@ -310,5 +487,55 @@ mod tests {
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0,1");
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
         assert!(!env.contains_key("CUDA_DEVICE_ORDER"));
+        assert!(!env.contains_key("PATH") && !env.contains_key("QUOTIENT_WORK_DIR"));
+    }
+
+    /// A process job gets a minimal PATH, HOME and LANG unless it sets its own, its work dir,
+    /// and nothing else that the test process (the agent) has.
+    #[test]
+    fn a_process_environment_is_clean_with_defaults_the_job_may_override() {
+        let env = process_environment(&spec());
+        assert_eq!(env["PATH"], JOB_PATH_DEFAULT);
+        assert_eq!(env["HOME"], "/state/work/j-7-2");
+        assert_eq!(env["LANG"], "C.UTF-8");
+        assert_eq!(env["QUOTIENT_WORK_DIR"], "/state/work/j-7-2");
+        assert_eq!(env["EPOCHS"], "3");
+        let expected: std::collections::BTreeSet<&str> = [
+            "PATH",
+            "HOME",
+            "LANG",
+            "EPOCHS",
+            "QUOTIENT_JOB_ID",
+            "QUOTIENT_ATTEMPT",
+            "QUOTIENT_CHECKPOINT_DIR",
+            "QUOTIENT_WORK_DIR",
+            "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_VISIBLE_DEVICES",
+            "CUDA_DEVICE_ORDER",
+        ]
+        .into();
+        assert_eq!(
+            env.keys()
+                .map(String::as_str)
+                .collect::<std::collections::BTreeSet<_>>(),
+            expected
+        );
+        let mut own = spec();
+        own.env.insert("PATH".into(), "/opt/job/bin".into());
+        own.env.insert("LANG".into(), "de_DE.UTF-8".into());
+        let env = process_environment(&own);
+        assert_eq!(env["PATH"], "/opt/job/bin");
+        assert_eq!(env["LANG"], "de_DE.UTF-8");
+    }
+
+    /// Users resolve through the password database; unknown ones do not.
+    #[test]
+    fn users_resolve_by_name() {
+        let root = lookup_user("root").expect("root exists");
+        assert_eq!((root.uid, root.gid), (0, 0));
+        assert!(root.is_root());
+        assert!(lookup_user("no-such-user-quotient").is_none());
+        let me = JobUser::current();
+        assert!(!me.differs_from_agent());
     }
 }

@@ -46,13 +46,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
-use quotient_common::job::RESERVED_ENV;
 use quotient_common::{JobId, Signal};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    exit_code_of, job_environment, read_log_tail, FoundJob, GpuNumbering, JobHandle, JobStatus,
-    LaunchSpec, Runtime, RuntimeError,
+    create_checkpoint_dir, create_work_dir, exit_code_of, give_to, process_environment,
+    read_log_tail, FoundJob, JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError,
 };
 
 /// The folder under the state dir that holds pid and exit files.
@@ -73,6 +72,9 @@ pub const WATCHDOG_SLACK_MS: u64 = 500;
 /// The exit code the orphan watchdog records when it kills the job (128 + SIGKILL).
 pub const WATCHDOG_KILLED_EXIT_CODE: i32 = 128 + libc::SIGKILL;
 
+/// The shim runs as the job user, who may not write the jobs dir: the agent creates the exit
+/// file empty, owned by that user, and the shim writes its one line into it in place.
+///
 /// `$1` is the exit file, `$2` the lease file (empty: no watchdog), `$3` the checkpoint signal
 /// (a name without `SIG`), `$4` the grace period in ms, `$5` the watchdog's slack in ms, `$6`
 /// its poll in seconds, `$7` the exit code it records; the rest is the job's command.
@@ -105,7 +107,7 @@ if [ -n "$lease_file" ]; then
     end=$(( now + grace_ms ))
     while now && [ "$now" -lt "$end" ]; do sleep "$poll_s"; done
     echo "quotient: grace period over; killing the job" >&2
-    printf '%s\n' "$killed_code" > "$exit_file.watchdog" && mv "$exit_file.watchdog" "$exit_file"
+    printf '%s\n' "$killed_code" > "$exit_file"
     kill -s KILL 0
   ) &
   watchdog=$!
@@ -113,7 +115,7 @@ fi
 "$@"
 code=$?
 [ -z "$watchdog" ] || kill -s KILL "$watchdog" 2>/dev/null
-printf '%s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
+printf '%s\n' "$code" > "$exit_file"
 exit "$code""#;
 
 /// What the pid file records about one attempt.
@@ -138,16 +140,26 @@ pub struct ProcessRuntime {
     lease_file: Option<PathBuf>,
     /// Children this instance started: waited on here so they leave no zombies.
     children: Mutex<BTreeMap<(JobId, u32), Child>>,
+    /// Who jobs run as.
+    user: JobUser,
 }
 
 impl ProcessRuntime {
-    /// A runtime whose pid files live under `state_dir`.
+    /// A runtime whose pid files live under `state_dir`, running jobs as the agent's own user.
     pub fn new(state_dir: &Path) -> ProcessRuntime {
         ProcessRuntime {
             state_dir: state_dir.to_path_buf(),
             lease_file: None,
             children: Mutex::new(BTreeMap::new()),
+            user: JobUser::current(),
         }
+    }
+
+    /// Jobs run as `user` (uid, gid, no supplementary groups); the agent must be root unless
+    /// it is its own user.
+    pub fn with_job_user(mut self, user: JobUser) -> ProcessRuntime {
+        self.user = user;
+        self
     }
 
     /// Every job started from now on gets the orphan watchdog, reading the lease file at
@@ -276,9 +288,10 @@ impl Runtime for ProcessRuntime {
                 });
             }
         }
+        create_checkpoint_dir(&spec.checkpoint_dir, &self.user)?;
+        create_work_dir(&spec.work_dir, &self.user)?;
         for dir in [
             self.jobs_dir(),
-            spec.checkpoint_dir.clone(),
             spec.log_path
                 .parent()
                 .map(Path::to_path_buf)
@@ -293,6 +306,9 @@ impl Runtime for ProcessRuntime {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(RuntimeError::io("remove", &exit_file, error)),
         }
+        std::fs::File::create(&exit_file)
+            .map_err(|error| RuntimeError::io("create", &exit_file, error))?;
+        give_to(&exit_file, &self.user)?;
         let log = std::fs::File::create(&spec.log_path)
             .map_err(|error| RuntimeError::io("create log", &spec.log_path, error))?;
         let log_err = log
@@ -315,15 +331,18 @@ impl Runtime for ProcessRuntime {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
-            .process_group(0);
-        // The agent's own environment (PATH, HOME) minus anything Quotient sets per job.
-        for key in RESERVED_ENV.iter().chain(["CUDA_DEVICE_ORDER"].iter()) {
-            command.env_remove(key);
+            .current_dir(&spec.work_dir)
+            .process_group(0)
+            // Nothing of the agent's own environment.
+            .env_clear()
+            .envs(process_environment(spec));
+        if self.user.differs_from_agent() {
+            // As root, std also clears the supplementary groups (setgroups(0)) before setuid.
+            command.uid(self.user.uid).gid(self.user.gid);
         }
-        command.envs(job_environment(spec, GpuNumbering::HostIndices));
         let child = command.spawn().map_err(|error| {
             // execve's E2BIG: the job's own arguments and environment are too large (validation
-            // keeps them under `LAUNCH_BYTES_MAX`, but the agent adds its own environment).
+            // keeps them under `LAUNCH_BYTES_MAX`, but the agent adds Quotient's variables).
             if error.raw_os_error() == Some(libc::E2BIG) {
                 invalid(&format!(
                     "its command and environment are too large to execute ({error}): pass large \

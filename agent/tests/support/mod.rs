@@ -15,7 +15,7 @@ use quotient_agent::executor::Executor;
 use quotient_agent::lease::boot_time_ms;
 use quotient_agent::reconcile::{Desired, DesiredAllocation, Intent};
 use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
-use quotient_agent::runtime::{checkpoint_dir, log_path, LaunchSpec, Runtime};
+use quotient_agent::runtime::{checkpoint_dir, log_path, work_dir, LaunchSpec, Runtime};
 use quotient_common::{JobEvent, JobId, JobPayload, JobReport, JobSpec, Signal};
 
 /// The longest any test waits for a job to do something.
@@ -94,6 +94,7 @@ pub fn launch(
         gpu_indices: vec![1, 3],
         gpu_uuids: vec!["GPU-one".into(), "GPU-three".into()],
         checkpoint_dir: checkpoint_dir(&state_dir.join("checkpoints"), JobId(job)),
+        work_dir: work_dir(state_dir, JobId(job), attempt),
         log_path: log_path(state_dir, JobId(job), attempt),
         checkpoint_signal: Signal::Sigusr1,
         grace_period_ms: SHORT_GRACE_MS,
@@ -168,4 +169,11 @@ pub fn events_of(reports: &[JobReport], job: u64, attempt: u32) -> Vec<JobEvent>
 /// An empty "finished" set, for readability.
 pub fn nothing_finished() -> BTreeSet<(JobId, u32)> {
     BTreeSet::new()
+}
+
+/// Whether the tests run as root (they do in CI): an agent started by a test then needs
+/// `--allow-root-jobs` or `--job-user`.
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }

@@ -200,6 +200,8 @@ impl DockerHosts {
             .args(files.flags())
             .args(["--state-dir", DATA_IN_CONTAINER])
             .args(["--runtime", "process"])
+            // The container runs as the test's user, root in CI.
+            .arg("--allow-root-jobs")
             .args(["--lease-ms", &lease_ms.to_string()])
             .args(["--simulated-gpus", "1xa10g"])
             .stdin(Stdio::null())

@@ -1,0 +1,322 @@
+//! The host runtime: both runtimes at once, chosen per job. A job with an image runs as a
+//! Docker container ([`DockerRuntime`]), one without as a process group
+//! ([`ProcessRuntime`]). Process jobs always run; container jobs run when the node's Docker
+//! daemon is reachable, which is asked again at each container launch until it answers (a
+//! daemon started after the agent is found then). A container job that cannot run here fails
+//! to launch as the node's fault, so the coordinators place it elsewhere:
+//! [`RuntimeError::DockerUnreachable`], or [`RuntimeError::ContainersDisabled`] on an agent
+//! told `--runtime process`.
+//!
+//! A handle names its runtime by its id: a container id is 64 hexadecimal digits, a process
+//! group id a decimal number of at most 10.
+//!
+//! [`HostRuntime::capabilities`] says what the node can run: its runtimes and the images it
+//! has ([`NodeCapabilities`]), for the agent to report at registration.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::docker::{local_images, DockerRuntime};
+use super::process::ProcessRuntime;
+use super::{FoundJob, JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError};
+use quotient_common::Signal;
+
+/// The name of the process runtime in [`NodeCapabilities::runtimes`].
+pub const RUNTIME_PROCESS: &str = "process";
+/// The name of the Docker runtime in [`NodeCapabilities::runtimes`].
+pub const RUNTIME_DOCKER: &str = "docker";
+
+/// What a node can run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeCapabilities {
+    /// [`RUNTIME_PROCESS`], and [`RUNTIME_DOCKER`] when Docker is reachable and allowed.
+    pub runtimes: Vec<String>,
+    /// The tags of the images present on the node, sorted (empty without Docker): at most
+    /// [`super::docker::IMAGES_LISTED_MAX`] of at most [`super::docker::IMAGE_TAG_BYTES_MAX`]
+    /// bytes each.
+    pub images: Vec<String>,
+}
+
+/// How the host runtime connects to Docker, now or later.
+#[derive(Debug, Clone)]
+pub struct DockerSetup {
+    pub node: String,
+    pub state_dir: PathBuf,
+    /// Ask the nvidia driver for the job's GPUs (real GPUs only).
+    pub gpu_device_requests: bool,
+    /// `--log-max-bytes`, for the daemon's own copy of the log.
+    pub log_max_bytes: Option<u64>,
+    /// The `quotient-agent` binary and the lease file, for the orphan watchdog.
+    pub watchdog: Option<(PathBuf, PathBuf)>,
+    pub user: JobUser,
+}
+
+impl DockerSetup {
+    /// Connects to the daemon and sets the runtime up.
+    pub async fn connect(&self) -> Result<DockerRuntime, RuntimeError> {
+        let mut runtime =
+            DockerRuntime::connect(&self.node, &self.state_dir, self.gpu_device_requests)
+                .await?
+                .with_job_user(self.user.clone());
+        if let Some(max_bytes) = self.log_max_bytes {
+            runtime = runtime.with_log_cap(max_bytes).await;
+        }
+        if let Some((program, lease_file)) = &self.watchdog {
+            runtime = runtime.with_orphan_watchdog(program, lease_file, &self.state_dir);
+        }
+        Ok(runtime)
+    }
+}
+
+/// Runs each job with the runtime its spec asks for.
+pub struct HostRuntime {
+    node: String,
+    process: ProcessRuntime,
+    /// `None`: container jobs are not run here (`--runtime process`).
+    docker_setup: Option<DockerSetup>,
+    docker: Mutex<Option<Arc<DockerRuntime>>>,
+}
+
+impl HostRuntime {
+    /// Process jobs on `process`; container jobs through `docker` (`None`: refused).
+    pub fn new(node: &str, process: ProcessRuntime, docker: Option<DockerSetup>) -> HostRuntime {
+        HostRuntime {
+            node: node.to_string(),
+            process,
+            docker_setup: docker,
+            docker: Mutex::new(None),
+        }
+    }
+
+    /// The Docker runtime, connecting now if it is not yet.
+    pub async fn docker(&self) -> Result<Arc<DockerRuntime>, RuntimeError> {
+        let Some(setup) = &self.docker_setup else {
+            return Err(RuntimeError::ContainersDisabled {
+                node: self.node.clone(),
+            });
+        };
+        if let Some(docker) = self
+            .docker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(docker);
+        }
+        let connected = setup
+            .connect()
+            .await
+            .map_err(|error| RuntimeError::DockerUnreachable {
+                node: self.node.clone(),
+                detail: error.to_string(),
+            })?;
+        tracing::info!(node = %self.node, "connected to Docker: container jobs run on this node");
+        let mut slot = self.docker.lock().unwrap_or_else(PoisonError::into_inner);
+        // Another call may have connected meanwhile: keep the first.
+        Ok(slot.get_or_insert_with(|| Arc::new(connected)).clone())
+    }
+
+    /// The process runtime.
+    pub fn process(&self) -> &ProcessRuntime {
+        &self.process
+    }
+
+    /// What this node can run now: the process runtime always, Docker when it is allowed
+    /// and reachable, with the images it has.
+    pub async fn capabilities(&self) -> NodeCapabilities {
+        let mut capabilities = NodeCapabilities {
+            runtimes: vec![RUNTIME_PROCESS.to_string()],
+            images: Vec::new(),
+        };
+        if self.docker_setup.is_none() {
+            return capabilities;
+        }
+        match self.docker().await {
+            Ok(docker) => {
+                capabilities.runtimes.push(RUNTIME_DOCKER.to_string());
+                match local_images(docker.docker()).await {
+                    Ok(images) => capabilities.images = images,
+                    Err(error) => tracing::warn!("cannot list the node's images: {error}"),
+                }
+            }
+            Err(error) => tracing::debug!("no container jobs here: {error}"),
+        }
+        capabilities
+    }
+}
+
+/// Whether a handle names a container: its id is 64 hexadecimal digits.
+pub fn is_container(handle: &JobHandle) -> bool {
+    handle.id.len() == 64 && handle.id.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+impl Runtime for HostRuntime {
+    async fn start(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
+        if spec.payload.image.is_some() {
+            self.docker().await?.start(spec).await
+        } else {
+            self.process.start(spec).await
+        }
+    }
+
+    async fn signal(&self, handle: &JobHandle, signal: Signal) -> Result<(), RuntimeError> {
+        if is_container(handle) {
+            self.docker().await?.signal(handle, signal).await
+        } else {
+            self.process.signal(handle, signal).await
+        }
+    }
+
+    async fn kill(&self, handle: &JobHandle) -> Result<(), RuntimeError> {
+        if is_container(handle) {
+            self.docker().await?.kill(handle).await
+        } else {
+            self.process.kill(handle).await
+        }
+    }
+
+    async fn status(&self, handle: &JobHandle) -> Result<JobStatus, RuntimeError> {
+        if is_container(handle) {
+            self.docker().await?.status(handle).await
+        } else {
+            self.process.status(handle).await
+        }
+    }
+
+    async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
+        let mut found = self.process.list_own().await?;
+        if self.docker_setup.is_some() {
+            match self.docker().await {
+                Ok(docker) => found.extend(docker.list_own().await?),
+                Err(error) => {
+                    tracing::warn!("cannot look for this agent's containers: {error}")
+                }
+            }
+        }
+        found.sort_by(|a, b| a.handle.cmp(&b.handle));
+        Ok(found)
+    }
+
+    async fn remove(&self, handle: &JobHandle) -> Result<(), RuntimeError> {
+        if is_container(handle) {
+            self.docker().await?.remove(handle).await
+        } else {
+            self.process.remove(handle).await
+        }
+    }
+
+    async fn logs(&self, handle: &JobHandle) -> Result<String, RuntimeError> {
+        // Both runtimes keep the log in the same file.
+        self.process.logs(handle).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quotient_common::job::LaunchFault;
+    use quotient_common::{JobId, JobPayload};
+    use std::collections::BTreeMap;
+
+    fn spec(state: &std::path::Path, image: Option<&str>) -> LaunchSpec {
+        LaunchSpec {
+            job: JobId(4),
+            attempt: 1,
+            payload: JobPayload {
+                image: image.map(str::to_string),
+                command: vec!["true".into()],
+            },
+            env: BTreeMap::new(),
+            gpu_indices: Vec::new(),
+            gpu_uuids: Vec::new(),
+            checkpoint_dir: state.join("checkpoints/j-4"),
+            work_dir: super::super::work_dir(state, JobId(4), 1),
+            log_path: super::super::log_path(state, JobId(4), 1),
+            checkpoint_signal: Signal::Sigterm,
+            grace_period_ms: 100,
+        }
+    }
+
+    /// Handles are routed by their id's shape.
+    #[test]
+    fn container_ids_and_process_ids_are_told_apart() {
+        let handle = |id: &str| JobHandle {
+            job: JobId(1),
+            attempt: 1,
+            id: id.to_string(),
+        };
+        assert!(is_container(&handle(&"ab12".repeat(16))));
+        assert!(!is_container(&handle("12345")));
+        assert!(!is_container(&handle(&"1".repeat(10))));
+    }
+
+    /// A container job on a node that refuses them, or whose Docker is unreachable, fails to
+    /// launch as the node's fault, and says why; a process job runs all the same.
+    #[tokio::test]
+    async fn container_jobs_without_docker_are_the_nodes_fault() {
+        let state = tempfile::tempdir().unwrap();
+        let process = || ProcessRuntime::new(state.path());
+        let refusing = HostRuntime::new("gpu-1", process(), None);
+        let error = refusing
+            .start(&spec(state.path(), Some("trainer:1")))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, RuntimeError::ContainersDisabled { .. }));
+        assert_eq!(error.launch_fault(), LaunchFault::Node);
+        assert!(error.to_string().contains("--runtime process"), "{error}");
+        assert_eq!(
+            refusing.capabilities().await,
+            NodeCapabilities {
+                runtimes: vec!["process".into()],
+                images: Vec::new()
+            }
+        );
+
+        // A daemon socket that does not exist.
+        let unreachable = HostRuntime::new(
+            "gpu-1",
+            process(),
+            Some(DockerSetup {
+                node: "gpu-1".into(),
+                state_dir: state.path().to_path_buf(),
+                gpu_device_requests: false,
+                log_max_bytes: None,
+                watchdog: None,
+                user: JobUser::current(),
+            }),
+        );
+        let error = with_docker_host("unix:///nonexistent/quotient-test.sock", async {
+            unreachable
+                .start(&spec(state.path(), Some("trainer:1")))
+                .await
+                .unwrap_err()
+        })
+        .await;
+        assert!(
+            matches!(error, RuntimeError::DockerUnreachable { .. }),
+            "{error:?}"
+        );
+        assert_eq!(error.launch_fault(), LaunchFault::Node);
+        assert!(
+            error
+                .to_string()
+                .contains("Docker is not reachable on node gpu-1"),
+            "{error}"
+        );
+        let handle = unreachable.start(&spec(state.path(), None)).await.unwrap();
+        assert!(!is_container(&handle));
+        let code = unreachable
+            .wait(&handle, std::time::Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(Some(0)));
+    }
+
+    /// Runs `body` with `DOCKER_HOST` set (this is the only test of this binary that reads it).
+    async fn with_docker_host<T>(value: &str, body: impl std::future::Future<Output = T>) -> T {
+        std::env::set_var("DOCKER_HOST", value);
+        let result = body.await;
+        std::env::remove_var("DOCKER_HOST");
+        result
+    }
+}
