@@ -117,9 +117,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let up = DevUpArgs {
         dir: dir.clone(),
         coordinators: Some(3),
-        nodes: 3,
-        gpus_per_node: 1,
-        gpu_class: GpuClass::parse("a10g").expect("a valid class"),
+        nodes: Some(3),
+        gpus_per_node: Some(1),
+        gpu_class: Some(GpuClass::parse("a10g").expect("a valid class")),
     };
     let _guard = ClusterGuard {
         dir: dir.clone(),

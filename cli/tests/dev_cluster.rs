@@ -520,3 +520,99 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     assert_eq!(stopped.status.code(), Some(1));
     drop(guard);
 }
+
+/// The GPUs of the node named `name` in `node list -o json`, once it is ready.
+fn ready_gpus(config: &Path, name: &str) -> Option<usize> {
+    let nodes = json(config, &["node", "list", "-o", "json"]);
+    nodes
+        .as_array()?
+        .iter()
+        .find(|node| node["name"] == name && node["state"] == "ready")
+        .and_then(|node| node["gpus"].as_array())
+        .map(Vec::len)
+}
+
+#[test]
+fn dev_up_on_an_existing_folder_keeps_its_gpus_per_node() {
+    // Proves agents restarted by `dev up` on a stopped folder come back with the GPUs they
+    // were made with (they came back with 1 each, so a job of 4 GPUs waited forever), and that
+    // a --gpus-per-node contradicting the folder is refused.
+    require_coordinator_binary();
+    let tempdir = tempfile::tempdir().unwrap();
+    let dir = tempdir.path().join("cluster");
+    let guard = ClusterGuard { dir: dir.clone() };
+    let dir_text = dir.to_str().unwrap().to_string();
+    let nowhere = tempdir.path().join("unused.toml");
+    let up = |extra: &[&str]| {
+        let mut arguments = vec!["dev", "up", "--dir", &dir_text];
+        arguments.extend_from_slice(extra);
+        let output = quotient(&nowhere, &arguments);
+        assert!(
+            output.status.success(),
+            "{arguments:?} failed: {}",
+            text(&output.stderr)
+        );
+    };
+    up(&[
+        "--coordinators",
+        "1",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "--gpu-class",
+        "h100",
+    ]);
+    let config = dir.canonicalize().unwrap().join("client.toml");
+    assert_eq!(ready_gpus(&config, "node-1"), Some(4));
+    let down = quotient(&nowhere, &["dev", "down", "--dir", &dir_text]);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+
+    up(&[]);
+    assert_eq!(ready_gpus(&config, "node-1"), Some(4), "after dev up again");
+    let nodes = json(&config, &["node", "list", "-o", "json"]);
+    assert_eq!(nodes[0]["gpus"][0]["class"], "h100", "{nodes}");
+    ok(
+        &config,
+        &[
+            "share",
+            "create",
+            "big",
+            "--limit",
+            "h100=4",
+            "--strategy",
+            "reserve",
+        ],
+    );
+    let job = ok(
+        &config,
+        &[
+            "job", "submit", "--share", "big", "--gpus", "4", "--", "sleep", "30",
+        ],
+    );
+    let job = job.trim_end();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let view = json(&config, &["job", "get", job, "-o", "json"]);
+        if view["state"] == "RUNNING" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a job of 4 GPUs did not run: {view}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    let refused = quotient(
+        &nowhere,
+        &["dev", "up", "--dir", &dir_text, "--gpus-per-node", "2"],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("4 GPUs each"),
+        "{}",
+        text(&refused.stderr)
+    );
+    drop(guard);
+}
