@@ -21,8 +21,8 @@ use quotient_common::{GpuClass, JobPayload, JobSpec, Signal};
 use crate::client::{unexpected, Session};
 use crate::output::{self, OutputFormat};
 use crate::parse::{
-    parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_name, parse_priority,
-    parse_share_name, parse_signal, UsageError,
+    parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_gpus, parse_job_name,
+    parse_priority, parse_share_name, parse_signal, UsageError,
 };
 use crate::GlobalArgs;
 
@@ -33,10 +33,10 @@ pub struct JobSubmitArgs {
     #[arg(long, value_parser = parse_share_name)]
     pub share: String,
     /// 0-9999; higher runs first and may preempt lower (see docs/quota-shares.md).
-    #[arg(long, value_parser = parse_priority, default_value_t = 0)]
+    #[arg(long, value_parser = parse_priority, default_value_t = 0, allow_negative_numbers = true)]
     pub priority: u32,
-    /// GPUs the job needs, all on one node.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// GPUs the job needs, 1-64, all on one node.
+    #[arg(long, value_parser = parse_job_gpus, allow_negative_numbers = true)]
     pub gpus: u32,
     /// The GPU class; may be left out when the share has limits for one class only.
     #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
@@ -48,7 +48,8 @@ pub struct JobSubmitArgs {
     /// The signal that asks the job to checkpoint and stop when it is preempted.
     #[arg(long, value_name = "SIGNAL", value_parser = parse_signal, default_value = "SIGTERM")]
     pub checkpoint_signal: Signal,
-    /// Time between the checkpoint signal and the kill: e.g. 500ms, 30s, 5m (at most 60m).
+    /// Time between the checkpoint signal and the kill: e.g. 500ms, 30s, 5m (at most 60m)
+    /// [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_grace_period_ms)]
     pub grace_period: Option<u64>,
     /// Fail the job instead of requeueing it after this many preemptions (default: no limit).
