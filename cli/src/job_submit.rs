@@ -108,6 +108,17 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
     Ok(spec)
 }
 
+/// Whether a submit failed because its share does not exist (the only thing a submit can
+/// name that is not found), so that the error can offer a near share's name.
+fn is_unknown_share(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<crate::failure::RequestFailed>()
+        .is_some_and(|failed| {
+            failed.code == quotient_common::ErrorCode::NotFound
+                && failed.message.contains("no share named")
+        })
+}
+
 /// An idempotency key unique to this invocation: process id and the clock in nanoseconds.
 fn fresh_idempotency_key() -> String {
     let nanos = SystemTime::now()
@@ -121,7 +132,13 @@ pub fn run(global: &GlobalArgs, args: &JobSubmitArgs) -> anyhow::Result<()> {
     let spec = spec(args, fresh_idempotency_key())?;
     let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::SubmitJob(spec);
-    let (job, duplicate) = match session.call(request.clone())? {
+    let answer = match session.call(request.clone()) {
+        Err(error) if is_unknown_share(&error) => {
+            return Err(crate::share_list::unknown_share(&mut session, &args.share))
+        }
+        answer => answer?,
+    };
+    let (job, duplicate) = match answer {
         ApiResponse::JobSubmitted { job, duplicate } => (job, duplicate),
         other => return Err(unexpected(&request, &other)),
     };
