@@ -249,8 +249,8 @@ fn node_settings_of(
 }
 
 /// Starts `command` in the background, its output appended to `log`, in its own process
-/// group (a Ctrl-C in this shell must not stop the cluster), with no colour codes (the log is
-/// a file, not a terminal).
+/// group (a Ctrl-C in this shell must not stop the cluster). The binaries themselves write
+/// no colour codes where their stderr is not a terminal, so the log is plain text.
 fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
     let out = fs::OpenOptions::new()
         .create(true)
@@ -261,7 +261,6 @@ fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
         .try_clone()
         .with_context(|| format!("cannot open the log {}", log.display()))?;
     command
-        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
