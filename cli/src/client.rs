@@ -94,6 +94,40 @@ impl Session {
                 .block_on(self.client.call_one(address, request.clone(), deadline));
         answer.map_err(|error| failed(&request, &error))
     }
+
+    /// Sends `request` to each of `addresses` at once, each within `deadline`, without
+    /// redirects or retries; the answers in the order of `addresses`.
+    pub fn call_each(
+        &mut self,
+        addresses: &[String],
+        request: &ApiRequest,
+        deadline: Duration,
+    ) -> Vec<anyhow::Result<ApiResponse>> {
+        let calls = addresses.iter().map(|address| {
+            let client = self.client.clone();
+            let request = request.clone();
+            let address = address.clone();
+            async move {
+                client
+                    .call_one(&address, request.clone(), deadline)
+                    .await
+                    .map_err(|error| failed(&request, &error))
+            }
+        });
+        let handles: Vec<_> = {
+            let _entered = self.runtime.enter();
+            calls.map(tokio::spawn).collect()
+        };
+        self.runtime.block_on(async move {
+            let mut answers = Vec::with_capacity(handles.len());
+            for handle in handles {
+                answers.push(handle.await.unwrap_or_else(|error| {
+                    Err(anyhow::anyhow!("the call did not complete: {error}"))
+                }));
+            }
+            answers
+        })
+    }
 }
 
 impl Drop for Session {

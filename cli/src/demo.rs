@@ -76,20 +76,37 @@ impl Drop for ClusterGuard {
             return;
         }
         println!("\n--- stopping the cluster");
-        let global = GlobalArgs::default();
-        if let Err(error) = dev_down::run(
-            &global,
-            &DevDownArgs {
-                dir: self.dir.clone(),
-            },
-        ) {
-            eprintln!("error: could not stop the demo cluster: {error:#}");
+        let stopped = match dev_down::stop_cluster(&DevDownArgs {
+            dir: self.dir.clone(),
+        }) {
+            Ok(stopped) => stopped,
+            Err(error) => {
+                eprintln!("error: could not stop the demo cluster: {error:#}");
+                return;
+            }
+        };
+        let what = format!(
+            "Stopped {} coordinators and {} agents",
+            stopped.coordinators, stopped.agents
+        );
+        if !self.remove {
+            println!(
+                "{what}. Their data stays in {}: `quotient dev up --dir {}` starts the cluster \
+                 again.",
+                stopped.dir.display(),
+                self.dir.display()
+            );
             return;
         }
-        if self.remove {
-            if let Err(error) = fs::remove_dir_all(&self.dir) {
-                eprintln!("could not remove {}: {error}", self.dir.display());
-            }
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => println!(
+                "{what} and removed the demo's folder {} (use --dir DIR to keep it).",
+                self.dir.display()
+            ),
+            Err(error) => eprintln!(
+                "{what}, but could not remove the demo's folder {}: {error}",
+                self.dir.display()
+            ),
         }
     }
 }
@@ -117,9 +134,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let up = DevUpArgs {
         dir: dir.clone(),
         coordinators: Some(3),
-        nodes: 3,
-        gpus_per_node: 1,
-        gpu_class: GpuClass::parse("a10g").expect("a valid class"),
+        nodes: Some(3),
+        gpus_per_node: Some(1),
+        gpu_class: Some(GpuClass::parse("a10g").expect("a valid class")),
     };
     let _guard = ClusterGuard {
         dir: dir.clone(),

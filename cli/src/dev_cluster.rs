@@ -8,7 +8,9 @@
 //!   `node-N/agent.log`, with the agent certificate `certs/node-N.pem`;
 //! - `client.toml`: an admin client config (docs/cli.md);
 //! - `cluster.json`: each process's id, pid, address and data dir (docs/cli.md's shape; the
-//!   pid is `null` while it is stopped, and a `log` path is added).
+//!   pid is `null` while it is stopped, and a `log` path is added), and the nodes' settings
+//!   (`gpus_per_node`, `gpu_class`), so that `dev up` on the folder restarts agents as they
+//!   were.
 //!
 //! A pid alone is not trusted: the kernel reuses pids, so a process counts as ours only if
 //! `/proc/PID/cmdline` carries our data dir. That also treats a zombie (empty cmdline) as
@@ -73,6 +75,13 @@ pub struct ClusterFile {
     pub coordinators: Vec<CoordinatorEntry>,
     #[serde(default)]
     pub agents: Vec<AgentEntry>,
+    /// Simulated GPUs per node, as `--gpus-per-node` made them (`None` in a folder of an
+    /// older `dev up`, or while it has no agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<u32>,
+    /// The simulated GPUs' class, as `--gpu-class` made it (`None` as above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_class: Option<String>,
 }
 
 impl ClusterFile {
@@ -201,6 +210,8 @@ mod tests {
                 state_dir: "/d/node-1/state".into(),
                 log: "/d/node-1/agent.log".into(),
             }],
+            gpus_per_node: Some(4),
+            gpu_class: Some("h100".into()),
         };
         let json = serde_json::to_value(&cluster).unwrap();
         assert_eq!(json["coordinators"][0]["id"], 1);
@@ -209,6 +220,8 @@ mod tests {
         assert_eq!(json["coordinators"][0]["data_dir"], "/d/coord-1/data");
         assert_eq!(json["agents"][0]["name"], "node-1");
         assert!(json["agents"][0]["pid"].is_null());
+        assert_eq!(json["gpus_per_node"], 4);
+        assert_eq!(json["gpu_class"], "h100");
 
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(ClusterFile::read(dir.path()).unwrap(), None);

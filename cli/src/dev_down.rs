@@ -27,7 +27,20 @@ pub struct DevDownArgs {
     pub dir: PathBuf,
 }
 
-pub fn run(global: &GlobalArgs, args: &DevDownArgs) -> anyhow::Result<()> {
+/// What [`stop_cluster`] stopped.
+#[derive(Debug)]
+pub struct Stopped {
+    /// The updated cluster.json.
+    pub cluster: ClusterFile,
+    pub coordinators: usize,
+    pub agents: usize,
+    /// DIR, resolved.
+    pub dir: PathBuf,
+}
+
+/// Stops the processes of DIR and marks them stopped in its cluster.json, saying nothing on
+/// stdout (the demo says what happens to DIR itself).
+pub fn stop_cluster(args: &DevDownArgs) -> anyhow::Result<Stopped> {
     let Some(mut cluster) = ClusterFile::read(&args.dir)? else {
         bail!(
             "no local cluster in {}: it has no cluster.json; was it started with `quotient dev \
@@ -83,14 +96,24 @@ pub fn run(global: &GlobalArgs, args: &DevDownArgs) -> anyhow::Result<()> {
     if !left.is_empty() {
         bail!("processes {left:?} still run after SIGKILL; check them with `ps`");
     }
+    Ok(Stopped {
+        cluster,
+        coordinators: coordinators.len(),
+        agents: agents.len(),
+        dir,
+    })
+}
+
+pub fn run(global: &GlobalArgs, args: &DevDownArgs) -> anyhow::Result<()> {
+    let stopped = stop_cluster(args)?;
     if global.output == OutputFormat::Json {
-        output::print_json(&cluster)?;
+        output::print_json(&stopped.cluster)?;
     }
     eprintln!(
         "stopped {} coordinator(s) and {} agent(s) in {}; their data stays, so `quotient dev up --dir {}` resumes the cluster",
-        coordinators.len(),
-        agents.len(),
-        dir.display(),
+        stopped.coordinators,
+        stopped.agents,
+        stopped.dir.display(),
         args.dir.display()
     );
     Ok(())

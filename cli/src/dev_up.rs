@@ -15,7 +15,10 @@
 //! node-1..node-N, starts one `quotient-agent` per node (next to this executable) with
 //! `--gpus-per-node` simulated GPUs of `--gpu-class` on the process runtime, its state dir and
 //! log under DIR/node-N, records them in cluster.json (`agents: [{name, pid, ...}]`) and waits
-//! until every node is ready in `node list`. A DIR that already has agents keeps its nodes.
+//! until every node is ready in `node list`. A DIR that already has agents keeps its nodes,
+//! and cluster.json records the GPUs per node and class they were made with, so agents
+//! restarted by a later `dev up` come back as they were (a folder of an older `dev up`,
+//! which does not record them, takes them from the coordinators' node list).
 //! `--nodes 0` starts the coordinators only.
 
 use std::collections::BTreeMap;
@@ -69,7 +72,11 @@ pub const AGENT_LEASE_MS: u64 = 10_000;
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Each node is a quotient-agent process with simulated GPUs on the process \
-    runtime: jobs run as local processes. Use --nodes 0 to start the coordinators only."
+    runtime: jobs run as local processes. Use --nodes 0 to start the coordinators only.\n\n\
+    Run again on a DIR that holds a cluster, it starts only what is not running, with the \
+    settings DIR recorded: its coordinators, its nodes, and their GPUs per node and class. \
+    --coordinators, --gpus-per-node or --gpu-class that differ from them are refused; \
+    --nodes is ignored once DIR has nodes."
 )]
 pub struct DevUpArgs {
     /// The cluster's folder: certificates, data, logs, client.toml and cluster.json.
@@ -78,16 +85,24 @@ pub struct DevUpArgs {
     /// Coordinators to run, 1-9 (3 or 5 tolerate failures) [default: 3, or as DIR has them].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=COORDINATORS_MAX))]
     pub coordinators: Option<u64>,
-    /// GPU hosts to simulate, each an agent process [as DIR has them, if it has any].
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=NODES_MAX as i64))]
-    pub nodes: u32,
-    /// Simulated GPUs per node.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=GPUS_PER_NODE_MAX as i64))]
-    pub gpus_per_node: u32,
-    /// The simulated GPUs' class.
-    #[arg(long, default_value = "a10g", value_parser = parse_gpu_class)]
-    pub gpu_class: GpuClass,
+    /// GPU hosts to simulate, each an agent process, 0-64 [default: 3; a DIR that has nodes
+    /// keeps them].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=NODES_MAX as i64))]
+    pub nodes: Option<u32>,
+    /// Simulated GPUs per node, 1-64 [default: 1, or as DIR's nodes have them].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=GPUS_PER_NODE_MAX as i64))]
+    pub gpus_per_node: Option<u32>,
+    /// The simulated GPUs' class [default: a10g, or as DIR's nodes have it].
+    #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
+    pub gpu_class: Option<GpuClass>,
 }
+
+/// Nodes when `--nodes` is not given on a DIR without nodes.
+pub const NODES_DEFAULT: u32 = 3;
+/// Simulated GPUs per node when `--gpus-per-node` is not given on a new DIR.
+pub const GPUS_PER_NODE_DEFAULT: u32 = 1;
+/// The simulated GPUs' class when `--gpu-class` is not given on a new DIR.
+pub const GPU_CLASS_DEFAULT: &str = "a10g";
 
 /// Where coordinator `id`'s files go.
 fn coordinator_dir(dir: &Path, id: u64) -> PathBuf {
@@ -156,12 +171,86 @@ fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
         cluster_id: None,
         coordinators,
         agents: Vec::new(),
+        gpus_per_node: None,
+        gpu_class: None,
     })
 }
 
+/// Refuses `--gpus-per-node` or `--gpu-class` that differ from what DIR's nodes were made
+/// with (its agents are restarted as they were, not changed); notes an ignored `--nodes`.
+fn check_node_settings(dir: &Path, cluster: &ClusterFile, args: &DevUpArgs) -> anyhow::Result<()> {
+    if let (Some(wanted), Some(recorded)) = (args.gpus_per_node, cluster.gpus_per_node) {
+        if wanted != recorded {
+            return Err(UsageError(format!(
+                "{} already holds nodes of {recorded} GPUs each, not {wanted}; leave out \
+                 --gpus-per-node, or use a new --dir",
+                dir.display()
+            ))
+            .into());
+        }
+    }
+    if let (Some(wanted), Some(recorded)) = (&args.gpu_class, &cluster.gpu_class) {
+        if wanted.as_str() != recorded {
+            return Err(UsageError(format!(
+                "{} already holds nodes of class {recorded}, not {wanted}; leave out \
+                 --gpu-class, or use a new --dir",
+                dir.display(),
+                wanted = wanted.as_str()
+            ))
+            .into());
+        }
+    }
+    let count = cluster.agents.len() as u32;
+    if let Some(wanted) = args.nodes.filter(|wanted| count > 0 && *wanted != count) {
+        eprintln!(
+            "note: {} already holds {count} nodes; --nodes {wanted} is ignored",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The GPUs per node and class of DIR's nodes, for a folder whose cluster.json does not
+/// record them (made by an older `dev up`): as the coordinators know its first node, else
+/// the flags or their defaults.
+fn node_settings_of(
+    session: &mut Session,
+    cluster: &ClusterFile,
+    args: &DevUpArgs,
+) -> anyhow::Result<(u32, GpuClass)> {
+    let flags = || -> anyhow::Result<(u32, GpuClass)> {
+        let class = match &args.gpu_class {
+            Some(class) => class.clone(),
+            None => GpuClass::parse(GPU_CLASS_DEFAULT).map_err(anyhow::Error::from)?,
+        };
+        Ok((args.gpus_per_node.unwrap_or(GPUS_PER_NODE_DEFAULT), class))
+    };
+    if let (Some(count), Some(class)) = (cluster.gpus_per_node, &cluster.gpu_class) {
+        return Ok((count, GpuClass::parse(class).map_err(anyhow::Error::from)?));
+    }
+    if cluster.agents.is_empty() || args.gpus_per_node.is_some() {
+        return flags();
+    }
+    let known = crate::node_list::fetch_all(session).ok().and_then(|nodes| {
+        nodes
+            .into_iter()
+            .find(|node| node.name == cluster.agents[0].name && !node.gpus.is_empty())
+    });
+    match known {
+        Some(node) => {
+            let class = match &args.gpu_class {
+                Some(class) => class.clone(),
+                None => GpuClass::parse(&node.gpus[0].class).map_err(anyhow::Error::from)?,
+            };
+            Ok((node.gpus.len() as u32, class))
+        }
+        None => flags(),
+    }
+}
+
 /// Starts `command` in the background, its output appended to `log`, in its own process
-/// group (a Ctrl-C in this shell must not stop the cluster), with no colour codes (the log is
-/// a file, not a terminal).
+/// group (a Ctrl-C in this shell must not stop the cluster). The binaries themselves write
+/// no colour codes where their stderr is not a terminal, so the log is plain text.
 fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
     let out = fs::OpenOptions::new()
         .create(true)
@@ -172,7 +261,6 @@ fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
         .try_clone()
         .with_context(|| format!("cannot open the log {}", log.display()))?;
     command
-        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -366,8 +454,7 @@ fn start_agent(
         // a job preempted on one node resumes from its checkpoint on another.
         .arg("--checkpoint-root")
         .arg(dir.join(CHECKPOINTS_DIR))
-        .arg("--runtime")
-        .arg("process")
+        // The agent runs processes, and containers too where Docker is reachable.
         // A dev cluster runs jobs as whoever runs it, root included (a no-op for anyone else).
         .arg("--allow-root-jobs")
         .arg("--simulated-gpus")
@@ -449,6 +536,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
                 ))
                 .into());
             }
+            check_node_settings(&dir, &existing, args)?;
             existing
         }
         None => new_cluster(&dir, args.coordinators.unwrap_or(COORDINATORS_DEFAULT))?,
@@ -518,8 +606,14 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
     let leader = wait_until_ready(&mut session, &mut started)?;
     eprintln!("coordinator {leader} is the leader");
 
-    if cluster.agents.is_empty() && args.nodes > 0 {
-        cluster.agents = new_agents(&dir, args.nodes);
+    let nodes = args.nodes.unwrap_or(NODES_DEFAULT);
+    if cluster.agents.is_empty() && nodes > 0 {
+        cluster.agents = new_agents(&dir, nodes);
+    }
+    let (gpus_per_node, gpu_class) = node_settings_of(&mut session, &cluster, args)?;
+    if !cluster.agents.is_empty() {
+        cluster.gpus_per_node = Some(gpus_per_node);
+        cluster.gpu_class = Some(gpu_class.as_str().to_string());
     }
     if !cluster.agents.is_empty() {
         let agent_binary = dev_cluster::sibling_binary(AGENT_BINARY)?;
@@ -534,7 +628,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         }
         make_agent_certificates(&certs_dir, &cluster.agents)?;
         let coordinators = client_config.coordinators.join(",");
-        let gpus = format!("{}x{}", args.gpus_per_node, args.gpu_class);
+        let gpus = format!("{gpus_per_node}x{}", gpu_class.as_str());
         let mut agents_started: BTreeMap<String, (Child, PathBuf)> = BTreeMap::new();
         for entry in &mut cluster.agents {
             if entry

@@ -1,5 +1,6 @@
 //! `quotient job list [--share NAME] [--state STATE] [-o json]`: the jobs, optionally of one
-//! share or in one state, in submit order.
+//! share or in one state, in submit order. `--share` of a share that does not exist is an
+//! error (NotFound, with "did you mean" when a share's name is near), not an empty list.
 
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::JobState;
@@ -31,6 +32,10 @@ pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
         ApiResponse::Jobs(jobs) => jobs,
         other => return Err(unexpected(&request, &other)),
     };
+    if let (Some(share), true) = (&args.share, jobs.is_empty()) {
+        // The coordinators answer an empty list for a share that does not exist.
+        crate::share_list::require(&mut session, share)?;
+    }
     match global.output {
         OutputFormat::Table => output::print_text(&output::job_table(&jobs)),
         OutputFormat::Json => output::print_json(&jobs),

@@ -5,17 +5,28 @@
 //! pieces of at most [`LOG_READ_BYTES_MAX`] bytes and written to stdout as it is, bytes and
 //! all. Without `--follow` it prints what the log holds now and returns; with it, it keeps
 //! polling every [`FOLLOW_POLL_INTERVAL_MS`] from where it left off until the attempt has
-//! ended and all of its log is printed (a job not yet placed is waited for).
+//! ended and all of its log is printed (a job not yet placed is waited for, saying so on
+//! stderr).
+//!
+//! An attempt that never launched has no log: when the attempt read has ended with nothing
+//! in its log and the job's reason is a launch failure (`launch failed on node ...`, the
+//! agent's message as the coordinators recorded it), that reason is the error and the exit
+//! status 1, instead of an empty output that looks like success.
 
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
 use quotient_common::api::{ApiRequest, ApiResponse, LOG_READ_BYTES_MAX};
-use quotient_common::JobId;
+use quotient_common::{ErrorCode, JobId};
 
 use crate::client::{unexpected, Session};
+use crate::failure::RequestFailed;
 use crate::GlobalArgs;
+
+/// How the coordinators' reason for a job starts when its last attempt failed to launch
+/// (`quotient_core`'s `WaitReason::LaunchFailed`).
+pub const LAUNCH_FAILED_PREFIX: &str = "launch failed on node ";
 
 /// Pause between two polls of `--follow` when nothing new came.
 pub const FOLLOW_POLL_INTERVAL_MS: u64 = 500;
@@ -70,11 +81,26 @@ fn read(
     }
 }
 
+/// The launch failure of `attempt` of `job`, when the job's reason says its last attempt,
+/// this one, never launched.
+fn launch_failure(
+    session: &mut Session,
+    job: JobId,
+    attempt: u32,
+) -> anyhow::Result<Option<String>> {
+    let view = crate::job_get::fetch(session, job)?;
+    Ok(view
+        .reason
+        .filter(|reason| view.attempts == attempt && reason.starts_with(LAUNCH_FAILED_PREFIX)))
+}
+
 pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
     let mut stdout = std::io::stdout().lock();
     let mut attempt = args.attempt;
     let mut offset = 0;
+    let mut printed = 0_usize;
+    let mut said_waiting = false;
     loop {
         let piece = read(&mut session, args.job, attempt, offset)?;
         if piece.attempt == 0 && !args.follow {
@@ -84,6 +110,14 @@ pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
             );
             return Ok(());
         }
+        if piece.attempt == 0 && !piece.complete && !said_waiting {
+            eprintln!(
+                "{} has not started yet: waiting for it to start, then following its log \
+                 (`quotient job explain {}` says why it waits)",
+                args.job, args.job
+            );
+            said_waiting = true;
+        }
         if piece.attempt != 0 {
             // Stay with this attempt, even if the job moves on to another.
             attempt = Some(piece.attempt);
@@ -92,8 +126,20 @@ pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
             .write_all(&piece.data)
             .and_then(|()| stdout.flush())
             .context("cannot write the log to stdout")?;
+        printed += piece.data.len();
         offset = piece.next_offset;
         if piece.complete {
+            if printed == 0 && piece.attempt != 0 {
+                if let Some(reason) = launch_failure(&mut session, args.job, piece.attempt)? {
+                    return Err(RequestFailed::error(
+                        ErrorCode::FailedPrecondition,
+                        format!(
+                            "{} attempt {} never started, so it has no logs: {reason}",
+                            args.job, piece.attempt
+                        ),
+                    ));
+                }
+            }
             return Ok(());
         }
         let full = piece.data.len() >= LOG_READ_BYTES_MAX as usize;

@@ -21,9 +21,9 @@ use quotient_common::{GpuClass, JobPayload, JobSpec, RetryPolicy, RetryRule, Sig
 use crate::client::{unexpected, Session};
 use crate::output::{self, OutputFormat};
 use crate::parse::{
-    parse_cpus, parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_name, parse_memory,
-    parse_priority, parse_retry_rule, parse_share_name, parse_signal, parse_time_limit_ms,
-    UsageError,
+    parse_cpus, parse_env, parse_gpu_class, parse_grace_period_ms, parse_job_gpus, parse_job_name,
+    parse_memory, parse_priority, parse_retry_rule, parse_share_name, parse_signal,
+    parse_time_limit_ms, UsageError,
 };
 use crate::GlobalArgs;
 
@@ -34,10 +34,10 @@ pub struct JobSubmitArgs {
     #[arg(long, value_parser = parse_share_name)]
     pub share: String,
     /// 0-9999; higher runs first and may preempt lower (see docs/quota-shares.md).
-    #[arg(long, value_parser = parse_priority, default_value_t = 0)]
+    #[arg(long, value_parser = parse_priority, default_value_t = 0, allow_negative_numbers = true)]
     pub priority: u32,
-    /// GPUs the job needs, all on one node.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// GPUs the job needs, 1-64, all on one node.
+    #[arg(long, value_parser = parse_job_gpus, allow_negative_numbers = true)]
     pub gpus: u32,
     /// The GPU class; may be left out when the share has limits for one class only.
     #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
@@ -49,7 +49,8 @@ pub struct JobSubmitArgs {
     /// The signal that asks the job to checkpoint and stop when it is preempted.
     #[arg(long, value_name = "SIGNAL", value_parser = parse_signal, default_value = "SIGTERM")]
     pub checkpoint_signal: Signal,
-    /// Time between the checkpoint signal and the kill: e.g. 500ms, 30s, 5m (at most 60m).
+    /// Time between the checkpoint signal and the kill: e.g. 500ms, 30s, 5m (at most 60m)
+    /// [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_grace_period_ms)]
     pub grace_period: Option<u64>,
     /// Fail the job instead of requeueing it after this many preemptions (default: no limit).
@@ -142,6 +143,17 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
     Ok(spec)
 }
 
+/// Whether a submit failed because its share does not exist (the only thing a submit can
+/// name that is not found), so that the error can offer a near share's name.
+fn is_unknown_share(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<crate::failure::RequestFailed>()
+        .is_some_and(|failed| {
+            failed.code == quotient_common::ErrorCode::NotFound
+                && failed.message.contains("no share named")
+        })
+}
+
 /// An idempotency key unique to this invocation: process id and the clock in nanoseconds.
 fn fresh_idempotency_key() -> String {
     let nanos = SystemTime::now()
@@ -155,7 +167,13 @@ pub fn run(global: &GlobalArgs, args: &JobSubmitArgs) -> anyhow::Result<()> {
     let spec = spec(args, fresh_idempotency_key())?;
     let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::SubmitJob(spec);
-    let (job, duplicate) = match session.call(request.clone())? {
+    let answer = match session.call(request.clone()) {
+        Err(error) if is_unknown_share(&error) => {
+            return Err(crate::share_list::unknown_share(&mut session, &args.share))
+        }
+        answer => answer?,
+    };
+    let (job, duplicate) = match answer {
         ApiResponse::JobSubmitted { job, duplicate } => (job, duplicate),
         other => return Err(unexpected(&request, &other)),
     };

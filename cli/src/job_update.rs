@@ -15,8 +15,8 @@ pub struct JobUpdateArgs {
     /// The job's id, e.g. j-42.
     #[arg(value_name = "ID")]
     pub job: JobId,
-    /// The new priority, 0-9999.
-    #[arg(long, value_parser = parse_priority)]
+    /// The new priority, 0-9999; higher runs first.
+    #[arg(long, value_parser = parse_priority, allow_negative_numbers = true)]
     pub priority: u32,
 }
 

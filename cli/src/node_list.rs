@@ -1,4 +1,7 @@
-//! `quotient node list [-o json]`: the GPU hosts, their state and their GPUs.
+//! `quotient node list [-o json]`: the GPU hosts, their state and their GPUs, sorted by name
+//! in natural order: runs of digits compare as numbers, so node-2 comes before node-10.
+
+use std::cmp::Ordering;
 
 use quotient_common::api::{ApiRequest, ApiResponse, NodeView};
 use quotient_common::ErrorCode;
@@ -12,12 +15,54 @@ use crate::GlobalArgs;
 #[derive(Debug, clap::Args)]
 pub struct NodeListArgs {}
 
-/// Reads every node.
+/// Reads every node, sorted by name ([`natural_order`]).
 pub fn fetch_all(session: &mut Session) -> anyhow::Result<Vec<NodeView>> {
     let request = ApiRequest::ListNodes;
     match session.call(request.clone())? {
-        ApiResponse::Nodes(nodes) => Ok(nodes),
+        ApiResponse::Nodes(mut nodes) => {
+            nodes.sort_by(|a, b| natural_order(&a.name, &b.name));
+            Ok(nodes)
+        }
         other => Err(unexpected(&request, &other)),
+    }
+}
+
+/// Compares names in natural order: runs of ASCII digits compare as numbers (`node-2` before
+/// `node-10`), everything else character by character; names equal that way (`n01`, `n1`)
+/// fall back to plain order.
+pub fn natural_order(a: &str, b: &str) -> Ordering {
+    let (mut left, mut right) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (left.first(), right.first()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                let digits = |text: &[u8]| text.iter().take_while(|c| c.is_ascii_digit()).count();
+                let (n, m) = (digits(left), digits(right));
+                let strip = |run: &[u8]| {
+                    let zeros = run.iter().take_while(|c| **c == b'0').count();
+                    run[zeros..].to_vec()
+                };
+                let (x_run, y_run) = (strip(&left[..n]), strip(&right[..m]));
+                let by_number = x_run
+                    .len()
+                    .cmp(&y_run.len())
+                    .then_with(|| x_run.cmp(&y_run));
+                if by_number != Ordering::Equal {
+                    return by_number;
+                }
+                left = &left[n..];
+                right = &right[m..];
+            }
+            (Some(x), Some(y)) => {
+                if x != y {
+                    return x.cmp(y);
+                }
+                left = &left[1..];
+                right = &right[1..];
+            }
+        }
     }
 }
 
@@ -40,5 +85,23 @@ pub fn run(global: &GlobalArgs, _args: &NodeListArgs) -> anyhow::Result<()> {
     match global.output {
         OutputFormat::Table => output::print_text(&output::node_table(&nodes)),
         OutputFormat::Json => output::print_json(&nodes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sort_in_natural_order() {
+        // Proves node-2 before node-10, letters by character, and a total order.
+        let mut names = vec![
+            "node-10", "node-2", "gpu-a", "node-1", "node-02", "b", "node-1a",
+        ];
+        names.sort_by(|a, b| natural_order(a, b));
+        assert_eq!(
+            names,
+            ["b", "gpu-a", "node-1", "node-1a", "node-02", "node-2", "node-10"]
+        );
     }
 }

@@ -10,7 +10,7 @@ use quotient_common::job::{
     PRIORITY_MAX, TIME_LIMIT_MS_MAX, TIME_LIMIT_MS_MIN,
 };
 use quotient_common::name::validate_name;
-use quotient_common::{GpuClass, RetryRule, Signal};
+use quotient_common::{GpuClass, RetryRule, Signal, GPUS_PER_NODE_MAX};
 
 /// A usage error found after clap parsed the arguments (e.g. a combination of flags, or a
 /// spec the shared validation refuses); `main` exits 2 for it, as clap does for its own.
@@ -158,17 +158,44 @@ pub fn parse_env(text: &str) -> Result<(String, String), String> {
     Ok((key.to_string(), value.to_string()))
 }
 
-/// Parses a priority, 0-9999.
+/// Parses a priority, 0-9999. A negative one is read as a number (the flag takes
+/// `allow_negative_numbers`), so it gets this message rather than clap's "unexpected argument".
 pub fn parse_priority(text: &str) -> Result<u32, String> {
-    let priority = text
-        .parse::<u32>()
-        .map_err(|_| format!("invalid priority {text:?}: use a whole number 0-{PRIORITY_MAX}"))?;
+    let out_of_range = || {
+        format!(
+            "priority {text} is out of range: priorities are 0 to {PRIORITY_MAX}, and higher \
+             runs first"
+        )
+    };
+    if text.parse::<i64>().is_ok_and(|number| number < 0) {
+        return Err(out_of_range());
+    }
+    let priority = text.parse::<u32>().map_err(|_| {
+        format!(
+            "invalid priority {text:?}: priorities are whole numbers 0 to {PRIORITY_MAX}, and \
+             higher runs first"
+        )
+    })?;
     if priority > PRIORITY_MAX {
-        return Err(format!(
-            "priority {priority} is out of range: use 0-{PRIORITY_MAX} (higher runs first)"
-        ));
+        return Err(out_of_range());
     }
     Ok(priority)
+}
+
+/// Parses the GPUs a job needs: 1 to the most a node may have (all of a job's GPUs are on
+/// one node).
+pub fn parse_job_gpus(text: &str) -> Result<u32, String> {
+    let range = format!("a job needs 1 to {GPUS_PER_NODE_MAX} GPUs, all on one node");
+    match text.parse::<i64>() {
+        Ok(number) if number < 1 => Err(format!("{number} GPUs: {range}")),
+        Ok(number) if number as u64 > GPUS_PER_NODE_MAX as u64 => {
+            Err(format!("{number} GPUs is too many: {range}"))
+        }
+        Ok(number) => Ok(number as u32),
+        Err(_) => Err(format!(
+            "invalid GPU count {text:?}: {range}, e.g. --gpus 2"
+        )),
+    }
 }
 
 /// Parses a GPU class name such as `a10g`.
@@ -250,8 +277,17 @@ mod tests {
     fn priorities_env_and_signals_are_checked_locally() {
         // Proves the cheap checks happen before any request is sent.
         assert_eq!(parse_priority("9999"), Ok(9_999));
-        assert!(parse_priority("10000").unwrap_err().contains("0-9999"));
-        assert!(parse_priority("-1").is_err());
+        assert!(parse_priority("10000").unwrap_err().contains("0 to 9999"));
+        let negative = parse_priority("-1").unwrap_err();
+        assert!(
+            negative.contains("0 to 9999") && negative.contains("higher runs first"),
+            "{negative}"
+        );
+        assert!(parse_priority("high").unwrap_err().contains("0 to 9999"));
+        assert_eq!(parse_job_gpus("64"), Ok(64));
+        assert!(parse_job_gpus("0").unwrap_err().contains("1 to 64 GPUs"));
+        assert!(parse_job_gpus("-2").unwrap_err().contains("1 to 64 GPUs"));
+        assert!(parse_job_gpus("65").unwrap_err().contains("too many"));
         assert_eq!(parse_env("A=b=c"), Ok(("A".to_string(), "b=c".to_string())));
         assert!(parse_env("A").is_err());
         assert!(parse_env("=x").is_err());

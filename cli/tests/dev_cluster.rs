@@ -520,3 +520,309 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     assert_eq!(stopped.status.code(), Some(1));
     drop(guard);
 }
+
+/// The GPUs of the node named `name` in `node list -o json`, once it is ready.
+fn ready_gpus(config: &Path, name: &str) -> Option<usize> {
+    let nodes = json(config, &["node", "list", "-o", "json"]);
+    nodes
+        .as_array()?
+        .iter()
+        .find(|node| node["name"] == name && node["state"] == "ready")
+        .and_then(|node| node["gpus"].as_array())
+        .map(Vec::len)
+}
+
+#[test]
+fn dev_up_on_an_existing_folder_keeps_its_gpus_per_node() {
+    // Proves agents restarted by `dev up` on a stopped folder come back with the GPUs they
+    // were made with (they came back with 1 each, so a job of 4 GPUs waited forever), and that
+    // a --gpus-per-node contradicting the folder is refused.
+    require_coordinator_binary();
+    let tempdir = tempfile::tempdir().unwrap();
+    let dir = tempdir.path().join("cluster");
+    let guard = ClusterGuard { dir: dir.clone() };
+    let dir_text = dir.to_str().unwrap().to_string();
+    let nowhere = tempdir.path().join("unused.toml");
+    let up = |extra: &[&str]| {
+        let mut arguments = vec!["dev", "up", "--dir", &dir_text];
+        arguments.extend_from_slice(extra);
+        let output = quotient(&nowhere, &arguments);
+        assert!(
+            output.status.success(),
+            "{arguments:?} failed: {}",
+            text(&output.stderr)
+        );
+    };
+    up(&[
+        "--coordinators",
+        "1",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "--gpu-class",
+        "h100",
+    ]);
+    let config = dir.canonicalize().unwrap().join("client.toml");
+    assert_eq!(ready_gpus(&config, "node-1"), Some(4));
+    let down = quotient(&nowhere, &["dev", "down", "--dir", &dir_text]);
+    assert!(down.status.success(), "{}", text(&down.stderr));
+
+    up(&[]);
+    assert_eq!(ready_gpus(&config, "node-1"), Some(4), "after dev up again");
+    let nodes = json(&config, &["node", "list", "-o", "json"]);
+    assert_eq!(nodes[0]["gpus"][0]["class"], "h100", "{nodes}");
+    ok(
+        &config,
+        &[
+            "share",
+            "create",
+            "big",
+            "--limit",
+            "h100=4",
+            "--strategy",
+            "reserve",
+        ],
+    );
+    let job = ok(
+        &config,
+        &[
+            "job", "submit", "--share", "big", "--gpus", "4", "--", "sleep", "30",
+        ],
+    );
+    let job = job.trim_end();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let view = json(&config, &["job", "get", job, "-o", "json"]);
+        if view["state"] == "RUNNING" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a job of 4 GPUs did not run: {view}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    let refused = quotient(
+        &nowhere,
+        &["dev", "up", "--dir", &dir_text, "--gpus-per-node", "2"],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("4 GPUs each"),
+        "{}",
+        text(&refused.stderr)
+    );
+    drop(guard);
+}
+
+/// Starts one more agent, named `name` with one a10g GPU, in the cluster of `dir` (whose
+/// certificates issue its own); its stderr goes to `log`, which is no terminal.
+fn start_extra_agent(dir: &Path, config: &Path, name: &str, log: &Path) -> std::process::Child {
+    let certs = dir.join("certs");
+    let issued = quotient(
+        config,
+        &[
+            "certs",
+            "issue",
+            "--dir",
+            certs.to_str().unwrap(),
+            "--role",
+            "agent",
+            "--name",
+            name,
+        ],
+    );
+    assert!(issued.status.success(), "{}", text(&issued.stderr));
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let coordinators: Vec<&str> = cluster["coordinators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["address"].as_str().unwrap())
+        .collect();
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(quotient_binary().with_file_name("quotient-agent"))
+        .args([
+            "run",
+            "--name",
+            name,
+            "--coordinators",
+            &coordinators.join(","),
+        ])
+        .arg("--ca")
+        .arg(certs.join("ca.pem"))
+        .arg("--cert")
+        .arg(certs.join(format!("{name}.pem")))
+        .arg("--key")
+        .arg(certs.join(format!("{name}-key.pem")))
+        .arg("--state-dir")
+        .arg(dir.join(name).join("state"))
+        .args(["--runtime", "process", "--simulated-gpus", "1xa10g"])
+        .env_remove("NO_COLOR")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("quotient-agent starts")
+}
+
+/// Kills an extra agent however the test ends.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn small_things_read_plainly() {
+    // Proves: `node list` in natural name order (node-2 before node-10); an unknown share
+    // in `job submit` and `job list --share` is an error offering a near name; a killed
+    // member shows `unreachable` in `cluster status`, not `follower`; the coordinators' and
+    // agents' logs written to files carry no colour codes.
+    require_coordinator_binary();
+    let tempdir = tempfile::tempdir().unwrap();
+    let dir = tempdir.path().join("cluster");
+    let guard = ClusterGuard { dir: dir.clone() };
+    let dir_text = dir.to_str().unwrap().to_string();
+    let nowhere = tempdir.path().join("unused.toml");
+    let output = quotient(&nowhere, &["dev", "up", "--dir", &dir_text, "--nodes", "2"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let dir = dir.canonicalize().unwrap();
+    let config = dir.join("client.toml");
+
+    // --- node list: registered node-1, node-2, node-10, then a-node; listed by name
+    let mut extras = Vec::new();
+    for name in ["node-10", "a-node"] {
+        let log = tempdir.path().join(format!("{name}.log"));
+        extras.push(ChildGuard(start_extra_agent(&dir, &config, name, &log)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while ready_gpus(&config, name).is_none() {
+            assert!(std::time::Instant::now() < deadline, "{name} never ready");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    let nodes = json(&config, &["node", "list", "-o", "json"]);
+    let names: Vec<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| node["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a-node", "node-1", "node-2", "node-10"], "{nodes}");
+    let table = ok(&config, &["node", "list"]);
+    let rows: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(rows, names, "{table}");
+
+    // --- an unknown share: an error, with the near name when there is one
+    ok(
+        &config,
+        &[
+            "share",
+            "create",
+            "team-a",
+            "--limit",
+            "a10g=1",
+            "--strategy",
+            "lend",
+        ],
+    );
+    let submitted = quotient(
+        &config,
+        &[
+            "job", "submit", "--share", "team", "--gpus", "1", "--", "true",
+        ],
+    );
+    assert_eq!(submitted.status.code(), Some(1));
+    assert!(
+        text(&submitted.stderr).contains("no share named team: did you mean team-a?"),
+        "{}",
+        text(&submitted.stderr)
+    );
+    let listed = quotient(&config, &["job", "list", "--share", "teem-a"]);
+    assert_eq!(listed.status.code(), Some(1), "{}", text(&listed.stdout));
+    assert!(listed.stdout.is_empty());
+    assert!(
+        text(&listed.stderr).contains("no share named teem-a: did you mean team-a?"),
+        "{}",
+        text(&listed.stderr)
+    );
+    let listed = quotient(&config, &["job", "list", "--share", "nosuch", "-o", "json"]);
+    assert_eq!(listed.status.code(), Some(1));
+    let refusal: Value = serde_json::from_slice(&listed.stderr).unwrap();
+    assert_eq!(refusal["error"]["code"], "NotFound", "{refusal}");
+    assert!(
+        !refusal["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean"),
+        "{refusal}"
+    );
+    assert_eq!(
+        json(&config, &["job", "list", "--share", "team-a", "-o", "json"]),
+        serde_json::json!([])
+    );
+
+    // --- a killed follower is unreachable, not a follower
+    let status = json(&config, &["cluster", "status", "-o", "json"]);
+    let leader = status["leader"].as_u64().unwrap();
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let follower = cluster["coordinators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|entry| entry["id"] != leader)
+        .unwrap();
+    let follower_id = follower["id"].as_u64().unwrap();
+    // SAFETY: kill(2) on a coordinator this test started; no memory is involved.
+    unsafe {
+        libc::kill(
+            follower["pid"].as_i64().unwrap() as libc::pid_t,
+            libc::SIGKILL,
+        );
+    }
+    let status = json(&config, &["cluster", "status", "-o", "json"]);
+    let member = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|member| member["id"] == follower_id)
+        .unwrap()
+        .clone();
+    assert_eq!(member["status"], "unreachable", "{status}");
+    assert_eq!(member["role"], "follower", "the Raft role stays: {status}");
+    let table = ok(&config, &["cluster", "status"]);
+    let row = table
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(&follower_id.to_string()))
+        .unwrap();
+    assert!(row.contains("unreachable"), "{table}");
+    assert!(!row.contains("follower"), "{table}");
+
+    // --- logs written to files have no colour codes
+    let mut logs = vec![
+        dir.join("coord-1").join("coordinator.log"),
+        dir.join("node-1").join("agent.log"),
+    ];
+    logs.extend(["node-10", "a-node"].map(|name| tempdir.path().join(format!("{name}.log"))));
+    for log in logs {
+        let content = std::fs::read_to_string(&log).unwrap();
+        assert!(content.contains("INFO"), "{}: {content}", log.display());
+        assert!(
+            !content.contains('\u{1b}'),
+            "{} has colour codes: {content}",
+            log.display()
+        );
+    }
+    drop(extras);
+    drop(guard);
+}

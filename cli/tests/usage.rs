@@ -322,3 +322,61 @@ fn job_submit_needs_no_priority_or_name() {
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(text.contains("[default: 0]"), "{text}");
 }
+
+#[test]
+fn out_of_range_priorities_and_gpu_counts_are_said_plainly() {
+    // Proves `--priority -1` is read as a priority (not as an unknown flag) and says the
+    // range, and `--gpus 0` says how many GPUs a job may ask for; both exit 2 before anything
+    // is sent.
+    let home = tempfile::tempdir().unwrap();
+    let submit = |extra: &[&str]| {
+        let mut arguments = vec!["job", "submit", "--share", "qs1"];
+        arguments.extend_from_slice(extra);
+        arguments.extend_from_slice(&["--", "true"]);
+        quotient(&arguments, None, home.path())
+    };
+    for (arguments, expected) in [
+        (
+            submit(&["--priority", "-1", "--gpus", "1"]),
+            "priorities are 0 to 9999, and higher runs first",
+        ),
+        (
+            submit(&["--priority", "10000", "--gpus", "1"]),
+            "priorities are 0 to 9999",
+        ),
+        (submit(&["--gpus", "0"]), "a job needs 1 to 64 GPUs"),
+        (submit(&["--gpus", "-1"]), "a job needs 1 to 64 GPUs"),
+        (
+            quotient(
+                &["job", "update", "j-1", "--priority", "-1"],
+                None,
+                home.path(),
+            ),
+            "priorities are 0 to 9999",
+        ),
+    ] {
+        let text = stderr(&arguments);
+        assert_eq!(arguments.status.code(), Some(2), "{text}");
+        assert!(text.contains(expected), "{expected:?} in {text}");
+        assert!(!text.contains("unexpected argument"), "{text}");
+    }
+}
+
+#[test]
+fn help_shows_the_defaults() {
+    // Proves `job submit --help` shows the grace period's default, and `dev up --help` says
+    // that a folder's own settings are read back.
+    let home = tempfile::tempdir().unwrap();
+    let help = quotient(&["job", "submit", "--help"], None, home.path());
+    let text = String::from_utf8_lossy(&help.stdout);
+    let grace = text
+        .split("--grace-period")
+        .nth(1)
+        .and_then(|rest| rest.split("--max-preemptions").next())
+        .unwrap_or_default();
+    assert!(grace.contains("[default: 30s]"), "{text}");
+    let help = quotient(&["dev", "up", "--help"], None, home.path());
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("settings DIR recorded"), "{text}");
+    assert!(text.contains("as DIR's nodes have them"), "{text}");
+}

@@ -113,6 +113,52 @@ fn follow_shows_later_lines_and_ends_with_the_job() {
     wait_for_state(&cluster, &job, "SUCCEEDED");
 }
 
+/// `--follow` on a job still queued says on stderr that it waits for the job to start, then
+/// prints the job's lines once it runs, and ends with it.
+#[test]
+fn follow_on_a_queued_job_waits_for_it_then_follows() {
+    let cluster = cluster();
+    let flag = cluster.root.path().join("release");
+    let blocker = submit(
+        &cluster,
+        &format!("while [ ! -e '{}' ]; do sleep 0.1; done", flag.display()),
+    );
+    wait_for_state(&cluster, &blocker, "RUNNING");
+    let queued = submit(&cluster, "echo queued one; echo its end");
+    let follow = Command::new(binaries().join("quotient"))
+        .args(["job", "logs", &queued, "-f"])
+        .env("QUOTIENT_CONFIG", &cluster.config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("quotient job logs -f starts");
+    // Long enough for a first poll to see the job queued.
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(&flag, b"").expect("the flag file is written");
+    let (done_tx, done) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(follow.wait_with_output());
+    });
+    let output = done
+        .recv_timeout(SETTLE)
+        .expect("-f ends once the queued job has run")
+        .expect("-f's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "-f ended with {}: {stderr}",
+        output.status
+    );
+    assert!(
+        stderr.contains("waiting for it to start"),
+        "-f says it waits: {stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "queued one\nits end\n"
+    );
+}
+
 /// Logs from a node whose agent is gone: exit 1 and an error that names the node, well
 /// before the CLI's own deadline.
 #[test]

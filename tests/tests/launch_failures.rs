@@ -58,6 +58,22 @@ fn a_job_that_cannot_launch_fails_with_the_reason_and_frees_its_gpu() {
     assert_eq!(view["node"], Value::Null, "{view}");
     let text = cluster.ok(&["job", "get", &job]);
     assert!(text.contains("launch failed on node node-1"), "{text}");
+    // Its logs are the launch failure, and a failure: the attempt never ran to write any.
+    for arguments in [
+        vec!["job", "logs", &job],
+        vec!["job", "logs", &job, "--follow"],
+    ] {
+        let logs = cluster.run(&arguments);
+        let stderr = String::from_utf8_lossy(&logs.stderr);
+        assert_eq!(logs.status.code(), Some(1), "{arguments:?}: {stderr}");
+        assert!(logs.stdout.is_empty(), "{arguments:?}");
+        assert!(
+            stderr.contains("never started")
+                && stderr.contains("launch failed on node node-1")
+                && stderr.contains("run the agent with --runtime docker"),
+            "{arguments:?}: {stderr}"
+        );
+    }
     the_gpu_is_free(&cluster);
 }
 

@@ -150,7 +150,12 @@ fn init_tracing(json: bool) {
         .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,quinn=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: a log file or a pipe gets plain text.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        );
     if json {
         builder.json().init();
     } else {
