@@ -208,6 +208,10 @@ struct Queue<'a> {
 enum Blocked {
     Refused(Refusal),
     Reason(WaitReason),
+    /// No node with the GPUs can run the job (no Docker, its image nowhere, unreachable):
+    /// it waits, but the jobs behind it in its queue are not held up by it, since the GPUs
+    /// they would take are no use to it.
+    Unrunnable(WaitReason),
 }
 
 /// A queue's jobs that can fit at all, in queue order: its per-size sets up to the largest
@@ -505,6 +509,13 @@ impl<'a> Round<'a> {
                         heap.push((key, q));
                     }
                 }
+                Err(Blocked::Unrunnable(reason)) => {
+                    self.wait(job.id, reason);
+                    self.queues[q].heads.next();
+                    if let Some(key) = self.head_key(q) {
+                        heap.push((key, q));
+                    }
+                }
                 Err(reason) => self.queues[q].blocked = Some((job.id, reason)),
             }
         }
@@ -540,11 +551,17 @@ impl<'a> Round<'a> {
                 }))
             }
             Err(Some(unfit)) => {
-                return Err(Blocked::Reason(WaitReason::NodeUnfit {
+                let reason = WaitReason::NodeUnfit {
                     class: class.clone(),
                     gpus: job.gpus(),
                     unfit: unfit.to_string(),
-                }))
+                };
+                return Err(match unfit {
+                    Unfit::Cpus { .. } | Unfit::Memory { .. } => Blocked::Reason(reason),
+                    Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable => {
+                        Blocked::Unrunnable(reason)
+                    }
+                });
             }
         };
         let slot = scratch.slot(node).expect("best_fit returns a known node");
@@ -914,7 +931,7 @@ impl<'a> Round<'a> {
                     }
                     refusal.reason(queue.share, queue.class)
                 }
-                Blocked::Reason(reason) => reason,
+                Blocked::Reason(reason) | Blocked::Unrunnable(reason) => reason,
             };
             self.wait(id, reason);
         }

@@ -291,3 +291,19 @@ fn nothing_new_goes_to_an_unreachable_node() {
         reason_of(&sim, id)
     );
 }
+
+/// A job no node can run does not hold up the jobs behind it in its queue: they take the
+/// GPUs it could not use. (A job that waits for CPUs or memory does hold them up, as one
+/// that waits for GPUs does, so that it is not starved.)
+#[test]
+fn a_job_no_node_can_run_does_not_hold_up_its_queue() {
+    let mut sim = one_node(1);
+    let mut boxed = job("team", "boxed", 9, 1);
+    boxed.payload.image = Some("trainer:1".into());
+    let boxed = sim.submit(boxed);
+    let plain = sim.submit(job("team", "plain", 1, 1));
+    sim.round();
+    assert_eq!(sim.state_of(boxed), JobState::Runnable);
+    assert!(reason_of(&sim, boxed).contains("no Docker runtime"));
+    assert_eq!(sim.state_of(plain), JobState::Scheduled);
+}
