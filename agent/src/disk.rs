@@ -20,7 +20,7 @@
 //!   written by the agent's follower ([`crate::runtime::docker`]), and capped the same way.
 //! - **Retention** ([`DiskKeeper::sweep`], `--log-retention`, `--checkpoint-retention`). A
 //!   job's logs (`<state_dir>/logs/<job>-<attempt>.log`) and its attempts' working dirs
-//!   (`<state_dir>/work/<job>-<attempt>`, kept as long as the logs), and its checkpoint dir
+//!   (`work/<job>-<attempt>` in the state dir, kept as long as the logs), and its checkpoint dir
 //!   (`<checkpoint_root>/<job>`) are removed once this node last ran an attempt of the job
 //!   longer ago than the retention. When it last ran is the newest modification time of those
 //!   files: the job's writes move it, and the agent sets it to now when an attempt ends here,
