@@ -661,6 +661,8 @@ fn start_extra_agent(dir: &Path, config: &Path, name: &str, log: &Path) -> std::
         .arg("--state-dir")
         .arg(dir.join(name).join("state"))
         .args(["--runtime", "process", "--simulated-gpus", "1xa10g"])
+        // Tests run as root in CI; a dev cluster's jobs run as whoever runs it.
+        .arg("--allow-root-jobs")
         .env_remove("NO_COLOR")
         .stdout(log.try_clone().unwrap())
         .stderr(log)

@@ -456,6 +456,8 @@ async fn a_registered_node_runs_a_submitted_job_and_unknown_reports_are_rejected
     assert!(started.elapsed() >= Duration::from_millis(WATCH_TIMEOUT_MS / 2));
 
     create(&admin, share_of("team", Strategy::LendAndBorrow, 2)).await;
+    // Heard from just now: a node silent past a heartbeat is unreachable, and gets no job.
+    agent.heartbeat("node-1", 2).await;
     let id = support::submit(&admin, support::job("team", 5)).await;
     let desired = agent
         .watch_until("node-1", "the job placed on node-1", |state| {

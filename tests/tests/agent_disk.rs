@@ -46,9 +46,9 @@ fn node_list_shows_the_disk_use_an_agent_reports() {
     assert_eq!(used, logs + checkpoints, "{node}");
     let table = cluster.ok(&["node", "list"]);
     let header = table.lines().next().unwrap_or_default();
-    assert!(header.ends_with("DISK-USED/FREE"), "{table}");
+    assert!(header.contains("DISK-USED/FREE"), "{table}");
     let row = table.lines().nth(1).unwrap_or_default();
-    assert!(row.contains("B/"), "used/free in the last column: {table}");
+    assert!(row.contains("B/"), "used/free in its column: {table}");
 }
 
 /// A job that writes about 80 times the cap: `job logs` shows its first line, one line for
