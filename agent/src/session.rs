@@ -864,6 +864,10 @@ pub fn desired_allocation(allocation: WireAllocation) -> DesiredAllocation {
             WireIntent::Run => Intent::Run,
             WireIntent::Stop => Intent::Stop,
         },
+        limits: crate::runtime::JobLimits {
+            cpu_millis: allocation.cpu_millis,
+            memory_bytes: allocation.memory_bytes,
+        },
     }
 }
 

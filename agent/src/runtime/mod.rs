@@ -127,6 +127,41 @@ pub struct LaunchSpec {
     /// Recorded with the job so that a restarted agent can stop it gracefully.
     pub checkpoint_signal: Signal,
     pub grace_period_ms: u64,
+    /// The CPUs and memory the attempt may use here.
+    pub limits: JobLimits,
+}
+
+/// The CPUs and memory the coordinators set aside for an attempt on this node, which the
+/// runtime holds it to: a process job through its own cgroup ([`cgroup`]), a container
+/// through Docker. 0 is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct JobLimits {
+    /// CPUs in thousandths (1500: one and a half CPUs of time per wall-clock second).
+    pub cpu_millis: u32,
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+}
+
+impl JobLimits {
+    /// No limit at all.
+    pub const NONE: JobLimits = JobLimits {
+        cpu_millis: 0,
+        memory_bytes: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        *self == JobLimits::NONE
+    }
+
+    /// Docker's `NanoCpus` (billionths of a CPU); `None` without a CPU limit.
+    pub fn nano_cpus(&self) -> Option<i64> {
+        (self.cpu_millis > 0).then(|| i64::from(self.cpu_millis) * 1_000_000)
+    }
+
+    /// Docker's `Memory` in bytes; `None` without a memory limit.
+    pub fn docker_memory(&self) -> Option<i64> {
+        (self.memory_bytes > 0).then(|| i64::try_from(self.memory_bytes).unwrap_or(i64::MAX))
+    }
 }
 
 /// A started attempt, as the runtime knows it.
@@ -469,6 +504,7 @@ mod tests {
             log_path: PathBuf::from("/state/logs/j-7-2.log"),
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: 1_000,
+            limits: JobLimits::NONE,
         }
     }
 
