@@ -44,6 +44,7 @@ use crate::journal::{Journal, JournalError};
 use crate::lease::{LeaseClock, LEASE_FILE};
 use crate::log_server::LogSource;
 use crate::reconcile::{Desired, LocalPhase};
+use crate::runtime::cgroup::Cgroups;
 use crate::runtime::host::{DockerSetup, HostRuntime};
 use crate::runtime::process::ProcessRuntime;
 use crate::runtime::{lookup_user, JobUser, Runtime, RuntimeError};
@@ -193,9 +194,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .map(|gpu| (gpu.index, gpu.uuid.clone()))
         .collect();
     let lease_file = config.state_dir.join(LEASE_FILE);
-    let process = ProcessRuntime::new(&config.state_dir)
+    let mut process = ProcessRuntime::new(&config.state_dir)
         .with_orphan_watchdog(&lease_file)
         .with_job_user(user.clone());
+    match Cgroups::set_up() {
+        Ok(cgroups) => {
+            tracing::info!(cgroups = %cgroups.describe(), "CPU and memory limits are enforced: process jobs run in cgroups of their own, containers under Docker's limits");
+            process = process.with_cgroups(Arc::new(cgroups));
+        }
+        Err(why) => tracing::warn!(
+            "CPU and memory limits are NOT enforced for process jobs (containers still get Docker's): {why}"
+        ),
+    }
     let docker = match config.runtime {
         RuntimeKind::Process => None,
         RuntimeKind::Auto | RuntimeKind::Docker => {

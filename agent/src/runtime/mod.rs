@@ -20,6 +20,7 @@
 //! jobs as that user: a process with its uid and gid (supplementary groups cleared), a
 //! container with `--user uid:gid` (or the image's own user when jobs may run as root).
 
+pub mod cgroup;
 pub mod docker;
 pub mod host;
 pub mod process;
