@@ -40,6 +40,7 @@ use crate::executor::Executor;
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::simulated::SimulatedBackend;
 use crate::gpu::{GpuBackend, GpuError};
+use crate::host_info::{self, HostResources};
 use crate::journal::{Journal, JournalError};
 use crate::lease::{LeaseClock, LEASE_FILE};
 use crate::log_server::LogSource;
@@ -220,7 +221,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             })
         }
     };
-    let runtime = HostRuntime::new(&config.name, process, docker);
+    let runtime = Arc::new(HostRuntime::new(&config.name, process, docker));
     match (config.runtime, runtime.docker().await) {
         (RuntimeKind::Process, _) => {
             tracing::info!("process jobs only (--runtime process): jobs with an image fail to launch here")
@@ -231,7 +232,23 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             "process jobs only for now: {error}; container jobs fail to launch here until Docker answers"
         ),
     }
-    drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
+    let resources = HostResources::detect(config.cpu_millis, config.memory_bytes);
+    let (host, left_out) = host_info::current(&runtime, resources).await;
+    if left_out > 0 {
+        host_info::warn_left_out(left_out);
+    }
+    tracing::info!(runtimes = ?host.runtimes, images = host.images.len(), cpu_millis = host.cpu_millis,
+        memory_bytes = host.memory_bytes, cpus_given = config.cpu_millis.is_some(),
+        memory_given = config.memory_bytes.is_some(), "this host offers jobs");
+    let (host_tx, host_rx) = watch::channel(host);
+    tokio::spawn(host_info::keep_current(
+        runtime.clone(),
+        resources,
+        host_tx,
+        Duration::from_millis(config.host_recheck_ms),
+        left_out,
+    ));
+    drive(config, tls, backend, gpu_uuids, runtime, host_rx, shutdown).await
 }
 
 async fn drive<R: Runtime + 'static>(
@@ -240,6 +257,7 @@ async fn drive<R: Runtime + 'static>(
     backend: Arc<dyn GpuBackend>,
     gpu_uuids: BTreeMap<u32, String>,
     runtime: R,
+    host: watch::Receiver<quotient_common::HostInfo>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let journal = Journal::open(&config.state_dir, &config.name)?;
@@ -279,6 +297,7 @@ async fn drive<R: Runtime + 'static>(
         logs: log_source(&config),
         cluster,
         disk_usage: disk_usage_rx,
+        host,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let session = LeaderSession::new(

@@ -250,6 +250,59 @@ pub trait Runtime: Send + Sync {
     }
 }
 
+/// A shared runtime is a runtime: the executor may own one while the agent asks it what the
+/// host can run.
+impl<R: Runtime> Runtime for std::sync::Arc<R> {
+    fn start(
+        &self,
+        spec: &LaunchSpec,
+    ) -> impl Future<Output = Result<JobHandle, RuntimeError>> + Send {
+        (**self).start(spec)
+    }
+
+    fn signal(
+        &self,
+        handle: &JobHandle,
+        signal: Signal,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).signal(handle, signal)
+    }
+
+    fn kill(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).kill(handle)
+    }
+
+    fn status(
+        &self,
+        handle: &JobHandle,
+    ) -> impl Future<Output = Result<JobStatus, RuntimeError>> + Send {
+        (**self).status(handle)
+    }
+
+    fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send {
+        (**self).list_own()
+    }
+
+    fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).remove(handle)
+    }
+
+    fn logs(
+        &self,
+        handle: &JobHandle,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send {
+        (**self).logs(handle)
+    }
+
+    fn wait(
+        &self,
+        handle: &JobHandle,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<Option<i32>>, RuntimeError>> + Send {
+        (**self).wait(handle, timeout)
+    }
+}
+
 /// How a runtime numbers the GPUs it exposes in `CUDA_VISIBLE_DEVICES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuNumbering {
