@@ -45,7 +45,7 @@ use crate::journal::{Journal, JournalError};
 use crate::lease::{LeaseClock, LEASE_FILE};
 use crate::log_server::LogSource;
 use crate::reconcile::{Desired, LocalPhase};
-use crate::runtime::cgroup::Cgroups;
+use crate::runtime::cgroup::{self, Cgroups};
 use crate::runtime::host::{DockerSetup, HostRuntime};
 use crate::runtime::process::ProcessRuntime;
 use crate::runtime::{lookup_user, JobUser, Runtime, RuntimeError};
@@ -198,7 +198,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let mut process = ProcessRuntime::new(&config.state_dir)
         .with_orphan_watchdog(&lease_file)
         .with_job_user(user.clone());
-    match Cgroups::set_up() {
+    match Cgroups::set_up(&cgroup::owner_name(&config.name, &config.state_dir)) {
         Ok(cgroups) => {
             tracing::info!(cgroups = %cgroups.describe(), "CPU and memory limits are enforced: process jobs run in cgroups of their own, containers under Docker's limits");
             process = process.with_cgroups(Arc::new(cgroups));

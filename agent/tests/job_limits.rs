@@ -40,7 +40,7 @@ fn host_could_enforce() -> bool {
 
 /// The agent's cgroups, or `None` (skip) where the host cannot have them.
 fn cgroups() -> Option<Arc<Cgroups>> {
-    match Cgroups::set_up() {
+    match Cgroups::set_up(&format!("limits-{}", std::process::id())) {
         Ok(cgroups) => Some(Arc::new(cgroups)),
         Err(why) if in_ci() && host_could_enforce() => {
             panic!("cgroups are there and writable, but limits are not enforced: {why}")
@@ -135,7 +135,10 @@ cat "/sys/fs/cgroup/memory$memory/memory.limit_in_bytes" > "$QUOTIENT_CHECKPOINT
             .to_string()
     };
     assert!(
-        read("cgroup").ends_with("/quotient-jobs/j-92-3"),
+        read("cgroup").ends_with(&format!(
+            "/quotient-jobs/limits-{}.j-92-3",
+            std::process::id()
+        )),
         "{}",
         read("cgroup")
     );

@@ -1,7 +1,10 @@
 //! Holding a process job to its CPUs and memory with a cgroup of its own.
 //!
 //! At start the agent sets up ([`Cgroups::set_up`]) a parent cgroup for its jobs,
-//! `quotient-jobs`, and each attempt gets a child of it, `quotient-jobs/<job>-<attempt>`,
+//! `quotient-jobs`, and each attempt gets a child of it,
+//! `quotient-jobs/<node>-<state>.<job>-<attempt>` (`<state>`: 8 hexadecimal digits hashed from
+//! the agent's state dir, so that agents sharing a cgroup never touch each other's jobs;
+//! see [`owner_name`]),
 //! with the attempt's limits ([`JobLimits`]): CPU time (`cpu.max`, `<millis × 100> 100000`:
 //! per 100 ms period) and memory (`memory.max`, with `memory.swap.max` 0 so the limit holds
 //! swap included). The job's first process enters it in the forked child before it execs
@@ -26,7 +29,7 @@
 //!
 //! # cgroups v1 (legacy and hybrid hosts)
 //! When `/sys/fs/cgroup` is not v2, the `cpu` and `memory` v1 hierarchies are used instead:
-//! `quotient-jobs/<job>-<attempt>` under the agent's own cgroup in each, with
+//! `quotient-jobs/<node>-<state>.<job>-<attempt>` under the agent's own cgroup in each, with
 //! `cpu.cfs_quota_us`/`cpu.cfs_period_us` and `memory.limit_in_bytes` (and
 //! `memory.memsw.limit_in_bytes` where swap is accounted). v1 has no rule against internal
 //! processes, so the agent stays where it is.
@@ -75,6 +78,8 @@ enum Layout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cgroups {
     layout: Layout,
+    /// What prefixes each attempt's cgroup: [`owner_name`].
+    owner: String,
 }
 
 /// An attempt's cgroup, ready for its first process to enter.
@@ -103,15 +108,21 @@ impl JobCgroup {
 impl Cgroups {
     /// Sets the jobs' parent cgroup up (see the module docs), or says why limits cannot be
     /// enforced on this host.
-    pub fn set_up() -> Result<Cgroups, String> {
+    /// `owner` names this agent's attempts' cgroups ([`owner_name`]).
+    pub fn set_up(owner: &str) -> Result<Cgroups, String> {
         let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|error| format!("cannot read /proc/self/cgroup: {error}"))?;
-        if is_v2_mount(Path::new(CGROUP_MOUNT)) {
-            return set_up_v2(Path::new(CGROUP_MOUNT), &proc_cgroup);
-        }
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|error| format!("cannot read /proc/self/mountinfo: {error}"))?;
-        set_up_v1(&mountinfo, &proc_cgroup)
+        let layout = if is_v2_mount(Path::new(CGROUP_MOUNT)) {
+            set_up_v2(Path::new(CGROUP_MOUNT), &proc_cgroup)?
+        } else {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+                .map_err(|error| format!("cannot read /proc/self/mountinfo: {error}"))?;
+            set_up_v1(&mountinfo, &proc_cgroup)?
+        };
+        Ok(Cgroups {
+            layout,
+            owner: owner.to_string(),
+        })
     }
 
     pub fn version(&self) -> CgroupVersion {
@@ -137,7 +148,7 @@ impl Cgroups {
 
     /// The attempt's cgroup dirs (one per hierarchy).
     pub fn dirs(&self, job: JobId, attempt: u32) -> Vec<PathBuf> {
-        let name = format!("{job}-{attempt}");
+        let name = format!("{}.{job}-{attempt}", self.owner);
         match &self.layout {
             Layout::V2 { jobs } => vec![jobs.join(name)],
             Layout::V1 { memory, cpu } => vec![memory.join(&name), cpu.join(name)],
@@ -236,6 +247,20 @@ impl Cgroups {
     }
 }
 
+/// What names an agent's attempts' cgroups: its node name and a hash (FNV-1a) of its state
+/// dir, the same across restarts, different for two agents on one host.
+pub fn owner_name(node: &str, state_dir: &Path) -> String {
+    let absolute = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let hash = absolute
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0x811c_9dc5u32, |hash, byte| {
+            (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+        });
+    format!("{node}-{hash:08x}")
+}
+
 /// Whether `mount` is a cgroup v2 mount (it has `cgroup.controllers`).
 fn is_v2_mount(mount: &Path) -> bool {
     mount.join("cgroup.controllers").is_file()
@@ -295,7 +320,7 @@ fn under(mount: &Path, root: &str, path: &str) -> PathBuf {
     }
 }
 
-fn set_up_v2(mount: &Path, proc_cgroup: &str) -> Result<Cgroups, String> {
+fn set_up_v2(mount: &Path, proc_cgroup: &str) -> Result<Layout, String> {
     let path = v2_path(proc_cgroup)
         .ok_or("cgroups v2 is mounted, but /proc/self/cgroup names no v2 cgroup of the agent")?;
     let own = under(mount, "/", path);
@@ -342,9 +367,7 @@ fn set_up_v2(mount: &Path, proc_cgroup: &str) -> Result<Cgroups, String> {
     create_dir_if_missing(&jobs)
         .map_err(|error| format!("cannot create {}: {error}", jobs.display()))?;
     enable_controllers(&jobs)?;
-    Ok(Cgroups {
-        layout: Layout::V2 { jobs },
-    })
+    Ok(Layout::V2 { jobs })
 }
 
 fn enable_controllers(dir: &Path) -> Result<(), String> {
@@ -364,7 +387,7 @@ fn enable_controllers(dir: &Path) -> Result<(), String> {
     })
 }
 
-fn set_up_v1(mountinfo: &str, proc_cgroup: &str) -> Result<Cgroups, String> {
+fn set_up_v1(mountinfo: &str, proc_cgroup: &str) -> Result<Layout, String> {
     let mut jobs = Vec::new();
     for controller in ["memory", "cpu"] {
         let (mount, root) = v1_mount(mountinfo, controller).ok_or_else(|| {
@@ -382,9 +405,7 @@ fn set_up_v1(mountinfo: &str, proc_cgroup: &str) -> Result<Cgroups, String> {
     }
     let cpu = jobs.pop().expect("two hierarchies");
     let memory = jobs.pop().expect("two hierarchies");
-    Ok(Cgroups {
-        layout: Layout::V1 { memory, cpu },
-    })
+    Ok(Layout::V1 { memory, cpu })
 }
 
 fn create_dir_if_missing(dir: &Path) -> std::io::Result<()> {
@@ -554,6 +575,19 @@ mod tests {
         );
         assert_eq!(under(&mount, &root, "/docker/abc"), mount);
         assert_eq!(v1_mount(mountinfo, "pids"), None);
+    }
+
+    /// An agent's cgroups are named by its node and state dir: the same across restarts,
+    /// different for another state dir.
+    #[test]
+    fn owner_names_differ_by_state_dir() {
+        let a = owner_name("gpu-1", Path::new("/nonexistent/a"));
+        assert_eq!(a, owner_name("gpu-1", Path::new("/nonexistent/a")));
+        assert_ne!(a, owner_name("gpu-1", Path::new("/nonexistent/b")));
+        assert!(
+            a.starts_with("gpu-1-") && a.len() == "gpu-1-".len() + 8,
+            "{a}"
+        );
     }
 
     /// `cpu.max` reads as thousandths of a CPU; `max` is no limit.
