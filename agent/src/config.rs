@@ -179,6 +179,18 @@ pub struct RunFlags {
     /// run the job].
     #[arg(long, value_name = "DURATION", value_parser = parse_retention, env = "QUOTIENT_AGENT_CHECKPOINT_RETENTION")]
     pub checkpoint_retention: Option<Retention>,
+    /// The CPUs this node offers jobs, e.g. 60 or 7.5 [default: the CPUs the agent may use:
+    /// online CPUs, or its cgroup's CPU quota if lower]. Set it lower to keep some for the
+    /// host.
+    #[arg(long, value_name = "N", value_parser = parse_cpus, env = "QUOTIENT_AGENT_CPUS")]
+    pub cpus: Option<u32>,
+    /// The memory this node offers jobs, e.g. 480GiB [default: MemTotal, or the agent's
+    /// cgroup's memory limit if lower]. Set it lower to keep some for the host.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory, env = "QUOTIENT_AGENT_MEMORY")]
+    pub memory: Option<u64>,
+    /// How often the agent looks again at its images and Docker, in ms (tests shorten it).
+    #[arg(long, default_value_t = crate::host_info::HOST_RECHECK_MS, hide = true)]
+    pub host_recheck_ms: u64,
 }
 
 /// How long files are kept: a number of milliseconds, or forever.
@@ -262,6 +274,65 @@ pub fn parse_log_max_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// The most CPUs `--cpus` takes (CPUs are reported in thousandths in a `u32`).
+pub const CPUS_MAX: u32 = 1_000_000;
+
+/// Parses `--cpus`: a positive number of CPUs with at most three decimals, into thousandths.
+pub fn parse_cpus(text: &str) -> Result<u32, String> {
+    let hint = || format!("invalid CPU count {text:?}: write a positive number, e.g. 60 or 7.5");
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    if whole.is_empty()
+        || fraction.len() > 3
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return Err(hint());
+    }
+    let whole: u64 = whole.parse().map_err(|_| hint())?;
+    let fraction: u64 = format!("{fraction:0<3}").parse().map_err(|_| hint())?;
+    let millis = whole
+        .checked_mul(1_000)
+        .and_then(|millis| millis.checked_add(fraction))
+        .filter(|millis| *millis <= u64::from(CPUS_MAX) * 1_000)
+        .ok_or_else(|| format!("CPU count {text:?} is over {CPUS_MAX}"))?;
+    if millis == 0 {
+        return Err(format!(
+            "CPU count {text:?}: a node offers at least 0.001 CPUs"
+        ));
+    }
+    Ok(millis as u32)
+}
+
+/// Parses `--memory`: bytes, or a whole number with KiB, MiB, GiB or TiB; more than 0.
+pub fn parse_memory(text: &str) -> Result<u64, String> {
+    let hint = || {
+        format!("invalid size {text:?}: write bytes, or a whole number with KiB, MiB, GiB or TiB (e.g. 480GiB)")
+    };
+    let (number, unit) = [
+        ("KiB", 1u64 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("TiB", 1 << 40),
+    ]
+    .into_iter()
+    .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|number| (number, unit)))
+    .unwrap_or((text, 1));
+    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(hint());
+    }
+    let bytes = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|number| number.checked_mul(unit))
+        .ok_or_else(hint)?;
+    if bytes == 0 {
+        return Err(format!("memory {text:?}: a node offers more than 0 bytes"));
+    }
+    Ok(bytes)
+}
+
 /// A checked configuration of the long-running agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentConfig {
@@ -284,6 +355,12 @@ pub struct AgentConfig {
     pub job_user: Option<String>,
     /// `--allow-root-jobs`.
     pub allow_root_jobs: bool,
+    /// `--cpus`, in thousandths: what the node reports instead of what it detects.
+    pub cpu_millis: Option<u32>,
+    /// `--memory`, in bytes: what the node reports instead of what it detects.
+    pub memory_bytes: Option<u64>,
+    /// How often the agent looks again at its images and Docker.
+    pub host_recheck_ms: u64,
 }
 
 /// Why the agent will not run jobs as the user it was told (or not told).
@@ -387,6 +464,9 @@ impl RunFlags {
             disk,
             job_user: self.job_user,
             allow_root_jobs: self.allow_root_jobs,
+            cpu_millis: self.cpus,
+            memory_bytes: self.memory,
+            host_recheck_ms: self.host_recheck_ms.max(100),
         })
     }
 }
@@ -619,5 +699,47 @@ mod tests {
                 checkpoint_retention: Retention::after_ms(2 * 86_400_000),
             }
         );
+    }
+
+    /// `--cpus` takes whole and decimal CPU counts into thousandths, `--memory` sizes with
+    /// units; zero and nonsense are refused; both reach the config.
+    #[test]
+    fn cpus_and_memory_parse() {
+        assert_eq!(parse_cpus("60"), Ok(60_000));
+        assert_eq!(parse_cpus("7.5"), Ok(7_500));
+        assert_eq!(parse_cpus("0.25"), Ok(250));
+        for bad in [
+            "0", "0.0", "", ".5", "1.2345", "-1", "two", "1e3", "1000001",
+        ] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_memory("480GiB"), Ok(480 << 30));
+        assert_eq!(parse_memory("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_memory("1048576"), Ok(1 << 20));
+        for bad in ["0", "0GiB", "", "12GB", "-1", "GiB"] {
+            assert!(parse_memory(bad).is_err(), "{bad}");
+        }
+        let args = [
+            "quotient-agent",
+            "--name",
+            "gpu-1",
+            "--coordinators",
+            "c:1",
+            "--ca",
+            "ca",
+            "--cert",
+            "c",
+            "--key",
+            "k",
+            "--cpus",
+            "12.5",
+            "--memory",
+            "64GiB",
+        ];
+        let config = parse(&args).run.into_config().unwrap();
+        assert_eq!(config.cpu_millis, Some(12_500));
+        assert_eq!(config.memory_bytes, Some(64 << 30));
+        let config = parse(&args[..11]).run.into_config().unwrap();
+        assert_eq!((config.cpu_millis, config.memory_bytes), (None, None));
     }
 }

@@ -661,6 +661,7 @@ mod tests {
                     gpu_indices: Vec::new(),
                     spec: JobSpec::new("qs", 1, 1, vec!["true".into()]),
                     intent: Intent::Run,
+                    limits: crate::runtime::JobLimits::NONE,
                 })
                 .collect(),
         }

@@ -269,6 +269,7 @@ impl<R: Runtime> Executor<R> {
                 // Never read for a stop: reconcile only starts `Run` allocations.
                 spec: JobSpec::new("self-fencing", 0, 0, Vec::new()),
                 intent: Intent::Stop,
+                limits: crate::runtime::JobLimits::NONE,
             })
             .collect();
         let desired = Desired {
@@ -383,6 +384,7 @@ impl<R: Runtime> Executor<R> {
                 attempt,
                 gpu_indices,
                 spec,
+                limits,
             } => {
                 if self.jobs.len() >= LOCAL_ATTEMPTS_MAX {
                     tracing::error!(%job, "too many attempts on this node; not starting");
@@ -413,6 +415,7 @@ impl<R: Runtime> Executor<R> {
                     log_path: log_path(&self.state_dir, job, attempt),
                     checkpoint_signal: spec.checkpoint_signal,
                     grace_period_ms: spec.grace_period_ms,
+                    limits,
                 };
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {

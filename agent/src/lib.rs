@@ -32,6 +32,7 @@ pub mod config;
 pub mod disk;
 pub mod executor;
 pub mod gpu;
+pub mod host_info;
 pub mod journal;
 pub mod lease;
 pub mod log_server;

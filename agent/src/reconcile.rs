@@ -28,6 +28,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use quotient_common::{JobEvent, JobId, JobSpec, Signal};
 
+pub use crate::runtime::JobLimits;
+
 /// What the coordinators want of one allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
@@ -45,6 +47,8 @@ pub struct DesiredAllocation {
     pub gpu_indices: Vec<u32>,
     pub spec: JobSpec,
     pub intent: Intent,
+    /// The CPUs and memory the coordinators set aside for the attempt here.
+    pub limits: JobLimits,
 }
 
 /// The node's whole desired state as the leader last sent it.
@@ -102,6 +106,7 @@ pub enum Action {
         gpu_indices: Vec<u32>,
         /// Boxed: a spec is much larger than every other action.
         spec: Box<JobSpec>,
+        limits: JobLimits,
     },
     /// Take a found attempt back under management and report it running.
     Adopt { job: JobId, attempt: u32 },
@@ -230,6 +235,7 @@ pub fn reconcile(input: Input<'_>) -> Decision {
                 attempt: allocation.attempt,
                 gpu_indices: allocation.gpu_indices.clone(),
                 spec: Box::new(allocation.spec.clone()),
+                limits: allocation.limits,
             }),
             Intent::Stop => actions.push(Action::Report {
                 job: allocation.job,
@@ -273,6 +279,7 @@ mod tests {
             gpu_indices: vec![0],
             spec: spec(),
             intent,
+            limits: JobLimits::NONE,
         }
     }
 
@@ -324,7 +331,8 @@ mod tests {
                 job: JobId(1),
                 attempt: 1,
                 gpu_indices: vec![0],
-                spec: Box::new(spec())
+                spec: Box::new(spec()),
+                limits: JobLimits::NONE,
             }]
         );
     }

@@ -40,10 +40,12 @@ use crate::executor::Executor;
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::simulated::SimulatedBackend;
 use crate::gpu::{GpuBackend, GpuError};
+use crate::host_info::{self, HostResources};
 use crate::journal::{Journal, JournalError};
 use crate::lease::{LeaseClock, LEASE_FILE};
 use crate::log_server::LogSource;
 use crate::reconcile::{Desired, LocalPhase};
+use crate::runtime::cgroup::{self, Cgroups};
 use crate::runtime::host::{DockerSetup, HostRuntime};
 use crate::runtime::process::ProcessRuntime;
 use crate::runtime::{lookup_user, JobUser, Runtime, RuntimeError};
@@ -193,9 +195,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         .map(|gpu| (gpu.index, gpu.uuid.clone()))
         .collect();
     let lease_file = config.state_dir.join(LEASE_FILE);
-    let process = ProcessRuntime::new(&config.state_dir)
+    let mut process = ProcessRuntime::new(&config.state_dir)
         .with_orphan_watchdog(&lease_file)
         .with_job_user(user.clone());
+    match Cgroups::set_up(&cgroup::owner_name(&config.name, &config.state_dir)) {
+        Ok(cgroups) => {
+            tracing::info!(cgroups = %cgroups.describe(), "CPU and memory limits are enforced: process jobs run in cgroups of their own, containers under Docker's limits");
+            process = process.with_cgroups(Arc::new(cgroups));
+        }
+        Err(why) => tracing::warn!(
+            "CPU and memory limits are NOT enforced for process jobs (containers still get Docker's): {why}"
+        ),
+    }
     let docker = match config.runtime {
         RuntimeKind::Process => None,
         RuntimeKind::Auto | RuntimeKind::Docker => {
@@ -210,7 +221,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             })
         }
     };
-    let runtime = HostRuntime::new(&config.name, process, docker);
+    let runtime = Arc::new(HostRuntime::new(&config.name, process, docker));
     match (config.runtime, runtime.docker().await) {
         (RuntimeKind::Process, _) => {
             tracing::info!("process jobs only (--runtime process): jobs with an image fail to launch here")
@@ -221,7 +232,23 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             "process jobs only for now: {error}; container jobs fail to launch here until Docker answers"
         ),
     }
-    drive(config, tls, backend, gpu_uuids, runtime, shutdown).await
+    let resources = HostResources::detect(config.cpu_millis, config.memory_bytes);
+    let (host, left_out) = host_info::current(&runtime, resources).await;
+    if left_out > 0 {
+        host_info::warn_left_out(left_out);
+    }
+    tracing::info!(runtimes = ?host.runtimes, images = host.images.len(), cpu_millis = host.cpu_millis,
+        memory_bytes = host.memory_bytes, cpus_given = config.cpu_millis.is_some(),
+        memory_given = config.memory_bytes.is_some(), "this host offers jobs");
+    let (host_tx, host_rx) = watch::channel(host);
+    tokio::spawn(host_info::keep_current(
+        runtime.clone(),
+        resources,
+        host_tx,
+        Duration::from_millis(config.host_recheck_ms),
+        left_out,
+    ));
+    drive(config, tls, backend, gpu_uuids, runtime, host_rx, shutdown).await
 }
 
 async fn drive<R: Runtime + 'static>(
@@ -230,6 +257,7 @@ async fn drive<R: Runtime + 'static>(
     backend: Arc<dyn GpuBackend>,
     gpu_uuids: BTreeMap<u32, String>,
     runtime: R,
+    host: watch::Receiver<quotient_common::HostInfo>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let journal = Journal::open(&config.state_dir, &config.name)?;
@@ -269,6 +297,7 @@ async fn drive<R: Runtime + 'static>(
         logs: log_source(&config),
         cluster,
         disk_usage: disk_usage_rx,
+        host,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let session = LeaderSession::new(

@@ -68,7 +68,7 @@ use quotient_common::agent_api::{
     WireAllocation, WireIntent, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_AGENT};
-use quotient_common::{GpuDevice, JobReport, NodeInventory};
+use quotient_common::{GpuDevice, HostInfo, JobReport, NodeInventory};
 use tokio::sync::{watch, Notify};
 
 use crate::gpu::{to_gpu_devices, GpuBackend};
@@ -137,6 +137,9 @@ pub struct Shared {
     pub cluster: crate::cluster::AgentCluster,
     /// The disk use last measured ([`crate::disk`]), sent to the leader.
     pub disk_usage: watch::Receiver<Option<DiskUsage>>,
+    /// What the node reports besides its GPUs ([`crate::host_info`]); when it changes the
+    /// session registers again.
+    pub host: watch::Receiver<HostInfo>,
 }
 
 impl Shared {
@@ -235,6 +238,8 @@ pub struct LeaderSession {
     /// The last inventory read, for checking desired states.
     gpus: Mutex<Vec<GpuDevice>>,
     last_ack_recorded: Mutex<Option<Instant>>,
+    /// The host info of the last registration a leader acknowledged.
+    registered_host: Mutex<Option<HostInfo>>,
 }
 
 impl LeaderSession {
@@ -252,6 +257,7 @@ impl LeaderSession {
             last_fence: Mutex::new(Fence::default()),
             gpus: Mutex::new(Vec::new()),
             last_ack_recorded: Mutex::new(None),
+            registered_host: Mutex::new(None),
         }
     }
 
@@ -279,6 +285,7 @@ impl LeaderSession {
                 ended = self.watch_loop(&connection) => ended,
                 ended = self.report_loop(&connection) => ended,
                 ended = self.disk_usage_loop(&connection) => ended,
+                ended = self.host_loop(&connection) => ended,
                 _ = shutdown.wait_for(|stop| *stop) => {
                     connection.close();
                     break;
@@ -453,9 +460,10 @@ impl LeaderSession {
         connection: &PeerConnection,
         gpus: Vec<GpuDevice>,
     ) -> Result<Timing, Ended> {
+        let host = self.shared.host.borrow().clone();
         let inventory = NodeInventory {
             name: self.shared.node.clone(),
-            host: quotient_common::HostInfo::process_only(),
+            host: host.clone(),
             gpus,
         };
         let actual = self.shared.actual.borrow().clone();
@@ -488,6 +496,10 @@ impl LeaderSession {
                     .max(HEARTBEAT_MIN_MS);
                 self.shared.renew_lease(sent_at, Some(lease_ms));
                 self.record_ack(sent_at);
+                *self
+                    .registered_host
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(host);
                 tracing::debug!(node_incarnation, "registration acknowledged");
                 Ok(Timing {
                     heartbeat_ms,
@@ -760,6 +772,38 @@ impl LeaderSession {
         }
     }
 
+    /// Registers again on this connection whenever the host info differs from what the
+    /// leader last acknowledged (an image loaded, Docker started or stopped): the
+    /// coordinators update the node's record, and jobs on GPUs it still reports keep running
+    /// (`register_node`). A failed registration ends the connection; the next one registers
+    /// afresh.
+    async fn host_loop(&self, connection: &PeerConnection) -> Ended {
+        let mut host = self.shared.host.clone();
+        host.mark_changed();
+        loop {
+            if host.changed().await.is_err() {
+                // The host task ended (shutdown): nothing more to send.
+                std::future::pending::<()>().await;
+            }
+            let current = host.borrow_and_update().clone();
+            let registered = self
+                .registered_host
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if registered.as_ref() == Some(&current) {
+                continue;
+            }
+            tracing::info!(runtimes = ?current.runtimes, images = current.images.len(),
+                cpu_millis = current.cpu_millis, memory_bytes = current.memory_bytes,
+                "the host changed; registering again");
+            let gpus = self.read_gpus().await;
+            if let Err(ended) = self.register(connection, gpus).await {
+                return ended;
+            }
+        }
+    }
+
     /// Sends the disk use to the leader: the last measured on each new connection, then each
     /// new measurement. Only a lost connection or a leader change ends it: a refusal (a
     /// coordinator too old to know the request refuses its frame) is logged and the next
@@ -863,6 +907,10 @@ pub fn desired_allocation(allocation: WireAllocation) -> DesiredAllocation {
         intent: match allocation.intent {
             WireIntent::Run => Intent::Run,
             WireIntent::Stop => Intent::Stop,
+        },
+        limits: crate::runtime::JobLimits {
+            cpu_millis: allocation.cpu_millis,
+            memory_bytes: allocation.memory_bytes,
         },
     }
 }

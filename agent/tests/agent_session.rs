@@ -21,7 +21,7 @@ use quotient_agent::runtime::process::{
 use quotient_common::agent_api::{
     ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, LOG_CHUNK_BYTES_MAX,
 };
-use quotient_common::{JobEvent, JobId};
+use quotient_common::{JobEvent, JobId, Runtime};
 use support::docker;
 use support::fake_leader::{make_certs, FakeLeader, Mode};
 use support::*;
@@ -294,6 +294,11 @@ async fn agent_registers_runs_a_job_and_stops_it_with_its_checkpoint_signal() {
             assert!(gpu.healthy);
         }
         assert!(actual.is_empty());
+        // `--runtime process`: processes only, no images; the host's own CPUs and memory.
+        assert_eq!(inventory.host.runtimes, vec![Runtime::Process]);
+        assert!(inventory.host.images.is_empty());
+        assert!(inventory.host.cpu_millis >= 1_000, "{:?}", inventory.host);
+        assert!(inventory.host.memory_bytes > 0, "{:?}", inventory.host);
     }
 
     // An unhealthy GPU is reported so in heartbeats.
@@ -940,4 +945,81 @@ async fn agent_removes_old_jobs_files_but_keeps_placed_and_recent_ones() {
             .contains("removed the logs and checkpoint dirs")
     })
     .await;
+}
+
+/// `--cpus` and `--memory` replace what the agent detects in its registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_reports_the_cpus_and_memory_it_is_told() {
+    let mut node = Node::new();
+    node.agent_args = ["--cpus", "3.5", "--memory", "12GiB"]
+        .map(str::to_string)
+        .to_vec();
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the agent registers", || {
+        !leader.state().registrations.is_empty()
+    })
+    .await;
+    let host = leader.state().registrations[0].0.host.clone();
+    assert_eq!(host.cpu_millis, 3_500);
+    assert_eq!(host.memory_bytes, 12 << 30);
+}
+
+/// With Docker the registration names the docker runtime and the images the engine holds;
+/// an image tagged after registration reaches the leader by a new registration on the same
+/// connection (the agent looks again every `--host-recheck-ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_reports_docker_and_its_images_and_registers_again_when_they_change() {
+    if let Err(why) = docker::ensure_image() {
+        docker::unavailable(why);
+        return;
+    }
+    let tag = format!("quotient-test-busybox:session-{}", std::process::id());
+    struct Untag(String);
+    impl Drop for Untag {
+        fn drop(&mut self) {
+            let _ = Command::new("docker")
+                .args(["rmi", &self.0])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    let untag = Untag(tag.clone());
+    drop(Untag(tag.clone()));
+    let mut node = Node::new();
+    node.agent_args = ["--host-recheck-ms", "200"].map(str::to_string).to_vec();
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let _agent = Agent::start_on(&node, NODE, &[leader.address()], LONG_LEASE_MS, "docker");
+    wait_until("the agent registers", || {
+        !leader.state().registrations.is_empty()
+    })
+    .await;
+    let host = leader.state().registrations[0].0.host.clone();
+    assert_eq!(host.runtimes, vec![Runtime::Process, Runtime::Docker]);
+    assert!(host.has_image(docker::IMAGE), "{:?}", host.images);
+    assert!(!host.has_image(&tag));
+    assert!(host.cpu_millis > 0 && host.memory_bytes > 0);
+    let heartbeats_before = leader.state().heartbeat_count;
+
+    let tagged = Command::new("docker")
+        .args(["tag", docker::IMAGE, &tag])
+        .status()
+        .unwrap();
+    assert!(tagged.success());
+    wait_until("the agent registers the new image", || {
+        leader
+            .state()
+            .registrations
+            .last()
+            .is_some_and(|(inventory, _)| inventory.host.has_image(&tag))
+    })
+    .await;
+    // Registered again on the same connection: heartbeats went on, and the leader was
+    // never lost.
+    assert!(leader.state().heartbeat_count > heartbeats_before);
+    let log = node.log_text();
+    assert!(log.contains("the host changed; registering again"), "{log}");
+    assert!(!log.contains("lost the leader"), "{log}");
+    drop(untag);
 }

@@ -693,3 +693,49 @@ async fn docker_job_runs_as_the_job_user() {
     assert!(!env.contains("QUOTIENT_TEST_AGENT_ONLY_DOCKER"), "{env}");
     assert!(env.lines().any(|line| line == "TRAIN_EPOCHS=3"), "{env}");
 }
+
+/// The HostConfig of a container, as `docker inspect` shows it: (NanoCpus, Memory, MemorySwap).
+fn container_limits(id: &str) -> (i64, i64, i64) {
+    let output = Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.MemorySwap}}",
+            id,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let numbers: Vec<i64> = text
+        .split_whitespace()
+        .map(|number| number.parse().unwrap())
+        .collect();
+    assert_eq!(numbers.len(), 3, "docker inspect said {text:?}");
+    (numbers[0], numbers[1], numbers[2])
+}
+
+/// A container gets the CPUs and memory the coordinators set aside for it as Docker's own
+/// limits (NanoCpus, Memory, and no swap beyond it); one without limits gets none.
+#[tokio::test]
+async fn docker_job_gets_its_cpu_and_memory_limits() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("limits").await else {
+        return;
+    };
+    let mut spec = launch(state.path(), 81, 1, Some(IMAGE), shell("sleep 30"));
+    spec.limits = quotient_agent::runtime::JobLimits {
+        cpu_millis: 1_500,
+        memory_bytes: 64 << 20,
+    };
+    let handle = runtime.start(&spec).await.unwrap();
+    assert_eq!(
+        container_limits(&handle.id),
+        (1_500_000_000, 64 << 20, 64 << 20)
+    );
+    runtime.kill(&handle).await.unwrap();
+    runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+
+    let unlimited = launch(state.path(), 82, 1, Some(IMAGE), shell("true"));
+    let handle = runtime.start(&unlimited).await.unwrap();
+    assert_eq!(container_limits(&handle.id), (0, 0, 0));
+    runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+}

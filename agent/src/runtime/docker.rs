@@ -431,6 +431,10 @@ impl Runtime for DockerRuntime {
                 binds: Some(vec![format!("{checkpoint_dir}:{checkpoint_dir}")]),
                 device_requests,
                 log_config: self.log_config.clone(),
+                nano_cpus: spec.limits.nano_cpus(),
+                memory: spec.limits.docker_memory(),
+                // As for a process job: the memory limit holds swap included.
+                memory_swap: spec.limits.docker_memory(),
                 ..HostConfig::default()
             }),
             ..Config::default()

@@ -234,6 +234,7 @@ mod tests {
             log_path: super::super::log_path(state, JobId(4), 1),
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: 100,
+            limits: super::super::JobLimits::NONE,
         }
     }
 

@@ -20,6 +20,7 @@
 //! jobs as that user: a process with its uid and gid (supplementary groups cleared), a
 //! container with `--user uid:gid` (or the image's own user when jobs may run as root).
 
+pub mod cgroup;
 pub mod docker;
 pub mod host;
 pub mod process;
@@ -127,6 +128,41 @@ pub struct LaunchSpec {
     /// Recorded with the job so that a restarted agent can stop it gracefully.
     pub checkpoint_signal: Signal,
     pub grace_period_ms: u64,
+    /// The CPUs and memory the attempt may use here.
+    pub limits: JobLimits,
+}
+
+/// The CPUs and memory the coordinators set aside for an attempt on this node, which the
+/// runtime holds it to: a process job through its own cgroup ([`cgroup`]), a container
+/// through Docker. 0 is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct JobLimits {
+    /// CPUs in thousandths (1500: one and a half CPUs of time per wall-clock second).
+    pub cpu_millis: u32,
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+}
+
+impl JobLimits {
+    /// No limit at all.
+    pub const NONE: JobLimits = JobLimits {
+        cpu_millis: 0,
+        memory_bytes: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        *self == JobLimits::NONE
+    }
+
+    /// Docker's `NanoCpus` (billionths of a CPU); `None` without a CPU limit.
+    pub fn nano_cpus(&self) -> Option<i64> {
+        (self.cpu_millis > 0).then(|| i64::from(self.cpu_millis) * 1_000_000)
+    }
+
+    /// Docker's `Memory` in bytes; `None` without a memory limit.
+    pub fn docker_memory(&self) -> Option<i64> {
+        (self.memory_bytes > 0).then(|| i64::try_from(self.memory_bytes).unwrap_or(i64::MAX))
+    }
 }
 
 /// A started attempt, as the runtime knows it.
@@ -211,6 +247,59 @@ pub trait Runtime: Send + Sync {
                 tokio::time::sleep(Duration::from_millis(WAIT_POLL_INTERVAL_MS)).await;
             }
         }
+    }
+}
+
+/// A shared runtime is a runtime: the executor may own one while the agent asks it what the
+/// host can run.
+impl<R: Runtime> Runtime for std::sync::Arc<R> {
+    fn start(
+        &self,
+        spec: &LaunchSpec,
+    ) -> impl Future<Output = Result<JobHandle, RuntimeError>> + Send {
+        (**self).start(spec)
+    }
+
+    fn signal(
+        &self,
+        handle: &JobHandle,
+        signal: Signal,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).signal(handle, signal)
+    }
+
+    fn kill(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).kill(handle)
+    }
+
+    fn status(
+        &self,
+        handle: &JobHandle,
+    ) -> impl Future<Output = Result<JobStatus, RuntimeError>> + Send {
+        (**self).status(handle)
+    }
+
+    fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send {
+        (**self).list_own()
+    }
+
+    fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).remove(handle)
+    }
+
+    fn logs(
+        &self,
+        handle: &JobHandle,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send {
+        (**self).logs(handle)
+    }
+
+    fn wait(
+        &self,
+        handle: &JobHandle,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<Option<i32>>, RuntimeError>> + Send {
+        (**self).wait(handle, timeout)
     }
 }
 
@@ -469,6 +558,7 @@ mod tests {
             log_path: PathBuf::from("/state/logs/j-7-2.log"),
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: 1_000,
+            limits: JobLimits::NONE,
         }
     }
 

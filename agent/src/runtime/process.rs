@@ -44,11 +44,12 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use quotient_common::{JobId, Signal};
 use serde::{Deserialize, Serialize};
 
+use super::cgroup::Cgroups;
 use super::{
     create_checkpoint_dir, create_work_dir, exit_code_of, give_to, process_environment,
     read_log_tail, FoundJob, JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError,
@@ -142,6 +143,8 @@ pub struct ProcessRuntime {
     children: Mutex<BTreeMap<(JobId, u32), Child>>,
     /// Who jobs run as.
     user: JobUser,
+    /// Where each job's cgroup goes; `None`: jobs run without CPU and memory limits.
+    cgroups: Option<Arc<Cgroups>>,
 }
 
 impl ProcessRuntime {
@@ -152,7 +155,20 @@ impl ProcessRuntime {
             lease_file: None,
             children: Mutex::new(BTreeMap::new()),
             user: JobUser::current(),
+            cgroups: None,
         }
+    }
+
+    /// Every job started from now on runs in a cgroup of its own under `cgroups`, held to
+    /// the CPUs and memory of its attempt ([`super::cgroup`]).
+    pub fn with_cgroups(mut self, cgroups: Arc<Cgroups>) -> ProcessRuntime {
+        self.cgroups = Some(cgroups);
+        self
+    }
+
+    /// Where the jobs' cgroups are, if limits are enforced.
+    pub fn cgroups(&self) -> Option<&Cgroups> {
+        self.cgroups.as_deref()
     }
 
     /// Jobs run as `user` (uid, gid, no supplementary groups); the agent must be root unless
@@ -340,6 +356,22 @@ impl Runtime for ProcessRuntime {
             // As root, std also clears the supplementary groups (setgroups(0)) before setuid.
             command.uid(self.user.uid).gid(self.user.gid);
         }
+        if let Some(cgroups) = &self.cgroups {
+            let cgroup = cgroups
+                .prepare(spec.job, spec.attempt, spec.limits)
+                .map_err(|error| {
+                    let dir = cgroups.dirs(spec.job, spec.attempt).remove(0);
+                    RuntimeError::io("set up the cgroup", &dir, error)
+                })?;
+            // SAFETY: `enter` only calls write(2), which is async-signal-safe; the files it
+            // writes were opened here, before the fork, by the agent.
+            unsafe {
+                command.pre_exec(move || cgroup.enter());
+            }
+        } else if !spec.limits.is_none() {
+            tracing::debug!(job = %spec.job, attempt = spec.attempt, limits = ?spec.limits,
+                "CPU and memory limits are not enforced on this host; the job runs without them");
+        }
         let child = command.spawn().map_err(|error| {
             // execve's E2BIG: the job's own arguments and environment are too large (validation
             // keeps them under `LAUNCH_BYTES_MAX`, but the agent adds Quotient's variables).
@@ -449,6 +481,9 @@ impl Runtime for ProcessRuntime {
             });
         }
         self.children().remove(&(handle.job, handle.attempt));
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.release(handle.job, handle.attempt);
+        }
         for path in [
             self.pid_file(handle.job, handle.attempt),
             self.exit_file(handle.job, handle.attempt),

@@ -15,7 +15,7 @@ use quotient_agent::executor::Executor;
 use quotient_agent::lease::boot_time_ms;
 use quotient_agent::reconcile::{Desired, DesiredAllocation, Intent};
 use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
-use quotient_agent::runtime::{checkpoint_dir, log_path, work_dir, LaunchSpec, Runtime};
+use quotient_agent::runtime::{checkpoint_dir, log_path, work_dir, JobLimits, LaunchSpec, Runtime};
 use quotient_common::{JobEvent, JobId, JobPayload, JobReport, JobSpec, Signal};
 
 /// The longest any test waits for a job to do something.
@@ -98,6 +98,7 @@ pub fn launch(
         log_path: log_path(state_dir, JobId(job), attempt),
         checkpoint_signal: Signal::Sigusr1,
         grace_period_ms: SHORT_GRACE_MS,
+        limits: JobLimits::NONE,
     }
 }
 
@@ -120,6 +121,7 @@ pub fn desired_one(fence: u64, job: u64, attempt: u32, spec: &JobSpec, intent: I
             gpu_indices: vec![0],
             spec: spec.clone(),
             intent,
+            limits: JobLimits::NONE,
         }],
     }
 }
