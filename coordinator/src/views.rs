@@ -93,7 +93,12 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
             .map(|alloc| alloc.gpu_indices())
             .unwrap_or_default(),
         submitted_ms: job.submitted_ms,
-        started_ms: job.started_ms,
+        // The record clears its start when an attempt is stopped (time limit, preemption,
+        // cancel); the view still says when the last attempt started, as it does for an
+        // attempt that exited.
+        started_ms: job
+            .started_ms
+            .or_else(|| job.history.last().and_then(|attempt| attempt.started_ms)),
         ended_ms: job.ended_ms,
         waited_ms: (job.first_started_ms.is_some() || job.ended_ms.is_some())
             .then(|| job.waited_ms(0)),
