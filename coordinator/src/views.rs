@@ -191,8 +191,8 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
 
 /// Fills in what the leader knows of the node's heartbeats: when it last heard from it, and
 /// whether it is unreachable (silent since a heartbeat was due; a lost node is not).
-pub fn add_heartbeat(view: &mut NodeView, heard: Option<(u64, bool)>) {
-    view.last_heartbeat_ms = heard.map(|(at, _)| at);
+pub fn add_heartbeat(view: &mut NodeView, heard: Option<(Option<u64>, bool)>) {
+    view.last_heartbeat_ms = heard.and_then(|(at, _)| at);
     view.unreachable =
         view.state != NodeState::Lost.as_str() && heard.is_some_and(|(_, silent)| silent);
 }
