@@ -152,6 +152,35 @@ impl Drop for Stopped {
     }
 }
 
+/// Waits until the leader has heard a heartbeat from node `name` (a leader that has just
+/// taken over knows of none until the node's next one).
+fn heard_from(cluster: &DevCluster, name: &str) -> Value {
+    poll_until(&format!("a heartbeat from {name}"), SETTLE, || {
+        let view = node(cluster, name);
+        if view["state"] == "ready" && view["last_heartbeat_ms"].is_u64() {
+            Ok(view)
+        } else {
+            Err(view.to_string())
+        }
+    })
+}
+
+/// Waits until node `name` is shown unreachable, and still ready (not lost); its view.
+fn wait_unreachable(cluster: &DevCluster, name: &str) -> Value {
+    poll_until(&format!("{name} unreachable"), SETTLE, || {
+        let view = node(cluster, name);
+        assert_ne!(
+            view["state"], "lost",
+            "lost before it was shown unreachable: {view}"
+        );
+        if view["unreachable"] == true {
+            Ok(view)
+        } else {
+            Err(view.to_string())
+        }
+    })
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -166,20 +195,12 @@ fn a_silent_node_is_unreachable_gets_no_new_job_and_comes_back() {
     // the silent node; and that once the agent answers again (SIGCONT) the node is reachable
     // and the waiting job runs there.
     let cluster = cluster(2);
-    let heard = wait_node(&cluster, "node-1", "ready");
-    assert!(heard["last_heartbeat_ms"].is_u64(), "{heard}");
+    heard_from(&cluster, "node-1");
 
     eprintln!("--- node-1's agent stopped (SIGSTOP)");
     let mut stopped = Stopped::stop(agent_pid(&cluster, "node-1"));
     let since = Instant::now();
-    let silent = poll_until("node-1 unreachable", SETTLE, || {
-        let view = node(&cluster, "node-1");
-        if view["unreachable"] == true {
-            Ok(view)
-        } else {
-            Err(view.to_string())
-        }
-    });
+    let silent = wait_unreachable(&cluster, "node-1");
     eprintln!("node-1 unreachable after {:?}", since.elapsed());
     assert_eq!(silent["state"], "ready", "not lost yet: {silent}");
     let last = silent["last_heartbeat_ms"]
@@ -254,4 +275,29 @@ fn a_silent_node_is_unreachable_gets_no_new_job_and_comes_back() {
         // job waiting for it is its first attempt.
         assert_eq!(job(&cluster, &waiting)["attempts"], 1);
     }
+}
+
+#[test]
+fn a_silent_node_is_unreachable_to_a_new_leader_too() {
+    // Proves that a leader that takes over while a node's agent is silent shows that node
+    // unreachable once a heartbeat is overdue, as the old leader did, before its lease runs
+    // out: the new leader has heard nothing from it since it was elected.
+    let cluster = DevCluster::up(&["--coordinators", "3", "--nodes", "2"]);
+    heard_from(&cluster, "node-1");
+    let _stopped = Stopped::stop(agent_pid(&cluster, "node-1"));
+    wait_unreachable(&cluster, "node-1");
+
+    let (_, output) = cluster.kill_leader_then(&["cluster", "status", "-o", "json"]);
+    assert!(output.status.success(), "{output:?}");
+    let since = Instant::now();
+    poll_until("a new leader", SETTLE, || {
+        let status = cluster.run(&["cluster", "status", "-o", "json"]);
+        let status: Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
+        status["leader"].as_u64().ok_or_else(|| status.to_string())
+    });
+    eprintln!("a new leader after {:?}", since.elapsed());
+    let view = wait_unreachable(&cluster, "node-1");
+    eprintln!("node-1 unreachable to it after {:?}", since.elapsed());
+    assert_eq!(node(&cluster, "node-2")["unreachable"], false);
+    assert_eq!(view["state"], "ready", "{view}");
 }
