@@ -80,13 +80,14 @@ impl NodeLeases {
         Duration::from_millis(self.tuning.agent_heartbeat_ms.saturating_mul(2))
     }
 
-    /// When this leader last heard from `node` (wall-clock ms), and whether it has been
-    /// silent past [`NodeLeases::suspect_after`]. `None` when this leader has not heard from it
-    /// since it was elected.
-    pub fn heard(&self, node: &str, now: Instant) -> Option<(u64, bool)> {
+    /// When this leader last heard from `node` (wall-clock ms; `None` when it has not since
+    /// it was elected), and whether it has been silent past [`NodeLeases::suspect_after`], as
+    /// [`NodeLeases::unreachable`] reckons it: a node this leader has never heard from is
+    /// silent since the leader started its clock. `None` when its clock has not started.
+    pub fn heard(&self, node: &str, now: Instant) -> Option<(Option<u64>, bool)> {
         let seen = *self.lock().get(node)?;
         let silent = now.saturating_duration_since(seen.at) > self.suspect_after();
-        Some((seen.wall_ms?, silent))
+        Some((seen.wall_ms, silent))
     }
 
     /// The nodes, not lost, silent past [`NodeLeases::suspect_after`] as of `now`: the

@@ -93,7 +93,12 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
             .map(|alloc| alloc.gpu_indices())
             .unwrap_or_default(),
         submitted_ms: job.submitted_ms,
-        started_ms: job.started_ms,
+        // The record clears its start when an attempt is stopped (time limit, preemption,
+        // cancel); the view still says when the last attempt started, as it does for an
+        // attempt that exited.
+        started_ms: job
+            .started_ms
+            .or_else(|| job.history.last().and_then(|attempt| attempt.started_ms)),
         ended_ms: job.ended_ms,
         waited_ms: (job.first_started_ms.is_some() || job.ended_ms.is_some())
             .then(|| job.waited_ms(0)),
@@ -186,8 +191,8 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
 
 /// Fills in what the leader knows of the node's heartbeats: when it last heard from it, and
 /// whether it is unreachable (silent since a heartbeat was due; a lost node is not).
-pub fn add_heartbeat(view: &mut NodeView, heard: Option<(u64, bool)>) {
-    view.last_heartbeat_ms = heard.map(|(at, _)| at);
+pub fn add_heartbeat(view: &mut NodeView, heard: Option<(Option<u64>, bool)>) {
+    view.last_heartbeat_ms = heard.and_then(|(at, _)| at);
     view.unreachable =
         view.state != NodeState::Lost.as_str() && heard.is_some_and(|(_, silent)| silent);
 }

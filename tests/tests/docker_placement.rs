@@ -1,0 +1,307 @@
+//! Container jobs and the nodes that can run them, through real processes: a coordinator and
+//! a process-only agent (`quotient dev up`), plus an agent started here with the Docker
+//! runtime on this host's Docker engine, which holds the test image
+//! (`agent/tests/docker/build-test-image.sh`; nothing is pulled). A container job runs only on
+//! the Docker node; when that node is lost (its agent killed) the job goes back to the queue
+//! and waits for a Docker node instead of going to the process-only one, where it could never
+//! launch; the Docker agent started again runs it.
+//!
+//! Docker must be reachable: under `CI=true` this test fails without it, elsewhere it skips
+//! with a message.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use quotient_common::tls::TlsFiles;
+use quotient_tests::{binaries, poll_until, DevCluster};
+use serde_json::Value;
+
+/// How long a change may take to settle: registration, placement, a container's start, a
+/// node's lease running out (10 s, plus the job's grace period and the leader's margin).
+const SETTLE: Duration = Duration::from_secs(90);
+/// The image the Docker agent holds and the job runs.
+const IMAGE: &str = "quotient-test-busybox:latest";
+/// How long the job is watched waiting, to see that it is not placed on the process node.
+const WATCH: Duration = Duration::from_secs(4);
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|error| panic!("docker {args:?} could not run: {error}"))
+}
+
+/// Whether this host's Docker engine answers, with the test image; panics under CI when it
+/// does not, or when the image is missing.
+fn docker_ready() -> bool {
+    let reachable = Command::new("docker")
+        .arg("info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !reachable {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "Docker is not reachable, and CI must run the container tests: start the Docker engine"
+        );
+        eprintln!("SKIPPED: Docker is not reachable; this test needs it (CI runs it)");
+        return false;
+    }
+    assert!(
+        docker(&["image", "inspect", IMAGE]).status.success(),
+        "the image {IMAGE} is missing: build it with `bash agent/tests/docker/build-test-image.sh`"
+    );
+    true
+}
+
+/// An agent with the Docker runtime started by this test, on the dev cluster's
+/// coordinators; SIGKILLed when dropped, and the containers of its node removed.
+struct DockerAgent {
+    name: String,
+    child: Option<Child>,
+}
+
+impl DockerAgent {
+    /// Issues the agent certificate `name` (once) and starts `quotient-agent run` with
+    /// `--runtime docker` and one simulated a10g GPU, its state and log in `DIR/NAME`.
+    fn start(cluster: &DevCluster, name: &str) -> DockerAgent {
+        let certs = cluster.dir.join("certs");
+        if !certs.join(format!("{name}.pem")).exists() {
+            cluster.ok(&[
+                "certs",
+                "issue",
+                "--dir",
+                &certs.display().to_string(),
+                "--role",
+                "agent",
+                "--name",
+                name,
+            ]);
+        }
+        let file = std::fs::read_to_string(cluster.dir.join("cluster.json")).expect("cluster.json");
+        let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
+        let coordinators: Vec<&str> = file["coordinators"]
+            .as_array()
+            .expect("coordinators")
+            .iter()
+            .filter_map(|entry| entry["address"].as_str())
+            .collect();
+        let state_dir = cluster.dir.join(name);
+        std::fs::create_dir_all(&state_dir).expect("the agent's state dir");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(state_dir.join("agent.log"))
+            .expect("the agent's log");
+        let child = Command::new(binaries().join("quotient-agent"))
+            .arg("run")
+            .args(["--name", name])
+            .arg("--coordinators")
+            .arg(coordinators.join(","))
+            .args(TlsFiles::in_dir(&certs, name).flags())
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .arg("--checkpoint-root")
+            .arg(cluster.dir.join("checkpoints"))
+            .args(["--runtime", "docker"])
+            .arg("--allow-root-jobs")
+            .args(["--simulated-gpus", "1xa10g"])
+            .args(["--lease-ms", "10000"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .expect("quotient-agent runs");
+        DockerAgent {
+            name: name.to_string(),
+            child: Some(child),
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The names of the containers of this agent's node (`quotient-NODE-JOB-ATTEMPT`).
+    fn containers(&self, all: bool) -> Vec<String> {
+        let filter = format!("name=quotient-{}-", self.name);
+        let mut args = vec!["ps", "--filter", &filter, "--format", "{{.Names}}"];
+        if all {
+            args.push("--all");
+        }
+        let output = docker(&args);
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for DockerAgent {
+    fn drop(&mut self) {
+        self.kill();
+        for container in self.containers(true) {
+            let _ = docker(&["rm", "--force", &container]);
+        }
+    }
+}
+
+fn node(cluster: &DevCluster, name: &str) -> Option<Value> {
+    let list = cluster.json(&["node", "list", "-o", "json"]);
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|node| node["name"] == name)
+        .cloned()
+}
+
+fn job(cluster: &DevCluster, id: &str) -> Value {
+    cluster.json(&["job", "get", id, "-o", "json"])
+}
+
+/// Waits until the job runs on `node`.
+fn wait_running_on(cluster: &DevCluster, id: &str, node: &str) -> Value {
+    poll_until(&format!("{id} RUNNING on {node}"), SETTLE, || {
+        let view = job(cluster, id);
+        if view["state"] == "RUNNING" && view["node"] == node {
+            Ok(view)
+        } else {
+            Err(view.to_string())
+        }
+    })
+}
+
+/// The job waits, never placed beyond its first `attempts` attempts, saying why.
+fn waits_for_docker(view: &Value, attempts: u64) -> Result<(), String> {
+    let reason = view["reason"].as_str().unwrap_or_default();
+    if view["state"] == "RUNNABLE"
+        && view["node"].is_null()
+        && view["attempts"].as_u64() == Some(attempts)
+        && reason.contains("Docker")
+    {
+        Ok(())
+    } else {
+        Err(view.to_string())
+    }
+}
+
+#[test]
+fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_process_node() {
+    if !docker_ready() {
+        return;
+    }
+    let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
+    cluster.create_share("team", 2, "lend", &[]);
+    let name = format!("dock-{}", std::process::id());
+    let mut agent = DockerAgent::start(&cluster, &name);
+
+    eprintln!("--- {name} registers the Docker runtime and its images; node-1 processes only");
+    let docker_node = poll_until(&format!("{name} ready"), SETTLE, || {
+        match node(&cluster, &name) {
+            Some(view) if view["state"] == "ready" => Ok(view),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // An agent sends its runtimes and images when it registers: a ready node has them.
+    assert_eq!(
+        docker_node["runtimes"],
+        serde_json::json!(["process", "docker"]),
+        "an agent run with --runtime docker, its Docker engine reachable, registers both \
+         runtimes: {docker_node}"
+    );
+    let images = docker_node["images"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(images.iter().any(|image| image == IMAGE), "{docker_node}");
+    let process_node = node(&cluster, "node-1").expect("node-1");
+    assert_eq!(
+        process_node["runtimes"],
+        serde_json::json!(["process"]),
+        "{process_node}"
+    );
+    let table = cluster.ok(&["node", "list"]);
+    let row = table
+        .lines()
+        .find(|line| line.starts_with(&name))
+        .unwrap_or_else(|| panic!("no {name} row in:\n{table}"));
+    assert!(row.contains("process,docker"), "{table}");
+
+    eprintln!("--- a container job runs on {name}");
+    let id = cluster.submit(
+        "team",
+        &["--image", IMAGE, "--grace-period", "1s"],
+        &["sleep", "600"],
+    );
+    let view = wait_running_on(&cluster, &id, &name);
+    assert_eq!(view["attempts"], 1, "{view}");
+    let container = format!("quotient-{name}-{id}-1");
+    assert!(
+        agent.containers(false).contains(&container),
+        "{container} runs: {:?}",
+        agent.containers(true)
+    );
+
+    eprintln!("--- {name}'s agent killed (SIGKILL): the node is lost, the job back in the queue");
+    agent.kill();
+    poll_until(&format!("{name} lost"), SETTLE, || {
+        match node(&cluster, &name) {
+            Some(view) if view["state"] == "lost" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let view = poll_until(&format!("{id} waiting for a Docker node"), SETTLE, || {
+        let view = job(&cluster, &id);
+        waits_for_docker(&view, 1).map(|()| view)
+    });
+    assert_eq!(view["preemptions"], 1, "lost with its node: {view}");
+    assert_eq!(view["counted_preemptions"], 0, "{view}");
+    let explained = cluster.ok(&["job", "explain", &id]);
+    assert!(explained.contains("Docker"), "{explained}");
+    // node-1 has a free GPU all along: the job must not be placed there, where it could
+    // never launch (and a launch failure of the node's fault would only requeue it).
+    let watched = Instant::now();
+    while watched.elapsed() < WATCH {
+        let view = job(&cluster, &id);
+        if let Err(seen) = waits_for_docker(&view, 1) {
+            panic!("the container job left the queue for a node without Docker: {seen}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let node_1 = node(&cluster, "node-1").expect("node-1");
+    let node_1_jobs: Vec<&Value> = node_1["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|gpu| !gpu["job"].is_null())
+        .collect();
+    assert!(node_1_jobs.is_empty(), "{node_1}");
+
+    eprintln!("--- {name}'s agent started again: the job runs there as a new attempt");
+    drop(agent);
+    let _agent = DockerAgent::start(&cluster, &name);
+    let view = poll_until(&format!("{id} RUNNING on {name} again"), SETTLE, || {
+        let view = job(&cluster, &id);
+        if view["state"] == "RUNNING" && view["node"] == name.as_str() {
+            Ok(view)
+        } else {
+            Err(view.to_string())
+        }
+    });
+    assert_eq!(view["attempts"], 2, "{view}");
+    let nodes: Vec<&Value> = view["attempt_history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|attempt| &attempt["node"])
+        .collect();
+    assert!(
+        nodes.iter().all(|node| node.as_str() != Some("node-1")),
+        "{view}"
+    );
+}
