@@ -1,5 +1,6 @@
-//! Container jobs and the nodes that can run them, through real processes: a coordinator and
-//! a process-only agent (`quotient dev up`), plus an agent started here with the Docker
+//! Container jobs and the nodes that can run them, through real processes: a dev cluster's
+//! coordinator (its own node cordoned) and two agents started here, one that runs processes
+//! only and one with the Docker
 //! runtime on this host's Docker engine, which holds the test image
 //! (`agent/tests/docker/build-test-image.sh`; nothing is pulled). A container job runs only on
 //! the Docker node; when that node is lost (its agent killed) the job goes back to the queue
@@ -67,6 +68,12 @@ impl DockerAgent {
     /// Issues the agent certificate `name` (once) and starts `quotient-agent run` with
     /// `--runtime docker` and one simulated a10g GPU, its state and log in `DIR/NAME`.
     fn start(cluster: &DevCluster, name: &str) -> DockerAgent {
+        DockerAgent::start_with(cluster, name, "docker")
+    }
+
+    /// [`DockerAgent::start`] with `--runtime RUNTIME` (`process`: an agent that runs no
+    /// containers, though Docker is reachable).
+    fn start_with(cluster: &DevCluster, name: &str, runtime: &str) -> DockerAgent {
         let certs = cluster.dir.join("certs");
         if !certs.join(format!("{name}.pem")).exists() {
             cluster.ok(&[
@@ -105,7 +112,7 @@ impl DockerAgent {
             .arg(&state_dir)
             .arg("--checkpoint-root")
             .arg(cluster.dir.join("checkpoints"))
-            .args(["--runtime", "docker"])
+            .args(["--runtime", runtime])
             .arg("--allow-root-jobs")
             .args(["--simulated-gpus", "1xa10g"])
             .args(["--lease-ms", "10000"])
@@ -197,10 +204,17 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
     }
     let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
     cluster.create_share("team", 2, "lend", &[]);
+    // The dev cluster's node-1 runs containers too (its agent reaches Docker): out of the
+    // way, and a node that runs processes only in its place.
+    cluster.ok(&["node", "cordon", "node-1"]);
+    let process_name = format!("proc-{}", std::process::id());
+    let _process_agent = DockerAgent::start_with(&cluster, &process_name, "process");
     let name = format!("dock-{}", std::process::id());
     let mut agent = DockerAgent::start(&cluster, &name);
 
-    eprintln!("--- {name} registers the Docker runtime and its images; node-1 processes only");
+    eprintln!(
+        "--- {name} registers the Docker runtime and its images; the other node processes only"
+    );
     let docker_node = poll_until(&format!("{name} ready"), SETTLE, || {
         match node(&cluster, &name) {
             Some(view) if view["state"] == "ready" => Ok(view),
@@ -219,7 +233,12 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
         .cloned()
         .unwrap_or_default();
     assert!(images.iter().any(|image| image == IMAGE), "{docker_node}");
-    let process_node = node(&cluster, "node-1").expect("node-1");
+    let process_node = poll_until(&format!("{process_name} ready"), SETTLE, || {
+        match node(&cluster, &process_name) {
+            Some(view) if view["state"] == "ready" => Ok(view),
+            other => Err(format!("{other:?}")),
+        }
+    });
     assert_eq!(
         process_node["runtimes"],
         serde_json::json!(["process"]),
@@ -263,8 +282,9 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
     assert_eq!(view["counted_preemptions"], 0, "{view}");
     let explained = cluster.ok(&["job", "explain", &id]);
     assert!(explained.contains("Docker"), "{explained}");
-    // node-1 has a free GPU all along: the job must not be placed there, where it could
-    // never launch (and a launch failure of the node's fault would only requeue it).
+    // The process-only node has a free GPU all along: the job must not be placed there,
+    // where it could never launch (and a launch failure of the node's fault would only
+    // requeue it).
     let watched = Instant::now();
     while watched.elapsed() < WATCH {
         let view = job(&cluster, &id);
@@ -273,7 +293,7 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let node_1 = node(&cluster, "node-1").expect("node-1");
+    let node_1 = node(&cluster, &process_name).expect("the process-only node");
     let node_1_jobs: Vec<&Value> = node_1["gpus"]
         .as_array()
         .into_iter()
@@ -301,7 +321,9 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
         .map(|attempt| &attempt["node"])
         .collect();
     assert!(
-        nodes.iter().all(|node| node.as_str() != Some("node-1")),
+        nodes
+            .iter()
+            .all(|node| node.as_str() == Some(name.as_str())),
         "{view}"
     );
 }

@@ -124,7 +124,7 @@ impl fmt::Display for WaitReason {
             WaitReason::Ended(text) => f.write_str(text),
             WaitReason::NodeUnfit { class, gpus, unfit } => write!(
                 f,
-                "no ready node with {gpus} free {class} GPUs can run it ({unfit}); container jobs go only to nodes whose agent reaches Docker and holds the image (images are never pulled: load it on the nodes), and CPUs and memory must be free beside the GPUs"
+                "no ready node with {gpus} free {class} GPUs can run it; on the first: {unfit}"
             ),
             WaitReason::LaunchFailed { node, tries, fault, message, requeues, requeues_max } => {
                 let tries_word = if *tries == 1 { "try" } else { "tries" };

@@ -222,9 +222,16 @@ pub enum Unfit {
 impl std::fmt::Display for Unfit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unfit::NoDocker => f.write_str("the node has no Docker runtime"),
-            Unfit::Unreachable => f.write_str("the node is unreachable"),
-            Unfit::NoImage(image) => write!(f, "the node does not hold image {image}"),
+            Unfit::NoDocker => f.write_str(
+                "the node has no Docker runtime: container jobs go only to nodes whose agent reaches Docker",
+            ),
+            Unfit::Unreachable => f.write_str(
+                "the node is unreachable: its agent missed its heartbeats, and nothing new goes there until it is heard from",
+            ),
+            Unfit::NoImage(image) => write!(
+                f,
+                "the node does not hold image {image}: images are never pulled, load it on the nodes"
+            ),
             Unfit::Cpus { need, free } => write!(
                 f,
                 "the job needs {} CPUs, the node has {} free",
