@@ -685,6 +685,65 @@ impl Runtime for DockerRuntime {
     }
 }
 
+/// Where a container's log follower is: the last stamp it wrote, and how many messages with
+/// that stamp it wrote (the daemon may give several messages one stamp). A stream read again
+/// (the follower restarted, or the daemon ended the stream) starts at the last stamp's
+/// second: what was written already is passed over, messages with the last stamp itself as
+/// many times as they were written, so that no message is written twice or lost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Bookmark {
+    last: Option<LogStamp>,
+    written_at_last: u32,
+    /// Messages with the last stamp still to pass over in this stream.
+    to_pass: u32,
+}
+
+impl Bookmark {
+    fn read(text: &str) -> Bookmark {
+        match LogStamp::decode(text) {
+            Some((stamp, written)) => Bookmark {
+                last: Some(stamp),
+                written_at_last: written,
+                to_pass: written,
+            },
+            None => Bookmark::default(),
+        }
+    }
+
+    /// A new stream begins.
+    fn restart(&mut self) {
+        self.to_pass = self.written_at_last;
+    }
+
+    /// Whether the message stamped `stamp` is to be written (and is then counted).
+    fn admit(&mut self, stamp: LogStamp) -> bool {
+        match self.last.map(|last| stamp.cmp(&last)) {
+            Some(std::cmp::Ordering::Less) => false,
+            Some(std::cmp::Ordering::Equal) if self.to_pass > 0 => {
+                self.to_pass -= 1;
+                false
+            }
+            Some(std::cmp::Ordering::Equal) => {
+                self.written_at_last += 1;
+                true
+            }
+            _ => {
+                *self = Bookmark {
+                    last: Some(stamp),
+                    written_at_last: 1,
+                    to_pass: 0,
+                };
+                true
+            }
+        }
+    }
+
+    fn encode(&self) -> String {
+        self.last
+            .map_or_else(String::new, |stamp| stamp.encode(self.written_at_last))
+    }
+}
+
 /// When the daemon stamped one log message: whole seconds since the epoch and nanoseconds.
 /// Ordered, so that a follower skips what it wrote already.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -720,16 +779,21 @@ impl LogStamp {
         Some(LogStamp { seconds, nanos })
     }
 
-    fn encode(&self) -> String {
-        format!("{:020} {:09}\n", self.seconds, self.nanos)
+    /// The bookmark: this stamp and how many messages with it were written (several
+    /// messages may carry the same stamp). Fixed width, so that it overwrites the last one.
+    fn encode(&self, written: u32) -> String {
+        format!("{:020} {:09} {written:010}\n", self.seconds, self.nanos)
     }
 
-    fn decode(text: &str) -> Option<LogStamp> {
+    /// A bookmark read back; one written before it held a count counts one message.
+    fn decode(text: &str) -> Option<(LogStamp, u32)> {
         let mut words = text.split_whitespace();
-        Some(LogStamp {
+        let stamp = LogStamp {
             seconds: words.next()?.parse().ok()?,
             nanos: words.next()?.parse().ok()?,
-        })
+        };
+        let written = words.next().and_then(|word| word.parse().ok()).unwrap_or(1);
+        Some((stamp, written))
     }
 }
 
@@ -783,11 +847,11 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
         }
         tokio::time::sleep(Duration::from_millis(LOG_FOLLOW_RETRY_MS)).await;
     }
-    let mut last = {
+    let mut bookmark = {
         let mut text = String::new();
         use std::io::Read;
         let _ = (&since).take(64).read_to_string(&mut text);
-        LogStamp::decode(&text)
+        Bookmark::read(&text)
     };
     let mut out = match std::fs::OpenOptions::new()
         .create(true)
@@ -807,11 +871,12 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
             stdout: true,
             stderr: true,
             timestamps: true,
-            since: last.map_or(0, |stamp| stamp.seconds),
+            since: bookmark.last.map_or(0, |stamp| stamp.seconds),
             tail: "all".to_string(),
             ..LogsOptions::default()
         };
         let mut stream = docker.logs(&id, Some(options));
+        bookmark.restart();
         while let Some(item) = stream.next().await {
             let bytes = match item {
                 Ok(output) => output.into_bytes(),
@@ -827,14 +892,13 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
                 }
                 continue;
             };
-            if last.is_some_and(|last| stamp <= last) {
+            if !bookmark.admit(stamp) {
                 continue;
             }
             if let Err(error) = out.write_all(message) {
                 tracing::warn!(container = %id, path = %log.display(), "cannot write the container's log: {error}");
             }
-            last = Some(stamp);
-            if let Err(error) = since.write_all_at(stamp.encode().as_bytes(), 0) {
+            if let Err(error) = since.write_all_at(bookmark.encode().as_bytes(), 0) {
                 tracing::warn!(container = %id, "cannot write the log bookmark: {error}");
             }
         }
@@ -964,5 +1028,40 @@ fn docker_error(operation: &str, error: DockerError) -> RuntimeError {
     RuntimeError::Docker {
         operation: operation.to_string(),
         detail: format!("{error}{hint}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64, nanos: u32) -> LogStamp {
+        LogStamp { seconds, nanos }
+    }
+
+    #[test]
+    fn messages_sharing_a_stamp_are_all_written_once() {
+        // Proves the lost-line bug is gone: two messages with one stamp are both written in
+        // one stream, and a stream read again passes over exactly what was written.
+        let mut bookmark = Bookmark::default();
+        let stream = [at(1, 5), at(1, 7), at(1, 7), at(2, 0)];
+        let written: Vec<bool> = stream.iter().map(|s| bookmark.admit(*s)).collect();
+        assert_eq!(written, [true, true, true, true]);
+        // Ended after the second message stamped 1.7: read again from second 1.
+        let mut bookmark = Bookmark::default();
+        assert!(bookmark.admit(at(1, 5)) && bookmark.admit(at(1, 7)) && bookmark.admit(at(1, 7)));
+        let mut again = Bookmark::read(&bookmark.encode());
+        again.restart();
+        let resumed: Vec<bool> = [at(1, 5), at(1, 7), at(1, 7), at(1, 7), at(2, 0)]
+            .iter()
+            .map(|s| again.admit(*s))
+            .collect();
+        assert_eq!(resumed, [false, false, false, true, true]);
+        // A bookmark of the build before counts carried one message.
+        let old = format!("{:020} {:09}\n", 1, 7);
+        let mut from_old = Bookmark::read(&old);
+        assert_eq!(from_old.written_at_last, 1);
+        assert!(!from_old.admit(at(1, 7)));
+        assert!(from_old.admit(at(1, 7)));
     }
 }

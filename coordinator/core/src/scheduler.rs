@@ -55,12 +55,18 @@ fn node_runs(
     job: &JobRecord,
     node: NodeId,
 ) -> Result<(), Unfit> {
-    if unreachable.contains(&node) {
+    if !unreachable.is_empty() && unreachable.contains(&node) {
         return Err(Unfit::Unreachable);
     }
     let Some(record) = state.node(node) else {
         return Err(Unfit::Unreachable);
     };
+    // The common case, and a round's hot path: a process job on a node that accounts no CPUs
+    // or memory fits wherever its GPUs do.
+    let accounts = record.host.cpu_millis > 0 || record.host.memory_bytes > 0;
+    if job.spec.payload.image.is_none() && !accounts {
+        return Ok(());
+    }
     let (cpus, memory) = state.index.node_resources_used(node);
     let (more_cpus, more_memory) = used_this_round.get(&node).copied().unwrap_or((0, 0));
     runs_on(job, record, (cpus + more_cpus, memory + more_memory))
@@ -582,9 +588,11 @@ impl<'a> Round<'a> {
         slot.free_mask = free;
         if let Some(record) = self.state.node(node) {
             let (cpus, memory) = resources_for(job, record);
-            let used = self.resources_used.entry(node).or_insert((0, 0));
-            used.0 += u64::from(cpus);
-            used.1 += memory;
+            if cpus > 0 || memory > 0 {
+                let used = self.resources_used.entry(node).or_insert((0, 0));
+                used.0 += u64::from(cpus);
+                used.1 += memory;
+            }
         }
         let class = job.class();
         self.classes
