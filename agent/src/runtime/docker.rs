@@ -685,17 +685,21 @@ impl Runtime for DockerRuntime {
     }
 }
 
-/// Where a container's log follower is: the last stamp it wrote, and how many messages with
-/// that stamp it wrote (the daemon may give several messages one stamp). A stream read again
-/// (the follower restarted, or the daemon ended the stream) starts at the last stamp's
-/// second: what was written already is passed over, messages with the last stamp itself as
-/// many times as they were written, so that no message is written twice or lost.
+/// Where a container's log follower is: the latest stamp it wrote, and how many messages with
+/// that stamp it wrote (the daemon may give several messages one stamp). Within one stream
+/// every message is written: stamps are not in order there (stdout and stderr are stamped by
+/// two copiers, so a last line on stderr may carry an earlier stamp than the stdout line
+/// before it). A stream read again (the follower restarted, or the daemon ended the stream)
+/// starts at the latest stamp's second: until it passes that stamp, what was written already
+/// is passed over, messages with the stamp itself as many times as they were written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Bookmark {
     last: Option<LogStamp>,
     written_at_last: u32,
     /// Messages with the last stamp still to pass over in this stream.
     to_pass: u32,
+    /// This stream has passed where the last one ended: write everything.
+    past_seam: bool,
 }
 
 impl Bookmark {
@@ -705,6 +709,7 @@ impl Bookmark {
                 last: Some(stamp),
                 written_at_last: written,
                 to_pass: written,
+                past_seam: false,
             },
             None => Bookmark::default(),
         }
@@ -713,29 +718,30 @@ impl Bookmark {
     /// A new stream begins.
     fn restart(&mut self) {
         self.to_pass = self.written_at_last;
+        self.past_seam = self.last.is_none();
     }
 
     /// Whether the message stamped `stamp` is to be written (and is then counted).
     fn admit(&mut self, stamp: LogStamp) -> bool {
-        match self.last.map(|last| stamp.cmp(&last)) {
-            Some(std::cmp::Ordering::Less) => false,
-            Some(std::cmp::Ordering::Equal) if self.to_pass > 0 => {
-                self.to_pass -= 1;
-                false
-            }
-            Some(std::cmp::Ordering::Equal) => {
-                self.written_at_last += 1;
-                true
-            }
-            _ => {
-                *self = Bookmark {
-                    last: Some(stamp),
-                    written_at_last: 1,
-                    to_pass: 0,
-                };
-                true
+        if !self.past_seam {
+            match self.last.map(|last| stamp.cmp(&last)) {
+                Some(std::cmp::Ordering::Less) => return false,
+                Some(std::cmp::Ordering::Equal) if self.to_pass > 0 => {
+                    self.to_pass -= 1;
+                    return false;
+                }
+                _ => self.past_seam = true,
             }
         }
+        match self.last.map(|last| stamp.cmp(&last)) {
+            Some(std::cmp::Ordering::Equal) => self.written_at_last += 1,
+            Some(std::cmp::Ordering::Less) => {}
+            _ => {
+                self.last = Some(stamp);
+                self.written_at_last = 1;
+            }
+        }
+        true
     }
 
     fn encode(&self) -> String {
@@ -865,6 +871,7 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
         }
     };
     let mut follow = true;
+    let mut quiet_reads = 0;
     loop {
         let options = LogsOptions::<String> {
             follow,
@@ -877,6 +884,7 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
         };
         let mut stream = docker.logs(&id, Some(options));
         bookmark.restart();
+        let mut wrote = false;
         while let Some(item) = stream.next().await {
             let bytes = match item {
                 Ok(output) => output.into_bytes(),
@@ -895,6 +903,7 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
             if !bookmark.admit(stamp) {
                 continue;
             }
+            wrote = true;
             if let Err(error) = out.write_all(message) {
                 tracing::warn!(container = %id, path = %log.display(), "cannot write the container's log: {error}");
             }
@@ -903,15 +912,32 @@ pub async fn follow_logs(docker: Docker, id: String, log: PathBuf, since_file: P
             }
         }
         if !follow {
-            return;
+            // The daemon may mark a container exited before its log driver has stored the
+            // last messages (seen: the final line on stderr missing from the read right after
+            // the exit). Read again until reads come back with nothing new.
+            if wrote {
+                quiet_reads = 0;
+            } else {
+                quiet_reads += 1;
+            }
+            if quiet_reads >= LOG_QUIET_READS {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(LOG_QUIET_READ_PAUSE_MS)).await;
+            continue;
         }
         match container_running(&docker, &id).await {
-            // Ended: one more read without follow picks up anything the stream left.
+            // Ended: reads without follow pick up anything the stream left.
             Some(false) => follow = false,
             _ => tokio::time::sleep(Duration::from_millis(LOG_FOLLOW_RETRY_MS)).await,
         }
     }
 }
+
+/// After its container exited, a follower reads its log until this many reads in a row bring
+/// nothing new, [`LOG_QUIET_READ_PAUSE_MS`] apart.
+const LOG_QUIET_READS: u32 = 2;
+const LOG_QUIET_READ_PAUSE_MS: u64 = 50;
 
 /// The tags of the images on the daemon's host, sorted: at most [`IMAGES_LISTED_MAX`], each
 /// at most [`IMAGE_TAG_BYTES_MAX`] bytes (longer ones are left out), no `<none>`.
@@ -1044,11 +1070,15 @@ mod tests {
         // Proves the lost-line bug is gone: two messages with one stamp are both written in
         // one stream, and a stream read again passes over exactly what was written.
         let mut bookmark = Bookmark::default();
-        let stream = [at(1, 5), at(1, 7), at(1, 7), at(2, 0)];
+        bookmark.restart();
+        // Within a stream everything is written, an earlier stamp after a later one too.
+        let stream = [at(1, 5), at(1, 7), at(1, 7), at(2, 0), at(1, 9)];
         let written: Vec<bool> = stream.iter().map(|s| bookmark.admit(*s)).collect();
-        assert_eq!(written, [true, true, true, true]);
+        assert_eq!(written, [true, true, true, true, true]);
+        assert_eq!(bookmark.last, Some(at(2, 0)));
         // Ended after the second message stamped 1.7: read again from second 1.
         let mut bookmark = Bookmark::default();
+        bookmark.restart();
         assert!(bookmark.admit(at(1, 5)) && bookmark.admit(at(1, 7)) && bookmark.admit(at(1, 7)));
         let mut again = Bookmark::read(&bookmark.encode());
         again.restart();
@@ -1060,6 +1090,7 @@ mod tests {
         // A bookmark of the build before counts carried one message.
         let old = format!("{:020} {:09}\n", 1, 7);
         let mut from_old = Bookmark::read(&old);
+        from_old.restart();
         assert_eq!(from_old.written_at_last, 1);
         assert!(!from_old.admit(at(1, 7)));
         assert!(from_old.admit(at(1, 7)));
