@@ -590,6 +590,64 @@ mod tests {
         );
     }
 
+    /// A cgroup v2 directory as the kernel shows it, on a plain filesystem: the files
+    /// `set_up_v2` reads and writes (the kernel makes them itself in a real cgroup).
+    fn fake_v2_cgroup(dir: &Path, controllers: &str, procs: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("cgroup.controllers"), controllers).unwrap();
+        std::fs::write(dir.join("cgroup.subtree_control"), "").unwrap();
+        std::fs::write(dir.join("cgroup.procs"), procs).unwrap();
+    }
+
+    /// The layout decisions of cgroups v2, on a fake hierarchy (this CI host has cgroups v1
+    /// for cpu and memory, so the kernel's own v2 is not exercised here): an agent alone in
+    /// its service's cgroup moves into an `agent` leaf and puts the jobs beside it; one
+    /// already in such a leaf (systemd's DelegateSubgroup) uses its parent; a cgroup without
+    /// the controllers, or shared with other processes, is refused saying what to set.
+    #[test]
+    fn cgroups_v2_layout_on_a_fake_hierarchy() {
+        let me = std::process::id().to_string();
+        let root = tempfile::tempdir().unwrap();
+        let service = root.path().join("system.slice/quotient-agent.service");
+        fake_v2_cgroup(&service, "cpuset cpu io memory pids\n", &format!("{me}\n"));
+        fake_v2_cgroup(&service.join(AGENT_CGROUP), "", "");
+        fake_v2_cgroup(&service.join(JOBS_CGROUP), "cpu memory\n", "");
+        let proc_cgroup = "0::/system.slice/quotient-agent.service\n";
+        let layout = set_up_v2(root.path(), proc_cgroup).expect("set up");
+        assert_eq!(
+            layout,
+            Layout::V2 {
+                jobs: service.join(JOBS_CGROUP)
+            }
+        );
+        let read = |path: PathBuf| std::fs::read_to_string(path).unwrap();
+        assert_eq!(read(service.join(AGENT_CGROUP).join("cgroup.procs")), me);
+        assert_eq!(read(service.join("cgroup.subtree_control")), "+cpu +memory");
+        assert_eq!(
+            read(service.join(JOBS_CGROUP).join("cgroup.subtree_control")),
+            "+cpu +memory"
+        );
+
+        // Already in the leaf: nothing moves, the parent holds the jobs.
+        let in_leaf = "0::/system.slice/quotient-agent.service/agent\n";
+        std::fs::write(service.join(AGENT_CGROUP).join("cgroup.procs"), "").unwrap();
+        assert!(set_up_v2(root.path(), in_leaf).is_ok());
+        assert_eq!(read(service.join(AGENT_CGROUP).join("cgroup.procs")), "");
+
+        // Shared with another process: refused.
+        std::fs::write(service.join("cgroup.procs"), format!("{me}\n1\n")).unwrap();
+        let shared = set_up_v2(root.path(), proc_cgroup).unwrap_err();
+        assert!(shared.contains("DelegateSubgroup=agent"), "{shared}");
+
+        // Without the memory controller delegated: refused.
+        std::fs::write(service.join("cgroup.controllers"), "cpu pids\n").unwrap();
+        let undelegated = set_up_v2(root.path(), proc_cgroup).unwrap_err();
+        assert!(
+            undelegated.contains("memory") && undelegated.contains("Delegate=yes"),
+            "{undelegated}"
+        );
+    }
+
     /// `cpu.max` reads as thousandths of a CPU; `max` is no limit.
     #[test]
     fn cpu_max_parses() {
