@@ -407,50 +407,19 @@ impl DiskKeeper {
             files.logs.push((path, allocated_bytes(&metadata)));
         }
         let work_root = self.state_dir.join(WORK_DIR);
-        for entry in read_dir_or_empty(&work_root).take(SWEEP_ENTRIES_MAX) {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if name.starts_with(REMOVING_PREFIX) {
-                remove_tree(&entry.path());
-                continue;
-            }
-            let Some((job, _)) = parse_log_name(&format!("{name}.log")) else {
-                continue;
-            };
-            let Ok(metadata) = entry.metadata() else {
-                continue;
-            };
-            if !metadata.is_dir() {
-                continue;
-            }
+        let work_dirs = job_dirs(&work_root, |name| {
+            parse_log_name(&format!("{name}.log")).map(|(job, _)| job)
+        });
+        for (job, path, modified) in work_dirs {
             let files = jobs.entry(job).or_default();
-            files.saw(metadata.modified().ok());
-            files.work_dirs.push(entry.path());
+            files.saw(modified);
+            files.work_dirs.push(path);
         }
-        for entry in read_dir_or_empty(&self.checkpoint_root).take(SWEEP_ENTRIES_MAX) {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else {
-                continue;
-            };
-            if name.starts_with(REMOVING_PREFIX) {
-                // Renamed by a sweep that did not get to delete it.
-                remove_tree(&entry.path());
-                continue;
-            }
-            let Ok(job) = name.parse::<JobId>() else {
-                continue;
-            };
-            let Ok(metadata) = entry.metadata() else {
-                continue;
-            };
-            if !metadata.is_dir() {
-                continue;
-            }
+        let checkpoint_dirs = job_dirs(&self.checkpoint_root, |name| name.parse::<JobId>().ok());
+        for (job, path, modified) in checkpoint_dirs {
             let files = jobs.entry(job).or_default();
-            files.saw(metadata.modified().ok());
-            files.checkpoint_dir = Some(entry.path());
+            files.saw(modified);
+            files.checkpoint_dir = Some(path);
         }
 
         let mut sweep = Sweep::default();
@@ -551,6 +520,36 @@ impl DiskKeeper {
             total_bytes,
         }
     }
+}
+
+/// The folders in `root` that `job_of` names a job by (at most [`SWEEP_ENTRIES_MAX`]
+/// entries looked at), with their modification times. A folder renamed for removal by a sweep
+/// that did not get to delete it is deleted now.
+fn job_dirs(
+    root: &Path,
+    job_of: impl Fn(&str) -> Option<JobId>,
+) -> Vec<(JobId, PathBuf, Option<SystemTime>)> {
+    let mut dirs = Vec::new();
+    for entry in read_dir_or_empty(root).take(SWEEP_ENTRIES_MAX) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if name.starts_with(REMOVING_PREFIX) {
+            remove_tree(&entry.path());
+            continue;
+        }
+        let Some(job) = job_of(name) else {
+            continue;
+        };
+        let Ok(metadata) = entry.metadata() else {
+            continue;
+        };
+        if metadata.is_dir() {
+            dirs.push((job, entry.path(), metadata.modified().ok()));
+        }
+    }
+    dirs
 }
 
 /// The entries of `dir`; none when it is missing or unreadable (said, unless missing).

@@ -152,6 +152,50 @@ impl DevCluster {
         self.ok(&arguments);
     }
 
+    /// One coordinator, one agent with one GPU, and a share `team` that may use it: the
+    /// cluster of most end-to-end tests of jobs.
+    pub fn one_gpu() -> DevCluster {
+        let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
+        cluster.create_share("team", 1, "lend", &[]);
+        cluster
+    }
+
+    /// `job get -o json` of `job` once it is in `state`; panics after `timeout`.
+    pub fn wait_for_state(&self, job: &str, state: &str, timeout: Duration) -> Value {
+        poll_until(&format!("{job} to be {state}"), timeout, || {
+            let view = self.json(&["job", "get", job, "-o", "json"]);
+            if view["state"] == state {
+                Ok(view)
+            } else {
+                Err(view.to_string())
+            }
+        })
+    }
+
+    /// The pid of the dev cluster's agent `name`, from its `cluster.json`.
+    pub fn agent_pid(&self, name: &str) -> libc::pid_t {
+        let file = std::fs::read_to_string(self.dir.join("cluster.json")).expect("cluster.json");
+        let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
+        file["agents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|agent| agent["name"] == name)
+            .and_then(|agent| agent["pid"].as_i64())
+            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+            .unwrap_or_else(|| panic!("no running agent {name} in {file}"))
+    }
+
+    /// `node list -o json`'s entry of the node named `name`, if there is one.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        let list = self.json(&["node", "list", "-o", "json"]);
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .find(|node| node["name"] == name)
+            .cloned()
+    }
+
     /// Runs a `-o json` command that must succeed; its JSON document.
     pub fn json(&self, arguments: &[&str]) -> Value {
         let stdout = self.ok(arguments);

@@ -158,15 +158,6 @@ impl Drop for DockerAgent {
     }
 }
 
-fn node(cluster: &DevCluster, name: &str) -> Option<Value> {
-    let list = cluster.json(&["node", "list", "-o", "json"]);
-    list.as_array()
-        .into_iter()
-        .flatten()
-        .find(|node| node["name"] == name)
-        .cloned()
-}
-
 fn job(cluster: &DevCluster, id: &str) -> Value {
     cluster.json(&["job", "get", id, "-o", "json"])
 }
@@ -216,7 +207,7 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
         "--- {name} registers the Docker runtime and its images; the other node processes only"
     );
     let docker_node = poll_until(&format!("{name} ready"), SETTLE, || {
-        match node(&cluster, &name) {
+        match cluster.node(&name) {
             Some(view) if view["state"] == "ready" => Ok(view),
             other => Err(format!("{other:?}")),
         }
@@ -234,7 +225,7 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
         .unwrap_or_default();
     assert!(images.iter().any(|image| image == IMAGE), "{docker_node}");
     let process_node = poll_until(&format!("{process_name} ready"), SETTLE, || {
-        match node(&cluster, &process_name) {
+        match cluster.node(&process_name) {
             Some(view) if view["state"] == "ready" => Ok(view),
             other => Err(format!("{other:?}")),
         }
@@ -269,7 +260,7 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
     eprintln!("--- {name}'s agent killed (SIGKILL): the node is lost, the job back in the queue");
     agent.kill();
     poll_until(&format!("{name} lost"), SETTLE, || {
-        match node(&cluster, &name) {
+        match cluster.node(&name) {
             Some(view) if view["state"] == "lost" => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -293,7 +284,7 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let node_1 = node(&cluster, &process_name).expect("the process-only node");
+    let node_1 = cluster.node(&process_name).expect("the process-only node");
     let node_1_jobs: Vec<&Value> = node_1["gpus"]
         .as_array()
         .into_iter()

@@ -12,25 +12,6 @@ use serde_json::Value;
 /// limit: many times what it takes on a quiet machine.
 const SETTLE: Duration = Duration::from_secs(60);
 
-/// One coordinator, one agent with one GPU, and a share that may use it.
-fn cluster() -> DevCluster {
-    let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
-    cluster.create_share("team", 1, "lend", &[]);
-    cluster
-}
-
-/// `job get -o json` once the job is in `state`.
-fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) -> Value {
-    poll_until(&format!("{job} to be {state}"), SETTLE, || {
-        let view = cluster.json(&["job", "get", job, "-o", "json"]);
-        if view["state"] == state {
-            Ok(view)
-        } else {
-            Err(view.to_string())
-        }
-    })
-}
-
 /// The attempts of a job's JSON view.
 fn history(view: &Value) -> &Vec<Value> {
     view["attempt_history"]
@@ -81,9 +62,9 @@ fn a_failing_job_is_retried_until_its_retries_are_used_then_fails() {
     // Proves that each failed attempt (a non-zero exit) is retried as a new attempt while
     // retries are left, that the job then ends FAILED saying how many it used, and that its
     // attempt history keeps every attempt with its exit code and how it ended.
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let job = cluster.submit("team", &["--retries", "2"], &["sh", "-c", "exit 3"]);
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     assert_eq!(view["attempts"], 3, "one attempt and two retries: {view}");
     assert_eq!(view["retries"], 2, "{view}");
     assert_eq!(view["retries_used"], 2, "{view}");
@@ -120,13 +101,13 @@ fn a_failing_job_is_retried_until_its_retries_are_used_then_fails() {
 fn a_retry_rule_that_says_exit_ends_the_job_at_its_first_failure() {
     // Proves that `--retry-on exit:exit-code=3` fails a job exiting 3 at once, retries left
     // or not, and that one matching `retry:` retries a failure other rules would not.
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let job = cluster.submit(
         "team",
         &["--retries", "5", "--retry-on", "exit:exit-code=3"],
         &["sh", "-c", "exit 3"],
     );
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     assert_eq!(view["attempts"], 1, "{view}");
     assert_eq!(view["retries"], 5, "{view}");
     assert_eq!(view["retries_used"], 0, "{view}");
@@ -161,7 +142,7 @@ fn a_retry_rule_that_says_exit_ends_the_job_at_its_first_failure() {
             "if [ \"$QUOTIENT_ATTEMPT\" -lt 3 ]; then exit 12; else exit 3; fi",
         ],
     );
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     let codes: Vec<&Value> = history(&view).iter().map(|a| &a["exit_code"]).collect();
     assert_eq!(codes, [12, 12, 3], "{view}");
     assert_eq!(view["retries_used"], 2, "{view}");
@@ -198,7 +179,7 @@ fn a_job_past_its_time_limit_is_stopped_and_fails_with_the_reason() {
     // Proves that the leader stops an attempt past its time limit (checkpoint signal, grace
     // period), that the job ends FAILED saying so, that its process is gone, and that the
     // attempt ran at least its limit.
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let pid_file = cluster.root.path().join("sleeper.pid");
     let script = format!("echo $$ > {}; exec sleep 600", pid_file.display());
     let job = cluster.submit(
@@ -208,7 +189,7 @@ fn a_job_past_its_time_limit_is_stopped_and_fails_with_the_reason() {
     );
     let pid = pid_in(&pid_file);
     assert!(alive(pid), "the job's process {pid} runs");
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     assert_eq!(view["time_limit_ms"], 2000, "{view}");
     let reason = view["reason"].as_str().unwrap_or_default();
     assert!(reason.starts_with("time limit (2s) reached"), "{view}");
@@ -244,7 +225,7 @@ fn a_job_past_its_time_limit_is_stopped_and_fails_with_the_reason() {
         ],
         &["sleep", "600"],
     );
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     let reason = view["reason"].as_str().unwrap_or_default();
     assert!(
         reason.starts_with("time limit (2s) reached")
@@ -282,9 +263,9 @@ fn an_ended_job_shows_when_it_was_submitted_started_and_ended() {
     // it waited and the node it ran on, and that `job get` prints them as RFC 3339 times,
     // its attempt history included. Both for a job that exited and one stopped at its time
     // limit.
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let job = cluster.submit("team", &[], &["sh", "-c", "sleep 1; exit 0"]);
-    let view = wait_for_state(&cluster, &job, "SUCCEEDED");
+    let view = cluster.wait_for_state(&job, "SUCCEEDED", SETTLE);
     check_times(&view);
     assert_eq!(view["exit_code"], 0, "{view}");
     let started = view["started_ms"].as_u64().unwrap_or_default();
@@ -313,7 +294,7 @@ fn an_ended_job_shows_when_it_was_submitted_started_and_ended() {
         &["--time-limit", "2s", "--grace-period", "1s"],
         &["sleep", "600"],
     );
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     check_times(&view);
     let text = cluster.ok(&["job", "get", &job]);
     assert!(

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use quotient_tests::{binaries, poll_until, DevCluster};
+use quotient_tests::{binaries, DevCluster};
 
 /// How long a job may take to be placed, run and reported.
 const SETTLE: Duration = Duration::from_secs(60);
@@ -17,37 +17,19 @@ const FOLLOW_DEADLINE: Duration = Duration::from_secs(30);
 /// `LEADER_REQUEST_TIMEOUT_MS` for an agent that has not yet been noticed gone).
 const AGENT_GONE_DEADLINE: Duration = Duration::from_secs(15);
 
-/// One coordinator, one agent with one GPU, and a share that may use it.
-fn cluster() -> DevCluster {
-    let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
-    cluster.create_share("team", 1, "lend", &[]);
-    cluster
-}
-
 fn submit(cluster: &DevCluster, script: &str) -> String {
     cluster.submit("team", &[], &["sh", "-c", script])
-}
-
-fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) {
-    poll_until(&format!("{job} to be {state}"), SETTLE, || {
-        let view = cluster.json(&["job", "get", job, "-o", "json"]);
-        if view["state"] == state {
-            Ok(())
-        } else {
-            Err(view.to_string())
-        }
-    });
 }
 
 /// The lines a finished job printed, stdout and stderr, come back in order.
 #[test]
 fn logs_show_what_a_finished_job_printed() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let job = submit(
         &cluster,
         "echo first line; echo attempt=$QUOTIENT_ATTEMPT; echo to stderr >&2; echo last line",
     );
-    wait_for_state(&cluster, &job, "SUCCEEDED");
+    cluster.wait_for_state(&job, "SUCCEEDED", SETTLE);
     let logs = cluster.ok(&["job", "logs", &job]);
     assert_eq!(
         logs, "first line\nattempt=1\nto stderr\nlast line\n",
@@ -62,14 +44,14 @@ fn logs_show_what_a_finished_job_printed() {
 /// `--follow` on a running job shows lines printed later and ends when the job ends.
 #[test]
 fn follow_shows_later_lines_and_ends_with_the_job() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let flag = cluster.root.path().join("go-on");
     let script = format!(
         "echo before; while [ ! -e '{}' ]; do sleep 0.1; done; echo after; sleep 0.5; echo done",
         flag.display()
     );
     let job = submit(&cluster, &script);
-    wait_for_state(&cluster, &job, "RUNNING");
+    cluster.wait_for_state(&job, "RUNNING", SETTLE);
 
     let mut follow = Command::new(binaries().join("quotient"))
         .args(["job", "logs", &job, "--follow"])
@@ -110,20 +92,20 @@ fn follow_shows_later_lines_and_ends_with_the_job() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "--follow ended with {status}");
-    wait_for_state(&cluster, &job, "SUCCEEDED");
+    cluster.wait_for_state(&job, "SUCCEEDED", SETTLE);
 }
 
 /// `--follow` on a job still queued says on stderr that it waits for the job to start, then
 /// prints the job's lines once it runs, and ends with it.
 #[test]
 fn follow_on_a_queued_job_waits_for_it_then_follows() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let flag = cluster.root.path().join("release");
     let blocker = submit(
         &cluster,
         &format!("while [ ! -e '{}' ]; do sleep 0.1; done", flag.display()),
     );
-    wait_for_state(&cluster, &blocker, "RUNNING");
+    cluster.wait_for_state(&blocker, "RUNNING", SETTLE);
     let queued = submit(&cluster, "echo queued one; echo its end");
     let follow = Command::new(binaries().join("quotient"))
         .args(["job", "logs", &queued, "-f"])
@@ -163,9 +145,9 @@ fn follow_on_a_queued_job_waits_for_it_then_follows() {
 /// before the CLI's own deadline.
 #[test]
 fn logs_from_a_node_whose_agent_is_gone_fail_clearly() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let job = submit(&cluster, "echo hello");
-    wait_for_state(&cluster, &job, "SUCCEEDED");
+    cluster.wait_for_state(&job, "SUCCEEDED", SETTLE);
     assert_eq!(cluster.ok(&["job", "logs", &job]), "hello\n");
 
     let described: serde_json::Value = serde_json::from_str(
@@ -201,7 +183,7 @@ fn logs_from_a_node_whose_agent_is_gone_fail_clearly() {
 /// Logs of a job that does not exist: exit 1 and an error that names it.
 #[test]
 fn logs_of_an_unknown_job_fail_clearly() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let output = cluster.run(&["job", "logs", "j-999"]);
     assert_eq!(output.status.code(), Some(1), "exit status");
     let stderr = String::from_utf8_lossy(&output.stderr);

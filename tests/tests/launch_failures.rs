@@ -5,36 +5,17 @@
 
 use std::time::Duration;
 
-use quotient_tests::{poll_until, DevCluster};
+use quotient_tests::DevCluster;
 use serde_json::Value;
 
 /// How long a job may take to be placed, tried and given up (several times over for a node
 /// that cannot launch it), or to run.
 const SETTLE: Duration = Duration::from_secs(60);
 
-/// One coordinator, one agent with one GPU, and a share that may use it.
-fn cluster() -> DevCluster {
-    let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
-    cluster.create_share("team", 1, "lend", &[]);
-    cluster
-}
-
-/// `job get -o json` once the job is in `state`.
-fn wait_for_state(cluster: &DevCluster, job: &str, state: &str) -> Value {
-    poll_until(&format!("{job} to be {state}"), SETTLE, || {
-        let view = cluster.json(&["job", "get", job, "-o", "json"]);
-        if view["state"] == state {
-            Ok(view)
-        } else {
-            Err(view.to_string())
-        }
-    })
-}
-
 /// The GPU is free: a job that needs it runs to the end.
 fn the_gpu_is_free(cluster: &DevCluster) {
     let next = cluster.submit("team", &[], &["sh", "-c", "exit 0"]);
-    wait_for_state(cluster, &next, "SUCCEEDED");
+    cluster.wait_for_state(&next, "SUCCEEDED", SETTLE);
 }
 
 /// A container job that no node can run (no node's agent reaches Docker, or none holds its
@@ -42,7 +23,7 @@ fn the_gpu_is_free(cluster: &DevCluster) {
 /// reason says why, and the GPU stays free for other jobs.
 #[test]
 fn a_job_no_node_can_run_waits_saying_why_and_leaves_the_gpu_free() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     let job = cluster.submit("team", &["--image", "no-such-trainer:1"], &["train"]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let view = loop {
@@ -75,7 +56,7 @@ fn a_job_no_node_can_run_waits_saying_why_and_leaves_the_gpu_free() {
 /// why; the GPU is free for the next job.
 #[test]
 fn a_job_a_node_cannot_launch_is_requeued_a_few_times_then_fails() {
-    let cluster = cluster();
+    let cluster = DevCluster::one_gpu();
     // The next job is j-1: a file where its checkpoint folder goes makes every launch of it
     // fail with an I/O error in the agent's folders.
     let checkpoints = cluster.dir.join("checkpoints");
@@ -83,7 +64,7 @@ fn a_job_a_node_cannot_launch_is_requeued_a_few_times_then_fails() {
     std::fs::write(checkpoints.join("j-1"), b"in the way").expect("the blocking file");
     let job = cluster.submit("team", &[], &["sh", "-c", "exit 0"]);
     assert_eq!(job, "j-1");
-    let view = wait_for_state(&cluster, &job, "FAILED");
+    let view = cluster.wait_for_state(&job, "FAILED", SETTLE);
     let reason = view["reason"].as_str().unwrap_or_default();
     assert!(
         reason.starts_with("launch failed on node node-1 after 3 tries: "),

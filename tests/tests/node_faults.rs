@@ -42,13 +42,9 @@ fn wait_running(
 
 /// `node list -o json`, the node named `name`.
 fn node(cluster: &DevCluster, name: &str) -> Value {
-    let list = cluster.json(&["node", "list", "-o", "json"]);
-    list.as_array()
-        .into_iter()
-        .flatten()
-        .find(|node| node["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no node {name} in {list}"))
+    cluster
+        .node(name)
+        .unwrap_or_else(|| panic!("no node {name} in the node list"))
 }
 
 /// Waits until node `name` is `state` and reachable.
@@ -105,20 +101,6 @@ fn drains_do_not_count_toward_max_preemptions() {
         "{view}"
     );
     assert_eq!(job(&cluster, &id)["state"], "RUNNING");
-}
-
-/// The pid of agent `name`, from the cluster's `cluster.json`.
-fn agent_pid(cluster: &DevCluster, name: &str) -> libc::pid_t {
-    let file = std::fs::read_to_string(cluster.dir.join("cluster.json")).expect("cluster.json");
-    let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
-    file["agents"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|agent| agent["name"] == name)
-        .and_then(|agent| agent["pid"].as_i64())
-        .and_then(|pid| libc::pid_t::try_from(pid).ok())
-        .unwrap_or_else(|| panic!("no running agent {name} in {file}"))
 }
 
 /// A process stopped with SIGSTOP, continued with SIGCONT when this is dropped (however the
@@ -198,7 +180,7 @@ fn a_silent_node_is_unreachable_gets_no_new_job_and_comes_back() {
     heard_from(&cluster, "node-1");
 
     eprintln!("--- node-1's agent stopped (SIGSTOP)");
-    let mut stopped = Stopped::stop(agent_pid(&cluster, "node-1"));
+    let mut stopped = Stopped::stop(cluster.agent_pid("node-1"));
     let since = Instant::now();
     let silent = wait_unreachable(&cluster, "node-1");
     eprintln!("node-1 unreachable after {:?}", since.elapsed());
@@ -284,7 +266,7 @@ fn a_silent_node_is_unreachable_to_a_new_leader_too() {
     // out: the new leader has heard nothing from it since it was elected.
     let cluster = DevCluster::up(&["--coordinators", "3", "--nodes", "2"]);
     heard_from(&cluster, "node-1");
-    let _stopped = Stopped::stop(agent_pid(&cluster, "node-1"));
+    let _stopped = Stopped::stop(cluster.agent_pid("node-1"));
     wait_unreachable(&cluster, "node-1");
 
     let (_, output) = cluster.kill_leader_then(&["cluster", "status", "-o", "json"]);

@@ -48,20 +48,6 @@ fn refused(cluster: &DevCluster, name: &str) -> String {
     stderr
 }
 
-/// The pid of agent `name`, from the cluster's `cluster.json`.
-fn agent_pid(cluster: &DevCluster, name: &str) -> i32 {
-    let file = std::fs::read_to_string(cluster.dir.join("cluster.json")).expect("cluster.json");
-    let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
-    file["agents"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|agent| agent["name"] == name)
-        .and_then(|agent| agent["pid"].as_i64())
-        .and_then(|pid| i32::try_from(pid).ok())
-        .unwrap_or_else(|| panic!("no running agent {name} in {file}"))
-}
-
 #[test]
 fn a_node_is_removed_once_drained_and_its_agent_stopped_and_comes_back_as_a_new_node() {
     // Proves that `node remove` refuses a ready node, a node holding a job and a node whose
@@ -137,7 +123,7 @@ fn a_node_is_removed_once_drained_and_its_agent_stopped_and_comes_back_as_a_new_
     eprintln!("--- its agent stopped: removed, and gone from the node list");
     // SAFETY: kill(2) on the pid of an agent this test's cluster started.
     unsafe {
-        libc::kill(agent_pid(&cluster, "node-2"), libc::SIGTERM);
+        libc::kill(cluster.agent_pid("node-2"), libc::SIGTERM);
     }
     let said = poll_until("node-2 removed", SETTLE, || {
         let output = cluster.run(&["node", "remove", "node-2"]);
