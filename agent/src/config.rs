@@ -191,6 +191,14 @@ pub struct RunFlags {
     /// How often the agent looks again at its images and Docker, in ms (tests shorten it).
     #[arg(long, default_value_t = crate::host_info::HOST_RECHECK_MS, hide = true)]
     pub host_recheck_ms: u64,
+    /// A label of this node, KEY=VALUE (e.g. rack=r3 or block=b1): its place in the topology,
+    /// shown in `node list`. Repeat for several (at most 16).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = quotient_common::node::parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// The address other nodes' jobs reach this node's jobs at (an IP or a DNS name)
+    /// [default: this host's address on the route to the first coordinator].
+    #[arg(long, value_name = "ADDRESS", env = "QUOTIENT_AGENT_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
 }
 
 /// How long files are kept: a number of milliseconds, or forever.
@@ -361,6 +369,10 @@ pub struct AgentConfig {
     pub memory_bytes: Option<u64>,
     /// How often the agent looks again at its images and Docker.
     pub host_recheck_ms: u64,
+    /// `--label`s, by key.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `--advertise-address`, if given.
+    pub advertise_address: Option<String>,
 }
 
 /// Why the agent will not run jobs as the user it was told (or not told).
@@ -418,6 +430,12 @@ pub enum ConfigError {
     LeaseTooShort(u64),
     #[error("cannot tell this host's name ({0}); pass --name")]
     HostName(String),
+    #[error("--label: {0}")]
+    Labels(String),
+    #[error(
+        "--advertise-address {0:?}: give an IP address or a DNS name (1-253 bytes, no spaces)"
+    )]
+    AdvertiseAddress(String),
 }
 
 impl RunFlags {
@@ -432,6 +450,29 @@ impl RunFlags {
         }
         if self.lease_ms < LEASE_MIN_MS {
             return Err(ConfigError::LeaseTooShort(self.lease_ms));
+        }
+        let mut labels = std::collections::BTreeMap::new();
+        for (key, value) in &self.labels {
+            if labels.insert(key.clone(), value.clone()).is_some() {
+                return Err(ConfigError::Labels(format!("{key} is given twice")));
+            }
+        }
+        if labels.len() > quotient_common::node::NODE_LABELS_MAX {
+            return Err(ConfigError::Labels(format!(
+                "{} labels, at most {}",
+                labels.len(),
+                quotient_common::node::NODE_LABELS_MAX
+            )));
+        }
+        if let Some(address) = &self.advertise_address {
+            let valid = !address.is_empty()
+                && address.len() <= quotient_common::node::ADDRESS_BYTES_MAX
+                && !address
+                    .bytes()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control());
+            if !valid {
+                return Err(ConfigError::AdvertiseAddress(address.clone()));
+            }
         }
         // A checkpoint root of its own choosing may be shared storage, where another node may
         // run the job now: this agent cannot tell, so it keeps the dirs unless told.
@@ -467,6 +508,8 @@ impl RunFlags {
             cpu_millis: self.cpus,
             memory_bytes: self.memory,
             host_recheck_ms: self.host_recheck_ms.max(100),
+            labels,
+            advertise_address: self.advertise_address.clone(),
         })
     }
 }
@@ -565,6 +608,46 @@ mod tests {
             flags.run.into_config(),
             Err(ConfigError::Name { .. })
         ));
+    }
+
+    /// Labels are kept by key, a key given twice and a bad address are refused.
+    #[test]
+    fn labels_and_the_advertised_address_are_checked() {
+        let base = [
+            "quotient-agent",
+            "--name",
+            "node-1",
+            "--coordinators",
+            "x:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args).run.into_config()
+        };
+        let config = with(&["--label", "rack=r3", "--advertise-address", "10.0.0.7"]).unwrap();
+        assert_eq!(config.labels["rack"], "r3");
+        assert_eq!(config.advertise_address.as_deref(), Some("10.0.0.7"));
+        assert!(matches!(
+            with(&["--label", "rack=r3", "--label", "rack=r4"]),
+            Err(ConfigError::Labels(_))
+        ));
+        assert!(matches!(
+            with(&["--advertise-address", "two words"]),
+            Err(ConfigError::AdvertiseAddress(_))
+        ));
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--label", "rack"]);
+        assert!(
+            AgentFlags::try_parse_from(&args).is_err(),
+            "KEY=VALUE is needed"
+        );
     }
 
     /// Without a flag the runtime is auto; --job-user and --allow-root-jobs are kept.

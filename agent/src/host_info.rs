@@ -28,11 +28,30 @@ use crate::runtime::host::{HostRuntime, NodeCapabilities, RUNTIME_DOCKER, RUNTIM
 /// How often the agent looks at its host again (images, Docker), in milliseconds.
 pub const HOST_RECHECK_MS: u64 = 30_000;
 
-/// The CPUs (thousandths) and memory (bytes) the node offers jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The CPUs (thousandths) and memory (bytes) the node offers jobs, and what the operator
+/// says of it: its labels and the address its jobs are reached at.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HostResources {
     pub cpu_millis: u32,
     pub memory_bytes: u64,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub address: Option<String>,
+}
+
+/// This host's address on the route to `coordinator` (`host:port`): the source address the
+/// kernel picks for a datagram there (nothing is sent). `None` when it cannot tell.
+pub fn route_address(coordinator: &str) -> Option<String> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let target = coordinator.to_socket_addrs().ok()?.next()?;
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let socket = UdpSocket::bind(bind).ok()?;
+    socket.connect(target).ok()?;
+    let local = socket.local_addr().ok()?.ip();
+    (!local.is_unspecified()).then(|| local.to_string())
 }
 
 impl HostResources {
@@ -57,6 +76,8 @@ impl HostResources {
             }
         });
         HostResources {
+            labels: Default::default(),
+            address: None,
             cpu_millis,
             memory_bytes,
         }
@@ -79,7 +100,7 @@ pub fn mem_total(meminfo: &str) -> Option<u64> {
 
 /// The node's host info from what it can run and what it has; also how many images were
 /// left out (too many, or a reference too long).
-pub fn host_info(capabilities: &NodeCapabilities, resources: HostResources) -> (HostInfo, usize) {
+pub fn host_info(capabilities: &NodeCapabilities, resources: &HostResources) -> (HostInfo, usize) {
     let mut runtimes: Vec<Runtime> = capabilities
         .runtimes
         .iter()
@@ -104,12 +125,14 @@ pub fn host_info(capabilities: &NodeCapabilities, resources: HostResources) -> (
         images,
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
+        labels: resources.labels.clone(),
+        address: resources.address.clone(),
     };
     (info, left_out)
 }
 
 /// The host info now.
-pub async fn current(runtime: &HostRuntime, resources: HostResources) -> (HostInfo, usize) {
+pub async fn current(runtime: &HostRuntime, resources: &HostResources) -> (HostInfo, usize) {
     host_info(&runtime.capabilities().await, resources)
 }
 
@@ -127,7 +150,7 @@ pub async fn keep_current(
             _ = tokio::time::sleep(every) => {}
             _ = published.closed() => return,
         }
-        let (info, now_left_out) = current(&runtime, resources).await;
+        let (info, now_left_out) = current(&runtime, &resources).await;
         if now_left_out != left_out && now_left_out > 0 {
             warn_left_out(now_left_out);
         }
@@ -181,14 +204,18 @@ mod tests {
         let resources = HostResources {
             cpu_millis: 8_000,
             memory_bytes: 1 << 30,
+            labels: [("rack".to_string(), "r3".to_string())].into(),
+            address: Some("10.0.0.7".into()),
         };
-        let (info, left_out) = host_info(&capabilities, resources);
+        let (info, left_out) = host_info(&capabilities, &resources);
         assert_eq!(info.runtimes, vec![Runtime::Process, Runtime::Docker]);
         assert_eq!(info.images.len(), NODE_IMAGES_MAX);
         assert_eq!(info.images[0], "img-0000:1");
         assert_eq!(left_out, 11);
         assert!(info.images.windows(2).all(|pair| pair[0] < pair[1]));
         assert_eq!((info.cpu_millis, info.memory_bytes), (8_000, 1 << 30));
+        assert_eq!(info.labels["rack"], "r3");
+        assert_eq!(info.address.as_deref(), Some("10.0.0.7"));
         let inventory = quotient_common::NodeInventory {
             name: "gpu-1".into(),
             gpus: Vec::new(),
@@ -196,7 +223,7 @@ mod tests {
         };
         inventory.validate().unwrap();
 
-        let (info, left_out) = host_info(&NodeCapabilities::default(), resources);
+        let (info, left_out) = host_info(&NodeCapabilities::default(), &resources);
         assert_eq!(info.runtimes, vec![Runtime::Process]);
         assert!(info.images.is_empty());
         assert_eq!(left_out, 0);
@@ -211,8 +238,20 @@ mod tests {
             HostResources::detect(Some(2_500), Some(1 << 30)),
             HostResources {
                 cpu_millis: 2_500,
-                memory_bytes: 1 << 30
+                memory_bytes: 1 << 30,
+                ..HostResources::default()
             }
         );
+    }
+
+    /// The address on the route to a coordinator is a local address of this host: loopback
+    /// for a coordinator on this host.
+    #[test]
+    fn the_advertised_address_is_on_the_route_to_the_coordinators() {
+        assert_eq!(
+            route_address("127.0.0.1:7401").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(route_address("not an address"), None);
     }
 }

@@ -232,14 +232,22 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             "process jobs only for now: {error}; container jobs fail to launch here until Docker answers"
         ),
     }
-    let resources = HostResources::detect(config.cpu_millis, config.memory_bytes);
-    let (host, left_out) = host_info::current(&runtime, resources).await;
+    let resources = HostResources {
+        labels: config.labels.clone(),
+        address: config
+            .advertise_address
+            .clone()
+            .or_else(|| host_info::route_address(&config.coordinators[0])),
+        ..HostResources::detect(config.cpu_millis, config.memory_bytes)
+    };
+    let (host, left_out) = host_info::current(&runtime, &resources).await;
     if left_out > 0 {
         host_info::warn_left_out(left_out);
     }
     tracing::info!(runtimes = ?host.runtimes, images = host.images.len(), cpu_millis = host.cpu_millis,
         memory_bytes = host.memory_bytes, cpus_given = config.cpu_millis.is_some(),
-        memory_given = config.memory_bytes.is_some(), "this host offers jobs");
+        memory_given = config.memory_bytes.is_some(), labels = ?host.labels,
+        address = ?host.address, "this host offers jobs");
     let (host_tx, host_rx) = watch::channel(host);
     tokio::spawn(host_info::keep_current(
         runtime.clone(),

@@ -947,13 +947,25 @@ async fn agent_removes_old_jobs_files_but_keeps_placed_and_recent_ones() {
     .await;
 }
 
-/// `--cpus` and `--memory` replace what the agent detects in its registration.
+/// `--cpus` and `--memory` replace what the agent detects in its registration; its
+/// `--label`s and `--advertise-address` are in it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_reports_the_cpus_and_memory_it_is_told() {
     let mut node = Node::new();
-    node.agent_args = ["--cpus", "3.5", "--memory", "12GiB"]
-        .map(str::to_string)
-        .to_vec();
+    node.agent_args = [
+        "--cpus",
+        "3.5",
+        "--memory",
+        "12GiB",
+        "--label",
+        "rack=r3",
+        "--label",
+        "block=b1",
+        "--advertise-address",
+        "gpu-7.example.internal",
+    ]
+    .map(str::to_string)
+    .to_vec();
     let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
     let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
     wait_until("the agent registers", || {
@@ -963,6 +975,14 @@ async fn agent_reports_the_cpus_and_memory_it_is_told() {
     let host = leader.state().registrations[0].0.host.clone();
     assert_eq!(host.cpu_millis, 3_500);
     assert_eq!(host.memory_bytes, 12 << 30);
+    assert_eq!(
+        host.labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
+        ["block=b1", "rack=r3"]
+    );
+    assert_eq!(host.address.as_deref(), Some("gpu-7.example.internal"));
 }
 
 /// With Docker the registration names the docker runtime and the images the engine holds;

@@ -137,6 +137,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         nodes: Some(3),
         gpus_per_node: Some(1),
         gpu_class: Some(GpuClass::parse("a10g").expect("a valid class")),
+        racks: None,
     };
     let _guard = ClusterGuard {
         dir: dir.clone(),

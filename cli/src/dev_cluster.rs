@@ -17,6 +17,7 @@
 //! stopped. The processes are started in their own process group, so a Ctrl-C in the shell
 //! that ran `dev up` does not reach them.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,10 @@ pub struct AgentEntry {
     pub state_dir: PathBuf,
     #[serde(default)]
     pub log: PathBuf,
+    /// Its `--label`s (`dev up --racks` gives each node a `rack`), kept so that a restart
+    /// gives them again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// `DIR/cluster.json`.
@@ -209,6 +214,7 @@ mod tests {
                 pid: None,
                 state_dir: "/d/node-1/state".into(),
                 log: "/d/node-1/agent.log".into(),
+                labels: [("rack".to_string(), "rack-1".to_string())].into(),
             }],
             gpus_per_node: Some(4),
             gpu_class: Some("h100".into()),

@@ -95,6 +95,11 @@ pub struct DevUpArgs {
     /// The simulated GPUs' class [default: a10g, or as DIR's nodes have it].
     #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
     pub gpu_class: Option<GpuClass>,
+    /// Spread the new nodes round-robin over K racks: node-1 gets the label rack=rack-1,
+    /// node-2 rack=rack-2, ... node-K+1 rack=rack-1 again [default: no labels; a DIR that has
+    /// nodes keeps theirs].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=NODES_MAX as i64))]
+    pub racks: Option<u32>,
 }
 
 /// Nodes when `--nodes` is not given on a DIR without nodes.
@@ -204,6 +209,12 @@ fn check_node_settings(dir: &Path, cluster: &ClusterFile, args: &DevUpArgs) -> a
     if let Some(wanted) = args.nodes.filter(|wanted| count > 0 && *wanted != count) {
         eprintln!(
             "note: {} already holds {count} nodes; --nodes {wanted} is ignored",
+            dir.display()
+        );
+    }
+    if let Some(racks) = args.racks.filter(|_| count > 0) {
+        eprintln!(
+            "note: {} already holds its nodes, with their labels; --racks {racks} is ignored",
             dir.display()
         );
     }
@@ -402,16 +413,23 @@ fn agent_dir(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// New agent entries node-1..node-`count`.
-fn new_agents(dir: &Path, count: u32) -> Vec<AgentEntry> {
+fn new_agents(dir: &Path, count: u32, racks: Option<u32>) -> Vec<AgentEntry> {
     (1..=count)
         .map(|index| {
             let name = format!("node-{index}");
             let home = agent_dir(dir, &name);
+            let labels = racks
+                .map(|racks| {
+                    let rack = (index - 1) % racks + 1;
+                    [("rack".to_string(), format!("rack-{rack}"))].into()
+                })
+                .unwrap_or_default();
             AgentEntry {
                 name,
                 pid: None,
                 state_dir: home.join("state"),
                 log: home.join("agent.log"),
+                labels,
             }
         })
         .collect()
@@ -461,6 +479,9 @@ fn start_agent(
         .arg(gpus)
         .arg("--lease-ms")
         .arg(AGENT_LEASE_MS.to_string());
+    for (key, value) in &entry.labels {
+        command.arg("--label").arg(format!("{key}={value}"));
+    }
     spawn_logged(command, &entry.log)
 }
 
@@ -608,7 +629,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
 
     let nodes = args.nodes.unwrap_or(NODES_DEFAULT);
     if cluster.agents.is_empty() && nodes > 0 {
-        cluster.agents = new_agents(&dir, nodes);
+        cluster.agents = new_agents(&dir, nodes, args.racks);
     }
     let (gpus_per_node, gpu_class) = node_settings_of(&mut session, &cluster, args)?;
     if !cluster.agents.is_empty() {

@@ -319,7 +319,7 @@ fn job_times(job: &JobView) -> String {
 }
 
 /// The node table: NAME STATE GPUS CLASS FREE UNHEALTHY JOBS DISK-USED/FREE RUNTIMES
-/// LAST-HEARTBEAT (the agent's logs and checkpoints, and what its state dir's filesystem has
+/// LAST-HEARTBEAT LABELS (the agent's logs and checkpoints, and what its state dir's filesystem has
 /// left; `-` when unknown). A node the leader has not heard from since a heartbeat was due
 /// shows the state `unreachable` (its JSON keeps its state and says `"unreachable": true`).
 pub fn node_table(nodes: &[NodeView]) -> String {
@@ -334,6 +334,7 @@ pub fn node_table(nodes: &[NodeView]) -> String {
         "DISK-USED/FREE",
         "RUNTIMES",
         "LAST-HEARTBEAT",
+        "LABELS",
     ]);
     for node in nodes {
         let mut classes: Vec<&str> = node.gpus.iter().map(|gpu| gpu.class.as_str()).collect();
@@ -369,6 +370,11 @@ pub fn node_table(nodes: &[NodeView]) -> String {
             },
             node.runtimes.join(","),
             node.last_heartbeat_ms.map_or_else(String::new, rfc3339),
+            node.labels
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect::<Vec<_>>()
+                .join(","),
         ]);
     }
     table.render()
@@ -549,7 +555,11 @@ a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1        
         assert!(lines[0].contains("JOBS  DISK-USED/FREE"), "{text}");
         assert!(lines[1].contains("1.5MiB/40.0GiB"), "{text}");
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
-        assert_eq!(cells[cells.len() - 4..], ["-", "-", "-", "-"], "{text}");
+        assert_eq!(
+            cells[cells.len() - 5..],
+            ["-", "-", "-", "-", "-"],
+            "{text}"
+        );
         assert_eq!(human_bytes(512), "512B");
         assert_eq!(human_bytes(1536), "1.5KiB");
         let json = serde_json::to_value(node("node-1", Some((7, 9)))).unwrap();

@@ -557,14 +557,48 @@ fn dev_up_on_an_existing_folder_keeps_its_gpus_per_node() {
         "--coordinators",
         "1",
         "--nodes",
-        "1",
+        "3",
         "--gpus-per-node",
         "4",
         "--gpu-class",
         "h100",
+        "--racks",
+        "2",
     ]);
     let config = dir.canonicalize().unwrap().join("client.toml");
     assert_eq!(ready_gpus(&config, "node-1"), Some(4));
+    // --racks spreads the nodes over rack labels round-robin; each node advertises the
+    // address it reaches the coordinators from (loopback here).
+    let racks = |nodes: &Value| -> Vec<String> {
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|node| {
+                format!(
+                    "{}:{}",
+                    node["name"].as_str().unwrap(),
+                    node["labels"]["rack"]
+                )
+            })
+            .collect()
+    };
+    let nodes = json(&config, &["node", "list", "-o", "json"]);
+    assert_eq!(
+        racks(&nodes),
+        [
+            "node-1:\"rack-1\"",
+            "node-2:\"rack-2\"",
+            "node-3:\"rack-1\""
+        ],
+        "{nodes}"
+    );
+    assert_eq!(nodes[0]["address"], "127.0.0.1", "{nodes}");
+    let table = ok(&config, &["node", "list"]);
+    assert!(
+        table.lines().next().unwrap().ends_with("LABELS") && table.contains("rack=rack-2"),
+        "{table}"
+    );
     let down = quotient(&nowhere, &["dev", "down", "--dir", &dir_text]);
     assert!(down.status.success(), "{}", text(&down.stderr));
 
@@ -572,6 +606,15 @@ fn dev_up_on_an_existing_folder_keeps_its_gpus_per_node() {
     assert_eq!(ready_gpus(&config, "node-1"), Some(4), "after dev up again");
     let nodes = json(&config, &["node", "list", "-o", "json"]);
     assert_eq!(nodes[0]["gpus"][0]["class"], "h100", "{nodes}");
+    assert_eq!(
+        racks(&nodes),
+        [
+            "node-1:\"rack-1\"",
+            "node-2:\"rack-2\"",
+            "node-3:\"rack-1\""
+        ],
+        "the labels after dev up again: {nodes}"
+    );
     ok(
         &config,
         &[

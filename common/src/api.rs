@@ -455,6 +455,10 @@ pub struct NodeView {
     /// When the leader last heard from its agent (ms since the Unix epoch); `None` when this
     /// leader has not heard from it since it was elected.
     pub last_heartbeat_ms: Option<u64>,
+    /// Its labels (`--label` of its agent), e.g. `{"rack": "r3"}`.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The address its jobs are reached at (`--advertise-address`), when known.
+    pub address: Option<String>,
 }
 
 /// One coordinator in the cluster view.

@@ -1,7 +1,7 @@
 //! Node inventory: the GPUs an agent reports for its host, and the node's scheduling state.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::name::validate_name;
@@ -27,6 +27,12 @@ pub struct GpuDevice {
 pub const NODE_IMAGES_MAX: usize = 512;
 /// The longest image reference a node reports.
 pub const IMAGE_REF_BYTES_MAX: usize = 512;
+/// The most labels a node may carry.
+pub const NODE_LABELS_MAX: usize = 16;
+/// The longest label key or value.
+pub const LABEL_BYTES_MAX: usize = 63;
+/// The longest address a node advertises (a DNS name's limit).
+pub const ADDRESS_BYTES_MAX: usize = 253;
 
 /// A way an agent runs jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -54,8 +60,9 @@ impl fmt::Display for Runtime {
 }
 
 /// What a node can run besides its GPUs: its runtimes, the images it holds, its CPUs and
-/// memory. A job is placed only where its runtime (and image) is, and where the CPUs and
-/// memory it takes are free.
+/// memory; and what the operator says of it: its labels and the address its jobs are reached
+/// at. A job is placed only where its runtime (and image) is, and where the CPUs and memory it
+/// takes are free.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostInfo {
     /// In order, each once.
@@ -67,6 +74,40 @@ pub struct HostInfo {
     pub cpu_millis: u32,
     /// Memory in bytes; 0 when not reported (then memory is not accounted on the node).
     pub memory_bytes: u64,
+    /// What the operator says of the node (`--label rack=r3`): its place in the topology.
+    pub labels: BTreeMap<String, String>,
+    /// The address its jobs are reached at by other nodes' jobs (`--advertise-address`);
+    /// `None` when the agent could not tell.
+    pub address: Option<String>,
+}
+
+/// Parses a node label `KEY=VALUE` (`rack=r3`): a key of 1-63 characters of `A-Z a-z 0-9 . _
+/// - /`, a value of 0-63 characters of `A-Z a-z 0-9 . _ -`.
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("invalid label {text:?}: write KEY=VALUE, e.g. rack=r3"))?;
+    check_label(key, value)?;
+    Ok((key.to_string(), value.to_string()))
+}
+
+fn check_label(key: &str, value: &str) -> Result<(), String> {
+    let key_ok = !key.is_empty()
+        && key.len() <= LABEL_BYTES_MAX
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+    let value_ok = value.len() <= LABEL_BYTES_MAX
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if key_ok && value_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid label {key}={value}: a key is 1-{LABEL_BYTES_MAX} characters of A-Z a-z 0-9 . _ - /, a value 0-{LABEL_BYTES_MAX} of A-Z a-z 0-9 . _ -"
+        ))
+    }
 }
 
 impl HostInfo {
@@ -99,6 +140,28 @@ impl HostInfo {
     }
 
     fn validate(&self) -> Result<(), String> {
+        if self.labels.len() > NODE_LABELS_MAX {
+            return Err(format!(
+                "has {} labels, at most {NODE_LABELS_MAX} are allowed",
+                self.labels.len()
+            ));
+        }
+        for (key, value) in &self.labels {
+            check_label(key, value)?;
+        }
+        if let Some(address) = &self.address {
+            if address.is_empty()
+                || address.len() > ADDRESS_BYTES_MAX
+                || address
+                    .bytes()
+                    .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+            {
+                return Err(format!(
+                    "advertises an invalid address ({} bytes): 1-{ADDRESS_BYTES_MAX} bytes, no spaces",
+                    address.len()
+                ));
+            }
+        }
         if self.runtimes.windows(2).any(|pair| pair[0] >= pair[1]) {
             return Err("reports its runtimes out of order or twice".into());
         }
@@ -248,6 +311,35 @@ mod tests {
         assert_eq!(node.validate(), Ok(()));
         node.host.runtimes = vec![Runtime::Docker, Runtime::Process];
         assert!(node.validate().is_err(), "runtimes out of order");
+        node.host.runtimes = vec![Runtime::Process];
+        node.host.labels = [("rack".to_string(), "r3".to_string())].into();
+        node.host.address = Some("10.0.0.7".into());
+        assert_eq!(node.validate(), Ok(()));
+        node.host.labels.insert("bad key".into(), "x".into());
+        assert!(node.validate().is_err(), "a label key with a space");
+        node.host.labels.remove("bad key");
+        node.host.address = Some("10.0.0.7 x".into());
+        assert!(node.validate().is_err(), "an address with a space");
+    }
+
+    #[test]
+    fn labels_parse_as_key_equals_value() {
+        // Proves the form and the charset rules, with a message showing the form.
+        assert_eq!(
+            parse_label("rack=r3"),
+            Ok(("rack".to_string(), "r3".to_string()))
+        );
+        assert_eq!(
+            parse_label("topology.io/block=b-1"),
+            Ok(("topology.io/block".to_string(), "b-1".to_string()))
+        );
+        assert_eq!(
+            parse_label("empty="),
+            Ok(("empty".to_string(), String::new()))
+        );
+        assert!(parse_label("rack").unwrap_err().contains("KEY=VALUE"));
+        assert!(parse_label("=r3").is_err());
+        assert!(parse_label("rack=r 3").is_err());
     }
 
     #[test]

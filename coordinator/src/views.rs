@@ -186,6 +186,8 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
         memory_bytes_allocated: state.node_resources_used(node.id).1,
         unreachable: false,
         last_heartbeat_ms: None,
+        labels: node.host.labels.clone(),
+        address: node.host.address.clone(),
     }
 }
 

@@ -188,8 +188,7 @@ fn docker_host(images: &[&str]) -> HostInfo {
     HostInfo {
         runtimes: vec![Runtime::Process, Runtime::Docker],
         images: images.iter().map(|i| i.to_string()).collect(),
-        cpu_millis: 0,
-        memory_bytes: 0,
+        ..HostInfo::default()
     }
 }
 
