@@ -33,7 +33,8 @@ use crate::reconcile::{
     self, Action, Desired, DesiredAllocation, Input, Intent, LocalJob, LocalPhase,
 };
 use crate::runtime::{
-    checkpoint_dir, log_path, work_dir, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError,
+    checkpoint_dir, free_port, log_path, work_dir, JobHandle, JobStatus, LaunchSpec, Rendezvous,
+    Runtime, RuntimeError,
 };
 
 /// Tries to launch one attempt before the executor gives up on it and reports it.
@@ -86,6 +87,8 @@ pub struct Executor<R: Runtime> {
     /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
     /// when the caller says so.
     deferred_removals: Option<Vec<JobHandle>>,
+    /// The node's advertised address, for its jobs' `QUOTIENT_HOSTS`.
+    advertise_address: Option<String>,
 }
 
 impl<R: Runtime> Executor<R> {
@@ -93,6 +96,12 @@ impl<R: Runtime> Executor<R> {
     /// whichever host its next attempt lands on).
     pub fn with_checkpoint_root(mut self, root: &Path) -> Executor<R> {
         self.checkpoint_root = root.to_path_buf();
+        self
+    }
+
+    /// Names the node by `address` in its jobs' rendezvous (`QUOTIENT_HOSTS`).
+    pub fn with_advertise_address(mut self, address: Option<String>) -> Executor<R> {
+        self.advertise_address = address;
         self
     }
 
@@ -115,6 +124,7 @@ impl<R: Runtime> Executor<R> {
             fence: None,
             clock_origin: Instant::now(),
             deferred_removals: None,
+            advertise_address: None,
         }
     }
 
@@ -416,6 +426,7 @@ impl<R: Runtime> Executor<R> {
                     checkpoint_signal: spec.checkpoint_signal,
                     grace_period_ms: spec.grace_period_ms,
                     limits,
+                    rendezvous: Rendezvous::single(self.advertise_address.as_deref(), free_port()),
                 };
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {

@@ -270,8 +270,11 @@ async fn drive<R: Runtime + 'static>(
 ) -> Result<(), RunError> {
     let journal = Journal::open(&config.state_dir, &config.name)?;
     let cluster = crate::cluster::AgentCluster::open(&config.state_dir, config.cluster_id)?;
+    // The address the node registered, which the host info keeps.
+    let advertise_address = host.borrow().address.clone();
     let mut executor = Executor::new(runtime, &config.name, &config.state_dir, gpu_uuids)
         .with_checkpoint_root(&config.checkpoint_root)
+        .with_advertise_address(advertise_address)
         .defer_removals();
     for (job, attempt) in journal.finished() {
         executor.remember_finished(job, attempt);

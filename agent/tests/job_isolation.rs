@@ -71,6 +71,13 @@ async fn a_process_job_gets_a_clean_environment_and_a_fresh_work_dir() {
         format!("QUOTIENT_WORK_DIR={work_dir}"),
         "QUOTIENT_JOB_ID=j-61".to_string(),
         "TRAIN_EPOCHS=3".to_string(),
+        // A job on one node is rank 0 of one, meeting itself on loopback.
+        "QUOTIENT_NODE_RANK=0".to_string(),
+        "QUOTIENT_NUM_NODES=1".to_string(),
+        "MASTER_ADDR=127.0.0.1".to_string(),
+        "NNODES=1".to_string(),
+        "NODE_RANK=0".to_string(),
+        format!("WORLD_SIZE={}", spec.gpu_indices.len()),
     ] {
         assert!(
             env.lines().any(|l| l == line),
@@ -93,6 +100,14 @@ async fn a_process_job_gets_a_clean_environment_and_a_fresh_work_dir() {
         "CUDA_VISIBLE_DEVICES",
         "NVIDIA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",
+        "QUOTIENT_NODE_RANK",
+        "QUOTIENT_NUM_NODES",
+        "QUOTIENT_HOSTS",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NNODES",
+        "NODE_RANK",
+        "WORLD_SIZE",
         // Set by the shell itself.
         "PWD",
         "SHLVL",

@@ -56,11 +56,14 @@ pub const TIME_LIMIT_MS_MIN: u64 = 1_000;
 pub const TIME_LIMIT_MS_MAX: u64 = 365 * 24 * 3_600_000;
 
 /// Environment variables Quotient sets itself; a job may not override them.
-pub const RESERVED_ENV: [&str; 6] = [
+pub const RESERVED_ENV: [&str; 9] = [
     "QUOTIENT_JOB_ID",
     "QUOTIENT_ATTEMPT",
     "QUOTIENT_CHECKPOINT_DIR",
     "QUOTIENT_WORK_DIR",
+    "QUOTIENT_NODE_RANK",
+    "QUOTIENT_NUM_NODES",
+    "QUOTIENT_HOSTS",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 ];

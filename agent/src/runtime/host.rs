@@ -235,6 +235,7 @@ mod tests {
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: 100,
             limits: super::super::JobLimits::NONE,
+            rendezvous: Default::default(),
         }
     }
 

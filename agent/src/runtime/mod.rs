@@ -130,6 +130,52 @@ pub struct LaunchSpec {
     pub grace_period_ms: u64,
     /// The CPUs and memory the attempt may use here.
     pub limits: JobLimits,
+    /// Where the attempt's members meet (one member while jobs run on one node).
+    pub rendezvous: Rendezvous,
+}
+
+/// What the members of an attempt need to find each other, as torchrun and
+/// `torch.distributed` read it: this member's rank, the members' addresses in rank order, and
+/// where rank 0 listens. A job on one node is rank 0 of one, meeting itself on loopback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendezvous {
+    pub rank: u32,
+    /// The members' nodes' advertised addresses, in rank order.
+    pub hosts: Vec<String>,
+    /// Rank 0's address, as the members reach it.
+    pub master_addr: String,
+    /// The port rank 0 listens on, chosen for the attempt.
+    pub master_port: u16,
+}
+
+/// torch.distributed's own default port, where no other was chosen.
+pub const MASTER_PORT_DEFAULT: u16 = 29_500;
+
+impl Default for Rendezvous {
+    fn default() -> Rendezvous {
+        Rendezvous::single(None, MASTER_PORT_DEFAULT)
+    }
+}
+
+impl Rendezvous {
+    /// The rendezvous of a job on one node: rank 0 of one, listening on loopback at `port`;
+    /// `QUOTIENT_HOSTS` names the node by its advertised `address` (loopback if unknown).
+    pub fn single(address: Option<&str>, port: u16) -> Rendezvous {
+        Rendezvous {
+            rank: 0,
+            hosts: vec![address.unwrap_or("127.0.0.1").to_string()],
+            master_addr: "127.0.0.1".to_string(),
+            master_port: port,
+        }
+    }
+}
+
+/// A TCP port free on this host now, for an attempt's rank 0 to listen on; the default port if
+/// none can be had.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("0.0.0.0", 0))
+        .and_then(|listener| listener.local_addr())
+        .map_or(MASTER_PORT_DEFAULT, |address| address.port())
 }
 
 /// The CPUs and memory the coordinators set aside for an attempt on this node, which the
@@ -501,6 +547,22 @@ pub fn job_environment(spec: &LaunchSpec, numbering: GpuNumbering) -> BTreeMap<S
     );
     env.insert("CUDA_VISIBLE_DEVICES".into(), indices.join(","));
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), spec.gpu_uuids.join(","));
+    let meet = &spec.rendezvous;
+    let nodes = meet.hosts.len().max(1);
+    env.insert("QUOTIENT_NODE_RANK".into(), meet.rank.to_string());
+    env.insert("QUOTIENT_NUM_NODES".into(), nodes.to_string());
+    env.insert("QUOTIENT_HOSTS".into(), meet.hosts.join(","));
+    // torchrun's and torch.distributed's names: set unless the job set them itself.
+    let world_size = nodes * spec.gpu_indices.len().max(1);
+    for (key, value) in [
+        ("MASTER_ADDR", meet.master_addr.clone()),
+        ("MASTER_PORT", meet.master_port.to_string()),
+        ("NNODES", nodes.to_string()),
+        ("NODE_RANK", meet.rank.to_string()),
+        ("WORLD_SIZE", world_size.to_string()),
+    ] {
+        env.entry(key.to_string()).or_insert(value);
+    }
     if numbering == GpuNumbering::HostIndices {
         env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
     }
@@ -559,7 +621,30 @@ mod tests {
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: 1_000,
             limits: JobLimits::NONE,
+            rendezvous: Rendezvous::single(Some("10.0.0.7"), 29_600),
         }
+    }
+
+    /// A job on one node is rank 0 of one: it meets itself on loopback at the attempt's port,
+    /// and its world is its GPUs; variables the job set itself for torch stay its own.
+    #[test]
+    fn the_environment_gives_the_rendezvous() {
+        let env = job_environment(&spec(), GpuNumbering::HostIndices);
+        assert_eq!(env["QUOTIENT_NODE_RANK"], "0");
+        assert_eq!(env["QUOTIENT_NUM_NODES"], "1");
+        assert_eq!(env["QUOTIENT_HOSTS"], "10.0.0.7");
+        assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
+        assert_eq!(env["MASTER_PORT"], "29600");
+        assert_eq!(
+            (env["NNODES"].as_str(), env["NODE_RANK"].as_str()),
+            ("1", "0")
+        );
+        assert_eq!(env["WORLD_SIZE"], "2");
+        let mut own = spec();
+        own.env.insert("MASTER_PORT".into(), "40000".into());
+        let env = job_environment(&own, GpuNumbering::HostIndices);
+        assert_eq!(env["MASTER_PORT"], "40000");
+        assert_ne!(free_port(), 0);
     }
 
     /// Processes see host indices, containers see 0.., and both see UUIDs and Quotient's variables.
@@ -602,6 +687,14 @@ mod tests {
             "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES",
             "CUDA_DEVICE_ORDER",
+            "QUOTIENT_NODE_RANK",
+            "QUOTIENT_NUM_NODES",
+            "QUOTIENT_HOSTS",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NNODES",
+            "NODE_RANK",
+            "WORLD_SIZE",
         ]
         .into();
         assert_eq!(

@@ -99,6 +99,7 @@ pub fn launch(
         checkpoint_signal: Signal::Sigusr1,
         grace_period_ms: SHORT_GRACE_MS,
         limits: JobLimits::NONE,
+        rendezvous: Default::default(),
     }
 }
 
