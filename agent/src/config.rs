@@ -537,6 +537,25 @@ mod tests {
         AgentFlags::try_parse_from(args).unwrap()
     }
 
+    /// The least a `run` needs, then `extra`.
+    fn run_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "quotient-agent",
+            "--name",
+            "node-1",
+            "--coordinators",
+            "x:1",
+            "--ca",
+            "ca.pem",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+
     /// The inventory subcommand takes its own flags.
     #[test]
     fn inventory_flags_parse() {
@@ -613,24 +632,7 @@ mod tests {
     /// Labels are kept by key, a key given twice and a bad address are refused.
     #[test]
     fn labels_and_the_advertised_address_are_checked() {
-        let base = [
-            "quotient-agent",
-            "--name",
-            "node-1",
-            "--coordinators",
-            "x:1",
-            "--ca",
-            "ca.pem",
-            "--cert",
-            "c.pem",
-            "--key",
-            "k.pem",
-        ];
-        let with = |extra: &[&str]| {
-            let mut args = base.to_vec();
-            args.extend_from_slice(extra);
-            parse(&args).run.into_config()
-        };
+        let with = |extra: &[&str]| parse(&run_args(extra)).run.into_config();
         let config = with(&["--label", "rack=r3", "--advertise-address", "10.0.0.7"]).unwrap();
         assert_eq!(config.labels["rack"], "r3");
         assert_eq!(config.advertise_address.as_deref(), Some("10.0.0.7"));
@@ -642,10 +644,8 @@ mod tests {
             with(&["--advertise-address", "two words"]),
             Err(ConfigError::AdvertiseAddress(_))
         ));
-        let mut args = base.to_vec();
-        args.extend_from_slice(&["--label", "rack"]);
         assert!(
-            AgentFlags::try_parse_from(&args).is_err(),
+            AgentFlags::try_parse_from(run_args(&["--label", "rack"])).is_err(),
             "KEY=VALUE is needed"
         );
     }
@@ -653,25 +653,11 @@ mod tests {
     /// Without a flag the runtime is auto; --job-user and --allow-root-jobs are kept.
     #[test]
     fn runtime_defaults_to_auto_and_job_user_flags_parse() {
-        let base = [
-            "quotient-agent",
-            "--name",
-            "node-1",
-            "--coordinators",
-            "x:1",
-            "--ca",
-            "ca.pem",
-            "--cert",
-            "c.pem",
-            "--key",
-            "k.pem",
-        ];
-        let config = parse(&base).run.into_config().unwrap();
+        let config = parse(&run_args(&[])).run.into_config().unwrap();
         assert_eq!(config.runtime, RuntimeKind::Auto);
         assert_eq!(config.job_user, None);
         assert!(!config.allow_root_jobs);
-        let mut args = base.to_vec();
-        args.extend([
+        let args = run_args(&[
             "--job-user",
             "nobody",
             "--allow-root-jobs",
@@ -743,24 +729,7 @@ mod tests {
         assert!(parse_retention("99999999999d").is_err());
 
         // A checkpoint root of the operator's own is kept unless a retention is given.
-        let base = [
-            "quotient-agent",
-            "--name",
-            "node-1",
-            "--coordinators",
-            "x:1",
-            "--ca",
-            "ca.pem",
-            "--cert",
-            "c.pem",
-            "--key",
-            "k.pem",
-        ];
-        let with = |extra: &[&str]| {
-            let mut args = base.to_vec();
-            args.extend_from_slice(extra);
-            parse(&args).run.into_config().unwrap().disk
-        };
+        let with = |extra: &[&str]| parse(&run_args(extra)).run.into_config().unwrap().disk;
         assert_eq!(
             with(&["--checkpoint-root", "/shared"]).checkpoint_retention,
             Retention::OFF
