@@ -661,6 +661,7 @@ mod tests {
                     spec: JobSpec::new("qs", 1, 1, vec!["true".into()]),
                     intent: Intent::Run,
                     limits: crate::runtime::JobLimits::NONE,
+                    gang: None,
                 })
                 .collect(),
         }

@@ -280,6 +280,7 @@ impl<R: Runtime> Executor<R> {
                 spec: JobSpec::new("self-fencing", 0, 0, Vec::new()),
                 intent: Intent::Stop,
                 limits: crate::runtime::JobLimits::NONE,
+                gang: None,
             })
             .collect();
         let desired = Desired {
@@ -395,6 +396,7 @@ impl<R: Runtime> Executor<R> {
                 gpu_indices,
                 spec,
                 limits,
+                gang,
             } => {
                 if self.jobs.len() >= LOCAL_ATTEMPTS_MAX {
                     tracing::error!(%job, "too many attempts on this node; not starting");
@@ -426,7 +428,10 @@ impl<R: Runtime> Executor<R> {
                     checkpoint_signal: spec.checkpoint_signal,
                     grace_period_ms: spec.grace_period_ms,
                     limits,
-                    rendezvous: Rendezvous::single(self.advertise_address.as_deref(), free_port()),
+                    rendezvous: match gang {
+                        Some(gang) => Rendezvous::member(*gang),
+                        None => Rendezvous::single(self.advertise_address.as_deref(), free_port()),
+                    },
                 };
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {

@@ -26,6 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use quotient_common::agent_api::WireGang;
 use quotient_common::{JobEvent, JobId, JobSpec, Signal};
 
 pub use crate::runtime::JobLimits;
@@ -49,6 +50,8 @@ pub struct DesiredAllocation {
     pub intent: Intent,
     /// The CPUs and memory the coordinators set aside for the attempt here.
     pub limits: JobLimits,
+    /// For a member of a job of several nodes: its rank and peers.
+    pub gang: Option<WireGang>,
 }
 
 /// The node's whole desired state as the leader last sent it.
@@ -107,6 +110,7 @@ pub enum Action {
         /// Boxed: a spec is much larger than every other action.
         spec: Box<JobSpec>,
         limits: JobLimits,
+        gang: Option<Box<WireGang>>,
     },
     /// Take a found attempt back under management and report it running.
     Adopt { job: JobId, attempt: u32 },
@@ -236,6 +240,7 @@ pub fn reconcile(input: Input<'_>) -> Decision {
                 gpu_indices: allocation.gpu_indices.clone(),
                 spec: Box::new(allocation.spec.clone()),
                 limits: allocation.limits,
+                gang: allocation.gang.clone().map(Box::new),
             }),
             Intent::Stop => actions.push(Action::Report {
                 job: allocation.job,
@@ -280,6 +285,7 @@ mod tests {
             spec: spec(),
             intent,
             limits: JobLimits::NONE,
+            gang: None,
         }
     }
 
@@ -333,6 +339,7 @@ mod tests {
                 gpu_indices: vec![0],
                 spec: Box::new(spec()),
                 limits: JobLimits::NONE,
+                gang: None,
             }]
         );
     }

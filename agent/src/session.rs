@@ -894,6 +894,22 @@ pub fn check_allocation(
             }
         }
     }
+    if let Some(gang) = &allocation.gang {
+        let nodes = gang.hosts.len();
+        if nodes < 2 || nodes > quotient_common::job::JOB_NODES_MAX as usize {
+            return Err(format!(
+                "a job of {nodes} nodes is not a job of several nodes"
+            ));
+        }
+        if gang.rank as usize >= nodes {
+            return Err(format!("rank {} of a job of {nodes} nodes", gang.rank));
+        }
+        if let Some(host) = gang.hosts.iter().find(|h| h.is_empty() || h.len() > 255) {
+            return Err(format!(
+                "peer address {host:?} is not a host name or address"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -912,6 +928,7 @@ pub fn desired_allocation(allocation: WireAllocation) -> DesiredAllocation {
             cpu_millis: allocation.cpu_millis,
             memory_bytes: allocation.memory_bytes,
         },
+        gang: allocation.gang,
     }
 }
 
@@ -930,6 +947,7 @@ mod tests {
             intent: WireIntent::Run,
             cpu_millis: 0,
             memory_bytes: 0,
+            gang: None,
         }
     }
 

@@ -210,6 +210,7 @@ fn allocation(node: &str, job: u64, gpu_indices: Vec<u32>, intent: WireIntent) -
         intent,
         cpu_millis: 0,
         memory_bytes: 0,
+        gang: None,
     }
 }
 

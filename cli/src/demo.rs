@@ -310,6 +310,8 @@ impl Demo {
             memory_bytes: None,
             time_limit_ms: None,
             retry: Default::default(),
+            nodes: 1,
+            same: None,
         };
         match self.call(ApiRequest::SubmitJob(spec))? {
             ApiResponse::JobSubmitted { job, .. } => {

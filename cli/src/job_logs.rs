@@ -1,5 +1,6 @@
-//! `quotient job logs ID [--follow] [--attempt N]`: an attempt's stdout and stderr, read by
-//! the leader from the agent of the node that ran it.
+//! `quotient job logs ID [--follow] [--attempt N] [--rank R]`: an attempt's stdout and
+//! stderr, read by the leader from the agent of the node that ran it (for a job of several
+//! nodes, the node of member R, rank 0 by default).
 //!
 //! Without `--attempt`, the job's current attempt, or its last one. The log is read in
 //! pieces of at most [`LOG_READ_BYTES_MAX`] bytes and written to stdout as it is, bytes and
@@ -43,6 +44,9 @@ pub struct JobLogsArgs {
     /// Which attempt (QUOTIENT_ATTEMPT) [default: the current one, or the last].
     #[arg(long, value_name = "N")]
     pub attempt: Option<u32>,
+    /// Which member of a job of several nodes (QUOTIENT_NODE_RANK).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub rank: u32,
 }
 
 /// One piece of a log, as the coordinator answered it.
@@ -57,6 +61,7 @@ fn read(
     session: &mut Session,
     job: JobId,
     attempt: Option<u32>,
+    rank: u32,
     offset: u64,
 ) -> anyhow::Result<Piece> {
     let request = ApiRequest::JobLogs {
@@ -64,6 +69,7 @@ fn read(
         attempt,
         offset,
         max_bytes: LOG_READ_BYTES_MAX,
+        rank,
     };
     match session.call(request.clone())? {
         ApiResponse::Logs {
@@ -102,7 +108,7 @@ pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
     let mut printed = 0_usize;
     let mut said_waiting = false;
     loop {
-        let piece = read(&mut session, args.job, attempt, offset)?;
+        let piece = read(&mut session, args.job, attempt, args.rank, offset)?;
         if piece.attempt == 0 && !args.follow {
             eprintln!(
                 "{} has not been placed on a node yet, so it has no logs; `quotient job explain {}` says why it waits",

@@ -36,9 +36,19 @@ pub struct JobSubmitArgs {
     /// 0-9999; higher runs first and may preempt lower (see docs/quota-shares.md).
     #[arg(long, value_parser = parse_priority, default_value_t = 0, allow_negative_numbers = true)]
     pub priority: u32,
-    /// GPUs the job needs, 1-64, all on one node.
+    /// GPUs the job needs on each of its nodes, 1-64.
     #[arg(long, value_parser = parse_job_gpus, allow_negative_numbers = true)]
     pub gpus: u32,
+    /// How many distinct nodes the job runs on, --gpus on each (1-256). A job of several
+    /// nodes is placed, stopped and preempted as one unit and counts nodes x gpus against
+    /// its share; each member gets its rank and its peers (QUOTIENT_NODE_RANK, MASTER_ADDR,
+    /// ...).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub nodes: u32,
+    /// A node label key (e.g. rack) whose value all of the job's nodes must share [default:
+    /// the job prefers few racks but takes any nodes].
+    #[arg(long, value_name = "KEY")]
+    pub same: Option<String>,
     /// The GPU class; may be left out when the share has limits for one class only.
     #[arg(long, value_name = "CLASS", value_parser = parse_gpu_class)]
     pub gpu_class: Option<GpuClass>,
@@ -132,6 +142,8 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
             retries: args.retries,
             rules: args.retry_on.clone(),
         },
+        nodes: args.nodes,
+        same: args.same.clone(),
     };
     if !spec.retry.rules.is_empty() && spec.retry.retries == 0 {
         return Err(UsageError(

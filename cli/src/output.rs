@@ -174,7 +174,7 @@ pub fn job_table(jobs: &[JobView]) -> String {
             job.share.clone(),
             job.priority.to_string(),
             job.state.clone(),
-            format!("{}x{}", job.gpus, job.gpu_class),
+            gpus_cell(job),
             optional(&job.node),
             job.attempts.to_string(),
             job.preemptions.to_string(),
@@ -182,6 +182,16 @@ pub fn job_table(jobs: &[JobView]) -> String {
         ]);
     }
     table.render()
+}
+
+/// A job's GPUs as the table shows them: `2xa10g`, or for a job of several nodes
+/// `4x(2xa10g)` (4 nodes of 2 each).
+pub fn gpus_cell(job: &JobView) -> String {
+    if job.node_count > 1 {
+        format!("{}x({}x{})", job.node_count, job.gpus, job.gpu_class)
+    } else {
+        format!("{}x{}", job.gpus, job.gpu_class)
+    }
 }
 
 /// A time in milliseconds since the Unix epoch as RFC 3339 in UTC, to the second
@@ -241,9 +251,14 @@ pub fn job_detail(job: &JobView) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(",");
+    let nodes = if job.node_count > 1 {
+        format!("{} nodes x ", job.node_count)
+    } else {
+        String::new()
+    };
     format!(
         "id:               {}\nname:             {}\nshare:            {}\npriority:         {}\n\
-         state:            {}\ngpus:             {} x {}\nnode:             {}\n\
+         state:            {}\ngpus:             {nodes}{} x {}\nnode:             {}\n\
          gpu indices:      {}\nattempts:         {}\npreemptions:      {}\n\
          reason:           {}\nlast preemption:  {}\npreempted for:    {}\n",
         job.id,
@@ -260,7 +275,31 @@ pub fn job_detail(job: &JobView) -> String {
         dash(optional(&job.reason)),
         dash(optional(&job.last_preemption)),
         dash(optional(&job.preempted_for)),
-    ) + &job_times(job)
+    ) + &placement_lines(job)
+        + &job_times(job)
+}
+
+/// The `placement:` lines of `job get` for a job of several nodes holding GPUs: one per
+/// member.
+fn placement_lines(job: &JobView) -> String {
+    if job.node_count <= 1 || job.placement.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("placement:\n");
+    for member in &job.placement {
+        let gpus: Vec<String> = member.gpus.iter().map(ToString::to_string).collect();
+        let exit = member
+            .exit_code
+            .map_or_else(String::new, |code| format!(" (exit {code})"));
+        out.push_str(&format!(
+            "  rank {} on {}: GPUs {}, {}{exit}\n",
+            member.rank,
+            member.node,
+            gpus.join(","),
+            member.stage
+        ));
+    }
+    out
 }
 
 /// The lines of `job get` about times, limits and attempts.

@@ -80,6 +80,20 @@ pub struct WireAllocation {
     /// no limit (the node reports no CPUs or memory).
     pub cpu_millis: u32,
     pub memory_bytes: u64,
+    /// For one member of a job of several nodes: its rank and its peers. `None` for a job of
+    /// one node (the agent makes it rank 0 of one, on a port free on the node).
+    pub gang: Option<WireGang>,
+}
+
+/// One member of a job of several nodes: what its rendezvous needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireGang {
+    /// This member's rank, 0 to `hosts.len() - 1`.
+    pub rank: u32,
+    /// The members' advertised addresses, in rank order.
+    pub hosts: Vec<String>,
+    /// The port rank 0 listens on for the rendezvous, the same for every member.
+    pub master_port: u16,
 }
 
 /// The node's whole desired state.

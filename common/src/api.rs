@@ -17,6 +17,9 @@ pub const API_FRAME_BYTES_MAX: usize = 16 << 20;
 pub const LOG_READ_BYTES_MAX: u32 = 1 << 20;
 
 /// One request from a client. Each travels on its own QUIC stream.
+// A request is built once per call and sent at once: the size of its largest variant (a job
+// spec) costs nothing worth a box at every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ApiRequest {
     CreateShare(ShareSpec),
@@ -78,6 +81,8 @@ pub enum ApiRequest {
         attempt: Option<u32>,
         offset: u64,
         max_bytes: u32,
+        /// Which member of a job of several nodes (0 for a job of one node).
+        rank: u32,
     },
     /// `request`, served through the leader when the coordinator it is sent to is not the
     /// leader. A client sends it once a follower's redirect led to an address it cannot
@@ -401,13 +406,35 @@ pub struct JobView {
     pub image: Option<String>,
     /// Its latest attempts, oldest first (at most 32).
     pub attempt_history: Vec<AttemptView>,
+    /// How many nodes it runs on (`gpus` on each).
+    pub node_count: u32,
+    /// The node label all its nodes must share a value of (`--same`).
+    pub same: Option<String>,
+    /// Its members while it holds GPUs, in rank order (`node` is rank 0's).
+    pub placement: Vec<PlacementView>,
+}
+
+/// One member of a job's placement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementView {
+    pub rank: u32,
+    pub node: String,
+    /// Its GPU indices on the node.
+    pub gpus: Vec<u32>,
+    /// `placed`, `starting`, `running` or `exited`.
+    pub stage: String,
+    /// Its exit code, once it exited with one.
+    pub exit_code: Option<i32>,
 }
 
 /// One attempt of a job, in a job view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptView {
     pub attempt: u32,
+    /// Rank 0's node.
     pub node: String,
+    /// Every member's node, in rank order.
+    pub nodes: Vec<String>,
     pub placed_ms: u64,
     pub started_ms: Option<u64>,
     pub ended_ms: Option<u64>,
@@ -575,6 +602,7 @@ mod tests {
                 attempt: None,
                 offset: 0,
                 max_bytes: 1,
+                rank: 0,
             },
             ApiRequest::ViaLeader(Box::new(ApiRequest::Health)),
             ApiRequest::Forwarded {

@@ -15,6 +15,8 @@ use crate::{GpuClass, SpecError};
 
 /// The highest job priority.
 pub const PRIORITY_MAX: u32 = 9_999;
+/// The most nodes one job may run on.
+pub const JOB_NODES_MAX: u32 = 256;
 /// The default grace period between the checkpoint signal and the kill.
 pub const GRACE_PERIOD_DEFAULT_MS: u64 = 30_000;
 /// The longest grace period a job may ask for.
@@ -179,6 +181,12 @@ pub struct JobSpec {
     pub time_limit_ms: Option<u64>,
     /// How failed attempts are retried.
     pub retry: RetryPolicy,
+    /// How many distinct nodes the job runs on, `gpus` GPUs on each (1: a job of one node).
+    /// A job of several nodes is placed, stopped and preempted as one unit.
+    pub nodes: u32,
+    /// A node label key (`rack`) that all of the job's nodes must share one value of; `None`:
+    /// the job prefers few values of the topology key but takes any nodes.
+    pub same: Option<String>,
 }
 
 impl JobSpec {
@@ -203,7 +211,15 @@ impl JobSpec {
             memory_bytes: None,
             time_limit_ms: None,
             retry: RetryPolicy::default(),
+            nodes: 1,
+            same: None,
         }
+    }
+
+    /// The GPUs the job takes in all: `gpus` on each of its `nodes`. What counts against its
+    /// share's quota.
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus.saturating_mul(self.nodes.max(1))
     }
 
     /// Checks every field rule that needs no cluster state.
@@ -221,6 +237,16 @@ impl JobSpec {
                 got: self.gpus,
                 max: GPUS_PER_NODE_MAX as u32,
             });
+        }
+        if !(1..=JOB_NODES_MAX).contains(&self.nodes) {
+            return Err(SpecError::OutOfRange {
+                field: "nodes".into(),
+                value: self.nodes.to_string(),
+                range: format!("1 to {JOB_NODES_MAX}"),
+            });
+        }
+        if let Some(key) = &self.same {
+            crate::node::check_label_key(key).map_err(SpecError::Same)?;
         }
         if let Some(class) = &self.gpu_class {
             GpuClass::parse(class.as_str())?;

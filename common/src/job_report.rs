@@ -47,6 +47,15 @@ impl JobEvent {
                 | JobEvent::LaunchFailed { .. }
         )
     }
+
+    /// The exit code an end carries (`None`: none, or not an end).
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            JobEvent::Exited { code } => Some(*code),
+            JobEvent::ExitedAfterSignal { code } => *code,
+            _ => None,
+        }
+    }
 }
 
 /// An agent's report about one attempt of one job on its node.

@@ -21,6 +21,9 @@ pub struct GpuDevice {
     pub class: GpuClass,
     /// An unhealthy GPU (XID error, double-bit ECC, lost) is never given new work.
     pub healthy: bool,
+    /// The indices of the GPUs on the same host this one reaches over NVLink, as a bit mask
+    /// (bit `i` for index `i`); 0 when it has no NVLink peers or the backend cannot tell.
+    pub nvlink_peers: u64,
 }
 
 /// The most images a node reports (the rest are left out of its inventory).
@@ -91,12 +94,27 @@ pub fn parse_label(text: &str) -> Result<(String, String), String> {
     Ok((key.to_string(), value.to_string()))
 }
 
-fn check_label(key: &str, value: &str) -> Result<(), String> {
-    let key_ok = !key.is_empty()
+/// Checks a label key alone (`job submit --same rack`).
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    if label_key_ok(key) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid label key {key:?}: use 1-{LABEL_BYTES_MAX} characters of A-Z a-z 0-9 . _ - /, e.g. rack"
+        ))
+    }
+}
+
+fn label_key_ok(key: &str) -> bool {
+    !key.is_empty()
         && key.len() <= LABEL_BYTES_MAX
         && key
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b))
+}
+
+fn check_label(key: &str, value: &str) -> Result<(), String> {
+    let key_ok = label_key_ok(key);
     let value_ok = value.len() <= LABEL_BYTES_MAX
         && value
             .bytes()
@@ -285,6 +303,7 @@ mod tests {
             uuid: uuid.into(),
             class: GpuClass::parse("a10g").unwrap(),
             healthy: true,
+            nvlink_peers: 0,
         }
     }
 

@@ -56,4 +56,6 @@ pub enum SpecError {
         value: String,
         range: String,
     },
+    #[error("--same: {0}")]
+    Same(String),
 }

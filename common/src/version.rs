@@ -49,16 +49,16 @@ pub struct Encoding {
 /// header of every frame.
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
-    current: 2,
-    oldest: 2,
+    current: 3,
+    oldest: 3,
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
 /// `LeaderRequest` and `LeaderResponse`, in the header of every frame.
 pub const AGENT_WIRE: Encoding = Encoding {
     name: "the agent protocol",
-    current: 2,
-    oldest: 2,
+    current: 3,
+    oldest: 3,
 };
 
 /// Raft between coordinators (ALPN `quotient-raft/1`): the coordinator's `RaftEnvelope` and
@@ -66,8 +66,8 @@ pub const AGENT_WIRE: Encoding = Encoding {
 /// so a new version of [`RAFT_LOG`] or [`SNAPSHOT_STATE`] is a new version of this too.
 pub const RAFT_WIRE: Encoding = Encoding {
     name: "the Raft protocol",
-    current: 2,
-    oldest: 2,
+    current: 3,
+    oldest: 3,
 };
 
 /// The Raft log on disk: every log entry (the coordinator's `Request`: a batch of
@@ -75,10 +75,12 @@ pub const RAFT_WIRE: Encoding = Encoding {
 /// version, and the vote and the last purged id in `raft.redb`, written with their version.
 /// Records and values written before versions were recorded hold none; they are version 1.
 /// Version 2: jobs carry CPUs, memory, a time limit and a retry strategy, nodes what they can
-/// run (`quotient_core::v1` reads version 1).
+/// run (`quotient_core::v1` reads version 1). Version 3: jobs of several nodes (a job's
+/// `nodes` and `same`, an allocation per member), GPUs' NVLink peers (`quotient_core::v2`
+/// reads version 2).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
-    current: 2,
+    current: 3,
     oldest: 1,
 };
 
@@ -93,10 +95,11 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 
 /// The replicated state as a snapshot holds it (`quotient_core::State::to_snapshot_bytes`),
 /// in the snapshot file and in the snapshot a leader sends a follower, in its first bytes.
-/// Version 2: as [`RAFT_LOG`] 2, and each job's attempt history and counters.
+/// Version 2: as [`RAFT_LOG`] 2, and each job's attempt history and counters. Version 3: as
+/// [`RAFT_LOG`] 3.
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
-    current: 2,
+    current: 3,
     oldest: 1,
 };
 

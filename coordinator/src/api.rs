@@ -506,13 +506,14 @@ impl ApiService {
                 attempt,
                 offset,
                 max_bytes,
+                rank,
             } => {
                 self.linearizable().await?;
                 let target = self
                     .inner
                     .ctx
                     .state_machine
-                    .read(|state| job_logs::log_target(state, job, attempt))?;
+                    .read(|state| job_logs::log_target(state, job, attempt, rank))?;
                 job_logs::read_logs(&self.inner.ctx.agent_links, job, target, offset, max_bytes)
                     .await
             }

@@ -144,6 +144,30 @@ impl Default for AgentTuning {
     }
 }
 
+/// Default start timeout of a job of several nodes: a gang whose members do not all run
+/// within it is stopped and requeued (milliseconds).
+pub const GANG_START_TIMEOUT_DEFAULT_MS: u64 = 300_000;
+
+/// How the leader schedules: preferences of its own, not replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SchedulingTuning {
+    /// The node label a job of several nodes is placed in as few values of as fit it.
+    pub topology_key: String,
+    /// How long a job of several nodes may take for all its members to run; then its attempt
+    /// is stopped and it goes back to the queue.
+    pub gang_start_timeout_ms: u64,
+}
+
+impl Default for SchedulingTuning {
+    fn default() -> Self {
+        SchedulingTuning {
+            topology_key: quotient_core::DEFAULT_TOPOLOGY_KEY.to_string(),
+            gang_start_timeout_ms: GANG_START_TIMEOUT_DEFAULT_MS,
+        }
+    }
+}
+
 /// Everything a coordinator needs to start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoordinatorConfig {
@@ -174,6 +198,8 @@ pub struct CoordinatorConfig {
     pub raft: RaftTuning,
     #[serde(default)]
     pub agents: AgentTuning,
+    #[serde(default)]
+    pub scheduling: SchedulingTuning,
 }
 
 impl CoordinatorConfig {

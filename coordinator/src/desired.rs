@@ -18,21 +18,25 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use quotient_common::agent_api::{DesiredState, Fence, WireAllocation, WireIntent};
+use quotient_common::agent_api::{DesiredState, Fence, WireAllocation, WireGang, WireIntent};
 use quotient_common::JobState;
 use quotient_core::{NodeId, NodeRecord, State};
 use tokio::sync::watch;
 
 use crate::applied::AppliedChanges;
 
-/// The allocations `node` should run, in job order.
+/// The allocations `node` should run, in job order. A member of a job of several nodes that
+/// has exited is no longer wanted there (its GPUs stay held until every member has exited).
 pub fn desired_allocations(state: &State, node: &NodeRecord) -> Vec<WireAllocation> {
     let mut jobs = state.jobs_on_node(node.id);
     jobs.sort();
     jobs.into_iter()
         .filter_map(|id| state.job(id))
         .filter_map(|job| {
-            let allocation = job.allocation?;
+            let (rank, allocation) = job.member_on(node.id)?;
+            if allocation.stage.exited() {
+                return None;
+            }
             let gpu_indices = allocation.gpu_indices();
             let gpu_uuids = gpu_indices
                 .iter()
@@ -58,9 +62,44 @@ pub fn desired_allocations(state: &State, node: &NodeRecord) -> Vec<WireAllocati
                 intent,
                 cpu_millis: allocation.cpu_millis,
                 memory_bytes: allocation.memory_bytes,
+                gang: job.is_gang().then(|| gang(state, job, rank)),
             })
         })
         .collect()
+}
+
+/// The rendezvous of member `rank` of `job`, a job of several nodes: its peers' addresses
+/// (a node that advertises none is reached by its name) and the port rank 0 listens on.
+fn gang(state: &State, job: &quotient_core::JobRecord, rank: u32) -> WireGang {
+    let hosts = job
+        .placement
+        .iter()
+        .map(|member| {
+            state.node(member.node).map_or_else(String::new, |node| {
+                node.host
+                    .address
+                    .clone()
+                    .unwrap_or_else(|| node.name.clone())
+            })
+        })
+        .collect();
+    WireGang {
+        rank,
+        hosts,
+        master_port: rendezvous_port(job.id, job.attempts),
+    }
+}
+
+/// The port rank 0 of attempt `attempt` of `job` listens on: the same for every member,
+/// derived from the job and attempt (so every leader picks the same), spread over 20000 to
+/// 29999 so that two jobs on one node seldom meet. A job that sets `MASTER_PORT` itself
+/// keeps its own.
+pub fn rendezvous_port(job: quotient_common::JobId, attempt: u32) -> u16 {
+    let mixed = job
+        .0
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(u64::from(attempt).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    20_000 + ((mixed >> 32) % 10_000) as u16
 }
 
 /// What identifies a node's allocations for the agent: per job, its attempt, whether it
@@ -75,11 +114,11 @@ fn signature(state: &State, node: &NodeRecord) -> Signature {
         .into_iter()
         .filter_map(|id| state.job(id))
         .filter_map(|job| {
-            let allocation = job.allocation?;
+            let (_, allocation) = job.member_on(node.id)?;
             Some((
                 job.id,
                 job.attempts,
-                job.state == JobState::Preempting,
+                job.state == JobState::Preempting || allocation.stage.exited(),
                 allocation.gpu_mask,
             ))
         })

@@ -30,15 +30,27 @@ pub struct LogTarget {
     pub ended: bool,
 }
 
-/// Finds attempt `attempt` (the latest when `None`) of `job` in `state`.
-pub fn log_target(state: &State, job: JobId, attempt: Option<u32>) -> Result<LogTarget, ApiError> {
+/// Finds attempt `attempt` (the latest when `None`) of member `rank` of `job` in `state`.
+pub fn log_target(
+    state: &State,
+    job: JobId,
+    attempt: Option<u32>,
+    rank: u32,
+) -> Result<LogTarget, ApiError> {
     let record = state
         .job(job)
         .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))?;
+    if rank >= record.node_count() {
+        return Err(ApiError::NotFound(format!(
+            "{job} runs on {} node(s): its ranks are 0 to {}",
+            record.node_count(),
+            record.node_count() - 1
+        )));
+    }
     let latest = record.attempts;
-    let holds_gpus = record.allocation.is_some();
+    let holds_gpus = !record.placement.is_empty();
     let allocation_node = record
-        .allocation
+        .allocation()
         .and_then(|allocation| state.node(allocation.node))
         .map(|node| node.name.clone());
     let wanted = attempt.unwrap_or(latest);
@@ -58,6 +70,18 @@ pub fn log_target(state: &State, job: JobId, attempt: Option<u32>) -> Result<Log
         return Err(ApiError::NotFound(format!(
             "{job} has no attempt {wanted}: its attempts are 1 to {latest}"
         )));
+    }
+    // The attempt's record names its nodes in rank order.
+    if let Some(entry) = record.history.iter().find(|entry| entry.attempt == wanted) {
+        let member_running = record
+            .placement
+            .get(rank as usize)
+            .is_some_and(|member| !member.stage.exited());
+        return Ok(LogTarget {
+            attempt: wanted,
+            node: entry.nodes.get(rank as usize).cloned(),
+            ended: wanted != latest || !member_running,
+        });
     }
     if wanted == latest {
         return Ok(LogTarget {
@@ -145,6 +169,7 @@ mod tests {
             attempt: None,
             offset: 0,
             max_bytes: LOG_READ_BYTES_MAX,
+            rank: 0,
         };
         assert!(!request.is_write() && !request.needs_admin());
         let peer = |role| PeerIdentity {
@@ -180,7 +205,7 @@ mod tests {
             vec!["x".into()],
         )));
         let job = JobId(1);
-        let unplaced = log_target(&log.state, job, None).expect("a known job");
+        let unplaced = log_target(&log.state, job, None, 0).expect("a known job");
         assert_eq!(
             unplaced,
             LogTarget {
@@ -190,12 +215,12 @@ mod tests {
             }
         );
         assert!(matches!(
-            log_target(&log.state, JobId(99), None),
+            log_target(&log.state, JobId(99), None, 0),
             Err(ApiError::Rejected(Rejection::UnknownJob(_)))
         ));
 
         log.schedule();
-        let running = log_target(&log.state, job, None).expect("a known job");
+        let running = log_target(&log.state, job, None, 0).expect("a known job");
         assert_eq!(running.attempt, 1);
         assert_eq!(running.node.as_deref(), Some("node-1"));
         assert!(!running.ended);
@@ -206,11 +231,11 @@ mod tests {
             node: "node-1".into(),
             event: JobEvent::Exited { code: 0 },
         }));
-        let finished = log_target(&log.state, job, Some(1)).expect("attempt 1");
+        let finished = log_target(&log.state, job, Some(1), 0).expect("attempt 1");
         assert_eq!(finished.node.as_deref(), Some("node-1"));
         assert!(finished.ended);
         assert!(matches!(
-            log_target(&log.state, job, Some(2)),
+            log_target(&log.state, job, Some(2), 0),
             Err(ApiError::NotFound(_))
         ));
     }

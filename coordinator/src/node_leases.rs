@@ -157,6 +157,7 @@ impl NodeLeases {
         raft: Raft,
         state_machine: QuotientStateMachine,
         proposer: Proposer,
+        gang_start_timeout_ms: u64,
     ) {
         let mut was_leader = false;
         let mut last_time_limit_check = Instant::now();
@@ -179,10 +180,22 @@ impl NodeLeases {
             }
             if last_time_limit_check.elapsed() >= Duration::from_millis(TIME_LIMIT_CHECK_MS) {
                 last_time_limit_check = Instant::now();
-                let over = state_machine.read(|state| past_time_limit(state, wall_ms()));
-                for (job, attempt) in over {
-                    tracing::info!(%job, attempt, "the job's attempt reached its time limit; stopping it");
-                    let proposal = proposer.propose(Command::StopAtTimeLimit { job, attempt });
+                let (over, unstarted) = state_machine.read(|state| {
+                    let now = wall_ms();
+                    (
+                        past_time_limit(state, now),
+                        gangs_not_started(state, now, gang_start_timeout_ms),
+                    )
+                });
+                let over = over
+                    .into_iter()
+                    .map(|(job, attempt)| (job, Command::StopAtTimeLimit { job, attempt }));
+                let unstarted = unstarted
+                    .into_iter()
+                    .map(|(job, attempt)| (job, Command::StopUnstarted { job, attempt }));
+                for (job, command) in over.chain(unstarted) {
+                    tracing::info!(%job, ?command, "stopping the job's attempt");
+                    let proposal = proposer.propose(command);
                     match tokio::time::timeout(
                         Duration::from_millis(MARK_LOST_TIMEOUT_MS),
                         proposal,
@@ -191,11 +204,11 @@ impl NodeLeases {
                     {
                         Ok(Err(NotProposed::Stopped)) => return,
                         Ok(Ok(Ok(Outcome::Rejected(rejection)))) => {
-                            tracing::debug!(%job, %rejection, "stopping at the time limit was refused");
+                            tracing::debug!(%job, %rejection, "stopping the attempt was refused");
                         }
                         Ok(_) => {}
                         Err(_) => {
-                            tracing::warn!(%job, "stopping at the time limit was not committed in time")
+                            tracing::warn!(%job, "stopping the attempt was not committed in time")
                         }
                     }
                 }
@@ -253,6 +266,22 @@ pub fn past_time_limit(state: &State, now_ms: u64) -> Vec<(JobId, u32)> {
         .collect()
 }
 
+/// The attempts of jobs of several nodes placed more than `timeout_ms` ago (wall clock) that
+/// do not yet run on every member: stopped so that no gang is left half-running.
+pub fn gangs_not_started(state: &State, now_ms: u64, timeout_ms: u64) -> Vec<(JobId, u32)> {
+    state
+        .jobs_holding_gpus()
+        .filter(|job| {
+            job.is_gang() && matches!(job.state, JobState::Scheduled | JobState::Starting)
+        })
+        .filter_map(|job| {
+            let attempt = job.history.last().filter(|a| a.attempt == job.attempts)?;
+            (now_ms.saturating_sub(attempt.placed_ms) >= timeout_ms)
+                .then_some((job.id, job.attempts))
+        })
+        .collect()
+}
+
 /// Checks the nodes' leases while this coordinator leads, marking expired nodes lost
 /// ([`NodeLeases::expired`]). Runs until the Raft node shuts down.
 pub async fn run(ctx: Context) {
@@ -261,10 +290,12 @@ pub async fn run(ctx: Context) {
         raft,
         state_machine,
         proposer,
+        config,
         ..
     } = ctx;
+    let gang_start_timeout_ms = config.scheduling.gang_start_timeout_ms;
     leases
-        .check_while_leading(raft, state_machine, proposer)
+        .check_while_leading(raft, state_machine, proposer, gang_start_timeout_ms)
         .await
 }
 
@@ -293,6 +324,7 @@ mod tests {
                     uuid: "GPU-0".into(),
                     class: class.clone(),
                     healthy: true,
+                    nvlink_peers: 0,
                 }],
             }),
             Command::CreateShare(ShareSpec {

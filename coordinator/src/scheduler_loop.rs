@@ -50,8 +50,10 @@ pub async fn run(ctx: Context) {
         scheduler: trigger,
         desired,
         leases,
+        config,
         ..
     } = ctx;
+    let topology_key = config.scheduling.topology_key.clone();
     loop {
         tokio::select! {
             _ = trigger.notified() => {}
@@ -67,7 +69,7 @@ pub async fn run(ctx: Context) {
         }
         let plan = state_machine.read(|state| {
             let unreachable = leases.unreachable(state, std::time::Instant::now());
-            quotient_core::plan_avoiding(state, &unreachable)
+            quotient_core::plan_with(state, &unreachable, &topology_key)
         });
         if plan.is_empty() {
             continue;

@@ -65,6 +65,7 @@ impl Log {
                     uuid: format!("GPU-{index}"),
                     class: class(),
                     healthy: true,
+                    nvlink_peers: 0,
                 })
                 .collect(),
         }));

@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{
-    AttemptView, ClusterView, GpuView, JobView, MemberView, NodeView, ShareView,
+    AttemptView, ClusterView, GpuView, JobView, MemberView, NodeView, PlacementView, ShareView,
 };
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
-use quotient_core::{share_accounts, JobRecord, NodeRecord, ShareAccount, ShareRecord, State};
+use quotient_core::{
+    share_accounts, JobRecord, MemberStage, NodeRecord, ShareAccount, ShareRecord, State,
+};
 
 use crate::store::MemberId;
 
@@ -60,9 +62,31 @@ pub fn share_view_named(state: &State, name: &str) -> Option<ShareView> {
 /// A job as the CLI prints it.
 pub fn job_view(state: &State, job: &JobRecord) -> JobView {
     let node = job
-        .allocation
+        .allocation()
         .and_then(|alloc| state.node(alloc.node))
         .map(|node| node.name.clone());
+    let placement = job
+        .placement
+        .iter()
+        .enumerate()
+        .map(|(rank, alloc)| {
+            let (stage, exit_code) = match alloc.stage {
+                MemberStage::Placed => ("placed", None),
+                MemberStage::Started => ("starting", None),
+                MemberStage::Running => ("running", None),
+                MemberStage::Exited { code } => ("exited", code),
+            };
+            PlacementView {
+                rank: rank as u32,
+                node: state
+                    .node(alloc.node)
+                    .map_or_else(String::new, |n| n.name.clone()),
+                gpus: alloc.gpu_indices(),
+                stage: stage.to_string(),
+                exit_code,
+            }
+        })
+        .collect();
     let (last_preemption, preempted_for) = match &job.last_preemption {
         Some(p) => (
             Some(p.kind.as_str().to_string()),
@@ -89,7 +113,7 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
         last_preemption,
         preempted_for,
         gpu_indices: job
-            .allocation
+            .allocation()
             .map(|alloc| alloc.gpu_indices())
             .unwrap_or_default(),
         submitted_ms: job.submitted_ms,
@@ -108,8 +132,8 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
         max_preemptions: job.spec.max_preemptions,
         cpu_millis: job.spec.cpu_millis,
         memory_bytes: job.spec.memory_bytes,
-        allocated_cpu_millis: job.allocation.map(|alloc| alloc.cpu_millis),
-        allocated_memory_bytes: job.allocation.map(|alloc| alloc.memory_bytes),
+        allocated_cpu_millis: job.allocation().map(|alloc| alloc.cpu_millis),
+        allocated_memory_bytes: job.allocation().map(|alloc| alloc.memory_bytes),
         time_limit_ms: job.spec.time_limit_ms,
         retries: job.spec.retry.retries,
         retries_used: job.retries_used,
@@ -126,7 +150,8 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
             .iter()
             .map(|attempt| AttemptView {
                 attempt: attempt.attempt,
-                node: attempt.node.clone(),
+                node: attempt.node().to_string(),
+                nodes: attempt.nodes.clone(),
                 placed_ms: attempt.placed_ms,
                 started_ms: attempt.started_ms,
                 ended_ms: attempt.ended_ms,
@@ -134,6 +159,9 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
                 outcome: attempt.outcome.clone(),
             })
             .collect(),
+        node_count: job.node_count(),
+        same: job.spec.same.clone(),
+        placement,
     }
 }
 

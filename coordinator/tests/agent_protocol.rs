@@ -171,6 +171,7 @@ fn inventory(name: &str, gpus: u32) -> NodeInventory {
                 uuid: format!("GPU-{name}-{index}"),
                 class: class(),
                 healthy: true,
+                nvlink_peers: 0,
             })
             .collect(),
     }

@@ -129,6 +129,7 @@ fn fixture_log() -> Vec<Entry> {
                     uuid: format!("GPU-fixture-{index}"),
                     class: class(),
                     healthy: true,
+                    nvlink_peers: 0,
                 })
                 .collect(),
         })],
@@ -378,10 +379,7 @@ fn check_state(state: &State) {
     let train = state.job(JobId(1)).expect("train-1");
     assert_eq!(train.spec.env.get("SEED").map(String::as_str), Some("7"));
     assert_eq!(train.spec.idempotency_key.as_deref(), Some("run-1"));
-    assert_eq!(
-        train.allocation.as_ref().map(|a| a.gpu_indices().len()),
-        Some(2)
-    );
+    assert_eq!(train.allocation().map(|a| a.gpu_indices().len()), Some(2));
     assert_eq!(state.job(JobId(2)).expect("train-2").spec.priority, 3);
     assert_eq!(state.job(JobId(3)).expect("serve-1").exit_code, Some(0));
     assert_eq!(state.data().idempotency.get("run-1"), Some(&JobId(1)));

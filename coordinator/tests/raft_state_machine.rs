@@ -41,6 +41,7 @@ fn inventory(name: &str) -> NodeInventory {
             uuid: format!("GPU-{name}-0"),
             class: GpuClass::parse("h100-80gb").expect("class"),
             healthy: true,
+            nvlink_peers: 0,
         }],
     }
 }

@@ -104,6 +104,7 @@ impl DeviceStatus {
             uuid: self.uuid.clone(),
             class: self.class.clone(),
             healthy: self.healthy,
+            nvlink_peers: 0,
         }
     }
 }

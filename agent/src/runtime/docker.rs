@@ -435,6 +435,9 @@ impl Runtime for DockerRuntime {
                 memory: spec.limits.docker_memory(),
                 // As for a process job: the memory limit holds swap included.
                 memory_swap: spec.limits.docker_memory(),
+                // The members of a job of several nodes reach each other at their hosts'
+                // addresses: they share the host's network.
+                network_mode: spec.rendezvous.is_gang().then(|| "host".to_string()),
                 ..HostConfig::default()
             }),
             ..Config::default()

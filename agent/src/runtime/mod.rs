@@ -170,6 +170,28 @@ impl Rendezvous {
     }
 }
 
+impl Rendezvous {
+    /// The rendezvous of one member of a job of several nodes, as the coordinators placed it:
+    /// rank 0's address is the first of the hosts.
+    pub fn member(gang: quotient_common::agent_api::WireGang) -> Rendezvous {
+        Rendezvous {
+            rank: gang.rank,
+            master_addr: gang
+                .hosts
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "127.0.0.1".into()),
+            hosts: gang.hosts,
+            master_port: gang.master_port,
+        }
+    }
+
+    /// Whether the job runs on several nodes (its members must reach each other).
+    pub fn is_gang(&self) -> bool {
+        self.hosts.len() > 1
+    }
+}
+
 /// A TCP port free on this host now, for an attempt's rank 0 to listen on; the default port if
 /// none can be had.
 pub fn free_port() -> u16 {

@@ -123,6 +123,7 @@ pub fn desired_one(fence: u64, job: u64, attempt: u32, spec: &JobSpec, intent: I
             spec: spec.clone(),
             intent,
             limits: JobLimits::NONE,
+            gang: None,
         }],
     }
 }

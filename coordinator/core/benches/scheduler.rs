@@ -69,7 +69,7 @@ impl Bench {
         let job = self.state.job(id).unwrap();
         let node = self
             .state
-            .node(job.allocation.unwrap().node)
+            .node(job.allocation().copied().unwrap().node)
             .unwrap()
             .name
             .clone();
@@ -131,6 +131,7 @@ fn main() {
                     uuid: format!("GPU-{n}-{i}"),
                     class: class.clone(),
                     healthy: true,
+                    nvlink_peers: 0,
                 })
                 .collect(),
         }));

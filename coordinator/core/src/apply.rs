@@ -20,8 +20,8 @@ use crate::rules::{
     admit, available_for_job, limit_of, resources_for, runs_on, BorrowedFromLowest,
 };
 use crate::state::{
-    Allocation, AttemptRecord, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,
-    ShareRecord, State, StopCause, ATTEMPT_HISTORY_MAX,
+    Allocation, AttemptRecord, JobRecord, MemberStage, NodeId, NodeRecord, Preemption,
+    PreemptionKind, ShareRecord, State, StopCause, ATTEMPT_HISTORY_MAX,
 };
 
 /// Applies one command. See the module docs.
@@ -81,6 +81,7 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         Command::CheckDigest { .. } => unreachable!("answered above"),
         Command::RemoveNode { node } => state.remove_node(&node),
         Command::StopAtTimeLimit { job, attempt } => state.stop_at_time_limit(job, attempt),
+        Command::StopUnstarted { job, attempt } => state.stop_unstarted(job, attempt, ctx),
     };
     state.data.last_applied_index = ctx.log_index;
     outcome
@@ -283,7 +284,7 @@ impl State {
         if job.state == JobState::Runnable {
             self.update_job(id, |job| {
                 job.state = JobState::Cancelled;
-                job.nomination = None;
+                job.nominations.clear();
                 job.reason = Some(WaitReason::Ended("cancelled while queued".into()));
                 job.ended_ms = Some(job.stamp(ctx.time_ms));
             });
@@ -339,7 +340,11 @@ impl State {
             .iter()
             .fold(0, |mask, g| mask | (1u64 << g.index));
         for job in self.jobs_on_node(id) {
-            let alloc = self.job(job).and_then(|j| j.allocation).expect("on node");
+            let (_, alloc) = self
+                .job(job)
+                .and_then(|j| j.member_on(id))
+                .map(|(rank, a)| (rank, *a))
+                .expect("on node");
             let class_ok = self.job(job).is_some_and(|j| {
                 inventory
                     .gpus
@@ -348,7 +353,7 @@ impl State {
                     .all(|g| &g.class == j.class())
             });
             if alloc.gpu_mask & !present != 0 || !class_ok {
-                self.stop_without_signal(job, PreemptionKind::AgentStopped, ctx);
+                self.member_lost(job, id, PreemptionKind::AgentStopped, ctx);
             }
         }
         let node = &mut self.data.nodes[id.0 as usize];
@@ -382,7 +387,7 @@ impl State {
         }
         if to == NodeState::Lost {
             for job in self.jobs_on_node(id) {
-                self.stop_without_signal(job, PreemptionKind::NodeLost, ctx);
+                self.member_lost(job, id, PreemptionKind::NodeLost, ctx);
             }
             self.data.nodes[id.0 as usize].incarnation += 1;
         }
@@ -423,10 +428,10 @@ impl State {
             .nominated
             .keys()
             .copied()
-            .filter(|j| self.job(*j).and_then(|j| j.nomination) == Some(node))
+            .filter(|j| self.job(*j).is_some_and(|j| j.nominations.contains(&node)))
             .collect();
         for job in nominated {
-            self.update_job(job, |j| j.nomination = None);
+            self.update_job(job, |j| j.nominations.clear());
         }
     }
 
@@ -476,33 +481,58 @@ impl State {
         Outcome::Done
     }
 
-    /// Ends a job's hold on its GPUs without waiting for an agent (its node is gone).
-    fn stop_without_signal(&mut self, id: JobId, kind: PreemptionKind, ctx: ApplyCtx) {
+    /// The member of job `id` on `node` is gone without its agent reporting its exit (its
+    /// node was lost, or no longer has its GPUs): it counts as exited. A job of one node ends
+    /// its hold on its GPUs at once; the other members of a job of several are stopped (the
+    /// checkpoint signal, unless they already are), and the job's GPUs are freed when they
+    /// have all exited.
+    fn member_lost(&mut self, id: JobId, node: NodeId, kind: PreemptionKind, ctx: ApplyCtx) {
+        let node_name = self.node(node).map(|n| n.name.clone()).unwrap_or_default();
         let job = self.job(id).expect("known job");
-        let node = job
-            .allocation
-            .and_then(|a| self.node(a.node))
-            .map(|n| n.name.clone())
-            .unwrap_or_default();
-        if job.stop.is_none() {
-            let preemption = Preemption {
-                kind,
-                for_job: None,
-                for_share: None,
-                at_ms: ctx.time_ms,
-                node,
-            };
-            self.update_job(id, |job| job.stop = Some(StopCause::Preempted(preemption)));
+        let Some((rank, _)) = job.member_on(node) else {
+            return;
+        };
+        let stopping = job.stop.is_some();
+        self.update_job(id, |job| {
+            job.placement[rank as usize].stage = MemberStage::Exited { code: None };
+            if !stopping {
+                job.stop = Some(StopCause::Preempted(Preemption {
+                    kind,
+                    for_job: None,
+                    for_share: None,
+                    at_ms: ctx.time_ms,
+                    node: node_name,
+                }));
+                job.state = JobState::Preempting;
+            }
+        });
+        self.finish_stop_if_all_exited(id, None, ctx);
+    }
+
+    /// Finishes the stop of a job asked to stop once every member has exited (`code`: the
+    /// exit code to record for a job of one node).
+    fn finish_stop_if_all_exited(&mut self, id: JobId, code: Option<i32>, ctx: ApplyCtx) {
+        let job = self.job(id).expect("known job");
+        if job.placement.iter().all(|m| m.stage.exited()) {
+            self.finish_stop(id, code, ctx);
         }
-        self.finish_stop(id, None, ctx);
     }
 
     /// A job asked to stop has exited: requeue it, fail it past max_preemptions, retry or
     /// fail it at its time limit, or end it cancelled. Frees its GPUs.
     fn finish_stop(&mut self, id: JobId, code: Option<i32>, ctx: ApplyCtx) {
+        if let Some(StopCause::MemberEnded { node, event, .. }) =
+            self.job(id).and_then(|j| j.stop.clone())
+        {
+            // A member of a job of several nodes ended the attempt, and now all have exited:
+            // the job goes on as a job of one node would after that member's event.
+            self.update_job(id, |job| job.stop = None);
+            self.attempt_ended(id, node, event, ctx);
+            return;
+        }
         self.update_job(id, |job| {
             let now = job.stamp(ctx.time_ms);
-            job.allocation = None;
+            job.placement.clear();
             job.exit_code = code;
             job.started_ms = None;
             match job.stop.take() {
@@ -547,9 +577,39 @@ impl State {
                         }
                     }
                 }
+                Some(StopCause::MemberEnded { .. }) => unreachable!("handled above"),
                 None => unreachable!("finish_stop on a job that was not asked to stop"),
             }
         });
+    }
+
+    /// The leader saw a job of several nodes not running on every member within the start
+    /// timeout: its attempt is stopped like a preemption that counts toward nothing, and the
+    /// job goes back to the queue.
+    fn stop_unstarted(&mut self, id: JobId, attempt: u32, ctx: ApplyCtx) -> Outcome {
+        let Some(job) = self.job(id) else {
+            return rejected(Rejection::UnknownJob(id));
+        };
+        let applies = job.attempts == attempt
+            && job.is_gang()
+            && matches!(job.state, JobState::Scheduled | JobState::Starting);
+        if !applies {
+            return rejected(Rejection::StalePlan(format!(
+                "start timeout of {id} attempt {attempt}: the attempt is not starting"
+            )));
+        }
+        let node = job.last_node.clone().unwrap_or_default();
+        self.update_job(id, |job| {
+            job.state = JobState::Preempting;
+            job.stop = Some(StopCause::Preempted(Preemption {
+                kind: PreemptionKind::StartTimeout,
+                for_job: None,
+                for_share: None,
+                at_ms: ctx.time_ms,
+                node,
+            }));
+        });
+        Outcome::Done
     }
 
     /// The leader saw a job's attempt reach its time limit: it is stopped with its checkpoint
@@ -588,46 +648,109 @@ impl State {
         let Some(job) = self.job(report.job) else {
             return rejected(Rejection::UnknownJob(report.job));
         };
-        let Some(alloc) = job.allocation else {
+        if job.placement.is_empty() {
             return stale("the job holds no GPUs");
-        };
-        if self.node(alloc.node).map(|n| n.name.as_str()) != Some(report.node.as_str()) {
-            return stale("the job is placed on another node");
         }
+        let member = self
+            .data
+            .node_ids
+            .get(&report.node)
+            .and_then(|node| job.member_on(*node))
+            .map(|(rank, member)| (rank, *member));
+        let Some((rank, member)) = member else {
+            return stale("the job is placed on another node");
+        };
         if job.attempts != report.attempt {
             return stale("the job is on another attempt");
         }
-        let state = job.state;
+        if member.stage.exited() {
+            return stale("this member of the job has exited already");
+        }
+        let (state, gang) = (job.state, job.is_gang());
         let id = report.job;
+        let rank_index = rank as usize;
         match report.event {
-            JobEvent::Started => {
-                if state == JobState::Scheduled {
-                    self.update_job(id, |job| job.state = JobState::Starting);
+            JobEvent::Started => self.update_job(id, |job| {
+                if job.placement[rank_index].stage == MemberStage::Placed {
+                    job.placement[rank_index].stage = MemberStage::Started;
                 }
-            }
-            JobEvent::Running => {
-                if matches!(state, JobState::Scheduled | JobState::Starting) {
+                if job.state == JobState::Scheduled {
+                    job.state = JobState::Starting;
+                }
+            }),
+            JobEvent::Running => self.update_job(id, |job| {
+                job.placement[rank_index].stage = MemberStage::Running;
+                // A job of several nodes is RUNNING once every member runs (or ran: a member
+                // may finish before the last one reports).
+                let all_ran = job.placement.iter().all(|m| {
+                    matches!(
+                        m.stage,
+                        MemberStage::Running | MemberStage::Exited { code: Some(0) }
+                    )
+                });
+                if all_ran && matches!(job.state, JobState::Scheduled | JobState::Starting) {
+                    let now = job.stamp(ctx.time_ms);
+                    job.state = JobState::Running;
+                    job.started_ms = Some(now);
+                    job.first_started_ms.get_or_insert(now);
+                    if let Some(attempt) = job.current_attempt_mut() {
+                        attempt.started_ms = Some(now);
+                    }
+                }
+            }),
+            event if !gang => {
+                let code = event.exit_code();
+                if state == JobState::Preempting {
                     self.update_job(id, |job| {
-                        let now = job.stamp(ctx.time_ms);
-                        job.state = JobState::Running;
-                        job.started_ms = Some(now);
-                        job.first_started_ms.get_or_insert(now);
-                        if let Some(attempt) = job.current_attempt_mut() {
-                            attempt.started_ms = Some(now);
-                        }
+                        job.placement[0].stage = MemberStage::Exited { code };
                     });
+                    self.finish_stop(id, code, ctx);
+                } else {
+                    self.attempt_ended(id, report.node.clone(), event, ctx);
                 }
             }
-            JobEvent::Exited { code } if state == JobState::Preempting => {
-                self.finish_stop(id, Some(code), ctx)
+            event => {
+                // A member of a job of several nodes has exited.
+                let code = event.exit_code();
+                let ok = matches!(event, JobEvent::Exited { code: 0 });
+                let node = report.node.clone();
+                self.update_job(id, |job| {
+                    job.placement[rank_index].stage = MemberStage::Exited { code };
+                    if job.state != JobState::Preempting && !ok {
+                        // One fate: the attempt ends for every member.
+                        job.state = JobState::Preempting;
+                        job.stop = Some(StopCause::MemberEnded {
+                            rank,
+                            node: node.clone(),
+                            event: event.clone(),
+                        });
+                    }
+                });
+                let job = self.job(id).expect("known job");
+                let all_exited = job.placement.iter().all(|m| m.stage.exited());
+                if job.state == JobState::Preempting {
+                    self.finish_stop_if_all_exited(id, code, ctx);
+                } else if all_exited {
+                    // Every member exited 0.
+                    self.attempt_ended(id, node, event, ctx);
+                }
             }
-            JobEvent::ExitedAfterSignal { code } if state == JobState::Preempting => {
-                self.finish_stop(id, code, ctx)
+        }
+        Outcome::Done
+    }
+
+    /// The current attempt of a job that was not asked to stop has ended with `event` (an
+    /// exit, a stop by its agent, a launch failure) of the member on `node`: the job
+    /// succeeds, fails, is retried or requeued, and frees its GPUs.
+    fn attempt_ended(&mut self, id: JobId, node: String, event: JobEvent, ctx: ApplyCtx) {
+        match event {
+            JobEvent::Started | JobEvent::Running => {
+                unreachable!("attempt_ended is given an end")
             }
             JobEvent::Exited { code } => self.update_job(id, |job| {
                 let now = job.stamp(ctx.time_ms);
                 let outcome = format!("exited with code {code}");
-                job.allocation = None;
+                job.placement.clear();
                 job.exit_code = Some(code);
                 end_attempt(job, now, Some(code), outcome.clone());
                 if code == 0 {
@@ -640,7 +763,6 @@ impl State {
             }),
             JobEvent::ExitedAfterSignal { code } => {
                 // The agent stopped it on its own (its lease ran out, a GPU failed).
-                let node = report.node.clone();
                 self.update_job(id, |job| {
                     job.stop = Some(StopCause::Preempted(Preemption {
                         kind: PreemptionKind::AgentStopped,
@@ -652,21 +774,12 @@ impl State {
                 });
                 self.finish_stop(id, code, ctx);
             }
-            // Asked to stop while the agent was still trying to launch it: it never ran, and
-            // the stop decides what becomes of it, as for an attempt stopped before it ran.
-            JobEvent::LaunchFailed { .. } if state == JobState::Preempting => {
-                self.finish_stop(id, None, ctx)
-            }
             JobEvent::LaunchFailed {
                 fault,
                 tries,
                 message,
-            } => {
-                let node = report.node.clone();
-                self.launch_failed(id, node, fault, tries, message, ctx);
-            }
+            } => self.launch_failed(id, node, fault, tries, message, ctx),
         }
-        Outcome::Done
     }
 
     /// An attempt that the agent could not launch. A fault of the job fails it; a fault of
@@ -688,7 +801,7 @@ impl State {
             }
             let requeues = job.launch_requeues;
             let requeue = fault == LaunchFault::Node && requeues <= LAUNCH_REQUEUES_MAX;
-            job.allocation = None;
+            job.placement.clear();
             job.started_ms = None;
             job.exit_code = None;
             let reason = WaitReason::LaunchFailed {
@@ -732,10 +845,22 @@ impl State {
                     job,
                     node,
                     gpu_mask,
-                } => self.check_place(job, node, gpu_mask).map(|()| {
-                    self.place(job, node, gpu_mask, ctx);
+                } => self.check_place(job, &[(node, gpu_mask)]).map(|()| {
+                    self.place(job, &[(node, gpu_mask)], ctx);
                     report.placed += 1;
                 }),
+                PlanAction::PlaceMembers { job, members } => {
+                    self.check_place(job, &members).map(|()| {
+                        self.place(job, &members, ctx);
+                        report.placed += 1;
+                    })
+                }
+                PlanAction::NominateNodes { job, nodes } => {
+                    self.check_nominate_nodes(job, &nodes).map(|()| {
+                        self.update_job(job, |j| j.nominations = nodes);
+                        report.nominated += 1;
+                    })
+                }
                 PlanAction::Preempt { job, kind, for_job } => {
                     self.check_preempt(job, kind, for_job).map(|()| {
                         self.preempt(job, kind, for_job, ctx);
@@ -743,12 +868,12 @@ impl State {
                     })
                 }
                 PlanAction::Nominate { job, node } => self.check_nominate(job, node).map(|()| {
-                    self.update_job(job, |j| j.nomination = Some(node));
+                    self.update_job(job, |j| j.nominations = vec![node]);
                     report.nominated += 1;
                 }),
                 PlanAction::ClearNomination { job } => match self.job(job) {
-                    Some(j) if j.nomination.is_some() && j.state == JobState::Runnable => {
-                        self.update_job(job, |j| j.nomination = None);
+                    Some(j) if !j.nominations.is_empty() && j.state == JobState::Runnable => {
+                        self.update_job(job, |j| j.nominations.clear());
                         Ok(())
                     }
                     _ => Err(Rejection::StalePlan(format!("{job} has no nomination"))),
@@ -776,7 +901,9 @@ impl State {
         report
     }
 
-    fn check_place(&self, id: JobId, node: NodeId, gpu_mask: u64) -> Result<(), Rejection> {
+    /// Whether job `id` may be placed with `members` (a node and a mask of GPUs there per
+    /// member, in rank order): all of them together, or none.
+    fn check_place(&self, id: JobId, members: &[(NodeId, u64)]) -> Result<(), Rejection> {
         let stale = |why: String| Err(Rejection::StalePlan(format!("place {id}: {why}")));
         let Some(job) = self.job(id) else {
             return stale("unknown job".into());
@@ -784,39 +911,54 @@ impl State {
         if job.state != JobState::Runnable {
             return stale(format!("it is {}", job.state));
         }
-        let Some(record) = self.node(node) else {
-            return stale("unknown node".into());
-        };
-        if !record.state.schedulable() {
-            return stale(format!("node {} is {}", record.name, record.state));
-        }
-        let class = job.class();
-        let Some(slot) = self
-            .index
-            .capacity
-            .get(class)
-            .and_then(|c| c.slots.get(&node))
-        else {
-            return stale(format!("node {} has no {class} GPUs", record.name));
-        };
-        if gpu_mask.count_ones() != job.gpus() || gpu_mask & !slot.free_mask != 0 {
+        if members.len() != job.node_count() as usize {
             return stale(format!(
-                "GPUs {gpu_mask:#x} are not free on {}",
-                record.name
+                "{} members for a job of {} nodes",
+                members.len(),
+                job.node_count()
             ));
         }
-        if let Err(why) = runs_on(job, record, self.index.node_resources_used(node)) {
-            return stale(why.to_string());
-        }
-        let own = if job.nomination == Some(node) {
-            self.index.kept_for(id)
-        } else {
-            0
+        let class = job.class();
+        let Some(capacity) = self.index.capacity.get(class) else {
+            return stale(format!("no node has {class} GPUs"));
         };
-        let capacity = &self.index.capacity[class];
-        let available = available_for_job(*slot, capacity.available_total, own);
-        if available.on_node < job.gpus() {
-            return stale(format!("GPUs on {} are kept for another job", record.name));
+        let mut in_class = capacity.available_total;
+        let mut topology: Option<Option<&String>> = None;
+        for (i, &(node, gpu_mask)) in members.iter().enumerate() {
+            if members[..i].iter().any(|(other, _)| *other == node) {
+                return stale("two members on one node".into());
+            }
+            let Some(record) = self.node(node) else {
+                return stale("unknown node".into());
+            };
+            if !record.state.schedulable() {
+                return stale(format!("node {} is {}", record.name, record.state));
+            }
+            let Some(slot) = capacity.slots.get(&node) else {
+                return stale(format!("node {} has no {class} GPUs", record.name));
+            };
+            if gpu_mask.count_ones() != job.gpus() || gpu_mask & !slot.free_mask != 0 {
+                return stale(format!(
+                    "GPUs {gpu_mask:#x} are not free on {}",
+                    record.name
+                ));
+            }
+            if let Err(why) = runs_on(job, record, self.index.node_resources_used(node)) {
+                return stale(why.to_string());
+            }
+            if let Some(key) = &job.spec.same {
+                let value = record.host.labels.get(key);
+                if value.is_none() || topology.is_some_and(|first| first != value) {
+                    return stale(format!("its nodes do not share one value of label {key}"));
+                }
+                topology = Some(value);
+            }
+            let own = self.index.kept_for(id, node);
+            let available = available_for_job(*slot, capacity.available_total, own);
+            if available.on_node < job.gpus() {
+                return stale(format!("GPUs on {} are kept for another job", record.name));
+            }
+            in_class = in_class - u64::from(slot.available()) + u64::from(available.on_node);
         }
         let Some(share) = self.data.shares.get(&job.spec.share) else {
             return stale(format!("share {} is gone", job.spec.share));
@@ -830,8 +972,8 @@ impl State {
             class,
             usage,
             kept,
-            job.gpus(),
-            available.in_class,
+            job.total_gpus(),
+            in_class,
             self.index.reserved_idle(class),
         )
         .map(|_| ())
@@ -841,18 +983,28 @@ impl State {
         })
     }
 
-    fn place(&mut self, id: JobId, node: NodeId, gpu_mask: u64, ctx: ApplyCtx) {
-        let record = self.node(node).expect("checked by check_place");
-        let node_name = record.name.clone();
-        let (cpu_millis, memory_bytes) = {
-            let job = self.job(id).expect("checked by check_place");
-            resources_for(job, record)
-        };
+    /// Places job `id` with `members`, checked by [`State::check_place`].
+    fn place(&mut self, id: JobId, members: &[(NodeId, u64)], ctx: ApplyCtx) {
+        let job = self.job(id).expect("checked by check_place");
+        let mut names = Vec::with_capacity(members.len());
+        let mut placement = Vec::with_capacity(members.len());
+        for &(node, gpu_mask) in members {
+            let record = self.node(node).expect("checked by check_place");
+            let (cpu_millis, memory_bytes) = resources_for(job, record);
+            names.push(record.name.clone());
+            placement.push(Allocation {
+                node,
+                gpu_mask,
+                cpu_millis,
+                memory_bytes,
+                stage: MemberStage::Placed,
+            });
+        }
         self.update_job(id, |job| {
             let now = job.stamp(ctx.time_ms);
             job.history.push(AttemptRecord {
                 attempt: job.attempts + 1,
-                node: node_name.clone(),
+                nodes: names.clone(),
                 placed_ms: now,
                 started_ms: None,
                 ended_ms: None,
@@ -862,17 +1014,12 @@ impl State {
             if job.history.len() > ATTEMPT_HISTORY_MAX {
                 job.history.remove(0);
             }
-            job.last_node = Some(node_name);
+            job.last_node = names.into_iter().next();
             job.state = JobState::Scheduled;
-            job.allocation = Some(Allocation {
-                node,
-                gpu_mask,
-                cpu_millis,
-                memory_bytes,
-            });
+            job.placement = placement;
             job.placed_index = ctx.log_index;
             job.attempts += 1;
-            job.nomination = None;
+            job.nominations.clear();
             job.reason = None;
             job.stop = None;
             job.started_ms = None;
@@ -893,11 +1040,13 @@ impl State {
         if !job.state.holds_gpus() || job.state == JobState::Preempting {
             return stale(format!("it is {}", job.state));
         }
-        let alloc = job.allocation.expect("holding jobs have an allocation");
         let beneficiary = for_job.and_then(|f| self.job(f));
         match kind {
             PreemptionKind::Drain => {
-                if self.node(alloc.node).map(|n| n.state) != Some(NodeState::Draining) {
+                let draining = job.placement.iter().any(|member| {
+                    self.node(member.node).map(|n| n.state) == Some(NodeState::Draining)
+                });
+                if !draining {
                     return stale("its node is not draining".into());
                 }
             }
@@ -925,7 +1074,9 @@ impl State {
                     return stale("in-share preemption does not apply".into());
                 }
             }
-            PreemptionKind::NodeLost | PreemptionKind::AgentStopped => {
+            PreemptionKind::NodeLost
+            | PreemptionKind::AgentStopped
+            | PreemptionKind::StartTimeout => {
                 return stale("not a scheduler decision".into());
             }
         }
@@ -954,7 +1105,7 @@ impl State {
             if other.state == JobState::Preempting {
                 continue;
             }
-            let is_borrowed = borrowed.pass(other.gpus());
+            let is_borrowed = borrowed.pass(other.total_gpus());
             if id == job.id {
                 return is_borrowed;
             }
@@ -965,7 +1116,7 @@ impl State {
     fn preempt(&mut self, id: JobId, kind: PreemptionKind, for_job: Option<JobId>, ctx: ApplyCtx) {
         let node = self
             .job(id)
-            .and_then(|j| j.allocation)
+            .and_then(|j| j.allocation())
             .and_then(|a| self.node(a.node))
             .map(|n| n.name.clone())
             .unwrap_or_default();
@@ -994,6 +1145,33 @@ impl State {
             Some(n) if n.state.schedulable() => Ok(()),
             _ => stale("the node is not schedulable".into()),
         }
+    }
+
+    /// Whether `nodes` may keep GPUs for job `id`, a job of several nodes: one distinct,
+    /// schedulable node per member.
+    fn check_nominate_nodes(&self, id: JobId, nodes: &[NodeId]) -> Result<(), Rejection> {
+        let stale = |why: String| Err(Rejection::StalePlan(format!("nominate {id}: {why}")));
+        let job = match self.job(id) {
+            Some(job) if job.state == JobState::Runnable => job,
+            _ => return stale("it is not queued".into()),
+        };
+        if nodes.len() != job.node_count() as usize {
+            return stale(format!(
+                "{} nodes for a job of {} nodes",
+                nodes.len(),
+                job.node_count()
+            ));
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            if nodes[..i].contains(node) {
+                return stale("a node named twice".into());
+            }
+            match self.node(*node) {
+                Some(n) if n.state.schedulable() => {}
+                _ => return stale("a node is not schedulable".into()),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1089,6 +1267,7 @@ mod tests {
                     uuid: "GPU-0".into(),
                     class: class.clone(),
                     healthy: true,
+                    nvlink_peers: 0,
                 }],
             }),
         );

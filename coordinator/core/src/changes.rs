@@ -60,7 +60,7 @@ impl Changes {
         if !self.shares.contains(&new.spec.share) {
             self.shares.insert(new.spec.share.clone());
         }
-        for allocation in [old.allocation, new.allocation].into_iter().flatten() {
+        for allocation in old.placement.iter().chain(&new.placement) {
             self.nodes.insert(allocation.node);
         }
     }

@@ -89,6 +89,14 @@ pub enum Command {
         job: JobId,
         attempt: u32,
     },
+    /// The leader saw attempt `attempt` of `job`, a job of several nodes, not running on every
+    /// member within the start timeout: the attempt is stopped (its members get the checkpoint
+    /// signal and grace period) and the job goes back to the queue, so that no gang is left
+    /// half-running.
+    StopUnstarted {
+        job: JobId,
+        attempt: u32,
+    },
 }
 
 /// A state's digest after the log entry at `index` (see [`Command::CheckDigest`]).

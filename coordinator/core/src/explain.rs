@@ -80,6 +80,17 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
                 "{id} is stopping because its attempt reached its time limit ({})",
                 crate::apply::duration_words(job.spec.time_limit_ms.unwrap_or(0))
             ),
+            Some(StopCause::MemberEnded { rank, node, event }) => {
+                let what = match event {
+                    crate::command::JobEvent::Exited { code } => format!("exited with code {code}"),
+                    crate::command::JobEvent::LaunchFailed { .. } => "could not be launched".into(),
+                    _ => "was stopped by its agent".into(),
+                };
+                let left = job.placement.iter().filter(|m| !m.stage.exited()).count();
+                format!(
+                    "{id} is stopping: its rank {rank} on {node} {what}, so the attempt ends for every member ({left} still to exit)"
+                )
+            }
             Some(StopCause::Preempted(p)) => {
                 let target = match (p.for_job, &p.for_share) {
                     (Some(f), Some(s)) => format!(" for {f} of share {s}"),
@@ -94,18 +105,34 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             None => format!("{id} is stopping"),
         },
         JobState::Scheduled | JobState::Starting | JobState::Running => {
-            let alloc = job.allocation.expect("holding jobs have an allocation");
-            let node = state.node(alloc.node).map_or("?", |n| n.name.as_str());
             let borrowed = if state.is_borrowed(job) {
                 " on borrowed capacity (it can be reclaimed)"
             } else {
                 " within its share's limit"
             };
-            format!(
-                "{id} is {} on {node}, GPUs {:?}{borrowed}",
-                job.state,
-                alloc.gpu_indices()
-            )
+            let members: Vec<String> = job
+                .placement
+                .iter()
+                .map(|alloc| {
+                    let node = state.node(alloc.node).map_or("?", |n| n.name.as_str());
+                    format!("{node}, GPUs {:?}", alloc.gpu_indices())
+                })
+                .collect();
+            if job.is_gang() {
+                let ranks: Vec<String> = members
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, m)| format!("rank {rank} on {m}"))
+                    .collect();
+                format!(
+                    "{id} is {} on {} nodes ({}){borrowed}",
+                    job.state,
+                    members.len(),
+                    ranks.join("; ")
+                )
+            } else {
+                format!("{id} is {} on {}{borrowed}", job.state, members.join(""))
+            }
         }
         JobState::Succeeded | JobState::Failed | JobState::Cancelled => {
             let why = job

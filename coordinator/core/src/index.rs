@@ -22,13 +22,33 @@ pub type QueueKey = (Reverse<u32>, JobId);
 /// A holding job's key: priority descending, then start order ascending.
 pub type HoldingKey = (Reverse<u32>, u64, JobId);
 
+/// A queued job's size: GPUs per node, then nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobSize {
+    pub gpus: u32,
+    pub nodes: u32,
+}
+
+impl JobSize {
+    pub fn total(self) -> u64 {
+        u64::from(self.gpus) * u64::from(self.nodes)
+    }
+}
+
+fn size_of(job: &JobRecord) -> JobSize {
+    JobSize {
+        gpus: job.gpus(),
+        nodes: job.node_count(),
+    }
+}
+
 /// One share's jobs of one GPU class.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShareClassIndex {
     pub runnable: BTreeSet<QueueKey>,
-    /// `runnable` split by the GPUs each job asks for, so that a round can pass over the
-    /// sizes that can never fit without visiting their jobs.
-    pub runnable_by_gpus: BTreeMap<u32, BTreeSet<QueueKey>>,
+    /// `runnable` split by the size of each job (GPUs per node, nodes), so that a round can
+    /// pass over the sizes that can never fit without visiting their jobs.
+    pub runnable_by_gpus: BTreeMap<JobSize, BTreeSet<QueueKey>>,
     pub holding: BTreeSet<HoldingKey>,
     /// GPUs held by the jobs in `holding`.
     pub usage: u64,
@@ -39,18 +59,37 @@ pub struct ShareClassIndex {
     pub kept: u64,
 }
 
-/// A RUNNABLE job that a node keeps GPUs for while its victims stop.
+/// A RUNNABLE job that nodes keep GPUs for while its victims stop (or, for a job of several
+/// nodes, while the jobs on those nodes end).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Nominee {
-    pub node: NodeId,
+    /// One node per member, in the order of the job's `nominations`.
+    pub nodes: Vec<NodeId>,
     pub class: GpuClass,
     pub share: String,
+    /// GPUs per node.
     pub gpus: u32,
-    /// The GPUs kept free for it now: what it asks for less what its victims on the node
-    /// still hold. As a victim stops, its GPUs become free and kept at once, so nobody else
-    /// can take them; and free GPUs beyond what it will need are not withheld from others
-    /// (a `reserve` share's idle quota among them) while the victims drain.
-    pub kept: u32,
+    /// The GPUs kept free for it now on each of `nodes`: what it asks for less what its
+    /// victims on the node still hold. As a victim stops, its GPUs become free and kept at
+    /// once, so nobody else can take them; and free GPUs beyond what it will need are not
+    /// withheld from others (a `reserve` share's idle quota among them) while the victims
+    /// drain.
+    pub kept: Vec<u32>,
+}
+
+impl Nominee {
+    /// The GPUs kept for it on `node`.
+    pub fn kept_on(&self, node: NodeId) -> u32 {
+        self.nodes
+            .iter()
+            .position(|n| *n == node)
+            .map_or(0, |i| self.kept[i])
+    }
+
+    /// The GPUs kept for it on all its nodes.
+    pub fn kept_total(&self) -> u64 {
+        self.kept.iter().map(|k| u64::from(*k)).sum()
+    }
 }
 
 /// One node's GPUs of one class, as the placement search sees them.
@@ -230,9 +269,14 @@ impl Index {
             .map_or(0, |i| i.usage + i.kept)
     }
 
-    /// The GPUs kept free for a nominated job (0 for any other job).
-    pub fn kept_for(&self, job: JobId) -> u32 {
-        self.nominated.get(&job).map_or(0, |n| n.kept)
+    /// The GPUs kept free for a nominated job on `node` (0 for any other job or node).
+    pub fn kept_for(&self, job: JobId, node: NodeId) -> u32 {
+        self.nominated.get(&job).map_or(0, |n| n.kept_on(node))
+    }
+
+    /// The GPUs kept free for a nominated job on all its nodes.
+    pub fn kept_total(&self, job: JobId) -> u64 {
+        self.nominated.get(&job).map_or(0, Nominee::kept_total)
     }
 
     /// The most healthy GPUs of `class` on one schedulable node (0 without such a node).
@@ -292,41 +336,43 @@ impl Index {
             index.runnable.insert(key);
             index
                 .runnable_by_gpus
-                .entry(job.gpus())
+                .entry(size_of(job))
                 .or_default()
                 .insert(key);
-            if let Some(node) = job.nomination {
+            if !job.nominations.is_empty() {
                 let nominee = Nominee {
-                    node,
+                    nodes: job.nominations.clone(),
                     class: class.clone(),
                     share: share.clone(),
                     gpus: job.gpus(),
-                    kept: 0,
+                    kept: vec![0; job.nominations.len()],
                 };
                 self.nominated.insert(job.id, nominee);
                 self.refresh_kept(job.id, data);
             }
         }
-        if let Some(alloc) = job.allocation {
+        if !job.placement.is_empty() {
             let index = self.share_class_mut(&share, &class);
             index
                 .holding
                 .insert((Reverse(job.priority()), job.placed_index, job.id));
             let before = index.usage + index.kept;
-            index.usage += u64::from(job.gpus());
+            index.usage += u64::from(job.total_gpus());
             let after = index.usage + index.kept;
             if job.state == JobState::Preempting {
-                index.preempting += u64::from(job.gpus());
+                index.preempting += u64::from(job.total_gpus());
             }
             self.adjust_reserved(data, &share, &class, before, after);
-            *self.node_alloc.entry(alloc.node).or_insert(0) |= alloc.gpu_mask;
-            if alloc.cpu_millis > 0 || alloc.memory_bytes > 0 {
-                let used = self.node_resources.entry(alloc.node).or_insert((0, 0));
-                used.0 += u64::from(alloc.cpu_millis);
-                used.1 += alloc.memory_bytes;
+            for alloc in &job.placement {
+                *self.node_alloc.entry(alloc.node).or_insert(0) |= alloc.gpu_mask;
+                if alloc.cpu_millis > 0 || alloc.memory_bytes > 0 {
+                    let used = self.node_resources.entry(alloc.node).or_insert((0, 0));
+                    used.0 += u64::from(alloc.cpu_millis);
+                    used.1 += alloc.memory_bytes;
+                }
+                self.node_jobs.entry(alloc.node).or_default().insert(job.id);
+                self.refresh_node_by_id(alloc.node, data);
             }
-            self.node_jobs.entry(alloc.node).or_default().insert(job.id);
-            self.refresh_node_by_id(alloc.node, data);
         }
         if job.state == JobState::Preempting {
             if let Some(StopCause::Preempted(p)) = &job.stop {
@@ -335,8 +381,11 @@ impl Index {
                         .entry(for_job)
                         .or_default()
                         .insert(job.id);
-                    if let Some(alloc) = job.allocation {
-                        *self.victims_hold.entry((for_job, alloc.node)).or_insert(0) += job.gpus();
+                    if !job.placement.is_empty() {
+                        for alloc in &job.placement {
+                            *self.victims_hold.entry((for_job, alloc.node)).or_insert(0) +=
+                                job.gpus();
+                        }
                         self.refresh_kept(for_job, data);
                     }
                 }
@@ -355,29 +404,33 @@ impl Index {
             let key = (Reverse(job.priority()), job.id);
             let index = self.share_class_mut(share, &class);
             index.runnable.remove(&key);
-            if let Some(size) = index.runnable_by_gpus.get_mut(&job.gpus()) {
-                size.remove(&key);
-                if size.is_empty() {
-                    index.runnable_by_gpus.remove(&job.gpus());
+            let size = size_of(job);
+            if let Some(jobs) = index.runnable_by_gpus.get_mut(&size) {
+                jobs.remove(&key);
+                if jobs.is_empty() {
+                    index.runnable_by_gpus.remove(&size);
                 }
             }
-            if job.nomination.is_some() {
-                self.set_kept(job.id, 0, data);
+            if !job.nominations.is_empty() {
+                let zero = vec![0; job.nominations.len()];
+                self.set_kept(job.id, &zero, data);
                 self.nominated.remove(&job.id);
             }
         }
-        if let Some(alloc) = job.allocation {
+        if !job.placement.is_empty() {
             let index = self.share_class_mut(share, &class);
             index
                 .holding
                 .remove(&(Reverse(job.priority()), job.placed_index, job.id));
             let before = index.usage + index.kept;
-            index.usage -= u64::from(job.gpus());
+            index.usage -= u64::from(job.total_gpus());
             let after = index.usage + index.kept;
             if job.state == JobState::Preempting {
-                index.preempting -= u64::from(job.gpus());
+                index.preempting -= u64::from(job.total_gpus());
             }
             self.adjust_reserved(data, share, &class, before, after);
+        }
+        for alloc in &job.placement {
             if let Some(mask) = self.node_alloc.get_mut(&alloc.node) {
                 *mask &= !alloc.gpu_mask;
                 if *mask == 0 {
@@ -408,12 +461,14 @@ impl Index {
                             self.preempting_for.remove(&for_job);
                         }
                     }
-                    if let Some(alloc) = job.allocation {
-                        let key = (for_job, alloc.node);
-                        if let Some(hold) = self.victims_hold.get_mut(&key) {
-                            *hold -= job.gpus();
-                            if *hold == 0 {
-                                self.victims_hold.remove(&key);
+                    if !job.placement.is_empty() {
+                        for alloc in &job.placement {
+                            let key = (for_job, alloc.node);
+                            if let Some(hold) = self.victims_hold.get_mut(&key) {
+                                *hold -= job.gpus();
+                                if *hold == 0 {
+                                    self.victims_hold.remove(&key);
+                                }
                             }
                         }
                         self.refresh_kept(for_job, data);
@@ -430,37 +485,51 @@ impl Index {
         let Some(nominee) = self.nominated.get(&job) else {
             return;
         };
-        let hold = self
-            .victims_hold
-            .get(&(job, nominee.node))
-            .copied()
-            .unwrap_or(0);
-        let kept = nominee.gpus.saturating_sub(hold);
-        self.set_kept(job, kept, data);
+        let kept: Vec<u32> = nominee
+            .nodes
+            .iter()
+            .map(|node| {
+                let hold = self.victims_hold.get(&(job, *node)).copied().unwrap_or(0);
+                nominee.gpus.saturating_sub(hold)
+            })
+            .collect();
+        self.set_kept(job, &kept, data);
     }
 
-    /// Moves a nominated job's kept GPUs to `kept`, in its node's slot and its share's claim.
-    fn set_kept(&mut self, job: JobId, kept: u32, data: &StateData) {
+    /// Moves a nominated job's kept GPUs to `kept` (per node), in its nodes' slots and its
+    /// share's claim.
+    fn set_kept(&mut self, job: JobId, kept: &[u32], data: &StateData) {
         let Some(nominee) = self.nominated.get_mut(&job) else {
             return;
         };
-        let old = std::mem::replace(&mut nominee.kept, kept);
-        if old == kept {
+        if nominee.kept == kept {
             return;
         }
-        let (node, class, share) = (nominee.node, nominee.class.clone(), nominee.share.clone());
-        let key = (node, class.clone());
-        let count = self.node_nominated.entry(key.clone()).or_insert(0);
-        *count = *count + kept - old;
-        if *count == 0 {
-            self.node_nominated.remove(&key);
+        let old = std::mem::replace(&mut nominee.kept, kept.to_vec());
+        let (nodes, class, share) = (
+            nominee.nodes.clone(),
+            nominee.class.clone(),
+            nominee.share.clone(),
+        );
+        for ((node, old), new) in nodes.iter().zip(&old).zip(kept) {
+            if old == new {
+                continue;
+            }
+            let key = (*node, class.clone());
+            let count = self.node_nominated.entry(key.clone()).or_insert(0);
+            *count = *count + new - old;
+            if *count == 0 {
+                self.node_nominated.remove(&key);
+            }
+            self.refresh_node_by_id(*node, data);
         }
+        let old_total: u64 = old.iter().map(|k| u64::from(*k)).sum();
+        let new_total: u64 = kept.iter().map(|k| u64::from(*k)).sum();
         let index = self.share_class_mut(&share, &class);
         let before = index.usage + index.kept;
-        index.kept = index.kept + u64::from(kept) - u64::from(old);
+        index.kept = index.kept + new_total - old_total;
         let after = index.usage + index.kept;
         self.adjust_reserved(data, &share, &class, before, after);
-        self.refresh_node_by_id(node, data);
     }
 
     /// Removes a share-class entry with no jobs left, so a rebuilt index equals this one.

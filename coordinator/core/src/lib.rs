@@ -35,6 +35,7 @@ pub mod scheduler;
 pub mod snapshot;
 pub mod state;
 pub mod v1;
+pub mod v2;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};
@@ -46,10 +47,10 @@ pub use command::{
 pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
 pub use reason::WaitReason;
-pub use scheduler::{plan, plan_avoiding};
+pub use scheduler::{plan, plan_avoiding, plan_with, DEFAULT_TOPOLOGY_KEY};
 pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
-    Allocation, IdempotencyKeys, JobRecord, NodeId, NodeRecord, Preemption, PreemptionKind,
-    ShareRecord, State, StateData, StopCause,
+    Allocation, IdempotencyKeys, JobRecord, MemberStage, NodeId, NodeRecord, Preemption,
+    PreemptionKind, ShareRecord, State, StateData, StopCause,
 };
 pub use validate::InvariantError;

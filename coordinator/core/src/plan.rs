@@ -30,6 +30,15 @@ pub enum PlanAction {
     Nominate { job: JobId, node: NodeId },
     /// Drop a nomination that can no longer help: its victims are gone and it does not fit.
     ClearNomination { job: JobId },
+    /// Bind GPUs on several nodes to a RUNNABLE job of several nodes, one member per node in
+    /// rank order: all of them, or none.
+    PlaceMembers {
+        job: JobId,
+        members: Vec<(NodeId, u64)>,
+    },
+    /// Keep GPUs on several nodes (one per member) for a RUNNABLE job of several nodes,
+    /// while its victims exit or the jobs there end.
+    NominateNodes { job: JobId, nodes: Vec<NodeId> },
 }
 
 /// See the module docs.
@@ -46,14 +55,22 @@ impl Plan {
         self.actions.is_empty() && self.waiting.is_empty()
     }
 
+    /// Every member placement of the plan: (job, node, GPU mask), a job of several nodes once
+    /// per member.
     pub fn placements(&self) -> impl Iterator<Item = (JobId, NodeId, u64)> + '_ {
-        self.actions.iter().filter_map(|a| match a {
-            PlanAction::Place {
-                job,
-                node,
-                gpu_mask,
-            } => Some((*job, *node, *gpu_mask)),
-            _ => None,
+        self.actions.iter().flat_map(|a| {
+            let members: Vec<(JobId, NodeId, u64)> = match a {
+                PlanAction::Place {
+                    job,
+                    node,
+                    gpu_mask,
+                } => vec![(*job, *node, *gpu_mask)],
+                PlanAction::PlaceMembers { job, members } => {
+                    members.iter().map(|(n, m)| (*job, *n, *m)).collect()
+                }
+                _ => Vec::new(),
+            };
+            members
         })
     }
 

@@ -78,6 +78,25 @@ pub enum WaitReason {
         gpus: u32,
         unfit: String,
     },
+    /// A job of several nodes, within its share's quota, waits for enough whole nodes:
+    /// `nodes` nodes with `gpus` free GPUs each (all with one value of label `same`, if
+    /// set); `qualify` have them now; `held` are the nodes kept free for it as they drain.
+    GangWaiting {
+        class: GpuClass,
+        gpus: u32,
+        nodes: u32,
+        same: Option<String>,
+        qualify: u32,
+        held: Vec<String>,
+    },
+    /// A job of several nodes asks for more nodes than the class has (schedulable, with its
+    /// GPUs per node).
+    TooFewNodes {
+        class: GpuClass,
+        gpus: u32,
+        nodes: u32,
+        have: u32,
+    },
 }
 
 impl fmt::Display for WaitReason {
@@ -125,6 +144,23 @@ impl fmt::Display for WaitReason {
             WaitReason::NodeUnfit { class, gpus, unfit } => write!(
                 f,
                 "no ready node with {gpus} free {class} GPUs can run it; on the first: {unfit}"
+            ),
+            WaitReason::GangWaiting { class, gpus, nodes, same, qualify, held } => {
+                write!(f, "needs {nodes} nodes with {gpus} free {class} each")?;
+                if let Some(key) = same {
+                    write!(f, " sharing one {key}")?;
+                }
+                write!(f, "; {qualify} qualify")?;
+                if !held.is_empty() {
+                    let word = if held.len() == 1 { "node" } else { "nodes" };
+                    let verb = if held.len() == 1 { "is" } else { "are" };
+                    write!(f, "; {word} {} {verb} held for it", held.join(", "))?;
+                }
+                Ok(())
+            }
+            WaitReason::TooFewNodes { class, gpus, nodes, have } => write!(
+                f,
+                "asks for {nodes} nodes with {gpus} {class} GPUs each, but only {have} schedulable nodes have that many; resubmit with fewer nodes or add nodes"
             ),
             WaitReason::LaunchFailed { node, tries, fault, message, requeues, requeues_max } => {
                 let tries_word = if *tries == 1 { "try" } else { "tries" };

@@ -1,9 +1,11 @@
 //! The quota rules of docs/quota-shares.md as small pure functions, shared by the scheduler
 //! (which decides) and `apply` (which re-checks), so that the two can never disagree.
 
+use std::collections::BTreeMap;
+
 use quotient_common::{GpuClass, Runtime, ShareSpec, Strategy};
 
-use crate::index::NodeSlot;
+use crate::index::{JobSize, NodeSlot};
 use crate::reason::WaitReason;
 use crate::state::{JobRecord, NodeRecord};
 
@@ -219,6 +221,17 @@ pub enum Unfit {
     Unreachable,
 }
 
+impl Unfit {
+    /// Whether the node stays unable to run the job until its host changes (no Docker, the
+    /// image missing, unreachable), rather than until jobs there end (CPUs, memory).
+    pub fn is_lasting(&self) -> bool {
+        matches!(
+            self,
+            Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable
+        )
+    }
+}
+
 impl std::fmt::Display for Unfit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -306,43 +319,63 @@ pub fn runs_on(job: &JobRecord, node: &NodeRecord, used: (u64, u64)) -> Result<(
 pub fn never_fits(
     share: &ShareSpec,
     class: &GpuClass,
-    gpus: u32,
-    largest_node: u32,
+    size: JobSize,
+    node_sizes: &BTreeMap<u32, u32>,
 ) -> Option<WaitReason> {
-    if can_ever_fit(share, class, largest_node)(gpus) {
+    if can_ever_fit(share, class, node_sizes)(size) {
         return None;
     }
-    if gpus > largest_node {
+    let largest = node_sizes.keys().next_back().copied().unwrap_or(0);
+    if size.gpus > largest {
         return Some(WaitReason::LargestNode {
             class: class.clone(),
-            gpus,
-            largest: largest_node,
+            gpus: size.gpus,
+            largest,
         });
     }
     let cap = share.usage_cap(class);
     if let Some(cap) = cap {
-        if u64::from(gpus) > cap {
+        if size.total() > cap {
             return Some(WaitReason::ExceedsShareCap {
                 share: share.name.clone(),
                 class: class.clone(),
-                gpus,
+                gpus: size.total() as u32,
                 cap,
             });
         }
     }
+    let have = nodes_with_at_least(node_sizes, size.gpus);
+    if have < size.nodes {
+        return Some(WaitReason::TooFewNodes {
+            class: class.clone(),
+            gpus: size.gpus,
+            nodes: size.nodes,
+            have,
+        });
+    }
     None
 }
 
+/// How many nodes of a class's `node_sizes` (healthy GPUs -> nodes) have at least `gpus`.
+pub fn nodes_with_at_least(node_sizes: &BTreeMap<u32, u32>, gpus: u32) -> u32 {
+    node_sizes.range(gpus..).map(|(_, count)| *count).sum()
+}
+
 /// The test [`never_fits`] makes, for one share and class, with the share's cap looked up
-/// once: whether a job of some number of GPUs could ever fit. The scheduler asks it for every
-/// job size of every queue in every round, where building the reason would cost more.
-pub fn can_ever_fit(
+/// once: whether a job of some size could ever fit. The scheduler asks it for every job size
+/// of every queue in every round, where building the reason would cost more.
+pub fn can_ever_fit<'a>(
     share: &ShareSpec,
     class: &GpuClass,
-    largest_node: u32,
-) -> impl Fn(u32) -> bool {
+    node_sizes: &'a BTreeMap<u32, u32>,
+) -> impl Fn(JobSize) -> bool + 'a {
     let cap = share.usage_cap(class);
-    move |gpus| gpus <= largest_node && cap.is_none_or(|cap| u64::from(gpus) <= cap)
+    let largest = node_sizes.keys().next_back().copied().unwrap_or(0);
+    move |size| {
+        size.gpus <= largest
+            && cap.is_none_or(|cap| size.total() <= cap)
+            && (size.nodes <= 1 || nodes_with_at_least(node_sizes, size.gpus) >= size.nodes)
+    }
 }
 
 #[cfg(test)]
@@ -401,14 +434,18 @@ mod tests {
         for strategy in [Strategy::Reserve, Strategy::Lend, Strategy::LendAndBorrow] {
             for borrow in [None, Some(0), Some(50)] {
                 let spec = share(strategy, 4, borrow);
-                for largest in [0, 2, 8] {
-                    let fits = can_ever_fit(&spec, &class, largest);
+                for sizes in [vec![], vec![(2, 1)], vec![(2, 3), (8, 1)]] {
+                    let sizes: BTreeMap<u32, u32> = sizes.into_iter().collect();
+                    let fits = can_ever_fit(&spec, &class, &sizes);
                     for gpus in 0..12 {
-                        assert_eq!(
-                            fits(gpus),
-                            never_fits(&spec, &class, gpus, largest).is_none(),
-                            "{strategy:?} borrow {borrow:?} largest {largest} gpus {gpus}"
-                        );
+                        for nodes in 1..5 {
+                            let size = JobSize { gpus, nodes };
+                            assert_eq!(
+                                fits(size),
+                                never_fits(&spec, &class, size, &sizes).is_none(),
+                                "{strategy:?} borrow {borrow:?} nodes {sizes:?} size {size:?}"
+                            );
+                        }
                     }
                 }
             }

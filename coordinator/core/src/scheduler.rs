@@ -23,7 +23,7 @@ use std::iter::Peekable;
 
 use quotient_common::{GpuClass, JobId, JobState, ShareSpec};
 
-use crate::index::{ClassCapacity, NodeSlot, QueueKey, ShareClassIndex};
+use crate::index::{ClassCapacity, JobSize, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::WaitReason;
@@ -43,7 +43,56 @@ pub fn plan(state: &State) -> Plan {
 /// nodes those are is the leader's own knowledge, not replicated state; `apply` does not
 /// re-check it (a placement there is no safety problem, only a likely launch delay).
 pub fn plan_avoiding(state: &State, unreachable: &BTreeSet<NodeId>) -> Plan {
-    Round::new(state, unreachable).run()
+    plan_with(state, unreachable, DEFAULT_TOPOLOGY_KEY)
+}
+
+/// The node label whose values a job of several nodes is placed in as few of as fit it.
+pub const DEFAULT_TOPOLOGY_KEY: &str = "rack";
+
+/// [`plan_avoiding`], placing jobs of several nodes in as few values of the node label
+/// `topology_key` as fit them. The key is a preference of the leader's, not replicated state:
+/// `apply` checks only a job's own `same` constraint.
+pub fn plan_with(state: &State, unreachable: &BTreeSet<NodeId>, topology_key: &str) -> Plan {
+    Round::new(state, unreachable, topology_key).run()
+}
+
+/// The GPUs of `free_mask` to give a member of `gpus` GPUs on `node`: a set whose GPUs are
+/// all NVLink peers of each other when the node reports one, else the lowest indices.
+fn choose_gpus(free_mask: u64, gpus: u32, node: Option<&crate::state::NodeRecord>) -> u64 {
+    let lowest = |mut free: u64| {
+        let mut mask = 0u64;
+        for _ in 0..gpus {
+            let bit = free & free.wrapping_neg();
+            mask |= bit;
+            free &= !bit;
+        }
+        mask
+    };
+    let Some(node) = node.filter(|n| gpus >= 2 && n.gpus.iter().any(|g| g.nvlink_peers != 0))
+    else {
+        return lowest(free_mask);
+    };
+    let peers = |index: u32| {
+        node.gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map_or(0, |g| g.nvlink_peers)
+    };
+    // Greedy, from each free GPU in turn: add the lowest free GPU that is a peer of every
+    // GPU taken so far.
+    for first in crate::state::mask_indices(free_mask) {
+        let mut mask = 1u64 << first;
+        let mut common = peers(first) & free_mask;
+        while mask.count_ones() < gpus && common != 0 {
+            let next = common.trailing_zeros();
+            mask |= 1u64 << next;
+            common &= peers(next) & !mask;
+        }
+        if mask.count_ones() == gpus {
+            return mask;
+        }
+    }
+    lowest(free_mask)
 }
 
 /// Whether `node` can run `job` this round, its GPUs aside: reachable, and
@@ -192,6 +241,95 @@ impl<'a> ClassScratch<'a> {
     }
 }
 
+impl ClassScratch<'_> {
+    /// The nodes of bucket `k` (exactly `k` available GPUs) as the round sees them, in id
+    /// order: the untouched nodes of the real bucket and the touched ones now in it.
+    fn bucket(&self, k: usize) -> impl Iterator<Item = NodeId> + '_ {
+        let mut real = self.real.buckets[k]
+            .iter()
+            .copied()
+            .filter(|node| !self.touched.contains_key(node))
+            .peekable();
+        let mut overlay = self.overlay[k].iter().copied().peekable();
+        std::iter::from_fn(move || match (real.peek(), overlay.peek()) {
+            (Some(a), Some(b)) if a < b => real.next(),
+            (Some(_), Some(_)) | (None, Some(_)) => overlay.next(),
+            (Some(_), None) => real.next(),
+            (None, None) => None,
+        })
+    }
+
+    /// Nodes for a job of several nodes: `job.node_count()` distinct nodes with `job.gpus()`
+    /// available each that `accept` takes, best fit first (fewest available GPUs, lowest id),
+    /// within as few topology groups (`group`: `None` for a node the job may not use) as
+    /// fit it. The first group to reach the count wins outright; otherwise the largest
+    /// groups are taken first. When they do not suffice: how many nodes qualify (in the
+    /// largest group when the job must stay within one) and why the first refused node was
+    /// refused.
+    fn gang_fit<'g>(
+        &self,
+        job: &JobRecord,
+        mut accept: impl FnMut(NodeId) -> Result<(), Unfit>,
+        group: impl Fn(NodeId) -> Option<Option<&'g str>>,
+    ) -> Result<Vec<NodeId>, (u32, Option<Unfit>)> {
+        let need = job.node_count() as usize;
+        let hard = job.spec.same.is_some();
+        let mut groups: Vec<(Option<&'g str>, Vec<NodeId>)> = Vec::new();
+        let mut refused = None;
+        for k in (job.gpus() as usize).max(1)..self.overlay.len() {
+            for node in self.bucket(k) {
+                let Some(value) = group(node) else { continue };
+                if let Err(unfit) = accept(node) {
+                    refused.get_or_insert(unfit);
+                    continue;
+                }
+                let i = match groups.iter().position(|(v, _)| *v == value) {
+                    Some(i) => i,
+                    None => {
+                        groups.push((value, Vec::new()));
+                        groups.len() - 1
+                    }
+                };
+                groups[i].1.push(node);
+                if groups[i].1.len() == need {
+                    return Ok(groups.swap_remove(i).1);
+                }
+            }
+        }
+        let sizes = groups.iter().map(|(_, nodes)| nodes.len());
+        let qualify = if hard {
+            sizes.max().unwrap_or(0)
+        } else {
+            sizes.sum()
+        };
+        if hard || qualify < need {
+            return Err((qualify as u32, refused));
+        }
+        groups.sort_by_key(|(_, nodes)| Reverse(nodes.len()));
+        Ok(groups
+            .into_iter()
+            .flat_map(|(_, nodes)| nodes)
+            .take(need)
+            .collect())
+    }
+}
+
+/// The topology group of `node` for `job`: the value of its `same` label (`None`: the node
+/// lacks the label and may not run the job), else of the topology key (`Some(None)`: the
+/// node lacks it, and all such nodes are one group).
+fn group_of<'s>(
+    state: &'s State,
+    node: NodeId,
+    job: &JobRecord,
+    topology_key: &str,
+) -> Option<Option<&'s str>> {
+    let labels = &state.node(node)?.host.labels;
+    match &job.spec.same {
+        Some(key) => labels.get(key).map(|v| Some(v.as_str())),
+        None => Some(labels.get(topology_key).map(String::as_str)),
+    }
+}
+
 /// One share's queue of one class, as the round walks it.
 struct Queue<'a> {
     share: &'a ShareSpec,
@@ -232,11 +370,11 @@ struct Heads<'a> {
 }
 
 impl<'a> Heads<'a> {
-    fn new(index: &'a ShareClassIndex, fits: impl Fn(u32) -> bool) -> Self {
+    fn new(index: &'a ShareClassIndex, fits: impl Fn(JobSize) -> bool) -> Self {
         let sizes = index
             .runnable_by_gpus
             .iter()
-            .filter(|(gpus, _)| fits(**gpus))
+            .filter(|(size, _)| fits(**size))
             .map(|(_, jobs)| jobs.iter().peekable())
             .collect();
         Heads { sizes, first: None }
@@ -287,10 +425,12 @@ struct Round<'a> {
     unreachable: &'a BTreeSet<NodeId>,
     /// CPUs and memory this round's placements set aside, per node.
     resources_used: HashMap<NodeId, (u64, u64)>,
+    /// The node label a job of several nodes is kept within few values of.
+    topology_key: &'a str,
 }
 
 impl<'a> Round<'a> {
-    fn new(state: &'a State, unreachable: &'a BTreeSet<NodeId>) -> Self {
+    fn new(state: &'a State, unreachable: &'a BTreeSet<NodeId>, topology_key: &'a str) -> Self {
         let mut queues = Vec::new();
         let mut queue_of = BTreeMap::new();
         for (share_name, classes) in &state.index.shares {
@@ -302,13 +442,18 @@ impl<'a> Round<'a> {
                     continue;
                 }
                 queue_of.insert((share_name.as_str(), class), queues.len());
-                let largest = state.index.largest_node(class);
+                static NO_NODES: BTreeMap<u32, u32> = BTreeMap::new();
+                let node_sizes = state
+                    .index
+                    .capacity
+                    .get(class)
+                    .map_or(&NO_NODES, |c| &c.node_sizes);
                 let spec = &share.spec;
                 queues.push(Queue {
                     share: spec,
                     class,
                     index,
-                    heads: Heads::new(index, can_ever_fit(spec, class, largest)),
+                    heads: Heads::new(index, can_ever_fit(spec, class, node_sizes)),
                     usage: index.usage,
                     kept: index.kept,
                     blocked: None,
@@ -340,6 +485,7 @@ impl<'a> Round<'a> {
             queue_of,
             unreachable,
             resources_used: HashMap::new(),
+            topology_key,
         }
     }
 
@@ -354,6 +500,7 @@ impl<'a> Round<'a> {
         self.reclaim();
         self.borrow();
         self.in_share();
+        self.hold_for_gangs();
         self.reasons();
         self.plan
     }
@@ -364,6 +511,7 @@ impl<'a> Round<'a> {
     fn drain(&mut self) {
         for node in &self.state.index.draining {
             for job in self.state.index.jobs_on_node(*node) {
+                // A job of several nodes stops whole, whichever of its nodes drains.
                 if self.job(job).state != JobState::Preempting {
                     self.preempt(job, PreemptionKind::Drain, None);
                 }
@@ -376,69 +524,99 @@ impl<'a> Round<'a> {
         let state = self.state;
         for &id in state.index.nominated.keys() {
             let job = self.job(id);
-            let node = job.nomination.expect("indexed as nominated");
+            let nodes = &job.nominations;
             let Some(&q) = self.queue_of.get(&(job.spec.share.as_str(), job.class())) else {
                 continue;
             };
             let waiting_on = self.state.index.preempting_for.get(&id);
-            if self.try_place_nominated(q, job, node) {
+            if self.try_place_nominated(q, job, nodes) {
                 continue;
             }
-            match waiting_on {
-                Some(victims) if !victims.is_empty() => {
-                    let node_name = self.node_name(node);
-                    self.queues[q].nominated = true;
-                    self.queues[q].blocked = Some((
-                        id,
-                        Blocked::Reason(WaitReason::WaitingForPreemption {
-                            node: node_name,
-                            victims: victims.iter().copied().collect(),
-                        }),
-                    ));
-                }
-                _ => {
-                    // Its victims are gone and it still does not fit: release the GPUs kept
-                    // for it, and let it queue like any other job.
-                    self.plan
-                        .actions
-                        .push(PlanAction::ClearNomination { job: id });
-                    let kept = self.state.index.kept_for(id);
-                    if let Some(scratch) = self.classes.get_mut(job.class()) {
+            let victims: Vec<JobId> = waiting_on.into_iter().flatten().copied().collect();
+            if !victims.is_empty() {
+                let node_name = self.node_names(nodes);
+                self.queues[q].nominated = true;
+                self.queues[q].blocked = Some((
+                    id,
+                    Blocked::Reason(WaitReason::WaitingForPreemption {
+                        node: node_name,
+                        victims,
+                    }),
+                ));
+            } else if job.is_gang() && self.may_hold(q, job, nodes) {
+                // A job of several nodes keeps its nodes while the jobs on them end, so that
+                // smaller jobs do not take each GPU as it frees.
+                let reason = self.gang_waiting(job, nodes);
+                self.queues[q].nominated = true;
+                self.queues[q].blocked = Some((id, Blocked::Reason(reason)));
+            } else {
+                // Its victims are gone and it still does not fit: release the GPUs kept
+                // for it, and let it queue like any other job.
+                self.plan
+                    .actions
+                    .push(PlanAction::ClearNomination { job: id });
+                let mut released = 0u64;
+                if let Some(scratch) = self.classes.get_mut(job.class()) {
+                    for &node in nodes {
+                        let kept = state.index.kept_for(id, node);
                         if let Some(mut slot) = scratch.slot(node) {
                             slot.nominated -= kept.min(slot.nominated);
                             scratch.set_slot(node, slot);
                         }
+                        released += u64::from(kept);
                     }
-                    self.change_kept(q, |kept_now| kept_now - u64::from(kept));
                 }
+                self.change_kept(q, |kept_now| kept_now - released);
             }
         }
     }
 
-    fn try_place_nominated(&mut self, q: usize, job: &'a JobRecord, node: NodeId) -> bool {
+    /// Whether a job of several nodes may go on holding `nodes`: each can still run it, and
+    /// its share is still within its limit with it.
+    fn may_hold(&self, q: usize, job: &JobRecord, nodes: &[NodeId]) -> bool {
+        let queue = &self.queues[q];
+        let within =
+            queue.usage + u64::from(job.total_gpus()) <= limit_of(queue.share, queue.class);
+        let scratch = self.classes.get(job.class());
+        within
+            && nodes.iter().all(|node| {
+                self.may_host(job, *node)
+                    && scratch
+                        .and_then(|s| s.slot(*node))
+                        .is_some_and(|slot| slot.healthy >= job.gpus())
+            })
+    }
+
+    fn try_place_nominated(&mut self, q: usize, job: &'a JobRecord, nodes: &[NodeId]) -> bool {
         let class = job.class();
         let Some(scratch) = self.classes.get(class) else {
             return false;
         };
-        let Some(slot) = scratch.slot(node) else {
-            return false;
-        };
-        if node_runs(
-            self.state,
-            self.unreachable,
-            &self.resources_used,
-            job,
-            node,
-        )
-        .is_err()
-        {
-            return false;
-        }
-        // This job may use the GPUs kept for it, but not those kept for others.
-        let kept = self.state.index.kept_for(job.id);
-        let available = available_for_job(slot, scratch.available_total, kept);
-        if available.on_node < job.gpus() {
-            return false;
+        let mut in_class = scratch.available_total;
+        let mut kept_total = 0u64;
+        for &node in nodes {
+            let Some(slot) = scratch.slot(node) else {
+                return false;
+            };
+            if node_runs(
+                self.state,
+                self.unreachable,
+                &self.resources_used,
+                job,
+                node,
+            )
+            .is_err()
+            {
+                return false;
+            }
+            // This job may use the GPUs kept for it, but not those kept for others.
+            let kept = self.state.index.kept_for(job.id, node);
+            let available = available_for_job(slot, scratch.available_total, kept);
+            if available.on_node < job.gpus() {
+                return false;
+            }
+            in_class = in_class - u64::from(slot.available()) + u64::from(available.on_node);
+            kept_total += u64::from(kept);
         }
         let queue = &self.queues[q];
         if admit(
@@ -446,17 +624,19 @@ impl<'a> Round<'a> {
             class,
             queue.usage,
             queue.kept,
-            job.gpus(),
-            available.in_class,
+            job.total_gpus(),
+            in_class,
             self.reserved(class),
         )
         .is_err()
         {
             return false;
         }
-        let mut slot = slot;
-        slot.nominated -= kept.min(slot.nominated);
-        self.bind(q, job, node, slot, u64::from(kept));
+        let members: Vec<(NodeId, u32)> = nodes
+            .iter()
+            .map(|node| (*node, self.state.index.kept_for(job.id, *node)))
+            .collect();
+        self.bind(q, job, &members, kept_total);
         true
     }
 
@@ -505,7 +685,7 @@ impl<'a> Round<'a> {
             let Some(job) = self.head(q) else { continue };
             let queue = &self.queues[q];
             if within_limit_only
-                && queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class)
+                && queue.usage + u64::from(job.total_gpus()) > limit_of(queue.share, queue.class)
             {
                 continue;
             }
@@ -527,7 +707,9 @@ impl<'a> Round<'a> {
         }
     }
 
-    /// Places a job on the best-fitting node if its share's rules allow it.
+    /// Places a job on the best-fitting node (a job of several nodes on the best-fitting
+    /// nodes, in as few values of the topology label as fit it) if its share's rules allow
+    /// it.
     fn try_place(&mut self, q: usize, job: &'a JobRecord) -> Result<(), Blocked> {
         let class = job.class();
         let reserved = self.reserved(class);
@@ -540,15 +722,40 @@ impl<'a> Round<'a> {
             class,
             queue.usage,
             queue.kept,
-            job.gpus(),
+            job.total_gpus(),
             scratch.available_total,
             reserved,
         )
         .map_err(Blocked::Refused)?;
         let (state, unreachable, used) = (self.state, self.unreachable, &self.resources_used);
-        let node = match scratch.best_fit(job.gpus(), |node| {
-            node_runs(state, unreachable, used, job, node)
-        }) {
+        let accept = |node| node_runs(state, unreachable, used, job, node);
+        if job.is_gang() {
+            let key = self.topology_key;
+            let group = |node: NodeId| group_of(state, node, job, key);
+            return match scratch.gang_fit(job, accept, group) {
+                Ok(nodes) => {
+                    let members: Vec<(NodeId, u32)> = nodes.into_iter().map(|n| (n, 0)).collect();
+                    self.bind(q, job, &members, 0);
+                    Ok(())
+                }
+                Err((0, Some(unfit))) if unfit.is_lasting() => {
+                    Err(Blocked::Unrunnable(WaitReason::NodeUnfit {
+                        class: class.clone(),
+                        gpus: job.gpus(),
+                        unfit: unfit.to_string(),
+                    }))
+                }
+                Err((qualify, _)) => Err(Blocked::Reason(WaitReason::GangWaiting {
+                    class: class.clone(),
+                    gpus: job.gpus(),
+                    nodes: job.node_count(),
+                    same: job.spec.same.clone(),
+                    qualify,
+                    held: Vec::new(),
+                })),
+            };
+        }
+        let node = match scratch.best_fit(job.gpus(), accept) {
             Ok(node) => node,
             Err(None) => {
                 return Err(Blocked::Reason(WaitReason::Fragmented {
@@ -562,56 +769,63 @@ impl<'a> Round<'a> {
                     gpus: job.gpus(),
                     unfit: unfit.to_string(),
                 };
-                return Err(match unfit {
-                    Unfit::Cpus { .. } | Unfit::Memory { .. } => Blocked::Reason(reason),
-                    Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable => {
-                        Blocked::Unrunnable(reason)
-                    }
+                return Err(if unfit.is_lasting() {
+                    Blocked::Unrunnable(reason)
+                } else {
+                    Blocked::Reason(reason)
                 });
             }
         };
-        let slot = scratch.slot(node).expect("best_fit returns a known node");
-        self.bind(q, job, node, slot, 0);
+        self.bind(q, job, &[(node, 0)], 0);
         Ok(())
     }
 
-    /// Records a placement on `node`, whose slot (before the placement) is `slot`; the queue
-    /// stops keeping `kept` GPUs for the job.
-    fn bind(&mut self, q: usize, job: &'a JobRecord, node: NodeId, mut slot: NodeSlot, kept: u64) {
-        let mut gpu_mask = 0u64;
-        let mut free = slot.free_mask;
-        for _ in 0..job.gpus() {
-            let lowest = free & free.wrapping_neg();
-            gpu_mask |= lowest;
-            free &= !lowest;
-        }
-        slot.free_mask = free;
-        if let Some(record) = self.state.node(node) {
-            let (cpus, memory) = resources_for(job, record);
-            if cpus > 0 || memory > 0 {
-                let used = self.resources_used.entry(node).or_insert((0, 0));
-                used.0 += u64::from(cpus);
-                used.1 += memory;
-            }
-        }
+    /// Records a placement of `job` with one member on each node of `members` (rank order),
+    /// each with the GPUs kept for it there; the queue stops keeping `kept` GPUs for it.
+    fn bind(&mut self, q: usize, job: &'a JobRecord, members: &[(NodeId, u32)], kept: u64) {
         let class = job.class();
-        self.classes
-            .get_mut(class)
-            .expect("placed on a known class")
-            .set_slot(node, slot);
+        let mut placed = Vec::with_capacity(members.len());
+        for &(node, kept_here) in members {
+            let scratch = self
+                .classes
+                .get_mut(class)
+                .expect("placed on a known class");
+            let mut slot = scratch.slot(node).expect("placed on a known node");
+            let record = self.state.node(node);
+            let gpu_mask = choose_gpus(slot.free_mask, job.gpus(), record);
+            slot.free_mask &= !gpu_mask;
+            slot.nominated -= kept_here.min(slot.nominated);
+            scratch.set_slot(node, slot);
+            if let Some(record) = record {
+                let (cpus, memory) = resources_for(job, record);
+                if cpus > 0 || memory > 0 {
+                    let used = self.resources_used.entry(node).or_insert((0, 0));
+                    used.0 += u64::from(cpus);
+                    used.1 += memory;
+                }
+            }
+            placed.push((node, gpu_mask));
+        }
         let queue = &mut self.queues[q];
         let before = queue.usage + queue.kept;
-        queue.usage += u64::from(job.gpus());
+        queue.usage += u64::from(job.total_gpus());
         queue.kept -= kept;
         let (share, after) = (queue.share, queue.usage + queue.kept);
         self.move_reserved(share, class, before, after);
         self.placed.insert(job.id);
         self.queues[q].heads.next();
-        self.plan.actions.push(PlanAction::Place {
-            job: job.id,
-            node,
-            gpu_mask,
-        });
+        let action = match placed.as_slice() {
+            [(node, gpu_mask)] if !job.is_gang() => PlanAction::Place {
+                job: job.id,
+                node: *node,
+                gpu_mask: *gpu_mask,
+            },
+            _ => PlanAction::PlaceMembers {
+                job: job.id,
+                members: placed,
+            },
+        };
+        self.plan.actions.push(action);
     }
 
     fn reserved(&self, class: &GpuClass) -> u64 {
@@ -662,22 +876,24 @@ impl<'a> Round<'a> {
             let id = self.queues[q].blocked.as_ref().expect("blocked").0;
             let job = self.job(id);
             let queue = &self.queues[q];
-            if queue.usage + u64::from(job.gpus()) > limit_of(queue.share, queue.class) {
+            if queue.usage + u64::from(job.total_gpus()) > limit_of(queue.share, queue.class) {
                 continue;
             }
             // A search that found no room for `g` GPUs finds none for more in this round:
             // candidates and free GPUs only shrink, and every non-reserve share sees the same
-            // reserved idle quota. Reserve shares see less of it, so they always search.
+            // reserved idle quota. Reserve shares see less of it, so they always search. (Jobs
+            // of several nodes always search: their room is whole nodes.)
             let class = job.class();
-            let memo = self.queues[q].share.strategy != quotient_common::Strategy::Reserve;
+            let memo = self.queues[q].share.strategy != quotient_common::Strategy::Reserve
+                && !job.is_gang();
             if memo && failed_gpus.get(class).is_some_and(|g| job.gpus() >= *g) {
                 continue;
             }
             let mut merge = self.borrowed_merge(class);
             let found = self.choose_victims(q, job, || merge.next(self));
             match found {
-                Some((node, victims)) => {
-                    self.nominate(q, job, node, victims, PreemptionKind::Reclaim)
+                Some((nodes, victims)) => {
+                    self.nominate(q, job, nodes, victims, PreemptionKind::Reclaim)
                 }
                 None if memo => {
                     let entry = failed_gpus.entry(class).or_insert(job.gpus());
@@ -755,83 +971,222 @@ impl<'a> Round<'a> {
                 .take(IN_SHARE_CANDIDATES_SCAN_MAX)
                 .collect();
             let mut candidates = candidates.into_iter();
-            if let Some((node, victims)) = self.choose_victims(q, job, || candidates.next()) {
-                self.nominate(q, job, node, victims, PreemptionKind::InShare);
+            if let Some((nodes, victims)) = self.choose_victims(q, job, || candidates.next()) {
+                self.nominate(q, job, nodes, victims, PreemptionKind::InShare);
             }
         }
     }
 
-    /// The smallest set of victims, taken in candidate order, that frees room for `job` on
-    /// one node; the node reached first in candidate order wins.
+    /// The smallest set of victims, taken in candidate order, that frees room for `job`: on
+    /// one node (the node reached first in candidate order wins), or for a job of several
+    /// nodes on enough whole nodes ([`Round::choose_gang_victims`]). A victim of several
+    /// nodes frees its GPUs on each of them, and all of them count against its share.
     fn choose_victims(
         &self,
         q: usize,
         job: &'a JobRecord,
         mut next_candidate: impl FnMut() -> Option<JobId>,
-    ) -> Option<(NodeId, Vec<JobId>)> {
+    ) -> Option<(Vec<NodeId>, Vec<JobId>)> {
+        if job.is_gang() {
+            return self.choose_gang_victims(q, job, next_candidate);
+        }
         let class = job.class();
-        let share_name = self.queues[q].share.name.as_str();
         let scratch = self.classes.get(class)?;
         let mut per_node: BTreeMap<NodeId, Vec<JobId>> = BTreeMap::new();
         while let Some(id) = next_candidate() {
             let victim = self.job(id);
-            let Some(alloc) = victim.allocation else {
-                continue;
-            };
-            let Some(slot) = scratch.slot(alloc.node) else {
-                continue;
-            };
-            if !self.may_host(job, alloc.node) {
-                continue;
-            }
-            let on_node = per_node.entry(alloc.node).or_default();
-            on_node.push(id);
-            if self.frees_enough(q, job, slot, scratch.available_total, on_node, share_name) {
-                let mut set = on_node.clone();
-                // No more than needed: drop any earlier victim the set can do without.
-                let mut i = 0;
-                while i + 1 < set.len() {
-                    let mut without = set.clone();
-                    without.remove(i);
-                    if self.frees_enough(
-                        q,
-                        job,
-                        slot,
-                        scratch.available_total,
-                        &without,
-                        share_name,
-                    ) {
-                        set = without;
-                    } else {
-                        i += 1;
-                    }
+            for alloc in &victim.placement {
+                let Some(slot) = scratch.slot(alloc.node) else {
+                    continue;
+                };
+                if !self.may_host(job, alloc.node) {
+                    continue;
                 }
-                return Some((alloc.node, set));
+                let on_node = per_node.entry(alloc.node).or_default();
+                on_node.push(id);
+                let nodes = [(alloc.node, slot)];
+                if self.frees_enough(q, job, &nodes, scratch.available_total, on_node) {
+                    let set = self.fewest(q, job, &nodes, scratch.available_total, on_node.clone());
+                    return Some((vec![alloc.node], set));
+                }
             }
         }
         None
     }
 
+    /// Drops from `set` every victim, earliest first, that `job` can do without on `nodes`.
+    fn fewest(
+        &self,
+        q: usize,
+        job: &JobRecord,
+        nodes: &[(NodeId, NodeSlot)],
+        available_total: u64,
+        mut set: Vec<JobId>,
+    ) -> Vec<JobId> {
+        let mut i = 0;
+        while i + 1 < set.len() || (nodes.len() > 1 && i < set.len()) {
+            let mut without = set.clone();
+            without.remove(i);
+            if self.frees_enough(q, job, nodes, available_total, &without) {
+                set = without;
+            } else {
+                i += 1;
+            }
+        }
+        set
+    }
+
+    /// For a job of several nodes: victims, in candidate order, that free `job.gpus()` GPUs
+    /// on enough whole nodes (nodes with room already count without victims), all of one
+    /// value of its `same` label if it has one. Victims that free nothing on a node the job
+    /// could use are passed over: GPUs scattered where it cannot run are no use to it.
+    fn choose_gang_victims(
+        &self,
+        q: usize,
+        job: &'a JobRecord,
+        mut next_candidate: impl FnMut() -> Option<JobId>,
+    ) -> Option<(Vec<NodeId>, Vec<JobId>)> {
+        let scratch = self.classes.get(job.class())?;
+        let need = job.node_count() as usize;
+        let gpus = job.gpus();
+        let key = self.topology_key;
+        let group = |node: NodeId| group_of(self.state, node, job, key);
+        let accept = |node| {
+            node_runs(
+                self.state,
+                self.unreachable,
+                &self.resources_used,
+                job,
+                node,
+            )
+        };
+        // Nodes with room now, and per group; the search needs at most `need` of them.
+        let mut room: Vec<NodeId> = Vec::new();
+        for k in (gpus as usize).max(1)..scratch.overlay.len() {
+            for node in scratch.bucket(k) {
+                if room.len() >= need {
+                    break;
+                }
+                if group(node).is_some() && accept(node).is_ok() {
+                    room.push(node);
+                }
+            }
+        }
+        // Per node a victim touches: its slot and the victims there so far.
+        let mut touched: BTreeMap<NodeId, (NodeSlot, Vec<JobId>)> = BTreeMap::new();
+        let mut qualified: Vec<NodeId> = room.clone();
+        let mut taken: Vec<JobId> = Vec::new();
+        while let Some(id) = next_candidate() {
+            let victim = self.job(id);
+            let mut useful = false;
+            for alloc in &victim.placement {
+                if room.contains(&alloc.node) || group(alloc.node).is_none() {
+                    continue;
+                }
+                let Some(slot) = scratch.slot(alloc.node) else {
+                    continue;
+                };
+                if slot.healthy < gpus || !self.may_host(job, alloc.node) {
+                    continue;
+                }
+                useful = true;
+                let entry = touched.entry(alloc.node).or_insert((slot, Vec::new()));
+                entry.1.push(id);
+                let freed: u32 = entry.1.iter().map(|v| self.job(*v).gpus()).sum();
+                if slot.available() + freed >= gpus && !qualified.contains(&alloc.node) {
+                    qualified.push(alloc.node);
+                }
+            }
+            if !useful {
+                continue;
+            }
+            taken.push(id);
+            let Some(chosen) = self.pick_gang_nodes(job, &qualified, need) else {
+                continue;
+            };
+            let nodes: Vec<(NodeId, NodeSlot)> = chosen
+                .iter()
+                .map(|n| (*n, scratch.slot(*n).expect("a known node")))
+                .collect();
+            let set: Vec<JobId> = taken
+                .iter()
+                .copied()
+                .filter(|v| {
+                    chosen
+                        .iter()
+                        .any(|n| touched.get(n).is_some_and(|(_, vs)| vs.contains(v)))
+                })
+                .collect();
+            if self.frees_enough(q, job, &nodes, scratch.available_total, &set) {
+                let set = self.fewest(q, job, &nodes, scratch.available_total, set);
+                return Some((chosen, set));
+            }
+        }
+        None
+    }
+
+    /// `need` of the `qualified` nodes, earliest first, all in one value of the job's `same`
+    /// label if it has one, else in as few values of the topology label as fit it.
+    fn pick_gang_nodes(
+        &self,
+        job: &JobRecord,
+        qualified: &[NodeId],
+        need: usize,
+    ) -> Option<Vec<NodeId>> {
+        if qualified.len() < need {
+            return None;
+        }
+        let mut groups: Vec<(Option<&str>, Vec<NodeId>)> = Vec::new();
+        for node in qualified {
+            let value = group_of(self.state, *node, job, self.topology_key)?;
+            match groups.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, nodes)) => nodes.push(*node),
+                None => groups.push((value, vec![*node])),
+            }
+        }
+        if let Some((_, nodes)) = groups.iter().find(|(_, nodes)| nodes.len() >= need) {
+            return Some(nodes[..need].to_vec());
+        }
+        if job.spec.same.is_some() {
+            return None;
+        }
+        groups.sort_by_key(|(_, nodes)| Reverse(nodes.len()));
+        Some(groups.into_iter().flat_map(|(_, n)| n).take(need).collect())
+    }
+
+    /// Whether preempting `victims` makes room for `job` on every one of `nodes` (each
+    /// given with its slot) and lets its share's rules admit it.
     fn frees_enough(
         &self,
         q: usize,
         job: &JobRecord,
-        slot: NodeSlot,
+        nodes: &[(NodeId, NodeSlot)],
         available_total: u64,
         victims: &[JobId],
-        share_name: &str,
     ) -> bool {
-        let freed: u64 = victims.iter().map(|v| u64::from(self.job(*v).gpus())).sum();
+        let queue = &self.queues[q];
+        let share_name = queue.share.name.as_str();
+        for (node, slot) in nodes {
+            let freed_here: u32 = victims
+                .iter()
+                .map(|v| self.job(*v))
+                .filter(|v| v.member_on(*node).is_some())
+                .map(|v| v.gpus())
+                .sum();
+            if slot.available() + freed_here < job.gpus() {
+                return false;
+            }
+        }
+        let freed: u64 = victims
+            .iter()
+            .map(|v| u64::from(self.job(*v).total_gpus()))
+            .sum();
         let own_freed: u64 = victims
             .iter()
             .map(|v| self.job(*v))
             .filter(|v| v.spec.share == share_name)
-            .map(|v| u64::from(v.gpus()))
+            .map(|v| u64::from(v.total_gpus()))
             .sum();
-        if u64::from(slot.available()) + freed < u64::from(job.gpus()) {
-            return false;
-        }
-        let queue = &self.queues[q];
         let usage = queue.usage - own_freed;
         // Usage drops by the share's own victims; its reserved idle grows if it is a reserve
         // share, which `admit` subtracts again as its own.
@@ -846,7 +1201,7 @@ impl<'a> Round<'a> {
                 queue.class,
                 usage,
                 queue.kept,
-                job.gpus(),
+                job.total_gpus(),
                 available_total + freed,
                 reserved
             ),
@@ -854,33 +1209,21 @@ impl<'a> Round<'a> {
         )
     }
 
+    /// Preempts `victims` for `job` and has `nodes` keep free what the victims' GPUs will not
+    /// cover there (`index::Nominee`).
     fn nominate(
         &mut self,
         q: usize,
         job: &'a JobRecord,
-        node: NodeId,
+        nodes: Vec<NodeId>,
         victims: Vec<JobId>,
         kind: PreemptionKind,
     ) {
         for v in &victims {
             self.preempt(*v, kind, Some(job.id));
         }
-        // The node keeps free what the victims' GPUs will not cover (`index::Nominee`).
-        let freed: u32 = victims.iter().map(|v| self.job(*v).gpus()).sum();
-        let kept = job.gpus().saturating_sub(freed);
-        let class = job.class();
-        let scratch = self
-            .classes
-            .get_mut(class)
-            .expect("victims on a known class");
-        let mut slot = scratch.slot(node).expect("victims on a known node");
-        slot.nominated += kept;
-        scratch.set_slot(node, slot);
-        self.change_kept(q, |kept_now| kept_now + u64::from(kept));
-        self.plan
-            .actions
-            .push(PlanAction::Nominate { job: job.id, node });
-        let node_name = self.node_name(node);
+        self.keep_for(q, job, &nodes, &victims);
+        let node_name = self.node_names(&nodes);
         let queue = &mut self.queues[q];
         queue.nominated = true;
         queue.blocked = Some((
@@ -892,13 +1235,124 @@ impl<'a> Round<'a> {
         ));
     }
 
+    /// Has `nodes` keep GPUs free for `job`: on each, its GPUs less what `victims` hold there.
+    fn keep_for(&mut self, q: usize, job: &'a JobRecord, nodes: &[NodeId], victims: &[JobId]) {
+        let mut kept_total = 0u64;
+        for &node in nodes {
+            let freed: u32 = victims
+                .iter()
+                .map(|v| self.job(*v))
+                .filter(|v| v.member_on(node).is_some())
+                .map(|v| v.gpus())
+                .sum();
+            let kept = job.gpus().saturating_sub(freed);
+            let scratch = self
+                .classes
+                .get_mut(job.class())
+                .expect("nominated on a known class");
+            let mut slot = scratch.slot(node).expect("nominated on a known node");
+            slot.nominated += kept;
+            scratch.set_slot(node, slot);
+            kept_total += u64::from(kept);
+        }
+        self.change_kept(q, |kept_now| kept_now + kept_total);
+        let action = match nodes {
+            [node] if !job.is_gang() => PlanAction::Nominate {
+                job: job.id,
+                node: *node,
+            },
+            _ => PlanAction::NominateNodes {
+                job: job.id,
+                nodes: nodes.to_vec(),
+            },
+        };
+        self.plan.actions.push(action);
+    }
+
+    /// Phase 4b: a job of several nodes at the head of its queue, within its share's limit,
+    /// that found no room and no victims, has nodes kept for it: those closest to having its
+    /// GPUs free that no other job holds, within its `same` label. Their GPUs are kept for it
+    /// as the jobs there end, so a stream of smaller jobs cannot take each GPU as it frees.
+    fn hold_for_gangs(&mut self) {
+        for q in self.blocked_in_order() {
+            let Some((id, Blocked::Reason(WaitReason::GangWaiting { .. }))) =
+                self.queues[q].blocked.as_ref()
+            else {
+                continue;
+            };
+            let job = self.job(*id);
+            let queue = &self.queues[q];
+            if queue.usage + u64::from(job.total_gpus()) > limit_of(queue.share, queue.class) {
+                continue;
+            }
+            let Some(scratch) = self.classes.get(job.class()) else {
+                continue;
+            };
+            let mut candidates: Vec<(Reverse<u32>, NodeId)> = scratch
+                .real
+                .slots
+                .keys()
+                .filter_map(|node| {
+                    let slot = scratch.slot(*node)?;
+                    let free = slot.nominated == 0
+                        && slot.healthy >= job.gpus()
+                        && self.may_host(job, *node);
+                    free.then_some((Reverse(slot.available()), *node))
+                })
+                .collect();
+            candidates.sort_unstable();
+            let ordered: Vec<NodeId> = candidates.into_iter().map(|(_, n)| n).collect();
+            let Some(nodes) = self.pick_gang_nodes_ordered(job, &ordered) else {
+                continue;
+            };
+            self.keep_for(q, job, &nodes, &[]);
+            let reason = self.gang_waiting(job, &nodes);
+            let queue = &mut self.queues[q];
+            queue.nominated = true;
+            queue.blocked = Some((job.id, Blocked::Reason(reason)));
+        }
+    }
+
+    /// [`Round::pick_gang_nodes`] over nodes in preference order, passing over nodes the job
+    /// may not use.
+    fn pick_gang_nodes_ordered(&self, job: &JobRecord, ordered: &[NodeId]) -> Option<Vec<NodeId>> {
+        let usable: Vec<NodeId> = ordered
+            .iter()
+            .copied()
+            .filter(|n| group_of(self.state, *n, job, self.topology_key).is_some())
+            .collect();
+        self.pick_gang_nodes(job, &usable, job.node_count() as usize)
+    }
+
+    /// Why a job of several nodes that `held` nodes keep GPUs for waits: how many of them
+    /// have its GPUs free now.
+    fn gang_waiting(&self, job: &JobRecord, held: &[NodeId]) -> WaitReason {
+        let scratch = self.classes.get(job.class());
+        let qualify = held
+            .iter()
+            .filter(|node| {
+                scratch
+                    .and_then(|s| s.slot(**node))
+                    .is_some_and(|slot| slot.free_mask.count_ones() >= job.gpus())
+            })
+            .count() as u32;
+        WaitReason::GangWaiting {
+            class: job.class().clone(),
+            gpus: job.gpus(),
+            nodes: job.node_count(),
+            same: job.spec.same.clone(),
+            qualify,
+            held: held.iter().map(|n| self.node_name(*n)).collect(),
+        }
+    }
+
     fn preempt(&mut self, job: JobId, kind: PreemptionKind, for_job: Option<JobId>) {
         if self.victims.insert(job) {
             let record = self.job(job);
             *self
                 .victim_gpus
                 .entry((record.spec.share.as_str(), record.class()))
-                .or_insert(0) += u64::from(record.gpus());
+                .or_insert(0) += u64::from(record.total_gpus());
             self.plan
                 .actions
                 .push(PlanAction::Preempt { job, kind, for_job });
@@ -919,6 +1373,12 @@ impl<'a> Round<'a> {
         self.state
             .node(node)
             .map_or_else(|| format!("node #{}", node.0), |n| n.name.clone())
+    }
+
+    /// The names of `nodes`, comma separated.
+    fn node_names(&self, nodes: &[NodeId]) -> String {
+        let names: Vec<String> = nodes.iter().map(|n| self.node_name(*n)).collect();
+        names.join(", ")
     }
 
     // --- phase 5 -------------------------------------------------------------------------
@@ -982,7 +1442,7 @@ impl<'a> BorrowedMerge<'a> {
                 continue;
             }
             let job = round.job(id);
-            stream.borrowed.pass(job.gpus());
+            stream.borrowed.pass(job.total_gpus());
             let key = Reverse((job.priority(), Reverse(job.placed_index), Reverse(id)));
             self.heap.push((key, i, id));
             return;

@@ -145,6 +145,7 @@ impl State {
         let data: StateData = match version {
             version if version == SNAPSHOT_STATE.current => decode_data(body)?,
             1 => decode_data::<crate::v1::StateDataV1>(body)?.into(),
+            2 => decode_data::<crate::v2::StateDataV2>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
         let index = Index::rebuild(&data);

@@ -14,6 +14,7 @@ use quotient_common::{
 };
 
 use crate::changes::Changes;
+use crate::command::JobEvent;
 use crate::index::Index;
 use crate::job_table::JobTable;
 use crate::reason::WaitReason;
@@ -24,8 +25,9 @@ use crate::reason::WaitReason;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
 
-/// What a job holds: one node, a bit mask of GPU indices on it, and the CPUs and memory set
-/// aside for it there (0 where the node does not report them).
+/// What one member of a job holds: one node, a bit mask of GPU indices on it, and the CPUs and
+/// memory set aside for it there (0 where the node does not report them); and how far that
+/// member has come in the current attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub node: NodeId,
@@ -34,6 +36,28 @@ pub struct Allocation {
     pub cpu_millis: u32,
     /// Memory in bytes: the job's `memory_bytes`, or its share of the node's by GPUs.
     pub memory_bytes: u64,
+    pub stage: MemberStage,
+}
+
+/// How far one member of a job's current attempt has come, as its agent reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberStage {
+    /// Placed; its agent has not reported it yet.
+    Placed,
+    /// Its agent is launching it.
+    Started,
+    Running,
+    /// It has exited (`None`: it never ran, or its node was lost). Its GPUs stay held until
+    /// every member of the job has exited.
+    Exited {
+        code: Option<i32>,
+    },
+}
+
+impl MemberStage {
+    pub fn exited(self) -> bool {
+        matches!(self, MemberStage::Exited { .. })
+    }
 }
 
 impl Allocation {
@@ -56,6 +80,14 @@ pub enum StopCause {
     Cancelled,
     /// Its attempt reached the job's time limit; a failure (retried by its retry strategy).
     TimeLimit,
+    /// One member of a job of several nodes ended the attempt (it exited non-zero, could not
+    /// launch, or its agent stopped it): the others are stopped, and when all have exited the
+    /// job goes on as a job of one node would after `event`.
+    MemberEnded {
+        rank: u32,
+        node: String,
+        event: JobEvent,
+    },
 }
 
 /// Why a job was preempted.
@@ -71,6 +103,9 @@ pub enum PreemptionKind {
     NodeLost,
     /// Its agent stopped it on its own (lease expired, GPU failed).
     AgentStopped,
+    /// A job of several nodes whose members did not all report running within the start
+    /// timeout: the attempt is stopped so that no gang is left half-running.
+    StartTimeout,
 }
 
 impl PreemptionKind {
@@ -89,6 +124,7 @@ impl PreemptionKind {
             PreemptionKind::Drain => "node-drain",
             PreemptionKind::NodeLost => "node-lost",
             PreemptionKind::AgentStopped => "agent-stopped",
+            PreemptionKind::StartTimeout => "start-timeout",
         }
     }
 }
@@ -120,7 +156,8 @@ pub const ATTEMPT_HISTORY_MAX: usize = 32;
 pub struct AttemptRecord {
     /// QUOTIENT_ATTEMPT of the attempt, from 1.
     pub attempt: u32,
-    pub node: String,
+    /// Its nodes, in rank order (one for a job of one node).
+    pub nodes: Vec<String>,
     pub placed_ms: u64,
     /// When it was seen running; `None` if it never ran.
     pub started_ms: Option<u64>,
@@ -129,6 +166,13 @@ pub struct AttemptRecord {
     /// How it ended, in words (`exited with code 1`, `preempted (reclaim) for j-4`,
     /// `time limit`, `launch failed ...`); `None` while it is the current attempt.
     pub outcome: Option<String>,
+}
+
+impl AttemptRecord {
+    /// Rank 0's node.
+    pub fn node(&self) -> &str {
+        self.nodes.first().map_or("", String::as_str)
+    }
 }
 
 /// A job as the state machine keeps it.
@@ -143,14 +187,16 @@ pub struct JobRecord {
     pub attempts: u32,
     /// Attempts that ended in a preemption, of any kind.
     pub preemptions: u32,
-    pub allocation: Option<Allocation>,
+    /// What it holds, one allocation per member in rank order, each on its own node; empty
+    /// while it holds nothing. All or none: a job is placed, and frees its GPUs, as a unit.
+    pub placement: Vec<Allocation>,
     /// The log index of its current placement: the "start order" of spec rule 2.
     pub placed_index: u64,
     pub started_ms: Option<u64>,
     pub stop: Option<StopCause>,
     pub last_preemption: Option<Preemption>,
-    /// The node that is keeping GPUs free for this job.
-    pub nomination: Option<NodeId>,
+    /// The nodes that keep GPUs free for this job (one per member, or none).
+    pub nominations: Vec<NodeId>,
     /// Why it waits (RUNNABLE) or why it ended (terminal).
     pub reason: Option<WaitReason>,
     pub exit_code: Option<i32>,
@@ -181,12 +227,12 @@ impl JobRecord {
             submitted_ms,
             attempts: 0,
             preemptions: 0,
-            allocation: None,
+            placement: Vec::new(),
             placed_index: 0,
             started_ms: None,
             stop: None,
             last_preemption: None,
-            nomination: None,
+            nominations: Vec::new(),
             reason: None,
             exit_code: None,
             ended_ms: None,
@@ -233,8 +279,33 @@ impl JobRecord {
             .as_ref()
             .expect("a stored job always has its class filled in")
     }
+    /// GPUs on each of its nodes.
     pub fn gpus(&self) -> u32 {
         self.spec.gpus
+    }
+    /// How many nodes it runs on.
+    pub fn node_count(&self) -> u32 {
+        self.spec.nodes.max(1)
+    }
+    /// GPUs on all of its nodes: what it counts against its share.
+    pub fn total_gpus(&self) -> u32 {
+        self.spec.total_gpus()
+    }
+    /// Whether it runs on several nodes.
+    pub fn is_gang(&self) -> bool {
+        self.spec.nodes > 1
+    }
+    /// Rank 0's allocation, while it holds GPUs.
+    pub fn allocation(&self) -> Option<&Allocation> {
+        self.placement.first()
+    }
+    /// The member on `node`, with its rank.
+    pub fn member_on(&self, node: NodeId) -> Option<(u32, &Allocation)> {
+        self.placement
+            .iter()
+            .enumerate()
+            .find(|(_, a)| a.node == node)
+            .map(|(rank, a)| (rank as u32, a))
     }
     pub fn priority(&self) -> u32 {
         self.spec.priority
@@ -351,8 +422,17 @@ impl State {
             return None;
         }
         let share = self.share(&job.spec.share)?;
-        let largest = self.index.largest_node(job.class());
-        crate::rules::never_fits(&share.spec, job.class(), job.gpus(), largest)
+        let empty = BTreeMap::new();
+        let node_sizes = self
+            .index
+            .capacity
+            .get(job.class())
+            .map_or(&empty, |c| &c.node_sizes);
+        let size = crate::index::JobSize {
+            gpus: job.gpus(),
+            nodes: job.node_count(),
+        };
+        crate::rules::never_fits(&share.spec, job.class(), size, node_sizes)
     }
 
     pub(crate) fn job_mut(&mut self, id: JobId) -> Option<&mut JobRecord> {
@@ -400,7 +480,7 @@ impl State {
     pub fn gpu_holders(&self, node: NodeId) -> BTreeMap<u32, JobId> {
         let mut holders = BTreeMap::new();
         for job in self.index.jobs_on_node(node) {
-            if let Some(alloc) = self.job(job).and_then(|j| j.allocation) {
+            if let Some((_, alloc)) = self.job(job).and_then(|j| j.member_on(node)) {
                 for gpu in alloc.gpu_indices() {
                     holders.insert(gpu, job);
                 }
@@ -409,13 +489,14 @@ impl State {
         holders
     }
 
-    /// Every job holding GPUs (SCHEDULED, STARTING, RUNNING, PREEMPTING), by node.
+    /// Every job holding GPUs (SCHEDULED, STARTING, RUNNING, PREEMPTING), by the node of its
+    /// rank 0, each once.
     pub fn jobs_holding_gpus(&self) -> impl Iterator<Item = &JobRecord> {
-        self.index
-            .node_jobs
-            .values()
-            .flatten()
-            .filter_map(|id| self.job(*id))
+        self.index.node_jobs.iter().flat_map(move |(node, jobs)| {
+            jobs.iter()
+                .filter_map(|id| self.job(*id))
+                .filter(move |job| job.allocation().is_some_and(|a| a.node == *node))
+        })
     }
 
     /// The jobs whose GPUs are on `node`.

@@ -1,7 +1,8 @@
 //! Version 1 of the persisted encodings (the Raft log's commands and the snapshot state), kept
-//! so that this build reads what the previous one wrote (`quotient_common::version` says why
+//! so that this build reads what the previous ones wrote (`quotient_common::version` says why
 //! and how). Each type here is frozen as version 1 encoded it, field for field, and converts
-//! into today's type. Nothing here is ever written.
+//! into version 2's ([`crate::v2`]), which converts into today's. Nothing here is ever
+//! written.
 //!
 //! Version 2 added: a job's CPUs, memory, time limit and retry strategy (`JobSpec`); what a
 //! node can run (`NodeInventory::host`, `NodeRecord::host`); the CPUs and memory an
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use quotient_common::{
-    GpuClass, GpuDevice, HostInfo, JobId, JobPayload, JobSpec, JobState, NodeInventory, NodeState,
+    GpuClass, HostInfo, JobId, JobPayload, JobSpec, JobState, NodeInventory, NodeState,
     RetryPolicy, ShareUpdate, Signal,
 };
 
@@ -20,9 +21,10 @@ use crate::command::{Command, DigestAt, JobReport};
 use crate::job_table::JobTable;
 use crate::plan::Plan;
 use crate::reason::WaitReason;
-use crate::state::{
-    Allocation, AttemptRecord, JobRecord, NodeId, NodeRecord, Preemption, ShareRecord, StateData,
-    StopCause,
+use crate::state::{NodeId, Preemption, ShareRecord, StateData, StopCause};
+use crate::v2::{
+    AllocationV2, AttemptRecordV2, GpuDeviceV2, JobRecordV2, JobSpecV2, NodeInventoryV2,
+    NodeRecordV2,
 };
 use quotient_common::ShareSpec;
 
@@ -43,7 +45,13 @@ pub struct JobSpecV1 {
 
 impl From<JobSpecV1> for JobSpec {
     fn from(v1: JobSpecV1) -> JobSpec {
-        JobSpec {
+        JobSpecV2::from(v1).into()
+    }
+}
+
+impl From<JobSpecV1> for JobSpecV2 {
+    fn from(v1: JobSpecV1) -> JobSpecV2 {
+        JobSpecV2 {
             name: v1.name,
             share: v1.share,
             priority: v1.priority,
@@ -66,16 +74,17 @@ impl From<JobSpecV1> for JobSpec {
 #[derive(Deserialize)]
 pub struct NodeInventoryV1 {
     name: String,
-    gpus: Vec<GpuDevice>,
+    gpus: Vec<GpuDeviceV2>,
 }
 
 impl From<NodeInventoryV1> for NodeInventory {
     fn from(v1: NodeInventoryV1) -> NodeInventory {
-        NodeInventory {
+        NodeInventoryV2 {
             name: v1.name,
             gpus: v1.gpus,
             host: HostInfo::process_only(),
         }
+        .into()
     }
 }
 
@@ -170,9 +179,9 @@ struct AllocationV1 {
     gpu_mask: u64,
 }
 
-impl From<AllocationV1> for Allocation {
-    fn from(v1: AllocationV1) -> Allocation {
-        Allocation {
+impl From<AllocationV1> for AllocationV2 {
+    fn from(v1: AllocationV1) -> AllocationV2 {
+        AllocationV2 {
             node: v1.node,
             gpu_mask: v1.gpu_mask,
             cpu_millis: 0,
@@ -201,8 +210,8 @@ struct JobRecordV1 {
     last_node: Option<String>,
 }
 
-impl From<JobRecordV1> for JobRecord {
-    fn from(v1: JobRecordV1) -> JobRecord {
+impl From<JobRecordV1> for JobRecordV2 {
+    fn from(v1: JobRecordV1) -> JobRecordV2 {
         // Version 1 counted every preemption toward max_preemptions and derived the launch
         // requeues: every ended attempt of a live job that was not a preemption.
         let current = u32::from(v1.state.holds_gpus());
@@ -215,7 +224,7 @@ impl From<JobRecordV1> for JobRecord {
         };
         // Only the current attempt of a job holding GPUs is known well enough to record.
         let history = match (&v1.allocation, &v1.last_node) {
-            (Some(_), Some(node)) => vec![AttemptRecord {
+            (Some(_), Some(node)) => vec![AttemptRecordV2 {
                 attempt: v1.attempts,
                 node: node.clone(),
                 placed_ms: v1.started_ms.unwrap_or(v1.submitted_ms),
@@ -226,14 +235,14 @@ impl From<JobRecordV1> for JobRecord {
             }],
             _ => Vec::new(),
         };
-        JobRecord {
+        JobRecordV2 {
             id: v1.id,
             spec: v1.spec.into(),
             state: v1.state,
             submitted_ms: v1.submitted_ms,
             attempts: v1.attempts,
             preemptions: v1.preemptions,
-            allocation: v1.allocation.map(Allocation::from),
+            allocation: v1.allocation.map(AllocationV2::from),
             placed_index: v1.placed_index,
             started_ms: v1.started_ms,
             stop: v1.stop,
@@ -257,18 +266,18 @@ struct NodeRecordV1 {
     id: NodeId,
     name: String,
     state: NodeState,
-    gpus: Vec<GpuDevice>,
+    gpus: Vec<GpuDeviceV2>,
     incarnation: u64,
 }
 
-impl From<NodeRecordV1> for NodeRecord {
-    fn from(v1: NodeRecordV1) -> NodeRecord {
+impl From<NodeRecordV1> for NodeRecordV2 {
+    fn from(v1: NodeRecordV1) -> NodeRecordV2 {
         let host = if v1.name.is_empty() {
             HostInfo::default()
         } else {
             HostInfo::process_only()
         };
-        NodeRecord {
+        NodeRecordV2 {
             id: v1.id,
             name: v1.name,
             state: v1.state,
@@ -294,13 +303,17 @@ impl From<StateDataV1> for StateData {
     fn from(v1: StateDataV1) -> StateData {
         let mut jobs = JobTable::new();
         for job in v1.jobs {
-            jobs.push(job.into());
+            jobs.push(JobRecordV2::from(job).into());
         }
         StateData {
             shares: v1.shares,
             jobs,
             node_ids: v1.node_ids,
-            nodes: v1.nodes.into_iter().map(NodeRecord::from).collect(),
+            nodes: v1
+                .nodes
+                .into_iter()
+                .map(|node| NodeRecordV2::from(node).into())
+                .collect(),
             idempotency: v1.idempotency.into_iter().collect(),
             last_applied_index: v1.last_applied_index,
         }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use quotient_common::{JobId, JobState};
 
 use crate::index::Index;
-use crate::state::{NodeId, State, StopCause};
+use crate::state::{MemberStage, NodeId, State, StopCause};
 
 /// A broken invariant, described for a developer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,10 +27,30 @@ impl State {
             if job.spec.gpu_class.is_none() {
                 return fail(format!("{} has no GPU class", job.id));
             }
-            if job.state.holds_gpus() != job.allocation.is_some() {
+            if job.state.holds_gpus() == job.placement.is_empty() {
                 return fail(format!(
-                    "{} is {} but allocation is {:?}",
-                    job.id, job.state, job.allocation
+                    "{} is {} but its placement is {:?}",
+                    job.id, job.state, job.placement
+                ));
+            }
+            if !job.placement.is_empty() && job.placement.len() != job.node_count() as usize {
+                return fail(format!(
+                    "{} has {} members for {} nodes: a job is placed whole or not at all",
+                    job.id,
+                    job.placement.len(),
+                    job.node_count()
+                ));
+            }
+            if job.state != JobState::Preempting
+                && job.placement.iter().any(|m| m.stage.exited())
+                && !job
+                    .placement
+                    .iter()
+                    .all(|m| m.stage == MemberStage::Exited { code: Some(0) })
+            {
+                return fail(format!(
+                    "{} is {} with a member that ended the attempt",
+                    job.id, job.state
                 ));
             }
             if (job.state == JobState::Preempting) != job.stop.is_some() {
@@ -48,15 +68,18 @@ impl State {
                     job.id, job.preemptions, job.attempts, job.state
                 ));
             }
-            if job.nomination.is_some() && job.state != JobState::Runnable {
+            if !job.nominations.is_empty() && job.state != JobState::Runnable {
                 return fail(format!("{} is {} but nominated", job.id, job.state));
             }
-            if let Some(node) = job.nomination {
+            for &node in &job.nominations {
                 if self.node(node).is_none() {
                     return fail(format!("{} is nominated on unknown node {node:?}", job.id));
                 }
             }
-            if let Some(alloc) = job.allocation {
+            for (rank, alloc) in job.placement.iter().enumerate() {
+                if job.placement[..rank].iter().any(|m| m.node == alloc.node) {
+                    return fail(format!("{} has two members on one node", job.id));
+                }
                 let Some(node) = self.node(alloc.node) else {
                     return fail(format!("{} is on unknown node {:?}", job.id, alloc.node));
                 };
@@ -90,7 +113,7 @@ impl State {
                         ));
                     }
                 }
-                if node.state == quotient_common::NodeState::Lost {
+                if node.state == quotient_common::NodeState::Lost && !alloc.stage.exited() {
                     return fail(format!("{} holds GPUs on lost node {}", job.id, node.name));
                 }
             }

@@ -66,7 +66,14 @@ fn each_kind_of_command_names_exactly_what_it_changed() {
         "a duplicate submit answers the first job"
     );
     let placed = round(&mut sim);
-    let node = sim.state.job(JobId(1)).unwrap().allocation.unwrap().node;
+    let node = sim
+        .state
+        .job(JobId(1))
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap()
+        .node;
     assert_eq!(placed, changes(&[1], &[node.0], &["a"]));
     let other = 1 - node.0;
     assert_eq!(round(&mut sim), nothing(), "a round with nothing to do");
@@ -145,7 +152,14 @@ fn each_kind_of_command_names_exactly_what_it_changed() {
     // Job 2 now runs on one node; that node is drained (the node), the round preempts it
     // (the job, its node, its share), and losing the node requeues it (all three again).
     round(&mut sim);
-    let on = sim.state.job(JobId(2)).unwrap().allocation.unwrap().node;
+    let on = sim
+        .state
+        .job(JobId(2))
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap()
+        .node;
     let on_name = sim.state.node(on).unwrap().name.clone();
     report(&mut sim, JobId(2), JobEvent::Running);
     let drain = Command::DrainNode {

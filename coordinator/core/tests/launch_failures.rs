@@ -32,7 +32,7 @@ fn a_launch_failure_of_the_job_fails_it_and_frees_its_gpu() {
     sim.launch_fails(broken, LaunchFault::Job);
     let record = sim.state.job(broken).unwrap();
     assert_eq!(record.state, JobState::Failed);
-    assert_eq!(record.allocation, None);
+    assert_eq!(record.allocation(), None);
     assert!(record.ended_ms.is_some());
     let reason = sim.state.reason(record).unwrap().to_string();
     assert!(
@@ -69,7 +69,7 @@ fn a_launch_failure_of_the_node_requeues_the_job_a_bounded_number_of_times() {
         sim.launch_fails(id, LaunchFault::Node);
         let record = sim.state.job(id).unwrap();
         assert_eq!(record.state, JobState::Runnable, "requeue {requeue}");
-        assert_eq!(record.allocation, None);
+        assert_eq!(record.allocation(), None);
         assert_eq!(record.preemptions, 0);
         assert_eq!(record.launch_requeues, requeue);
         let reason = sim.state.reason(record).unwrap().to_string();
@@ -206,7 +206,10 @@ fn a_launch_message_longer_than_its_limit_is_cut_in_the_reason() {
     let broken = sim.submit(job("team", "broken", 5, 1));
     sim.round();
     let record = sim.state.job(broken).unwrap();
-    let node = sim.state.node(record.allocation.unwrap().node).unwrap();
+    let node = sim
+        .state
+        .node(record.allocation().copied().unwrap().node)
+        .unwrap();
     let report = JobReport {
         job: broken,
         attempt: record.attempts,

@@ -36,7 +36,14 @@ fn a_node_is_removed_only_once_no_job_is_on_it() {
     sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
     let j = sim.submit(job("a", "j", 1, 1));
     sim.settle();
-    let on = sim.state.job(j).unwrap().allocation.unwrap().node;
+    let on = sim
+        .state
+        .job(j)
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap()
+        .node;
     let name = sim.state.node(on).unwrap().name.clone();
 
     assert_eq!(
@@ -82,7 +89,16 @@ fn a_node_is_removed_only_once_no_job_is_on_it() {
         JobState::Running,
         "it runs on the other node"
     );
-    assert_ne!(sim.state.job(j).unwrap().allocation.unwrap().node, on);
+    assert_ne!(
+        sim.state
+            .job(j)
+            .unwrap()
+            .allocation()
+            .copied()
+            .unwrap()
+            .node,
+        on
+    );
 }
 
 /// An unknown node, or one already removed, is refused by name.

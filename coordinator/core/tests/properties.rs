@@ -150,11 +150,12 @@ fn share_spec(i: usize, g: &ShareGen) -> ShareSpec {
 fn reserved_unclaimed(state: &State, class: &quotient_common::GpuClass) -> u64 {
     let mut victims_hold: BTreeMap<(JobId, NodeId), u64> = BTreeMap::new();
     for job in state.jobs() {
-        if let (Some(StopCause::Preempted(p)), Some(alloc), JobState::Preempting) =
-            (&job.stop, job.allocation, job.state)
-        {
+        if let (Some(StopCause::Preempted(p)), JobState::Preempting) = (&job.stop, job.state) {
             if let Some(for_job) = p.for_job {
-                *victims_hold.entry((for_job, alloc.node)).or_insert(0) += u64::from(job.gpus());
+                for alloc in &job.placement {
+                    *victims_hold.entry((for_job, alloc.node)).or_insert(0) +=
+                        u64::from(job.gpus());
+                }
             }
         }
     }
@@ -163,10 +164,20 @@ fn reserved_unclaimed(state: &State, class: &quotient_common::GpuClass) -> u64 {
         if job.class() != class {
             continue;
         }
-        let held = job.allocation.map_or(0, |_| u64::from(job.gpus()));
-        let kept = match (job.state, job.nomination) {
-            (JobState::Runnable, Some(node)) => u64::from(job.gpus())
-                .saturating_sub(victims_hold.get(&(job.id, node)).copied().unwrap_or(0)),
+        let held = if job.placement.is_empty() {
+            0
+        } else {
+            u64::from(job.total_gpus())
+        };
+        let kept: u64 = match job.state {
+            JobState::Runnable => job
+                .nominations
+                .iter()
+                .map(|node| {
+                    u64::from(job.gpus())
+                        .saturating_sub(victims_hold.get(&(job.id, *node)).copied().unwrap_or(0))
+                })
+                .sum(),
             _ => 0,
         };
         *claimed.entry(job.spec.share.as_str()).or_insert(0) += held + kept;
@@ -610,7 +621,7 @@ fn a_reserve_shares_nomination_serves_its_idle_quota() {
     assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
     let nominee = model.sim.state.job(ids[2]).unwrap();
     assert!(
-        nominee.nomination.is_some(),
+        !nominee.nominations.is_empty(),
         "the high-priority job waits nominated"
     );
     model.settle_fully();
@@ -653,7 +664,7 @@ fn a_nominee_does_not_keep_what_its_victims_will_free() {
     assert_eq!(model.sim.state_of(ids[1]), JobState::Preempting);
     let nominee = model.sim.state.job(ids[2]).unwrap();
     assert!(
-        nominee.nomination.is_some(),
+        !nominee.nominations.is_empty(),
         "the reclaiming job waits nominated"
     );
     // The reserve share's idle GPU is still free: its job starts at once.

@@ -214,7 +214,15 @@ fn reclaim_victims_sit_on_one_node() {
     assert_eq!(victims.len(), 2);
     let nodes: std::collections::BTreeSet<_> = victims
         .iter()
-        .map(|v| sim.state.job(*v).unwrap().allocation.unwrap().node)
+        .map(|v| {
+            sim.state
+                .job(*v)
+                .unwrap()
+                .allocation()
+                .copied()
+                .unwrap()
+                .node
+        })
         .collect();
     assert_eq!(nodes.len(), 1, "both victims on one node");
     assert!(
@@ -363,7 +371,15 @@ fn placement_packs_to_keep_whole_nodes_free() {
     sim.settle();
     let nodes: std::collections::BTreeSet<_> = small
         .iter()
-        .map(|j| sim.state.job(*j).unwrap().allocation.unwrap().node)
+        .map(|j| {
+            sim.state
+                .job(*j)
+                .unwrap()
+                .allocation()
+                .copied()
+                .unwrap()
+                .node
+        })
         .collect();
     assert_eq!(nodes.len(), 1, "small jobs share one node");
     let big = sim.submit(job("a", "big", 1, 4));
@@ -394,7 +410,14 @@ fn placement_uses_only_healthy_gpus_on_schedulable_nodes() {
         .filter(|j| sim.state_of(**j) == JobState::Running)
         .collect();
     assert_eq!(running.len(), 1);
-    let node = sim.state.job(*running[0]).unwrap().allocation.unwrap().node;
+    let node = sim
+        .state
+        .job(*running[0])
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap()
+        .node;
     assert_eq!(sim.state.node(node).unwrap().name, "node-3");
 }
 
@@ -505,7 +528,14 @@ fn a_lost_node_requeues_its_jobs() {
     sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
     let j = sim.submit(job("a", "j", 1, 1));
     sim.settle();
-    let node = sim.state.job(j).unwrap().allocation.unwrap().node;
+    let node = sim
+        .state
+        .job(j)
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap()
+        .node;
     let name = sim.state.node(node).unwrap().name.clone();
     sim.ok(Command::MarkNodeLost { node: name.clone() });
     assert_eq!(sim.state_of(j), JobState::Runnable);
@@ -521,7 +551,16 @@ fn a_lost_node_requeues_its_jobs() {
     );
     sim.settle();
     assert_eq!(sim.state_of(j), JobState::Running);
-    assert_ne!(sim.state.job(j).unwrap().allocation.unwrap().node, node);
+    assert_ne!(
+        sim.state
+            .job(j)
+            .unwrap()
+            .allocation()
+            .copied()
+            .unwrap()
+            .node,
+        node
+    );
     assert!(matches!(
         sim.apply(Command::CordonNode { node: name }),
         Outcome::Rejected(Rejection::NodeLost(_))
@@ -536,12 +575,28 @@ fn draining_a_node_moves_its_jobs_off() {
     sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
     let j = sim.submit(job("a", "j", 1, 1));
     sim.settle();
-    let node = sim.state.job(j).unwrap().allocation.unwrap().node;
+    let node = sim
+        .state
+        .job(j)
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap()
+        .node;
     let name = sim.state.node(node).unwrap().name.clone();
     sim.ok(Command::DrainNode { node: name.clone() });
     sim.settle();
     assert_eq!(sim.state_of(j), JobState::Running);
-    assert_ne!(sim.state.job(j).unwrap().allocation.unwrap().node, node);
+    assert_ne!(
+        sim.state
+            .job(j)
+            .unwrap()
+            .allocation()
+            .copied()
+            .unwrap()
+            .node,
+        node
+    );
     assert_eq!(
         sim.state.node_by_name(&name).unwrap().state,
         NodeState::Draining

@@ -104,7 +104,7 @@ fn failures_are_retried_while_retries_are_left() {
     assert_eq!(record.history.len(), 3);
     for (i, attempt) in record.history.iter().enumerate() {
         assert_eq!(attempt.attempt, i as u32 + 1);
-        assert_eq!(attempt.node, "gpu-1");
+        assert_eq!(attempt.node(), "gpu-1");
         assert_eq!(attempt.exit_code, Some(1));
         assert_eq!(attempt.outcome.as_deref(), Some("exited with code 1"));
         assert!(attempt.started_ms.is_some() && attempt.ended_ms >= attempt.started_ms);
@@ -249,10 +249,22 @@ fn cpus_and_memory_are_set_aside_and_respected() {
     more.cpu_millis = Some(4_000);
     let more = sim.submit(more);
     sim.round();
-    let alloc = sim.state.job(default).unwrap().allocation.unwrap();
+    let alloc = sim
+        .state
+        .job(default)
+        .unwrap()
+        .allocation()
+        .copied()
+        .unwrap();
     assert_eq!((alloc.cpu_millis, alloc.memory_bytes), (4_000, 16 << 30));
     assert_eq!(
-        sim.state.job(big).unwrap().allocation.unwrap().cpu_millis,
+        sim.state
+            .job(big)
+            .unwrap()
+            .allocation()
+            .copied()
+            .unwrap()
+            .cpu_millis,
         10_000
     );
     assert_eq!(sim.state_of(more), JobState::Runnable, "2 CPUs are left");

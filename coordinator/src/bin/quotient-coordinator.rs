@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Parser;
-use quotient_coordinator::config::{parse_peers, AgentTuning, CoordinatorConfig, RaftTuning};
+use quotient_coordinator::config::{
+    parse_peers, AgentTuning, CoordinatorConfig, RaftTuning, SchedulingTuning,
+};
 use quotient_coordinator::CoordinatorError;
 use tracing_subscriber::EnvFilter;
 
@@ -81,6 +83,14 @@ struct Flags {
     /// before it marks a silent node lost, in milliseconds.
     #[arg(long)]
     node_lease_margin_ms: Option<u64>,
+    /// The node label a job of several nodes is placed in as few values of as fit it
+    /// (default: rack).
+    #[arg(long)]
+    topology_key: Option<String>,
+    /// How long all members of a job of several nodes may take to run before its attempt is
+    /// stopped and it goes back to the queue, in milliseconds (default: 300000).
+    #[arg(long)]
+    gang_start_timeout_ms: Option<u64>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     log_json: bool,
@@ -105,6 +115,7 @@ impl Flags {
                     cluster_id: None,
                     raft: RaftTuning::default(),
                     agents: AgentTuning::default(),
+                    scheduling: SchedulingTuning::default(),
                 }
             }
         };
@@ -139,6 +150,14 @@ impl Flags {
         }
         if let Some(value) = self.node_lease_margin_ms {
             agents.node_lease_margin_ms = value;
+        }
+        if let Some(key) = self.topology_key {
+            quotient_common::node::check_label_key(&key)
+                .map_err(|e| anyhow::anyhow!("--topology-key: {e}"))?;
+            config.scheduling.topology_key = key;
+        }
+        if let Some(value) = self.gang_start_timeout_ms {
+            config.scheduling.gang_start_timeout_ms = value;
         }
         config.validate()?;
         Ok(config)

@@ -51,49 +51,55 @@ openraft::declare_raft_types!(
         AsyncRuntime = TokioRuntime,
 );
 
-/// Entries of version 1 of the Raft log encoding, the only one so far, are read as they are.
+/// Entries of earlier versions of the Raft log encoding are read with their commands of that
+/// version (`quotient_core::v1`, `quotient_core::v2`) and converted.
 impl super::codec::VersionedEntries for TypeConfig {
     fn decode_entry(version: u16, bytes: &[u8]) -> Result<Entry, super::codec::CodecError> {
         match version {
-            1 => Ok(super::codec::decode_value::<EntryV1>(bytes)?.into()),
+            1 => Ok(
+                super::codec::decode_value::<OldEntry<quotient_core::v1::CommandV1>>(bytes)?.into(),
+            ),
+            2 => Ok(
+                super::codec::decode_value::<OldEntry<quotient_core::v2::CommandV2>>(bytes)?.into(),
+            ),
             _ => super::codec::decode_current(version, bytes),
         }
     }
 }
 
-/// A log entry as version 1 of the Raft log encoded it: openraft's `Entry` field for field,
-/// with the commands of version 1 (`quotient_core::v1`).
+/// A log entry as an earlier version of the Raft log encoded it: openraft's `Entry` field for
+/// field, with the commands `C` of that version.
 #[derive(Deserialize)]
-struct EntryV1 {
+struct OldEntry<C> {
     log_id: openraft::LogId<MemberId>,
-    payload: PayloadV1,
+    payload: OldPayload<C>,
 }
 
 #[derive(Deserialize)]
-enum PayloadV1 {
+enum OldPayload<C> {
     Blank,
-    Normal(RequestV1),
+    Normal(OldRequest<C>),
     Membership(openraft::Membership<MemberId, BasicNode>),
 }
 
 #[derive(Deserialize)]
-struct RequestV1 {
-    commands: Vec<quotient_core::v1::CommandV1>,
+struct OldRequest<C> {
+    commands: Vec<C>,
     time_ms: u64,
 }
 
-impl From<EntryV1> for Entry {
-    fn from(v1: EntryV1) -> Entry {
-        let payload = match v1.payload {
-            PayloadV1::Blank => openraft::EntryPayload::Blank,
-            PayloadV1::Normal(request) => openraft::EntryPayload::Normal(Request {
-                commands: request.commands.into_iter().map(Command::from).collect(),
+impl<C: Into<Command>> From<OldEntry<C>> for Entry {
+    fn from(old: OldEntry<C>) -> Entry {
+        let payload = match old.payload {
+            OldPayload::Blank => openraft::EntryPayload::Blank,
+            OldPayload::Normal(request) => openraft::EntryPayload::Normal(Request {
+                commands: request.commands.into_iter().map(Into::into).collect(),
                 time_ms: request.time_ms,
             }),
-            PayloadV1::Membership(membership) => openraft::EntryPayload::Membership(membership),
+            OldPayload::Membership(membership) => openraft::EntryPayload::Membership(membership),
         };
         Entry {
-            log_id: v1.log_id,
+            log_id: old.log_id,
             payload,
         }
     }

@@ -45,6 +45,7 @@ pub fn node(name: &str, gpus: u32, gpu_class: &str) -> NodeInventory {
                 uuid: format!("GPU-{name}-{i}"),
                 class: class(gpu_class),
                 healthy: true,
+                nvlink_peers: 0,
             })
             .collect(),
     }
@@ -136,7 +137,7 @@ impl Sim {
         let job = self.state.job(id).unwrap();
         let node = self
             .state
-            .node(job.allocation.unwrap().node)
+            .node(job.allocation().copied().unwrap().node)
             .unwrap()
             .name
             .clone();
@@ -235,7 +236,7 @@ pub fn changed_between(before: &State, after: &State) -> Changes {
         for job in [old, new].into_iter().flatten() {
             changes.jobs.insert(job.id);
             changes.shares.insert(job.spec.share.clone());
-            changes.nodes.extend(job.allocation.map(|a| a.node));
+            changes.nodes.extend(job.allocation().map(|a| a.node));
         }
     }
     let nodes = before.data().nodes.len().max(after.data().nodes.len());
