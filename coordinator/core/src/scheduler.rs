@@ -717,7 +717,7 @@ impl<'a> Round<'a> {
         let Some(scratch) = self.classes.get_mut(class) else {
             return Err(Blocked::Refused(Refusal::NoFreeCapacity { free: 0 }));
         };
-        admit(
+        let admitted = admit(
             queue.share,
             class,
             queue.usage,
@@ -725,14 +725,22 @@ impl<'a> Round<'a> {
             job.total_gpus(),
             scratch.available_total,
             reserved,
-        )
-        .map_err(Blocked::Refused)?;
+        );
+        // A job of several nodes short of free GPUs waits for whole nodes: it is told how
+        // many qualify, and may have nodes held for it (`hold_for_gangs`).
+        let short = match admitted {
+            Ok(_) => None,
+            Err(refusal @ Refusal::NoFreeCapacity { .. }) if job.is_gang() => Some(refusal),
+            Err(refusal) => return Err(Blocked::Refused(refusal)),
+        };
         let (state, unreachable, used) = (self.state, self.unreachable, &self.resources_used);
         let accept = |node| node_runs(state, unreachable, used, job, node);
         if job.is_gang() {
             let key = self.topology_key;
             let group = |node: NodeId| group_of(state, node, job, key);
             return match scratch.gang_fit(job, accept, group) {
+                // The nodes are there, but the GPUs on them are reserve shares' idle quota.
+                Ok(_) if short.is_some() => Err(Blocked::Refused(short.expect("matched"))),
                 Ok(nodes) => {
                     let members: Vec<(NodeId, u32)> = nodes.into_iter().map(|n| (n, 0)).collect();
                     self.bind(q, job, &members, 0);

@@ -41,12 +41,11 @@ impl State {
                     job.node_count()
                 ));
             }
+            let ended_badly = |stage: MemberStage| {
+                stage.exited() && stage != MemberStage::Exited { code: Some(0) }
+            };
             if job.state != JobState::Preempting
-                && job.placement.iter().any(|m| m.stage.exited())
-                && !job
-                    .placement
-                    .iter()
-                    .all(|m| m.stage == MemberStage::Exited { code: Some(0) })
+                && job.placement.iter().any(|m| ended_badly(m.stage))
             {
                 return fail(format!(
                     "{} is {} with a member that ended the attempt",

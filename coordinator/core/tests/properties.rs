@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use quotient_common::job::LaunchFault;
-use quotient_common::{JobId, JobState, ShareSpec, ShareState, ShareUpdate, Strategy};
+use quotient_common::{JobEvent, JobId, JobState, ShareSpec, ShareState, ShareUpdate, Strategy};
 use quotient_core::{plan, Command, NodeId, Outcome, PlanAction, PreemptionKind, State, StopCause};
 use support::*;
 
@@ -31,6 +31,13 @@ enum Op {
         class: usize,
         priority: u32,
         gpus: u32,
+        nodes: u32,
+    },
+    /// One member of a job exits on its own (for a job of one node, the job).
+    MemberExit {
+        job: usize,
+        rank: u32,
+        code: i32,
     },
     Priority {
         job: usize,
@@ -102,7 +109,8 @@ fn share_gen() -> impl proptest::strategy::Strategy<Value = ShareGen> {
 
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..5, 0usize..2, 0u32..10, 1u32..5).prop_map(|(share, class, priority, gpus)| Op::Submit { share, class, priority, gpus }),
+        6 => (0usize..5, 0usize..2, 0u32..10, 1u32..5, prop_oneof![4 => Just(1u32), 1 => 2u32..4]).prop_map(|(share, class, priority, gpus, nodes)| Op::Submit { share, class, priority, gpus, nodes }),
+        1 => (0usize..64, 0u32..3, 0i32..2).prop_map(|(job, rank, code)| Op::MemberExit { job, rank, code }),
         2 => (0usize..64, 0u32..10).prop_map(|(job, priority)| Op::Priority { job, priority }),
         2 => (0usize..64, 0i32..2).prop_map(|(job, code)| Op::Finish { job, code }),
         1 => (0usize..64).prop_map(|job| Op::Cancel { job }),
@@ -234,9 +242,11 @@ impl Model {
                 class: c,
                 priority,
                 gpus,
+                nodes,
             } => {
                 let mut spec = job(&format!("s{}", share % self.shares), "j", *priority, *gpus);
                 spec.gpu_class = Some(class(CLASSES[*c]));
+                spec.nodes = *nodes;
                 if let Outcome::JobSubmitted { job, .. } = self.sim.apply(Command::SubmitJob(spec))
                 {
                     self.jobs.push(job);
@@ -255,6 +265,19 @@ impl Model {
                     let record = self.sim.state.job(id).unwrap();
                     if matches!(record.state, JobState::Running | JobState::Starting) {
                         self.sim.finish(id, *code);
+                    }
+                }
+            }
+            Op::MemberExit { job, rank, code } => {
+                if let Some(id) = self.jobs.get(*job).copied() {
+                    let record = self.sim.state.job(id).unwrap();
+                    let live = record
+                        .placement
+                        .get(*rank as usize)
+                        .is_some_and(|m| !m.stage.exited());
+                    if live && record.state != JobState::Scheduled {
+                        self.sim
+                            .report_member(id, *rank, JobEvent::Exited { code: *code });
                     }
                 }
             }
@@ -436,6 +459,32 @@ impl Model {
 
     fn check_state(&self) {
         self.check_borrowed();
+        // A job of several nodes counts every member's GPUs against its share, exactly.
+        let state = &self.sim.state;
+        for share in state.shares() {
+            for c in share.spec.limits.keys() {
+                let held: u64 = state
+                    .holding(&share.spec.name, c)
+                    .into_iter()
+                    .map(|id| {
+                        let job = state.job(id).unwrap();
+                        let on_nodes: u64 = job
+                            .placement
+                            .iter()
+                            .map(|m| u64::from(m.gpu_mask.count_ones()))
+                            .sum();
+                        assert_eq!(on_nodes, u64::from(job.total_gpus()), "{id} holds part");
+                        on_nodes
+                    })
+                    .sum();
+                assert_eq!(
+                    state.usage(&share.spec.name, c),
+                    held,
+                    "share {}",
+                    share.spec.name
+                );
+            }
+        }
         for share in self.sim.state.shares() {
             if self.lowered.contains(&share.spec.name) {
                 continue;
@@ -470,7 +519,7 @@ impl Model {
                 ranked.sort_by_key(|job| (std::cmp::Reverse(job.priority()), job.placed_index));
                 let mut prefix = 0u64;
                 for job in ranked {
-                    prefix += u64::from(job.gpus());
+                    prefix += u64::from(job.total_gpus());
                     assert_eq!(
                         state.is_borrowed(job),
                         prefix > u64::from(*limit),
@@ -570,7 +619,7 @@ proptest! {
         }).collect();
         let mut model = Model::new(fleet, &shares);
         for (share, priority, gpus) in &jobs {
-            model.run(&Op::Submit { share: *share, class: 0, priority: *priority, gpus: *gpus });
+            model.run(&Op::Submit { share: *share, class: 0, priority: *priority, gpus: *gpus, nodes: 1 });
         }
         model.run(&Op::Round);
         for (job, priority) in &priority_changes {
@@ -580,6 +629,58 @@ proptest! {
         model.settle_fully();
         for id in &model.jobs {
             prop_assert_eq!(model.sim.state_of(*id), JobState::Running, "{} is not running", id);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// No starvation of big jobs: a job of several nodes at the head of its queue, within its
+    /// share's limit, is placed once the GPUs it needs free up, though a stream of smaller
+    /// jobs of another share (of higher priority, within that share's own limit) keeps
+    /// arriving and would take each GPU as it frees.
+    #[test]
+    fn a_head_gang_is_placed_under_a_stream_of_small_jobs(
+        nodes in 2u32..6,
+        gpus in 1u32..4,
+        want_nodes in 2u32..6,
+        want_gpus in 1u32..4,
+        small_gpus in prop::collection::vec(1u32..4, 1..30),
+    ) {
+        let want_nodes = want_nodes.min(nodes);
+        let want_gpus = want_gpus.min(gpus);
+        let mut sim = Sim::new();
+        for n in 0..nodes {
+            sim.ok(Command::RegisterNode(node(&format!("n{n}"), gpus, "a10g")));
+        }
+        let total = nodes * gpus;
+        sim.ok(Command::CreateShare(share("big", Strategy::Lend, total)));
+        sim.ok(Command::CreateShare(share("small", Strategy::Lend, total)));
+        let mut stream = small_gpus.iter().map(|g| (*g).min(gpus)).cycle();
+        // The small share fills the fleet.
+        for i in 0..total * 2 {
+            sim.submit(job("small", &format!("s{i}"), 5, stream.next().unwrap()));
+        }
+        sim.settle();
+        let ddp = sim.submit(gang("big", "ddp", 1, want_nodes, want_gpus));
+        sim.settle();
+        // Each step the oldest running small job ends and a new one arrives.
+        let mut step = 0;
+        while sim.state_of(ddp) != JobState::Running {
+            step += 1;
+            prop_assert!(step <= 4 * total, "{} still waits: {:?}", ddp, sim.state.reason(sim.state.job(ddp).unwrap()));
+            let oldest = sim
+                .state
+                .jobs()
+                .filter(|j| j.spec.share == "small" && j.state == JobState::Running)
+                .min_by_key(|j| j.placed_index)
+                .map(|j| j.id);
+            if let Some(id) = oldest {
+                sim.finish(id, 0);
+            }
+            sim.submit(job("small", &format!("n{step}"), 9, stream.next().unwrap()));
+            sim.settle();
         }
     }
 }
@@ -606,6 +707,7 @@ fn a_reserve_shares_nomination_serves_its_idle_quota() {
         class: 1,
         priority,
         gpus,
+        nodes: 1,
     };
     for op in [
         submit(0, 1, 1),
@@ -649,6 +751,7 @@ fn a_nominee_does_not_keep_what_its_victims_will_free() {
         class: 0,
         priority: 0,
         gpus,
+        nodes: 1,
     };
     for op in [
         submit(1, 2),

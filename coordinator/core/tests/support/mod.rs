@@ -35,6 +35,20 @@ pub fn job(share: &str, name: &str, priority: u32, gpus: u32) -> JobSpec {
     spec
 }
 
+/// A job of `nodes` nodes with `gpus` GPUs on each.
+pub fn gang(share: &str, name: &str, priority: u32, nodes: u32, gpus: u32) -> JobSpec {
+    let mut spec = job(share, name, priority, gpus);
+    spec.nodes = nodes;
+    spec
+}
+
+/// A node of `gpus` a10g GPUs with the label `rack=RACK`.
+pub fn racked(name: &str, gpus: u32, rack: &str) -> NodeInventory {
+    let mut inventory = node(name, gpus, "a10g");
+    inventory.host.labels.insert("rack".into(), rack.into());
+    inventory
+}
+
 pub fn node(name: &str, gpus: u32, gpu_class: &str) -> NodeInventory {
     NodeInventory {
         name: name.into(),
@@ -132,12 +146,28 @@ impl Sim {
         plan
     }
 
-    /// The agent of the job's node reports `event` about its current attempt.
+    /// The agent of each of the job's nodes whose member has not exited reports `event` about
+    /// its current attempt, rank by rank (until the job no longer holds GPUs).
     pub fn report(&mut self, id: JobId, event: JobEvent) {
+        let ranks = self.state.job(id).unwrap().placement.len() as u32;
+        for rank in 0..ranks {
+            let job = self.state.job(id).unwrap();
+            if job
+                .placement
+                .get(rank as usize)
+                .is_some_and(|m| !m.stage.exited())
+            {
+                self.report_member(id, rank, event.clone());
+            }
+        }
+    }
+
+    /// The agent of member `rank`'s node reports `event` about the job's current attempt.
+    pub fn report_member(&mut self, id: JobId, rank: u32, event: JobEvent) {
         let job = self.state.job(id).unwrap();
         let node = self
             .state
-            .node(job.allocation().copied().unwrap().node)
+            .node(job.placement[rank as usize].node)
             .unwrap()
             .name
             .clone();
@@ -148,6 +178,17 @@ impl Sim {
             node,
             event,
         }));
+    }
+
+    /// The nodes of a job's members, by name, in rank order.
+    pub fn nodes_of(&self, id: JobId) -> Vec<String> {
+        self.state
+            .job(id)
+            .unwrap()
+            .placement
+            .iter()
+            .map(|m| self.state.node(m.node).unwrap().name.clone())
+            .collect()
     }
 
     /// The agents start every SCHEDULED job: STARTING, then RUNNING.
@@ -236,7 +277,7 @@ pub fn changed_between(before: &State, after: &State) -> Changes {
         for job in [old, new].into_iter().flatten() {
             changes.jobs.insert(job.id);
             changes.shares.insert(job.spec.share.clone());
-            changes.nodes.extend(job.allocation().map(|a| a.node));
+            changes.nodes.extend(job.placement.iter().map(|a| a.node));
         }
     }
     let nodes = before.data().nodes.len().max(after.data().nodes.len());
