@@ -185,7 +185,8 @@ pub fn parse_priority(text: &str) -> Result<u32, String> {
 /// Parses the GPUs a job needs: 1 to the most a node may have (all of a job's GPUs are on
 /// one node).
 pub fn parse_job_gpus(text: &str) -> Result<u32, String> {
-    let range = format!("a job needs 1 to {GPUS_PER_NODE_MAX} GPUs, all on one node");
+    let range =
+        format!("a job needs 1 to {GPUS_PER_NODE_MAX} GPUs on a node (several nodes: --nodes)");
     match text.parse::<i64>() {
         Ok(number) if number < 1 => Err(format!("{number} GPUs: {range}")),
         Ok(number) if number as u64 > GPUS_PER_NODE_MAX as u64 => {

@@ -390,13 +390,11 @@ fn a_head_gang_holds_nodes_so_a_stream_of_small_jobs_cannot_starve_it() {
     sim.settle();
     let why = reason(&sim, ddp);
     assert!(why.contains("held for it"), "{why}");
-    let mut next = 100;
     // Jobs end one by one, and a new small job is submitted each time: it never takes a GPU
     // the gang's nodes keep for it.
-    for id in running {
+    for (next, id) in running.into_iter().enumerate() {
         sim.finish(id, 0);
-        sim.submit(job("small", &format!("s{next}"), 9, 1));
-        next += 1;
+        sim.submit(job("small", &format!("n{next}"), 9, 1));
         sim.settle();
     }
     assert_eq!(
