@@ -4,7 +4,10 @@
 //! RUNNABLE jobs, then measures (a) one full round from that state and (b) the steady state:
 //! one job finishes, one is submitted, one round runs (plan + apply), 10,000 times. Commands
 //! are applied noting what they changed, as the coordinator applies them.
-//! The last line printed is one JSON object. `BENCH_QUICK=1` shrinks it for a smoke run.
+//! It runs twice: with jobs of one node only (`"bench":"scheduler"`), then with 10% of the
+//! jobs of 2-64 nodes (`"bench":"scheduler-gangs"`); each prints one JSON line, the mix last.
+//! `BENCH_QUICK=1` shrinks it for a smoke run; `BENCH_ONLY=scheduler` or
+//! `BENCH_ONLY=scheduler-gangs` runs one of the two.
 
 use std::time::Instant;
 
@@ -21,6 +24,8 @@ struct Bench {
     rng: u64,
     /// What each command changed, as the coordinator's state machine notes it.
     changes: Changes,
+    /// Out of 100 jobs, how many run on several nodes.
+    gang_percent: u64,
 }
 
 impl Bench {
@@ -62,24 +67,35 @@ impl Bench {
             vec!["train".into()],
         );
         spec.gpu_class = Some(GpuClass::parse(class).unwrap());
+        if self.next() % 100 < self.gang_percent {
+            // A job of 2-64 nodes with 1, 2, 4 or 8 GPUs on each.
+            spec.nodes = 2 + (self.next() % 63) as u32;
+            spec.gpus = [1, 2, 4, 8][(self.next() % 4) as usize];
+        }
         spec
     }
 
+    /// Every member of the job that has not exited reports `event`, as its agent would.
     fn report(&mut self, id: JobId, event: JobEvent) {
         let job = self.state.job(id).unwrap();
-        let node = self
-            .state
-            .node(job.allocation().copied().unwrap().node)
-            .unwrap()
-            .name
-            .clone();
         let attempt = job.attempts;
-        self.apply(Command::ReportJob(JobReport {
-            job: id,
-            attempt,
-            node,
-            event,
-        }));
+        let nodes: Vec<String> = job
+            .placement
+            .iter()
+            .filter(|m| !m.stage.exited())
+            .map(|m| self.state.node(m.node).unwrap().name.clone())
+            .collect();
+        for node in nodes {
+            if self.state.job(id).unwrap().placement.is_empty() {
+                break;
+            }
+            self.apply(Command::ReportJob(JobReport {
+                job: id,
+                attempt,
+                node,
+                event: event.clone(),
+            }));
+        }
     }
 
     /// Plays the agents: start what was scheduled, stop what is preempting.
@@ -102,6 +118,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
+    let only = std::env::var("BENCH_ONLY").ok();
+    for (name, gang_percent) in [("scheduler", 0), ("scheduler-gangs", 10)] {
+        if only.as_deref().is_none_or(|only| only == name) {
+            run(name, gang_percent);
+        }
+    }
+}
+
+/// One run of the benchmark with `gang_percent` of the jobs on several nodes.
+fn run(name: &str, gang_percent: u64) {
     let quick = std::env::var("BENCH_QUICK").is_ok();
     let (nodes, shares, jobs, steady_rounds) = if quick {
         (1_000, 100, 20_000, 1_000)
@@ -117,6 +143,7 @@ fn main() {
         index: 0,
         rng: 0x9E37_79B9_7F4A_7C15,
         changes: Changes::new(),
+        gang_percent,
     };
 
     let build = Instant::now();
@@ -159,11 +186,20 @@ fn main() {
     let t = Instant::now();
     let full = plan(&b.state);
     let full_round_ms = t.elapsed().as_secs_f64() * 1e3;
-    let placements = full.placements().count();
+    let placed_jobs: Vec<JobId> = {
+        let mut ids: Vec<JobId> = full.placements().map(|p| p.0).collect();
+        ids.dedup();
+        ids
+    };
+    let placements = placed_jobs.len();
+    let gangs_placed = placed_jobs
+        .iter()
+        .filter(|id| b.state.job(**id).is_some_and(|j| j.node_count() > 1))
+        .count();
     let t = Instant::now();
     b.apply(Command::ApplyPlan(full.clone()));
     let full_apply_ms = t.elapsed().as_secs_f64() * 1e3;
-    let placed: Vec<JobId> = full.placements().map(|p| p.0).collect();
+    let placed = placed_jobs;
     b.agents(&placed);
 
     // (b) steady state: one finishes, one is submitted, one round (plan + apply).
@@ -172,6 +208,7 @@ fn main() {
     let mut running: Vec<JobId> = placed;
     let mut steady_placements = 0usize;
     let mut steady_preemptions = 0usize;
+    let (mut steady_holds, mut steady_clears, mut steady_waiting) = (0usize, 0usize, 0usize);
     for _ in 0..steady_rounds {
         // Finish a running job (skipping ones that are no longer running).
         while let Some(pos) =
@@ -191,9 +228,18 @@ fn main() {
         b.apply(Command::ApplyPlan(round.clone()));
         samples.push(t.elapsed().as_secs_f64() * 1e6);
         plan_samples.push(planned.as_secs_f64() * 1e6);
-        let placed: Vec<JobId> = round.placements().map(|p| p.0).collect();
+        let mut placed: Vec<JobId> = round.placements().map(|p| p.0).collect();
+        placed.dedup();
         let preempted: Vec<JobId> = round.preemptions().map(|p| p.0).collect();
         steady_placements += placed.len();
+        for action in &round.actions {
+            match action {
+                quotient_core::PlanAction::NominateNodes { .. } => steady_holds += 1,
+                quotient_core::PlanAction::ClearNomination { .. } => steady_clears += 1,
+                _ => {}
+            }
+        }
+        steady_waiting += round.waiting.len();
         steady_preemptions += preempted.len();
         b.agents(&placed);
         b.agents(&preempted);
@@ -205,12 +251,12 @@ fn main() {
         .validate()
         .expect("invariants hold after the benchmark");
 
-    println!("build: {build_ms:.0} ms; full round: {placements} placements in {full_round_ms:.1} ms (+{full_apply_ms:.1} ms apply)");
+    println!("{name}: build: {build_ms:.0} ms; full round: {placements} placements ({gangs_placed} of several nodes) in {full_round_ms:.1} ms (+{full_apply_ms:.1} ms apply)");
     println!(
-        "steady: {steady_rounds} rounds, {steady_placements} placements, {steady_preemptions} preemptions"
+        "steady: {steady_rounds} rounds, {steady_placements} placements, {steady_preemptions} preemptions, {steady_holds} nodes held, {steady_clears} holds dropped, {steady_waiting} reasons written"
     );
     println!(
-        "{{\"bench\":\"scheduler\",\"nodes\":{nodes},\"gpus\":{},\"shares\":{shares},\"jobs\":{jobs},\"full_round_ms\":{full_round_ms:.2},\"full_round_apply_ms\":{full_apply_ms:.2},\"full_round_placements\":{placements},\"placements_per_sec\":{:.0},\"incremental_rounds\":{steady_rounds},\"incremental_round_us_p50\":{:.1},\"incremental_round_us_p99\":{:.1},\"incremental_plan_us_p50\":{:.1},\"incremental_plan_us_p99\":{:.1}}}",
+        "{{\"bench\":\"{name}\",\"gang_percent\":{gang_percent},\"nodes\":{nodes},\"gpus\":{},\"shares\":{shares},\"jobs\":{jobs},\"full_round_ms\":{full_round_ms:.2},\"full_round_apply_ms\":{full_apply_ms:.2},\"full_round_placements\":{placements},\"full_round_gangs_placed\":{gangs_placed},\"placements_per_sec\":{:.0},\"incremental_rounds\":{steady_rounds},\"incremental_round_us_p50\":{:.1},\"incremental_round_us_p99\":{:.1},\"incremental_plan_us_p50\":{:.1},\"incremental_plan_us_p99\":{:.1}}}",
         nodes * 8,
         placements as f64 / (full_round_ms / 1e3),
         percentile(&samples, 0.50),

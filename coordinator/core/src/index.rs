@@ -22,7 +22,7 @@ pub type QueueKey = (Reverse<u32>, JobId);
 /// A holding job's key: priority descending, then start order ascending.
 pub type HoldingKey = (Reverse<u32>, u64, JobId);
 
-/// A queued job's size: GPUs per node, then nodes.
+/// A job's size: GPUs per node, then nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JobSize {
     pub gpus: u32,
@@ -30,24 +30,45 @@ pub struct JobSize {
 }
 
 impl JobSize {
+    pub fn of(job: &JobRecord) -> JobSize {
+        JobSize {
+            gpus: job.gpus(),
+            nodes: job.node_count(),
+        }
+    }
+
     pub fn total(self) -> u64 {
         u64::from(self.gpus) * u64::from(self.nodes)
+    }
+
+    /// The smallest size of the queue set this size is kept in: the GPUs, and the nodes
+    /// rounded down to the set's lower bound. The sets of jobs of several nodes are by powers
+    /// of two (2, 3-4, 5-8, ... 129-256), so that a queue has a few dozen sets, not one per
+    /// count: the scheduler merges the heads of every set in every round.
+    pub fn set(self) -> JobSize {
+        let nodes = match self.nodes {
+            0 | 1 => 1,
+            2 => 2,
+            n => n.next_power_of_two() / 2 + 1,
+        };
+        JobSize {
+            gpus: self.gpus,
+            nodes,
+        }
     }
 }
 
 fn size_of(job: &JobRecord) -> JobSize {
-    JobSize {
-        gpus: job.gpus(),
-        nodes: job.node_count(),
-    }
+    JobSize::of(job).set()
 }
 
 /// One share's jobs of one GPU class.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShareClassIndex {
     pub runnable: BTreeSet<QueueKey>,
-    /// `runnable` split by the size of each job (GPUs per node, nodes), so that a round can
-    /// pass over the sizes that can never fit without visiting their jobs.
+    /// `runnable` split by the size of each job (GPUs per node, and nodes by powers of two:
+    /// [`JobSize::set`], keyed by the set's smallest size), so that a round can pass over the
+    /// sizes that can never fit without visiting their jobs.
     pub runnable_by_gpus: BTreeMap<JobSize, BTreeSet<QueueKey>>,
     pub holding: BTreeSet<HoldingKey>,
     /// GPUs held by the jobs in `holding`.
@@ -122,6 +143,9 @@ pub struct ClassCapacity {
     pub healthy_total: u64,
     /// How many schedulable nodes have each healthy-GPU count, to find the largest node.
     pub node_sizes: BTreeMap<u32, u32>,
+    /// The same, of the nodes that keep no GPUs for a nominated job: an upper bound on the
+    /// nodes that may be held for a job of several nodes.
+    pub unheld_sizes: BTreeMap<u32, u32>,
 }
 
 impl Default for ClassCapacity {
@@ -132,6 +156,7 @@ impl Default for ClassCapacity {
             available_total: 0,
             healthy_total: 0,
             node_sizes: BTreeMap::new(),
+            unheld_sizes: BTreeMap::new(),
         }
     }
 }
@@ -145,10 +170,18 @@ impl ClassCapacity {
         }
         self.available_total -= u64::from(available);
         self.healthy_total -= u64::from(slot.healthy);
-        if let Some(count) = self.node_sizes.get_mut(&slot.healthy) {
-            *count -= 1;
-            if *count == 0 {
-                self.node_sizes.remove(&slot.healthy);
+        for (sizes, counted) in [
+            (&mut self.node_sizes, true),
+            (&mut self.unheld_sizes, slot.nominated == 0),
+        ] {
+            if !counted {
+                continue;
+            }
+            if let Some(count) = sizes.get_mut(&slot.healthy) {
+                *count -= 1;
+                if *count == 0 {
+                    sizes.remove(&slot.healthy);
+                }
             }
         }
         Some(slot)
@@ -162,6 +195,9 @@ impl ClassCapacity {
         self.available_total += u64::from(available);
         self.healthy_total += u64::from(slot.healthy);
         *self.node_sizes.entry(slot.healthy).or_insert(0) += 1;
+        if slot.nominated == 0 {
+            *self.unheld_sizes.entry(slot.healthy).or_insert(0) += 1;
+        }
         self.slots.insert(node, slot);
     }
 

@@ -356,6 +356,8 @@ enum Blocked {
     /// it waits, but the jobs behind it in its queue are not held up by it, since the GPUs
     /// they would take are no use to it.
     Unrunnable(WaitReason),
+    /// It waits for the reason it already has.
+    Known,
 }
 
 /// A queue's jobs that can fit at all, in queue order: its per-size sets up to the largest
@@ -546,9 +548,19 @@ impl<'a> Round<'a> {
             } else if job.is_gang() && self.may_hold(q, job, nodes) {
                 // A job of several nodes keeps its nodes while the jobs on them end, so that
                 // smaller jobs do not take each GPU as it frees.
-                let reason = self.gang_waiting(job, nodes);
+                let qualify = self.gang_qualify(job, nodes);
+                let known = matches!(
+                    &job.reason,
+                    Some(WaitReason::GangWaiting { qualify: q, held, .. })
+                        if *q == qualify && held.len() == nodes.len()
+                );
+                let blocked = if known {
+                    Blocked::Known
+                } else {
+                    Blocked::Reason(self.gang_waiting(job, nodes))
+                };
                 self.queues[q].nominated = true;
-                self.queues[q].blocked = Some((id, Blocked::Reason(reason)));
+                self.queues[q].blocked = Some((id, blocked));
             } else {
                 // Its victims are gone and it still does not fit: release the GPUs kept
                 // for it, and let it queue like any other job.
@@ -643,7 +655,8 @@ impl<'a> Round<'a> {
     // --- phases 1 and 3 ----------------------------------------------------------------
 
     /// The next job of a queue to consider, skipping jobs placed this round (jobs that can
-    /// never fit are not in [`Heads`] at all).
+    /// never fit are not in [`Heads`] at all, but for jobs of several nodes in a set whose
+    /// smallest could fit: those are passed over here).
     fn head(&mut self, q: usize) -> Option<&'a JobRecord> {
         loop {
             let &(_, id) = self.queues[q].heads.peek()?;
@@ -651,7 +664,24 @@ impl<'a> Round<'a> {
                 self.queues[q].heads.next();
                 continue;
             }
-            return Some(self.job(id));
+            let job = self.job(id);
+            if job.is_gang() {
+                let queue = &self.queues[q];
+                let node_sizes = self
+                    .state
+                    .index
+                    .capacity
+                    .get(queue.class)
+                    .map(|c| &c.node_sizes);
+                let fits = node_sizes.is_some_and(|sizes| {
+                    can_ever_fit(queue.share, queue.class, sizes)(JobSize::of(job))
+                });
+                if !fits {
+                    self.queues[q].heads.next();
+                    continue;
+                }
+            }
+            return Some(job);
         }
     }
 
@@ -1084,6 +1114,8 @@ impl<'a> Round<'a> {
         let mut touched: BTreeMap<NodeId, (NodeSlot, Vec<JobId>)> = BTreeMap::new();
         let mut qualified: Vec<NodeId> = room.clone();
         let mut taken: Vec<JobId> = Vec::new();
+        let (mut freed, mut own_freed) = (0u64, 0u64);
+        let share_name = self.queues[q].share.name.as_str();
         while let Some(id) = next_candidate() {
             let victim = self.job(id);
             let mut useful = false;
@@ -1109,6 +1141,16 @@ impl<'a> Round<'a> {
                 continue;
             }
             taken.push(id);
+            freed += u64::from(victim.total_gpus());
+            if victim.spec.share == share_name {
+                own_freed += u64::from(victim.total_gpus());
+            }
+            // Cheap tests first: enough nodes, and the quota with every victim taken so far.
+            if qualified.len() < need
+                || !self.admits_after(q, job, scratch.available_total, freed, own_freed)
+            {
+                continue;
+            }
             let Some(chosen) = self.pick_gang_nodes(job, &qualified, need) else {
                 continue;
             };
@@ -1195,6 +1237,20 @@ impl<'a> Round<'a> {
             .filter(|v| v.spec.share == share_name)
             .map(|v| u64::from(v.total_gpus()))
             .sum();
+        self.admits_after(q, job, available_total, freed, own_freed)
+    }
+
+    /// Whether `job`'s share's rules admit it once victims freeing `freed` GPUs of its class
+    /// (`own_freed` of them its share's own) have stopped.
+    fn admits_after(
+        &self,
+        q: usize,
+        job: &JobRecord,
+        available_total: u64,
+        freed: u64,
+        own_freed: u64,
+    ) -> bool {
+        let queue = &self.queues[q];
         let usage = queue.usage - own_freed;
         // Usage drops by the share's own victims; its reserved idle grows if it is a reserve
         // share, which `admit` subtracts again as its own.
@@ -1282,6 +1338,11 @@ impl<'a> Round<'a> {
     /// GPUs free that no other job holds, within its `same` label. Their GPUs are kept for it
     /// as the jobs there end, so a stream of smaller jobs cannot take each GPU as it frees.
     fn hold_for_gangs(&mut self) {
+        // Sizes (class, GPUs, nodes) of process jobs without `same` for which no nodes could
+        // be held this round: a job as large finds none either, since holds only grow.
+        let mut failed: Vec<(&GpuClass, u32, u32)> = Vec::new();
+        // Healthy GPU counts of the nodes held so far this round, per class.
+        let mut held_now: Vec<(&GpuClass, u32)> = Vec::new();
         for q in self.blocked_in_order() {
             let Some((id, Blocked::Reason(WaitReason::GangWaiting { .. }))) =
                 self.queues[q].blocked.as_ref()
@@ -1293,9 +1354,35 @@ impl<'a> Round<'a> {
             if queue.usage + u64::from(job.total_gpus()) > limit_of(queue.share, queue.class) {
                 continue;
             }
+            let plain = job.spec.same.is_none() && job.spec.payload.image.is_none();
+            let (gpus, nodes) = (job.gpus(), job.node_count());
+            if plain
+                && failed
+                    .iter()
+                    .any(|(c, g, n)| *c == job.class() && *g <= gpus && *n <= nodes)
+            {
+                continue;
+            }
             let Some(scratch) = self.classes.get(job.class()) else {
                 continue;
             };
+            // An upper bound first, from the index, so that a job that cannot have nodes
+            // held costs no scan of the class's nodes: the nodes that keep nothing for anyone
+            // (as the round began) with its GPUs, less those held since. (A hold dropped this
+            // round is not counted back: such a job waits a round longer for its nodes.)
+            let unheld: u32 = scratch
+                .real
+                .unheld_sizes
+                .range(gpus..)
+                .map(|(_, count)| *count)
+                .sum();
+            let held: u32 = held_now
+                .iter()
+                .filter(|(c, healthy)| *c == job.class() && *healthy >= gpus)
+                .count() as u32;
+            if unheld.saturating_sub(held) < nodes {
+                continue;
+            }
             let mut candidates: Vec<(Reverse<u32>, NodeId)> = scratch
                 .real
                 .slots
@@ -1311,14 +1398,33 @@ impl<'a> Round<'a> {
             candidates.sort_unstable();
             let ordered: Vec<NodeId> = candidates.into_iter().map(|(_, n)| n).collect();
             let Some(nodes) = self.pick_gang_nodes_ordered(job, &ordered) else {
+                if plain {
+                    failed.push((job.class(), gpus, nodes));
+                }
                 continue;
             };
+            for node in &nodes {
+                let healthy = scratch.slot(*node).map_or(0, |slot| slot.healthy);
+                held_now.push((job.class(), healthy));
+            }
             self.keep_for(q, job, &nodes, &[]);
             let reason = self.gang_waiting(job, &nodes);
             let queue = &mut self.queues[q];
             queue.nominated = true;
             queue.blocked = Some((job.id, Blocked::Reason(reason)));
         }
+    }
+
+    /// How many of `held` have the GPUs of `job` free now.
+    fn gang_qualify(&self, job: &JobRecord, held: &[NodeId]) -> u32 {
+        let scratch = self.classes.get(job.class());
+        held.iter()
+            .filter(|node| {
+                scratch
+                    .and_then(|s| s.slot(**node))
+                    .is_some_and(|slot| slot.free_mask.count_ones() >= job.gpus())
+            })
+            .count() as u32
     }
 
     /// [`Round::pick_gang_nodes`] over nodes in preference order, passing over nodes the job
@@ -1335,15 +1441,7 @@ impl<'a> Round<'a> {
     /// Why a job of several nodes that `held` nodes keep GPUs for waits: how many of them
     /// have its GPUs free now.
     fn gang_waiting(&self, job: &JobRecord, held: &[NodeId]) -> WaitReason {
-        let scratch = self.classes.get(job.class());
-        let qualify = held
-            .iter()
-            .filter(|node| {
-                scratch
-                    .and_then(|s| s.slot(**node))
-                    .is_some_and(|slot| slot.free_mask.count_ones() >= job.gpus())
-            })
-            .count() as u32;
+        let qualify = self.gang_qualify(job, held);
         WaitReason::GangWaiting {
             class: job.class().clone(),
             gpus: job.gpus(),
@@ -1408,6 +1506,7 @@ impl<'a> Round<'a> {
                     refusal.reason(queue.share, queue.class)
                 }
                 Blocked::Reason(reason) | Blocked::Unrunnable(reason) => reason,
+                Blocked::Known => continue,
             };
             self.wait(id, reason);
         }
