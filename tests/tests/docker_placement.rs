@@ -5,7 +5,8 @@
 //! (`agent/tests/docker/build-test-image.sh`; nothing is pulled). A container job runs only on
 //! the Docker node; when that node is lost (its agent killed) the job goes back to the queue
 //! and waits for a Docker node instead of going to the process-only one, where it could never
-//! launch; the Docker agent started again runs it.
+//! launch; the Docker agent started again runs it. A container job of two nodes runs one
+//! container on each of two Docker agents, on the host's network, and its members meet.
 //!
 //! Docker must be reachable: under `CI=true` this test fails without it, elsewhere it skips
 //! with a message.
@@ -317,4 +318,88 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
             .all(|node| node.as_str() == Some(name.as_str())),
         "{view}"
     );
+}
+
+/// A member of a job of several nodes in busybox: rank 0 listens on MASTER_PORT with `nc`,
+/// the others send it a line; each says which host's network it is on.
+const DOCKER_MEMBER: &str = r#"
+echo "rank $QUOTIENT_NODE_RANK of $QUOTIENT_NUM_NODES on host $(hostname), rank 0 at $MASTER_ADDR:$MASTER_PORT"
+if [ "$QUOTIENT_NODE_RANK" = 0 ]; then
+  msg=$(nc -l -p "$MASTER_PORT")
+  echo "rank 0 got: $msg"
+  [ "$msg" = "hello from rank 1" ]
+else
+  for i in $(seq 1 300); do
+    if echo "hello from rank $QUOTIENT_NODE_RANK" | nc "$MASTER_ADDR" "$MASTER_PORT"; then
+      echo "rank $QUOTIENT_NODE_RANK reached rank 0"
+      exit 0
+    fi
+    sleep 0.2
+  done
+  exit 1
+fi
+"#;
+
+#[test]
+fn a_container_job_of_two_nodes_runs_one_member_per_node_on_the_hosts_network() {
+    // Proves that the Docker runtime runs a job of several nodes: one container per member,
+    // each on its node's Docker agent, on the host's network, so that rank 1 reaches rank 0
+    // at MASTER_ADDR:MASTER_PORT; the job SUCCEEDS when both exit 0.
+    if !docker_ready() {
+        return;
+    }
+    let cluster = DevCluster::up(&["--coordinators", "1", "--nodes", "1"]);
+    cluster.create_share("team", 2, "lend", &[]);
+    cluster.ok(&["node", "cordon", "node-1"]);
+    let names = [
+        format!("gang-a-{}", std::process::id()),
+        format!("gang-b-{}", std::process::id()),
+    ];
+    let _agents: Vec<DockerAgent> = names
+        .iter()
+        .map(|name| DockerAgent::start(&cluster, name))
+        .collect();
+    for name in &names {
+        poll_until(&format!("{name} ready"), SETTLE, || {
+            match cluster.node(name) {
+                Some(view) if view["state"] == "ready" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        });
+    }
+    let id = cluster.submit(
+        "team",
+        &["--nodes", "2", "--image", IMAGE],
+        &["sh", "-c", DOCKER_MEMBER],
+    );
+    let view = poll_until(&format!("{id} SUCCEEDED"), SETTLE, || {
+        let view = job(&cluster, &id);
+        match view["state"].as_str() {
+            Some("SUCCEEDED") => Ok(view),
+            Some("FAILED") => panic!("the job failed: {view}"),
+            _ => Err(view.to_string()),
+        }
+    });
+    let mut nodes: Vec<String> = view["attempt_history"][0]["nodes"]
+        .as_array()
+        .expect("the attempt's nodes")
+        .iter()
+        .map(|n| n.as_str().unwrap_or_default().to_string())
+        .collect();
+    nodes.sort();
+    let mut expected = names.to_vec();
+    expected.sort();
+    assert_eq!(nodes, expected, "one member on each Docker node");
+    let host =
+        String::from_utf8_lossy(&Command::new("hostname").output().expect("hostname").stdout)
+            .trim()
+            .to_string();
+    let rank0 = cluster.ok(&["job", "logs", &id, "--rank", "0"]);
+    assert!(rank0.contains("rank 0 got: hello from rank 1"), "{rank0}");
+    assert!(
+        rank0.contains(&format!("on host {host},")),
+        "the member shares the host's network (and so its name): {rank0}"
+    );
+    let rank1 = cluster.ok(&["job", "logs", &id, "--rank", "1"]);
+    assert!(rank1.contains("rank 1 reached rank 0"), "{rank1}");
 }
