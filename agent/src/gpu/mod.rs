@@ -88,6 +88,9 @@ pub struct DeviceStatus {
     /// device cannot deliver XID events.
     pub xid_events: Option<Vec<u64>>,
     pub nvlink_peers: Option<Vec<NvLinkPeer>>,
+    /// Its own PCI bus id (`00000000:07:00.0`), when the backend reads it.
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
     pub topology_peers: Option<Vec<TopologyPeer>>,
     /// Whether Multi-Instance GPU mode is on.
     pub mig_enabled: Option<bool>,
@@ -97,7 +100,7 @@ pub struct DeviceStatus {
 }
 
 impl DeviceStatus {
-    /// The scheduler's view of this GPU.
+    /// The scheduler's view of this GPU alone (no NVLink peers: see [`to_gpu_devices`]).
     pub fn to_gpu_device(&self) -> GpuDevice {
         GpuDevice {
             index: self.index,
@@ -109,9 +112,54 @@ impl DeviceStatus {
     }
 }
 
-/// The scheduler's view of a whole inventory.
+/// The scheduler's view of a whole inventory, each GPU with its NVLink peers: the GPUs an
+/// active link of it reaches (its remote PCI bus id is another GPU's here), and, on hosts
+/// whose links go to NVSwitches (a remote that is no GPU here), every other GPU linked to a
+/// switch too, since the switches connect them all.
 pub fn to_gpu_devices(statuses: &[DeviceStatus]) -> Vec<GpuDevice> {
-    statuses.iter().map(DeviceStatus::to_gpu_device).collect()
+    let by_bus: std::collections::BTreeMap<String, u32> = statuses
+        .iter()
+        .filter_map(|s| Some((normalize_bus_id(s.pci_bus_id.as_deref()?), s.index)))
+        .collect();
+    let bit = |index: u32| if index < 64 { 1u64 << index } else { 0 };
+    let mut direct = vec![0u64; statuses.len()];
+    let mut switched = 0u64;
+    for (i, status) in statuses.iter().enumerate() {
+        for link in status.nvlink_peers.iter().flatten() {
+            match by_bus.get(&normalize_bus_id(&link.remote_pci_bus_id)) {
+                Some(&peer) if peer != status.index => direct[i] |= bit(peer),
+                Some(_) => {}
+                None => switched |= bit(status.index),
+            }
+        }
+    }
+    statuses
+        .iter()
+        .zip(direct)
+        .map(|(status, direct)| {
+            let mut device = status.to_gpu_device();
+            let via_switch = if switched & bit(status.index) != 0 {
+                switched
+            } else {
+                0
+            };
+            device.nvlink_peers = (direct | via_switch) & !bit(status.index);
+            device
+        })
+        .collect()
+}
+
+/// A PCI bus id in one form whatever NVML wrote (`00000000:07:00.0`, `0000:07:00.0`): the
+/// domain as a number, the rest in lowercase.
+fn normalize_bus_id(id: &str) -> String {
+    let id = id.trim().to_ascii_lowercase();
+    match id.split_once(':') {
+        Some((domain, rest)) if rest.contains(':') => {
+            let domain = u64::from_str_radix(domain, 16).unwrap_or(0);
+            format!("{domain:x}:{rest}")
+        }
+        _ => id,
+    }
 }
 
 /// What makes a GPU unfit for new work: the device is lost or unreadable, it raised a

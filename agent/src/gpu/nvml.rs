@@ -50,6 +50,8 @@ pub struct RawReadings {
     pub xid_events: Option<Vec<u64>>,
     /// (link, remote PCI bus id) for each active link.
     pub nvlinks: Option<Vec<(u32, String)>>,
+    /// The device's own PCI bus id, to match its peers' links.
+    pub pci_bus_id: Option<String>,
     /// (other index, NVML topology level) for each other device.
     pub topology: Option<Vec<(u32, TopologyLevel)>>,
     /// NVML's current MIG mode (1 = enabled).
@@ -83,6 +85,7 @@ pub fn device_status_from_readings(raw: RawReadings) -> DeviceStatus {
         ecc_corrected_errors: raw.ecc_corrected_volatile,
         ecc_uncorrected_errors: raw.ecc_uncorrected_volatile,
         xid_events: raw.xid_events,
+        pci_bus_id: raw.pci_bus_id,
         nvlink_peers: raw.nvlinks.map(|links| {
             links
                 .into_iter()
@@ -234,6 +237,7 @@ impl NvmlBackend {
         );
         raw.mig_mode_current = reading(device.mig_mode(), &mut lost).map(|mode| mode.current);
         raw.nvlinks = read_nvlinks(&device, &mut lost);
+        raw.pci_bus_id = reading(device.pci_info(), &mut lost).map(|info| info.bus_id);
         raw.topology = self.read_topology(&device, index, count, &mut lost);
         raw.xid_events = self.drain_xid(index);
         raw.lost = lost;
@@ -336,6 +340,7 @@ mod tests {
             ecc_uncorrected_volatile: Some(0),
             xid_events: Some(vec![]),
             nvlinks: None,
+            pci_bus_id: Some("00000000:05:00.0".into()),
             topology: Some(vec![(1, TopologyLevel::HostBridge)]),
             mig_mode_current: None,
             lost: false,
@@ -404,6 +409,51 @@ mod tests {
             }])
         );
         assert_eq!(status.mig_enabled, Some(true));
+    }
+
+    /// The inventory names each GPU's NVLink peers: the GPUs here its links reach (bus ids
+    /// matched whatever their domain's width), and every GPU linked to an NVSwitch is a peer
+    /// of every other such GPU.
+    #[test]
+    fn nvlink_peers_are_the_gpus_the_links_reach() {
+        let gpu = |index: u32, bus: &str, links: &[&str]| {
+            let mut raw = a10g();
+            raw.index = index;
+            raw.uuid = Some(format!("GPU-{index}"));
+            raw.pci_bus_id = Some(bus.into());
+            raw.nvlinks = Some(
+                links
+                    .iter()
+                    .enumerate()
+                    .map(|(link, remote)| (link as u32, remote.to_string()))
+                    .collect(),
+            );
+            device_status_from_readings(raw)
+        };
+        // Pairs 0-1 and 2-3 bridged; GPU 4 without links.
+        let pairs = [
+            gpu(0, "00000000:07:00.0", &["0000:08:00.0"]),
+            gpu(1, "00000000:08:00.0", &["00000000:07:00.0"]),
+            gpu(2, "00000000:0A:00.0", &["00000000:0b:00.0"]),
+            gpu(3, "00000000:0B:00.0", &["00000000:0A:00.0"]),
+            gpu(4, "00000000:0C:00.0", &[]),
+        ];
+        let peers: Vec<u64> = crate::gpu::to_gpu_devices(&pairs)
+            .iter()
+            .map(|d| d.nvlink_peers)
+            .collect();
+        assert_eq!(peers, vec![0b00010, 0b00001, 0b01000, 0b00100, 0]);
+        // Three GPUs linked to NVSwitches (remotes that are no GPU here).
+        let switched = [
+            gpu(0, "00000000:07:00.0", &["00000000:c1:00.0"]),
+            gpu(1, "00000000:08:00.0", &["00000000:c2:00.0"]),
+            gpu(2, "00000000:09:00.0", &["00000000:c1:00.0"]),
+        ];
+        let peers: Vec<u64> = crate::gpu::to_gpu_devices(&switched)
+            .iter()
+            .map(|d| d.nvlink_peers)
+            .collect();
+        assert_eq!(peers, vec![0b110, 0b101, 0b011]);
     }
 
     /// An XID error, a double-bit ECC error, or a lost or unreadable device each make it unhealthy.

@@ -212,6 +212,7 @@ impl GpuBackend for SimulatedBackend {
                     ecc_uncorrected_errors: Some(0),
                     xid_events: Some(xid_events),
                     nvlink_peers: Some(Vec::new()),
+                    pci_bus_id: None,
                     topology_peers: None,
                     mig_enabled: Some(false),
                     healthy: problems.is_empty(),
