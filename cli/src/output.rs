@@ -228,9 +228,14 @@ fn attempt_lines(job: &JobView) -> String {
             .map_or_else(|| "never ran".to_string(), rfc3339);
         let ended = attempt.ended_ms.map_or_else(|| "now".to_string(), rfc3339);
         let outcome = attempt.outcome.as_deref().unwrap_or("current");
+        let nodes = if attempt.nodes.len() > 1 {
+            attempt.nodes.join(", ")
+        } else {
+            attempt.node.clone()
+        };
         out.push_str(&format!(
-            "  #{} on {}: {started} to {ended}: {outcome}\n",
-            attempt.attempt, attempt.node
+            "  #{} on {nodes}: {started} to {ended}: {outcome}\n",
+            attempt.attempt
         ));
     }
     out
@@ -672,5 +677,43 @@ a-much-longer-name  lend-and-borrow  a10g=1  a10g=2  -         a10g=0  1        
         assert_eq!(json["id"], "j-42");
         assert_eq!(json["reason"], serde_json::Value::Null);
         assert_eq!(json["node"], "node-2");
+        for field in ["node_count", "same", "placement"] {
+            assert!(json.get(field).is_some(), "job JSON lacks {field}");
+        }
+    }
+
+    #[test]
+    fn a_job_of_several_nodes_shows_its_nodes_and_members() {
+        // Proves the table's `2x(1xa10g)` form and `job get`'s placement lines.
+        let mut gang = job();
+        gang.node_count = 2;
+        gang.placement = vec![
+            quotient_common::api::PlacementView {
+                rank: 0,
+                node: "node-2".into(),
+                gpus: vec![0],
+                stage: "running".into(),
+                exit_code: None,
+            },
+            quotient_common::api::PlacementView {
+                rank: 1,
+                node: "node-4".into(),
+                gpus: vec![0],
+                stage: "exited".into(),
+                exit_code: Some(0),
+            },
+        ];
+        let table = job_table(std::slice::from_ref(&gang));
+        assert!(table.contains("2x(1xa10g)"), "{table}");
+        assert!(job_table(&[job()]).contains(" 1xa10g "));
+        let detail = job_detail(&gang);
+        assert!(
+            detail.contains("gpus:             2 nodes x 1 x a10g\n"),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("placement:\n  rank 0 on node-2: GPUs 0, running\n  rank 1 on node-4: GPUs 0, exited (exit 0)\n"),
+            "{detail}"
+        );
     }
 }
