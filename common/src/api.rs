@@ -451,6 +451,8 @@ pub struct GpuView {
     pub class: String,
     pub healthy: bool,
     pub job: Option<String>,
+    /// The indices of the GPUs of the node it reaches over NVLink.
+    pub nvlink_peers: Vec<u32>,
 }
 
 /// A node as `quotient node list -o json` prints it.

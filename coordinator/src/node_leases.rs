@@ -368,4 +368,72 @@ mod tests {
         let late = heard + Duration::from_millis(3_600);
         assert_eq!(leases.expired(&state, late), vec!["node-1".to_string()]);
     }
+
+    #[test]
+    fn a_gang_not_running_on_every_member_in_time_is_found_once() {
+        // Proves the start timeout: a job of two nodes placed at 1,000 ms with one member
+        // running is due at 1,000 + timeout, listed once (not once per member's node); once
+        // every member runs it is no longer listed.
+        let class = GpuClass::parse("a10g").expect("a class");
+        let mut state = State::new();
+        let node = |name: &str| {
+            Command::RegisterNode(NodeInventory {
+                name: name.into(),
+                host: quotient_common::HostInfo::process_only(),
+                gpus: vec![GpuDevice {
+                    index: 0,
+                    uuid: format!("GPU-{name}"),
+                    class: class.clone(),
+                    healthy: true,
+                    nvlink_peers: 0,
+                }],
+            })
+        };
+        let mut spec = JobSpec::new("team", 1, 1, vec!["x".into()]);
+        spec.nodes = 2;
+        let commands = vec![
+            node("node-1"),
+            node("node-2"),
+            Command::CreateShare(ShareSpec {
+                name: "team".into(),
+                limits: BTreeMap::from([(class.clone(), 2)]),
+                strategy: Strategy::Lend,
+                borrow_limit_percent: None,
+                in_share_preemption: false,
+                state: ShareState::Enabled,
+            }),
+            Command::SubmitJob(spec),
+        ];
+        let mut index = 0;
+        let mut run = |state: &mut State, command: Command| {
+            index += 1;
+            let ctx = ApplyCtx {
+                log_index: index,
+                time_ms: 1_000,
+            };
+            assert!(!apply(state, command, ctx).is_rejected());
+        };
+        for command in commands {
+            run(&mut state, command);
+        }
+        let plan = quotient_core::plan(&state);
+        run(&mut state, Command::ApplyPlan(plan));
+        let job = JobId(1);
+        let report = |node: &str| {
+            Command::ReportJob(quotient_core::JobReport {
+                job,
+                attempt: 1,
+                node: node.into(),
+                event: quotient_core::JobEvent::Running,
+            })
+        };
+        run(&mut state, report("node-1"));
+        assert_eq!(gangs_not_started(&state, 1_000 + 59_999, 60_000), vec![]);
+        assert_eq!(
+            gangs_not_started(&state, 1_000 + 60_000, 60_000),
+            vec![(job, 1)]
+        );
+        run(&mut state, report("node-2"));
+        assert_eq!(gangs_not_started(&state, 1_000 + 60_000, 60_000), vec![]);
+    }
 }

@@ -195,6 +195,7 @@ pub fn node_view(state: &State, node: &NodeRecord) -> NodeView {
                 class: gpu.class.to_string(),
                 healthy: gpu.healthy,
                 job: holders.get(&gpu.index).map(|job| job.to_string()),
+                nvlink_peers: quotient_core::mask_indices(gpu.nvlink_peers),
             })
             .collect(),
         disk_used_bytes: None,

@@ -50,7 +50,7 @@ pub use reason::WaitReason;
 pub use scheduler::{plan, plan_avoiding, plan_with, DEFAULT_TOPOLOGY_KEY};
 pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
-    Allocation, IdempotencyKeys, JobRecord, MemberStage, NodeId, NodeRecord, Preemption,
-    PreemptionKind, ShareRecord, State, StateData, StopCause,
+    mask_indices, Allocation, IdempotencyKeys, JobRecord, MemberStage, NodeId, NodeRecord,
+    Preemption, PreemptionKind, ShareRecord, State, StateData, StopCause,
 };
 pub use validate::InvariantError;

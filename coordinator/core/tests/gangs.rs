@@ -19,6 +19,28 @@ fn fleet(sim: &mut Sim, n: usize, gpus: u32) {
     }
 }
 
+/// `nodes` nodes of `gpus` GPUs and a `lend` share `team` of `limit` GPUs.
+fn team_on(nodes: usize, gpus: u32, limit: u32) -> Sim {
+    let mut sim = Sim::new();
+    fleet(&mut sim, nodes, gpus);
+    sim.ok(Command::CreateShare(share("team", Strategy::Lend, limit)));
+    sim
+}
+
+/// Applies a plan of `actions` that must be refused whole; its report.
+fn refused(sim: &mut Sim, actions: Vec<PlanAction>) -> quotient_core::PlanReport {
+    let plan = quotient_core::Plan {
+        actions,
+        waiting: Vec::new(),
+    };
+    let Outcome::PlanApplied(report) = sim.apply(Command::ApplyPlan(plan)) else {
+        panic!("a plan applies");
+    };
+    assert_eq!(report.placed, 0, "{report:?}");
+    assert_eq!(report.rejected.len(), 1, "{report:?}");
+    report
+}
+
 fn reason(sim: &Sim, id: JobId) -> String {
     sim.state
         .reason(sim.state.job(id).unwrap())
@@ -28,9 +50,7 @@ fn reason(sim: &Sim, id: JobId) -> String {
 
 #[test]
 fn a_gang_is_placed_whole_in_one_action_on_distinct_nodes_and_counts_every_gpu() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 3, 2);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 6)));
+    let mut sim = team_on(3, 2, 6);
     let id = sim.submit(gang("team", "ddp", 1, 3, 2));
     let plan = sim.round();
     let places: Vec<&PlanAction> = plan
@@ -62,9 +82,7 @@ fn a_gang_is_placed_whole_in_one_action_on_distinct_nodes_and_counts_every_gpu()
 
 #[test]
 fn a_gang_waits_whole_while_capacity_is_short_and_nothing_of_it_starts() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 3, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 3)));
+    let mut sim = team_on(3, 1, 3);
     sim.ok(Command::CreateShare(share("other", Strategy::Lend, 2)));
     let small = sim.submit(job("other", "small", 5, 1));
     let small2 = sim.submit(job("other", "small2", 5, 1));
@@ -88,9 +106,7 @@ fn a_gang_waits_whole_while_capacity_is_short_and_nothing_of_it_starts() {
 
 #[test]
 fn a_gang_larger_than_the_fleet_says_so() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 2, 4);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 64)));
+    let mut sim = team_on(2, 4, 64);
     let id = sim.submit(gang("team", "huge", 1, 3, 4));
     sim.settle();
     let why = reason(&sim, id);
@@ -102,9 +118,7 @@ fn a_gang_larger_than_the_fleet_says_so() {
 
 #[test]
 fn apply_takes_all_members_or_none() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 2, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 4)));
+    let mut sim = team_on(2, 1, 4);
     let id = sim.submit(gang("team", "ddp", 1, 2, 1));
     let plan = quotient_core::plan(&sim.state);
     // Before the plan commits, another job takes node-1's GPU.
@@ -119,34 +133,24 @@ fn apply_takes_all_members_or_none() {
         waiting: Vec::new(),
     };
     sim.ok(Command::ApplyPlan(take));
-    let Outcome::PlanApplied(report) = sim.apply(Command::ApplyPlan(plan)) else {
-        panic!("a plan applies");
-    };
-    assert_eq!(report.placed, 0);
-    assert_eq!(report.rejected.len(), 1, "{report:?}");
+    refused(&mut sim, plan.actions);
     let job = sim.state.job(id).unwrap();
     assert_eq!(job.state, JobState::Runnable);
     assert!(job.placement.is_empty(), "no member was placed");
     // A plan naming fewer members than the job's nodes, or one node twice, is refused too.
     let node0 = sim.state.node_by_name("node-0").unwrap().id;
     for members in [vec![(node0, 1)], vec![(node0, 1), (node0, 1)]] {
-        let bad = quotient_core::Plan {
-            actions: vec![PlanAction::PlaceMembers { job: id, members }],
-            waiting: Vec::new(),
-        };
-        let Outcome::PlanApplied(report) = sim.apply(Command::ApplyPlan(bad)) else {
-            panic!("a plan applies");
-        };
-        assert_eq!(report.rejected.len(), 1);
+        refused(
+            &mut sim,
+            vec![PlanAction::PlaceMembers { job: id, members }],
+        );
         assert!(sim.state.job(id).unwrap().placement.is_empty());
     }
 }
 
 #[test]
 fn a_gang_runs_once_every_member_runs_and_succeeds_once_every_member_exits_zero() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 2, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 2)));
+    let mut sim = team_on(2, 1, 2);
     let id = sim.submit(gang("team", "ddp", 1, 2, 1));
     sim.round();
     sim.report_member(id, 0, JobEvent::Started);
@@ -174,9 +178,7 @@ fn a_gang_runs_once_every_member_runs_and_succeeds_once_every_member_exits_zero(
 
 #[test]
 fn a_member_that_fails_stops_the_whole_attempt_and_the_job_fails_when_all_have_exited() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 3, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 3)));
+    let mut sim = team_on(3, 1, 3);
     let id = sim.submit(gang("team", "ddp", 1, 3, 1));
     sim.settle();
     assert_eq!(sim.state_of(id), JobState::Running);
@@ -200,9 +202,7 @@ fn a_member_that_fails_stops_the_whole_attempt_and_the_job_fails_when_all_have_e
 
 #[test]
 fn a_failed_member_uses_the_jobs_retry_strategy() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 2, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 2)));
+    let mut sim = team_on(2, 1, 2);
     let mut spec = gang("team", "ddp", 1, 2, 1);
     spec.retry.retries = 1;
     let id = sim.submit(spec);
@@ -218,9 +218,7 @@ fn a_failed_member_uses_the_jobs_retry_strategy() {
 
 #[test]
 fn a_lost_node_stops_the_gang_and_requeues_it_and_no_two_attempts_overlap() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 3, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 2)));
+    let mut sim = team_on(3, 1, 2);
     let id = sim.submit(gang("team", "ddp", 1, 2, 1));
     sim.settle();
     let nodes = sim.nodes_of(id);
@@ -255,9 +253,7 @@ fn a_lost_node_stops_the_gang_and_requeues_it_and_no_two_attempts_overlap() {
 
 #[test]
 fn a_gang_that_never_starts_on_every_member_is_stopped_and_requeued() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 2, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 2)));
+    let mut sim = team_on(2, 1, 2);
     let id = sim.submit(gang("team", "ddp", 1, 2, 1));
     sim.round();
     sim.report_member(id, 0, JobEvent::Started);
@@ -463,17 +459,13 @@ fn same_rack_is_a_hard_constraint() {
     let mut spec = gang("team", "mixed", 1, 2, 1);
     spec.same = Some("rack".into());
     let mixed = sim.submit(spec);
-    let bad = quotient_core::Plan {
-        actions: vec![PlanAction::PlaceMembers {
+    refused(
+        &mut sim,
+        vec![PlanAction::PlaceMembers {
             job: mixed,
             members: vec![(b1, 1), (loose, 1)],
         }],
-        waiting: Vec::new(),
-    };
-    let Outcome::PlanApplied(report) = sim.apply(Command::ApplyPlan(bad)) else {
-        panic!("a plan applies");
-    };
-    assert_eq!(report.rejected.len(), 1);
+    );
 }
 
 #[test]
@@ -499,9 +491,7 @@ fn a_member_of_several_gpus_gets_nvlink_peers() {
 
 #[test]
 fn a_report_from_a_node_of_no_member_is_stale() {
-    let mut sim = Sim::new();
-    fleet(&mut sim, 3, 1);
-    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 2)));
+    let mut sim = team_on(3, 1, 2);
     let id = sim.submit(gang("team", "ddp", 1, 2, 1));
     sim.round();
     let nodes = sim.nodes_of(id);
