@@ -285,6 +285,8 @@ impl Demo {
             borrow_limit_percent: borrow,
             in_share_preemption: in_share,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         };
         self.call(ApiRequest::CreateShare(spec))?;
         Ok(())
@@ -312,6 +314,7 @@ impl Demo {
             retry: Default::default(),
             nodes: 1,
             same: None,
+            owner: None,
         };
         match self.call(ApiRequest::SubmitJob(spec))? {
             ApiResponse::JobSubmitted { job, .. } => {
@@ -333,6 +336,7 @@ impl Demo {
         match self.call(ApiRequest::ListJobs {
             share: None,
             state: None,
+            mine: false,
         })? {
             ApiResponse::Jobs(jobs) => Ok(jobs),
             other => bail!("unexpected answer to job list: {other:?}"),

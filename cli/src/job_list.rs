@@ -20,6 +20,9 @@ pub struct JobListArgs {
     /// SUCCEEDED, FAILED or CANCELLED.
     #[arg(long)]
     pub state: Option<JobState>,
+    /// Only your own jobs (a user sees the jobs of the shares they may submit to).
+    #[arg(long)]
+    pub mine: bool,
 }
 
 pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
@@ -27,6 +30,7 @@ pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
     let request = ApiRequest::ListJobs {
         share: args.share.clone(),
         state: args.state,
+        mine: args.mine,
     };
     let jobs = match session.call(request.clone())? {
         ApiResponse::Jobs(jobs) => jobs,

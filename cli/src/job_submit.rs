@@ -144,6 +144,8 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
         },
         nodes: args.nodes,
         same: args.same.clone(),
+        // Set by the coordinators from the caller's certificate.
+        owner: None,
     };
     if !spec.retry.rules.is_empty() && spec.retry.retries == 0 {
         return Err(UsageError(

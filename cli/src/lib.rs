@@ -60,6 +60,7 @@ pub mod share_delete;
 pub mod share_get;
 pub mod share_list;
 pub mod share_update;
+pub mod tenancy;
 
 /// Flags every command takes.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -43,6 +43,23 @@ enum Command {
     Dev(DevCommand),
     /// Run the walkthrough of docs/quota-shares.md on a fresh local cluster, narrated.
     Demo(demo::DemoArgs),
+    /// Groups of users, for shares' members (admin).
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Who did what: admin actions and refusals for lack of rights (admin).
+    Audit(tenancy::AuditArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum GroupCommand {
+    /// Declare a group of users (admin).
+    Create(tenancy::GroupCreateArgs),
+    /// Add or remove users (admin).
+    Update(tenancy::GroupUpdateArgs),
+    /// Delete a group (admin).
+    Delete(tenancy::GroupDeleteArgs),
+    /// List the groups.
+    List(tenancy::GroupListArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -59,6 +76,12 @@ enum CertsCommand {
     Init(certs_init::CertsInitArgs),
     /// Issue a certificate signed by DIR's CA: DIR/NAME.pem and DIR/NAME-key.pem.
     Issue(certs_issue::CertsIssueArgs),
+    /// Revoke the certificates of a name on the cluster: refused from now on (admin).
+    Revoke(tenancy::CertsRevokeArgs),
+    /// Take a name back out of the revoked list (admin).
+    Unrevoke(tenancy::CertsUnrevokeArgs),
+    /// List the revoked names (admin).
+    Revoked(tenancy::CertsRevokedArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -153,6 +176,14 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Dev(DevCommand::Up(args)) => dev_up::run(global, &args),
         Command::Dev(DevCommand::Down(args)) => dev_down::run(global, &args),
         Command::Demo(args) => demo::run(&args),
+        Command::Group(GroupCommand::Create(args)) => tenancy::group_create(global, &args),
+        Command::Group(GroupCommand::Update(args)) => tenancy::group_update(global, &args),
+        Command::Group(GroupCommand::Delete(args)) => tenancy::group_delete(global, &args),
+        Command::Group(GroupCommand::List(args)) => tenancy::group_list(global, &args),
+        Command::Audit(args) => tenancy::audit(global, &args),
+        Command::Certs(CertsCommand::Revoke(args)) => tenancy::certs_revoke(global, &args),
+        Command::Certs(CertsCommand::Unrevoke(args)) => tenancy::certs_unrevoke(global, &args),
+        Command::Certs(CertsCommand::Revoked(args)) => tenancy::certs_revoked(global, &args),
     }
 }
 

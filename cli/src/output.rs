@@ -504,6 +504,9 @@ mod tests {
             lent: [("a10g".to_string(), 0)].into(),
             runnable: 1,
             running: 2,
+            members: Vec::new(),
+            open: true,
+            max_jobs_per_user: None,
         }
     }
 

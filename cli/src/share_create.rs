@@ -32,6 +32,13 @@ pub struct ShareCreateArgs {
     /// Let a higher-priority job of this share preempt a lower one of the same share.
     #[arg(long)]
     pub in_share_preemption: bool,
+    /// A user (the name in their certificate) or `group:NAME` who may submit to the share;
+    /// repeat for several. Without any, every user may (an open share).
+    #[arg(long = "member", value_name = "USER|group:NAME")]
+    pub members: Vec<String>,
+    /// The most jobs one user may have queued or running in the share at once.
+    #[arg(long, value_name = "N")]
+    pub max_jobs_per_user: Option<u32>,
 }
 
 /// Builds the spec and checks it as the state machine would.
@@ -51,6 +58,13 @@ pub fn spec(args: &ShareCreateArgs) -> Result<ShareSpec, UsageError> {
         borrow_limit_percent: args.borrow_limit_percent,
         in_share_preemption: args.in_share_preemption,
         state: ShareState::Enabled,
+        members: {
+            let mut members = args.members.clone();
+            members.sort();
+            members.dedup();
+            members
+        },
+        max_jobs_per_user: args.max_jobs_per_user,
     };
     spec.validate()
         .map_err(|error| UsageError(error.to_string()))?;

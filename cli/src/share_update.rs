@@ -37,6 +37,37 @@ pub struct ShareUpdateArgs {
     /// enabled or disabled (a disabled share takes no new jobs).
     #[arg(long, value_name = "STATE")]
     pub state: Option<ShareState>,
+    /// Replaces the members with these (a user or `group:NAME`; repeat for several).
+    #[arg(long = "member", value_name = "USER|group:NAME")]
+    pub members: Vec<String>,
+    /// Opens the share to every user (removes every member).
+    #[arg(long, conflicts_with = "members")]
+    pub open: bool,
+    /// Adds a member; repeat for several.
+    #[arg(long = "add-member", value_name = "USER|group:NAME")]
+    pub add_members: Vec<String>,
+    /// Removes a member; repeat for several.
+    #[arg(long = "remove-member", value_name = "USER|group:NAME")]
+    pub remove_members: Vec<String>,
+    /// The most jobs one user may have queued or running in the share, or `none`.
+    #[arg(long, value_name = "N|none", value_parser = parse_cap)]
+    pub max_jobs_per_user: Option<Cap>,
+}
+
+/// `--max-jobs-per-user`: a number, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap(pub Option<u32>);
+
+fn parse_cap(text: &str) -> Result<Cap, String> {
+    if text == "none" {
+        return Ok(Cap(None));
+    }
+    match text.parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(Cap(Some(n))),
+        _ => Err(format!(
+            "invalid cap {text:?}: use a number of jobs, 1 or more, or none"
+        )),
+    }
 }
 
 /// `--borrow-limit`: a percentage, or none.
@@ -76,11 +107,30 @@ pub fn update(args: &ShareUpdateArgs) -> Result<ShareUpdate, UsageError> {
         borrow_limit_percent: args.borrow_limit_percent.map(|limit| limit.0),
         in_share_preemption: args.in_share_preemption,
         state: args.state,
+        members: if args.open {
+            Some(Vec::new())
+        } else {
+            (!args.members.is_empty()).then(|| args.members.clone())
+        },
+        add_members: args.add_members.clone(),
+        remove_members: args.remove_members.clone(),
+        max_jobs_per_user: args.max_jobs_per_user.map(|cap| cap.0),
     };
+    for member in update
+        .members
+        .iter()
+        .flatten()
+        .chain(&update.add_members)
+        .chain(&update.remove_members)
+    {
+        quotient_common::share::validate_member(member)
+            .map_err(|error| UsageError(error.to_string()))?;
+    }
     if update == ShareUpdate::default() {
         return Err(UsageError(
             "nothing to update: give at least one of --limit, --strategy, --borrow-limit, \
-             --in-share-preemption or --state"
+             --in-share-preemption, --state, --member, --open, --add-member, --remove-member or \
+             --max-jobs-per-user"
                 .to_string(),
         ));
     }

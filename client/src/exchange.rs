@@ -138,6 +138,7 @@ mod tests {
         ApiRequest::ListJobs {
             share: None,
             state: None,
+            mine: false,
         }
     }
 

@@ -420,6 +420,7 @@ fn an_answer_too_large_is_not_retried() {
     let list = ApiRequest::ListJobs {
         share: None,
         state: None,
+        mine: false,
     };
     let too_large = ApiError::AnswerTooLarge {
         size_bytes: 20_000_000,

@@ -41,6 +41,8 @@ pub enum ApiRequest {
     ListJobs {
         share: Option<String>,
         state: Option<JobState>,
+        /// Only the caller's own jobs.
+        mine: bool,
     },
     UpdateJobPriority {
         job: JobId,
@@ -114,6 +116,34 @@ pub enum ApiRequest {
     RemoveNode {
         node: String,
     },
+    /// Declares a group of users (admin).
+    CreateGroup {
+        name: String,
+        users: Vec<String>,
+    },
+    UpdateGroup {
+        name: String,
+        add: Vec<String>,
+        remove: Vec<String>,
+    },
+    DeleteGroup {
+        name: String,
+    },
+    ListGroups,
+    /// The audit log (admin): entries since `since_ms` (wall clock), of `user` alone.
+    Audit {
+        since_ms: Option<u64>,
+        user: Option<String>,
+    },
+    /// Revokes the certificates of `name` (admin).
+    Revoke {
+        name: String,
+        serial: Option<String>,
+    },
+    Unrevoke {
+        name: String,
+    },
+    ListRevoked,
 }
 
 impl ApiRequest {
@@ -141,6 +171,9 @@ impl ApiRequest {
                 | ApiRequest::ListNodes
                 | ApiRequest::ClusterStatus
                 | ApiRequest::Health
+                | ApiRequest::ListGroups
+                | ApiRequest::Audit { .. }
+                | ApiRequest::ListRevoked
         )
     }
 
@@ -173,6 +206,14 @@ impl ApiRequest {
             ApiRequest::InCluster { .. } => "InCluster",
             ApiRequest::InitCluster => "InitCluster",
             ApiRequest::RemoveNode { .. } => "RemoveNode",
+            ApiRequest::CreateGroup { .. } => "CreateGroup",
+            ApiRequest::UpdateGroup { .. } => "UpdateGroup",
+            ApiRequest::DeleteGroup { .. } => "DeleteGroup",
+            ApiRequest::ListGroups => "ListGroups",
+            ApiRequest::Audit { .. } => "Audit",
+            ApiRequest::Revoke { .. } => "Revoke",
+            ApiRequest::Unrevoke { .. } => "Unrevoke",
+            ApiRequest::ListRevoked => "ListRevoked",
         }
     }
 
@@ -190,6 +231,13 @@ impl ApiRequest {
                 | ApiRequest::RemoveMember { .. }
                 | ApiRequest::InitCluster
                 | ApiRequest::RemoveNode { .. }
+                | ApiRequest::CreateGroup { .. }
+                | ApiRequest::UpdateGroup { .. }
+                | ApiRequest::DeleteGroup { .. }
+                | ApiRequest::Audit { .. }
+                | ApiRequest::Revoke { .. }
+                | ApiRequest::Unrevoke { .. }
+                | ApiRequest::ListRevoked
         )
     }
 }
@@ -226,6 +274,34 @@ pub enum ApiResponse {
     },
     /// The answer to `InitCluster`.
     ClusterInitialised(ClusterInitView),
+    Groups(Vec<GroupView>),
+    Audit(Vec<AuditView>),
+    Revoked(Vec<RevokedView>),
+}
+
+/// A group of users, as `quotient group list -o json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupView {
+    pub name: String,
+    pub users: Vec<String>,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditView {
+    pub index: u64,
+    pub at_ms: u64,
+    pub who: String,
+    pub action: String,
+    pub outcome: String,
+}
+
+/// One revoked certificate name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokedView {
+    pub name: String,
+    pub serial: Option<String>,
+    pub at_ms: u64,
 }
 
 /// Why a request failed. `NotLeader` is for the client to follow, never for the user to see.
@@ -357,6 +433,11 @@ pub struct ShareView {
     pub lent: BTreeMap<String, u64>,
     pub runnable: u64,
     pub running: u64,
+    /// Who may submit to it (users and `group:NAME`); empty when it is open to every user.
+    pub members: Vec<String>,
+    /// Whether every user may submit to it (it lists no members).
+    pub open: bool,
+    pub max_jobs_per_user: Option<u32>,
 }
 
 /// A job as `quotient job get -o json` prints it.
@@ -412,6 +493,9 @@ pub struct JobView {
     pub same: Option<String>,
     /// Its members while it holds GPUs, in rank order (`node` is rank 0's).
     pub placement: Vec<PlacementView>,
+    /// Who submitted it (the name in their certificate); `null` for jobs from before owners
+    /// were recorded.
+    pub owner: Option<String>,
 }
 
 /// One member of a job's placement.
@@ -571,6 +655,8 @@ mod tests {
                 borrow_limit_percent: None,
                 in_share_preemption: false,
                 state: crate::ShareState::Enabled,
+                members: Vec::new(),
+                max_jobs_per_user: None,
             }),
             ApiRequest::UpdateShare {
                 name: share(),
@@ -584,6 +670,7 @@ mod tests {
             ApiRequest::ListJobs {
                 share: None,
                 state: None,
+                mine: false,
             },
             ApiRequest::UpdateJobPriority { job, priority: 1 },
             ApiRequest::CancelJob { job },

@@ -187,6 +187,9 @@ pub struct JobSpec {
     /// A node label key (`rack`) that all of the job's nodes must share one value of; `None`:
     /// the job prefers few values of the topology key but takes any nodes.
     pub same: Option<String>,
+    /// Who submitted it: the name in their certificate, set by the coordinators (whatever a
+    /// client sent). `None` for jobs submitted before owners were recorded.
+    pub owner: Option<String>,
 }
 
 impl JobSpec {
@@ -213,6 +216,7 @@ impl JobSpec {
             retry: RetryPolicy::default(),
             nodes: 1,
             same: None,
+            owner: None,
         }
     }
 

@@ -71,6 +71,24 @@ pub enum Rejection {
         jobs: u64,
         first: JobId,
     },
+    /// The caller may not do this: not a member of the share, not the job's owner.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("no group named {0}")]
+    UnknownGroup(String),
+    #[error("a group named {0} already exists: pick another name, or update that group")]
+    DuplicateGroup(String),
+    /// A share's cap of jobs per user is reached.
+    #[error(
+        "user {user} already has {jobs} jobs queued or running in share {share}, its limit per          user: wait for one to end, or ask an admin to raise it (share update --max-jobs-per-user)"
+    )]
+    UserJobLimit {
+        user: String,
+        share: String,
+        jobs: u32,
+    },
+    #[error("{0} is not revoked")]
+    NotRevoked(String),
 }
 
 impl Rejection {
@@ -93,7 +111,10 @@ impl Rejection {
             | Rejection::NodeLost(_)
             | Rejection::NodeReady(_)
             | Rejection::NodeHasJobs { .. } => ErrorCode::FailedPrecondition,
-            Rejection::TooMany { .. } => ErrorCode::LimitExceeded,
+            Rejection::TooMany { .. } | Rejection::UserJobLimit { .. } => ErrorCode::LimitExceeded,
+            Rejection::Forbidden(_) => ErrorCode::Forbidden,
+            Rejection::UnknownGroup(_) | Rejection::NotRevoked(_) => ErrorCode::NotFound,
+            Rejection::DuplicateGroup(_) => ErrorCode::Conflict,
         }
     }
 }

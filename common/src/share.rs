@@ -108,6 +108,22 @@ pub struct ShareSpec {
     pub borrow_limit_percent: Option<u32>,
     pub in_share_preemption: bool,
     pub state: ShareState,
+    /// Who may submit to it: user names (the name in their certificate) and groups
+    /// (`group:NAME`), sorted, each once. Empty: every user may (an open share).
+    pub members: Vec<String>,
+    /// The most jobs one user may have queued or running in it at once; `None`: no cap.
+    pub max_jobs_per_user: Option<u32>,
+}
+
+/// The most members one share lists.
+pub const SHARE_MEMBERS_MAX: usize = 1_000;
+
+/// Checks a share member: a user name, or `group:NAME`.
+pub fn validate_member(member: &str) -> Result<(), SpecError> {
+    match member.strip_prefix("group:") {
+        Some(group) => validate_name("group", group),
+        None => validate_name("user", member),
+    }
 }
 
 impl ShareSpec {
@@ -128,6 +144,22 @@ impl ShareSpec {
                     max: SHARE_LIMIT_GPUS_MAX,
                 });
             }
+        }
+        if self.members.len() > SHARE_MEMBERS_MAX {
+            return Err(SpecError::TooMany {
+                field: "members".into(),
+                max: SHARE_MEMBERS_MAX as u32,
+            });
+        }
+        for member in &self.members {
+            validate_member(member)?;
+        }
+        if self.max_jobs_per_user == Some(0) {
+            return Err(SpecError::OutOfRange {
+                field: "max jobs per user".into(),
+                value: "0".into(),
+                range: "1 or more (leave it out for no cap)".into(),
+            });
         }
         if let Some(percent) = self.borrow_limit_percent {
             if !self.strategy.borrows() {
@@ -180,7 +212,29 @@ impl ShareSpec {
         if let Some(state) = update.state {
             next.state = state;
         }
+        if let Some(members) = &update.members {
+            next.members = members.clone();
+        }
+        next.members.extend(update.add_members.iter().cloned());
+        next.members.retain(|m| !update.remove_members.contains(m));
+        next.members.sort();
+        next.members.dedup();
+        if let Some(cap) = update.max_jobs_per_user {
+            next.max_jobs_per_user = cap;
+        }
         next
+    }
+
+    /// Whether `user`, in `groups` (the groups naming them), may submit to the share.
+    pub fn admits_user(&self, user: &str, groups: &[&str]) -> bool {
+        self.members.is_empty()
+            || self
+                .members
+                .iter()
+                .any(|member| match member.strip_prefix("group:") {
+                    Some(group) => groups.contains(&group),
+                    None => member == user,
+                })
     }
 }
 
@@ -193,6 +247,12 @@ pub struct ShareUpdate {
     pub borrow_limit_percent: Option<Option<u32>>,
     pub in_share_preemption: Option<bool>,
     pub state: Option<ShareState>,
+    /// Replaces the members (an empty list opens the share to every user).
+    pub members: Option<Vec<String>>,
+    pub add_members: Vec<String>,
+    pub remove_members: Vec<String>,
+    /// `Some(None)` removes the cap.
+    pub max_jobs_per_user: Option<Option<u32>>,
 }
 
 #[cfg(test)]
@@ -207,6 +267,8 @@ mod tests {
             borrow_limit_percent: None,
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         }
     }
 

@@ -351,6 +351,8 @@ impl QuotientCluster {
             borrow_limit_percent: None,
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         };
         let started = Instant::now();
         loop {

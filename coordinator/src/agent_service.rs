@@ -201,6 +201,19 @@ impl AgentService {
                 node_of(&request)
             )));
         }
+        let revoked = self
+            .inner
+            .ctx
+            .state_machine
+            .read(|state| state.is_revoked(&peer.name, None));
+        if revoked {
+            tracing::warn!(%peer, request = kind, "refused a revoked agent certificate");
+            return AgentResponse::Error(AgentError::Unauthorized(format!(
+                "the certificate of {} is revoked: its node is lost; issue the agent a new \
+                 certificate under another name, or unrevoke it",
+                peer.name
+            )));
+        }
         if let Err(error) = self.leader() {
             return AgentResponse::Error(error);
         }

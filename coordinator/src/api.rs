@@ -178,6 +178,21 @@ fn unwrap_request(
     Ok((caller, request, via_leader))
 }
 
+/// `command` made for `caller`: an admin's or a user's is checked and audited by `apply`
+/// ([`Command::As`]); another role's (none reaches a write) as it is.
+fn as_caller(caller: &PeerIdentity, command: Command) -> Command {
+    match caller.role {
+        Role::Admin | Role::User => Command::As {
+            caller: quotient_core::Caller {
+                name: caller.name.clone(),
+                admin: caller.role == Role::Admin,
+            },
+            command: Box::new(command),
+        },
+        Role::Coordinator | Role::Agent => command,
+    }
+}
+
 fn not_leader(forward: &ForwardToLeader<MemberId, BasicNode>) -> ApiError {
     ApiError::NotLeader {
         leader_id: forward.leader_id,
@@ -280,8 +295,21 @@ impl ApiService {
             }
         };
         let peer = &caller;
+        let revoked = self
+            .inner
+            .ctx
+            .state_machine
+            .read(|state| state.is_revoked(&peer.name, None));
+        if revoked && !matches!(request, ApiRequest::Health) {
+            tracing::warn!(%peer, request = request.name(), "refused a revoked certificate");
+            return ApiResponse::Error(ApiError::Rejected(Rejection::Forbidden(format!(
+                "the certificate of {} is revoked: ask an admin for a new one",
+                peer.name
+            ))));
+        }
         if let Err(error) = authorise(peer, &request) {
             tracing::warn!(%peer, request = request.name(), "refused an unauthorised api request");
+            self.record_refusal(peer, request.name(), &error);
             return ApiResponse::Error(error);
         }
         let deadline = Duration::from_millis(match request {
@@ -293,7 +321,7 @@ impl ApiService {
         let started = tokio::time::Instant::now();
         let write = request.is_write();
         let forwardable = via_leader.then(|| request.clone());
-        let answer = tokio::time::timeout(deadline, self.answer(request)).await;
+        let answer = tokio::time::timeout(deadline, self.answer(peer, request)).await;
         match answer {
             Ok(Ok(response)) => response,
             Ok(Err(ApiError::NotLeader {
@@ -386,25 +414,34 @@ impl ApiService {
         }
     }
 
-    async fn answer(&self, request: ApiRequest) -> Result<ApiResponse, ApiError> {
+    async fn answer(
+        &self,
+        caller: &PeerIdentity,
+        request: ApiRequest,
+    ) -> Result<ApiResponse, ApiError> {
         match request {
             ApiRequest::Health => Ok(ApiResponse::Health(self.health())),
             ApiRequest::CreateShare(spec) => {
                 spec.validate().map_err(invalid)?;
-                self.write_done(Command::CreateShare(spec)).await
+                self.write_done_as(caller, Command::CreateShare(spec)).await
             }
             ApiRequest::UpdateShare { name, update } => {
-                self.write_done(Command::UpdateShare { name, update }).await
+                self.write_done_as(caller, Command::UpdateShare { name, update })
+                    .await
             }
             ApiRequest::DeleteShare { name } => {
-                self.write_done(Command::DeleteShare { name }).await
+                self.write_done_as(caller, Command::DeleteShare { name })
+                    .await
             }
             ApiRequest::SubmitJob(mut spec) => {
                 spec.validate().map_err(invalid)?;
                 if spec.name.is_none() {
                     spec.name = Some(generated_job_name(&spec, name_bits()));
                 }
-                match self.write(Command::SubmitJob(spec)).await? {
+                match self
+                    .write(as_caller(caller, Command::SubmitJob(spec)))
+                    .await?
+                {
                     Outcome::JobSubmitted { job, duplicate } => {
                         Ok(ApiResponse::JobSubmitted { job, duplicate })
                     }
@@ -415,27 +452,58 @@ impl ApiService {
             }
             ApiRequest::UpdateJobPriority { job, priority } => {
                 validate_priority(priority).map_err(invalid)?;
-                self.write_done(Command::UpdateJobPriority { job, priority })
+                self.write_done_as(caller, Command::UpdateJobPriority { job, priority })
                     .await
             }
-            ApiRequest::CancelJob { job } => self.write_done(Command::CancelJob { job }).await,
-            ApiRequest::CordonNode { node } => self.write_done(Command::CordonNode { node }).await,
+            ApiRequest::CancelJob { job } => {
+                self.write_done_as(caller, Command::CancelJob { job }).await
+            }
+            ApiRequest::CordonNode { node } => {
+                self.write_done_as(caller, Command::CordonNode { node })
+                    .await
+            }
             ApiRequest::UncordonNode { node } => {
-                self.write_done(Command::SetNodeState {
-                    node,
-                    state: NodeState::Ready,
-                })
+                self.write_done_as(
+                    caller,
+                    Command::SetNodeState {
+                        node,
+                        state: NodeState::Ready,
+                    },
+                )
                 .await
             }
-            ApiRequest::DrainNode { node } => self.write_done(Command::DrainNode { node }).await,
+            ApiRequest::DrainNode { node } => {
+                self.write_done_as(caller, Command::DrainNode { node })
+                    .await
+            }
             ApiRequest::RemoveNode { node } => {
                 self.check_node_removable(&node)?;
-                self.write_done(Command::RemoveNode { node }).await
+                self.write_done_as(caller, Command::RemoveNode { node })
+                    .await
             }
             // Reads and membership changes await larger futures than a write; boxed, they do
             // not make every request's task (a submit's included) that large to spawn and move.
+            ApiRequest::CreateGroup { name, users } => {
+                self.write_done_as(caller, Command::CreateGroup { name, users })
+                    .await
+            }
+            ApiRequest::UpdateGroup { name, add, remove } => {
+                self.write_done_as(caller, Command::UpdateGroup { name, add, remove })
+                    .await
+            }
+            ApiRequest::DeleteGroup { name } => {
+                self.write_done_as(caller, Command::DeleteGroup { name })
+                    .await
+            }
+            ApiRequest::Revoke { name, serial } => {
+                self.write_done_as(caller, Command::Revoke { name, serial })
+                    .await
+            }
+            ApiRequest::Unrevoke { name } => {
+                self.write_done_as(caller, Command::Unrevoke { name }).await
+            }
             read_or_membership => {
-                Box::pin(self.answer_read_or_membership(read_or_membership)).await
+                Box::pin(self.answer_read_or_membership(caller, read_or_membership)).await
             }
         }
     }
@@ -443,8 +511,10 @@ impl ApiService {
     /// [`Self::answer`] for the requests that are not plain writes.
     async fn answer_read_or_membership(
         &self,
+        caller: &PeerIdentity,
         request: ApiRequest,
     ) -> Result<ApiResponse, ApiError> {
+        let user = (caller.role != Role::Admin).then_some(caller.name.as_str());
         match request {
             ApiRequest::AddMember { id, address } => self.add_member(id, address).await,
             ApiRequest::InitCluster => cluster_init::init(
@@ -480,13 +550,29 @@ impl ApiService {
                     .map(|view| ApiResponse::Job(Box::new(view)))
                     .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
             }
-            ApiRequest::ListJobs { share, state } => {
+            ApiRequest::ListJobs { share, state, mine } => {
                 self.linearizable().await?;
-                Ok(ApiResponse::Jobs(
-                    self.inner
-                        .ctx
-                        .state_machine
-                        .read(|s| views::job_views(s, share.as_deref(), state)),
+                let owner = mine.then_some(caller.name.as_str());
+                Ok(ApiResponse::Jobs(self.inner.ctx.state_machine.read(|s| {
+                    views::job_views(s, share.as_deref(), state, user, owner)
+                })))
+            }
+            ApiRequest::ListGroups => {
+                self.linearizable().await?;
+                Ok(ApiResponse::Groups(
+                    self.inner.ctx.state_machine.read(views::group_views),
+                ))
+            }
+            ApiRequest::Audit { since_ms, user } => {
+                self.linearizable().await?;
+                Ok(ApiResponse::Audit(self.inner.ctx.state_machine.read(|s| {
+                    views::audit_views(s, since_ms, user.as_deref())
+                })))
+            }
+            ApiRequest::ListRevoked => {
+                self.linearizable().await?;
+                Ok(ApiResponse::Revoked(
+                    self.inner.ctx.state_machine.read(views::revoked_views),
                 ))
             }
             ApiRequest::ExplainJob { job } => {
@@ -509,6 +595,20 @@ impl ApiService {
                 rank,
             } => {
                 self.linearizable().await?;
+                let owner = self
+                    .inner
+                    .ctx
+                    .state_machine
+                    .read(|state| state.job(job).and_then(|record| record.spec.owner.clone()));
+                if let (Some(user), Some(owner)) = (user, owner) {
+                    if owner != user {
+                        let error = ApiError::Rejected(Rejection::Forbidden(format!(
+                            "{job} belongs to {owner}: only its owner or an admin may read its logs"
+                        )));
+                        self.record_refusal(caller, &format!("job logs {job}"), &error);
+                        return Err(error);
+                    }
+                }
                 let target = self
                     .inner
                     .ctx
@@ -608,6 +708,36 @@ impl ApiService {
 
     async fn write_done(&self, command: Command) -> Result<ApiResponse, ApiError> {
         self.write(command).await.map(|_| ApiResponse::Done)
+    }
+
+    /// [`Self::write_done`] of `command` made for `caller` ([`Command::As`]).
+    async fn write_done_as(
+        &self,
+        caller: &PeerIdentity,
+        command: Command,
+    ) -> Result<ApiResponse, ApiError> {
+        self.write_done(as_caller(caller, command)).await
+    }
+
+    /// Records in the audit log that `caller` was refused `action` for lack of rights. Off the
+    /// request's path: the caller is answered at once, and a record that cannot be committed
+    /// (no quorum) is dropped.
+    fn record_refusal(&self, caller: &PeerIdentity, action: &str, error: &ApiError) {
+        if !matches!(caller.role, Role::Admin | Role::User) {
+            return;
+        }
+        let command = Command::RecordRefusal {
+            caller: quotient_core::Caller {
+                name: caller.name.clone(),
+                admin: caller.role == Role::Admin,
+            },
+            action: action.to_string(),
+            reason: error.to_string(),
+        };
+        let proposer = self.inner.ctx.proposer.clone();
+        tokio::spawn(async move {
+            let _ = proposer.propose(command).await;
+        });
     }
 
     /// Confirms leadership with a quorum and waits for the state machine to catch up.
@@ -801,6 +931,7 @@ mod tests {
         let list = ApiRequest::ListJobs {
             share: None,
             state: None,
+            mine: false,
         };
         let view = long_job_view();
         let per_job = frame::encode_body(&view).expect("encodes").len();

@@ -334,6 +334,8 @@ mod tests {
                 borrow_limit_percent: None,
                 in_share_preemption: false,
                 state: ShareState::Enabled,
+                members: Vec::new(),
+                max_jobs_per_user: None,
             }),
             Command::SubmitJob(JobSpec {
                 grace_period_ms: 2_000,
@@ -401,6 +403,8 @@ mod tests {
                 borrow_limit_percent: None,
                 in_share_preemption: false,
                 state: ShareState::Enabled,
+                members: Vec::new(),
+                max_jobs_per_user: None,
             }),
             Command::SubmitJob(spec),
         ];

@@ -80,6 +80,8 @@ impl Log {
             borrow_limit_percent: None,
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         }));
     }
 }

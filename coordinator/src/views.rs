@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{
-    AttemptView, ClusterView, GpuView, JobView, MemberView, NodeView, PlacementView, ShareView,
+    AttemptView, AuditView, ClusterView, GpuView, GroupView, JobView, MemberView, NodeView,
+    PlacementView, RevokedView, ShareView,
 };
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{
@@ -40,6 +41,9 @@ pub fn share_view(share: &ShareRecord, account: Option<&ShareAccount>) -> ShareV
         lent: by_name(account.map(|a| &a.lent)),
         runnable: account.map_or(0, |a| a.runnable),
         running: account.map_or(0, |a| a.running),
+        members: spec.members.clone(),
+        open: spec.members.is_empty(),
+        max_jobs_per_user: spec.max_jobs_per_user,
     }
 }
 
@@ -162,6 +166,7 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
         node_count: job.node_count(),
         same: job.spec.same.clone(),
         placement,
+        owner: job.spec.owner.clone(),
     }
 }
 
@@ -171,12 +176,77 @@ pub fn job_view_by_id(state: &State, id: JobId) -> Option<JobView> {
 }
 
 /// The jobs matching the filters, in id order.
-pub fn job_views(state: &State, share: Option<&str>, job_state: Option<JobState>) -> Vec<JobView> {
+/// The jobs matching the filters, in id order: of `share`, in `job_state`, that `user` may see
+/// (`None`: an admin, who sees all; a user sees the jobs of the shares they may submit to, and
+/// their own), of `owner` alone.
+pub fn job_views(
+    state: &State,
+    share: Option<&str>,
+    job_state: Option<JobState>,
+    user: Option<&str>,
+    owner: Option<&str>,
+) -> Vec<JobView> {
+    let mut visible: BTreeMap<&str, bool> = BTreeMap::new();
     state
         .jobs()
         .filter(|job| share.is_none_or(|s| job.spec.share == s))
         .filter(|job| job_state.is_none_or(|s| job.state == s))
+        .filter(|job| owner.is_none_or(|o| job.spec.owner.as_deref() == Some(o)))
+        .filter(|job| {
+            user.is_none_or(|user| {
+                job.spec.owner.as_deref() == Some(user)
+                    || *visible
+                        .entry(job.spec.share.as_str())
+                        .or_insert_with(|| state.user_may_use(user, &job.spec.share))
+            })
+        })
         .map(|job| job_view(state, job))
+        .collect()
+}
+
+/// Every group, by name.
+pub fn group_views(state: &State) -> Vec<GroupView> {
+    state
+        .data()
+        .groups
+        .iter()
+        .map(|(name, users)| GroupView {
+            name: name.clone(),
+            users: users.iter().cloned().collect(),
+        })
+        .collect()
+}
+
+/// The audit log's entries at or after `since_ms` (all when `None`), of `user` alone (the
+/// name in the caller's identity) when given, oldest first.
+pub fn audit_views(state: &State, since_ms: Option<u64>, user: Option<&str>) -> Vec<AuditView> {
+    state
+        .data()
+        .audit
+        .iter()
+        .filter(|entry| since_ms.is_none_or(|since| entry.at_ms >= since))
+        .filter(|entry| user.is_none_or(|user| entry.who.rsplit('/').next() == Some(user)))
+        .map(|entry| AuditView {
+            index: entry.index,
+            at_ms: entry.at_ms,
+            who: entry.who.clone(),
+            action: entry.action.clone(),
+            outcome: entry.outcome.clone(),
+        })
+        .collect()
+}
+
+/// Every revoked certificate name.
+pub fn revoked_views(state: &State) -> Vec<RevokedView> {
+    state
+        .data()
+        .revoked
+        .iter()
+        .map(|(name, revocation)| RevokedView {
+            name: name.clone(),
+            serial: revocation.serial.clone(),
+            at_ms: revocation.at_ms,
+        })
         .collect()
 }
 

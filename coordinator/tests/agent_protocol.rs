@@ -195,6 +195,8 @@ fn share_of(name: &str, strategy: Strategy, limit: u32) -> ShareSpec {
         borrow_limit_percent: (strategy == Strategy::LendAndBorrow).then_some(100),
         in_share_preemption: false,
         state: ShareState::Enabled,
+        members: Vec::new(),
+        max_jobs_per_user: None,
     }
 }
 

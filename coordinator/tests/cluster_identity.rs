@@ -123,6 +123,7 @@ async fn a_member_of_another_cluster_is_refused_by_every_exchange_naming_both_id
         .call(ApiRequest::ListJobs {
             share: None,
             state: None,
+            mine: false,
         })
         .await;
     assert!(

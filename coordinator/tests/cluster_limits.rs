@@ -73,6 +73,8 @@ async fn several_largest_submits_at_once_are_all_acknowledged_and_the_leader_kee
         borrow_limit_percent: None,
         in_share_preemption: false,
         state: ShareState::Enabled,
+        members: Vec::new(),
+        max_jobs_per_user: None,
     };
     match client.call(ApiRequest::CreateShare(share)).await {
         Ok(ApiResponse::Done) => {}

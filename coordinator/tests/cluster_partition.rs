@@ -46,6 +46,7 @@ async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_
         old_leader.call(ApiRequest::ListJobs {
             share: None,
             state: None,
+            mine: false,
         }),
     );
     eprintln!("write to the cut-off leader: {write:?}");

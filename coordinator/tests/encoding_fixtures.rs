@@ -111,6 +111,8 @@ fn fixture_log() -> Vec<Entry> {
             borrow_limit_percent: Some(50),
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         })],
         vec![Command::CreateShare(ShareSpec {
             name: "prod".into(),
@@ -119,6 +121,8 @@ fn fixture_log() -> Vec<Entry> {
             borrow_limit_percent: None,
             in_share_preemption: true,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         })],
         vec![Command::RegisterNode(NodeInventory {
             name: "gpu-a".into(),

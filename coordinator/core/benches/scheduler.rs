@@ -174,6 +174,8 @@ fn run(name: &str, gang_percent: u64) {
             borrow_limit_percent: (strategy == Strategy::LendAndBorrow).then_some(100),
             in_share_preemption: s % 2 == 0,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         }));
     }
     for _ in 0..jobs {

@@ -39,6 +39,8 @@ fn main() {
             borrow_limit_percent: None,
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         }),
     );
     let began = Instant::now();

@@ -52,7 +52,15 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         // last applied index included, so that a check never makes two equal states differ.
         return Outcome::Done;
     }
-    let outcome = match command {
+    let outcome = apply_inner(state, command, ctx);
+    state.data.last_applied_index = ctx.log_index;
+    outcome
+}
+
+/// Applies one command, the log index aside (a command made for a caller applies the one it
+/// holds with this).
+pub(crate) fn apply_inner(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
+    match command {
         Command::CreateShare(spec) => state.create_share(spec, ctx),
         Command::UpdateShare { name, update } => state.update_share(&name, &update),
         Command::DisableShare { name } => state.update_share(
@@ -78,13 +86,22 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         Command::MarkNodeLost { node } => state.set_node_state(&node, NodeState::Lost, ctx),
         Command::ApplyPlan(plan) => Outcome::PlanApplied(state.apply_plan(plan, ctx)),
         Command::ReportJob(report) => state.report(report, ctx),
-        Command::CheckDigest { .. } => unreachable!("answered above"),
+        Command::CheckDigest { .. } => Outcome::Done,
         Command::RemoveNode { node } => state.remove_node(&node),
         Command::StopAtTimeLimit { job, attempt } => state.stop_at_time_limit(job, attempt),
         Command::StopUnstarted { job, attempt } => state.stop_unstarted(job, attempt, ctx),
-    };
-    state.data.last_applied_index = ctx.log_index;
-    outcome
+        Command::As { caller, command } => state.apply_as(caller, *command, ctx),
+        Command::RecordRefusal {
+            caller,
+            action,
+            reason,
+        } => state.record_refusal(&caller, action, reason, ctx),
+        Command::CreateGroup { name, users } => state.create_group(name, users),
+        Command::UpdateGroup { name, add, remove } => state.update_group(name, add, remove),
+        Command::DeleteGroup { name } => state.delete_group(&name),
+        Command::Revoke { name, serial } => state.revoke(name, serial, ctx),
+        Command::Unrevoke { name } => state.unrevoke(&name),
+    }
 }
 
 fn rejected(rejection: Rejection) -> Outcome {
@@ -374,7 +391,7 @@ impl State {
         }
     }
 
-    fn set_node_state(&mut self, name: &str, to: NodeState, ctx: ApplyCtx) -> Outcome {
+    pub(crate) fn set_node_state(&mut self, name: &str, to: NodeState, ctx: ApplyCtx) -> Outcome {
         let Some(&id) = self.data.node_ids.get(name) else {
             return rejected(Rejection::UnknownNode(name.to_string()));
         };
@@ -1278,6 +1295,8 @@ mod tests {
             borrow_limit_percent: None,
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         };
         assert_eq!(
             apply_next(&mut state, Command::CreateShare(share)),

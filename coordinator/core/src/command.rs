@@ -97,6 +97,59 @@ pub enum Command {
         job: JobId,
         attempt: u32,
     },
+    /// `command`, asked for by `caller` through the API: `apply` checks the caller's rights
+    /// on it (a share's members, a job's owner, the per-user cap) and records it in the audit
+    /// log when the caller is an admin or is refused for lack of rights.
+    As {
+        caller: Caller,
+        command: Box<Command>,
+    },
+    /// A refusal for lack of rights decided outside `apply` (a role without the right, logs of
+    /// another's job): only recorded in the audit log.
+    RecordRefusal {
+        caller: Caller,
+        action: String,
+        reason: String,
+    },
+    /// Declares a group of users, for shares' `group:NAME` members.
+    CreateGroup {
+        name: String,
+        users: Vec<String>,
+    },
+    UpdateGroup {
+        name: String,
+        add: Vec<String>,
+        remove: Vec<String>,
+    },
+    DeleteGroup {
+        name: String,
+    },
+    /// Revokes the certificates of `name` (of every role; of one serial when given): every
+    /// coordinator refuses them from this entry on. An agent's node is lost with it.
+    Revoke {
+        name: String,
+        serial: Option<String>,
+    },
+    Unrevoke {
+        name: String,
+    },
+}
+
+/// Who asked for a command through the API: the identity of their certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    /// The name in the certificate.
+    pub name: String,
+    /// Whether the certificate's role is admin (else user).
+    pub admin: bool,
+}
+
+impl Caller {
+    /// How the audit log names the caller: `quotient://admin/alice`.
+    pub fn identity(&self) -> String {
+        let role = if self.admin { "admin" } else { "user" };
+        format!("quotient://{role}/{}", self.name)
+    }
 }
 
 /// A state's digest after the log entry at `index` (see [`Command::CheckDigest`]).

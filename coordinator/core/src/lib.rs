@@ -34,6 +34,7 @@ pub mod rules;
 pub mod scheduler;
 pub mod snapshot;
 pub mod state;
+pub mod tenancy;
 pub mod v1;
 pub mod v2;
 pub mod validate;
@@ -42,7 +43,7 @@ pub use accounting::{share_accounts, ShareAccount};
 pub use apply::{apply, apply_noting};
 pub use changes::Changes;
 pub use command::{
-    ApplyCtx, Command, DigestAt, JobEvent, JobReport, Outcome, PlanReport, Rejection,
+    ApplyCtx, Caller, Command, DigestAt, JobEvent, JobReport, Outcome, PlanReport, Rejection,
 };
 pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
@@ -50,7 +51,7 @@ pub use reason::WaitReason;
 pub use scheduler::{plan, plan_avoiding, plan_with, DEFAULT_TOPOLOGY_KEY};
 pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
-    mask_indices, Allocation, IdempotencyKeys, JobRecord, MemberStage, NodeId, NodeRecord,
-    Preemption, PreemptionKind, ShareRecord, State, StateData, StopCause,
+    mask_indices, Allocation, AuditEntry, IdempotencyKeys, JobRecord, MemberStage, NodeId,
+    NodeRecord, Preemption, PreemptionKind, Revocation, ShareRecord, State, StateData, StopCause,
 };
 pub use validate::InvariantError;

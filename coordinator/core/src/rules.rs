@@ -391,6 +391,8 @@ mod tests {
             borrow_limit_percent: borrow,
             in_share_preemption: false,
             state: ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
         }
     }
 

@@ -66,8 +66,9 @@ pub struct SnapshotCapture {
     /// The fields between `jobs` and `idempotency`, encoded.
     middle: Vec<u8>,
     idempotency: IdempotencyKeys,
-    /// The fields after `idempotency`, encoded.
+    /// The fields between `idempotency` and `audit`, encoded.
     tail: Vec<u8>,
+    audit: imbl::Vector<crate::state::AuditEntry>,
 }
 
 impl SnapshotCapture {
@@ -80,6 +81,7 @@ impl SnapshotCapture {
         bytes.extend_from_slice(&self.middle);
         encode(&self.idempotency, &mut bytes);
         bytes.extend_from_slice(&self.tail);
+        encode(&self.audit, &mut bytes);
         bytes
     }
 }
@@ -100,6 +102,9 @@ impl State {
             nodes,
             idempotency,
             last_applied_index,
+            groups,
+            revoked,
+            audit,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -109,12 +114,15 @@ impl State {
         encode(nodes, &mut middle);
         let mut tail = Vec::new();
         encode(last_applied_index, &mut tail);
+        encode(groups, &mut tail);
+        encode(revoked, &mut tail);
         SnapshotCapture {
             head,
             jobs: jobs.clone(),
             middle,
             idempotency: idempotency.clone(),
             tail,
+            audit: audit.clone(),
         }
     }
 

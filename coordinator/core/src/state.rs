@@ -7,7 +7,7 @@
 //! Every map is a `BTreeMap` or a `Vec`, so iteration order never depends on a hash seed.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use quotient_common::{
     GpuClass, GpuDevice, HostInfo, JobId, JobSpec, JobState, NodeState, ShareSpec,
@@ -374,6 +374,41 @@ pub struct StateData {
     pub idempotency: IdempotencyKeys,
     /// The index of the last applied command.
     pub last_applied_index: u64,
+    /// Groups of users an admin declared (`quotient group create`), by name: what a share's
+    /// `group:NAME` member stands for.
+    pub groups: BTreeMap<String, BTreeSet<String>>,
+    /// Revoked certificates, by identity (`quotient://ROLE/NAME`): refused by every
+    /// coordinator from the entry that revoked them on.
+    pub revoked: BTreeMap<String, Revocation>,
+    /// Who did what: every admin action and every refusal for lack of rights, oldest first,
+    /// at most [`AUDIT_ENTRIES_MAX`]. A persistent vector, so that a snapshot takes it without
+    /// copying it under the state's lock; it encodes exactly as a `Vec`.
+    pub audit: imbl::Vector<AuditEntry>,
+}
+
+/// The most entries the audit log keeps; the oldest go first.
+pub const AUDIT_ENTRIES_MAX: usize = 20_000;
+
+/// One revoked certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocation {
+    /// Its serial number, when the admin gave it (hex); `None`: every certificate of the name.
+    pub serial: Option<String>,
+    pub at_ms: u64,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// The log index of the command that recorded it.
+    pub index: u64,
+    pub at_ms: u64,
+    /// Who: the caller's identity (`quotient://admin/alice`).
+    pub who: String,
+    /// What, in words (`share update qs1`, `job cancel j-4`).
+    pub action: String,
+    /// `ok`, or why it was refused.
+    pub outcome: String,
 }
 
 /// The replicated state machine's state. See the module docs.

@@ -14,19 +14,18 @@ use serde::Deserialize;
 
 use quotient_common::{
     GpuClass, HostInfo, JobId, JobPayload, JobSpec, JobState, NodeInventory, NodeState,
-    RetryPolicy, ShareUpdate, Signal,
+    RetryPolicy, Signal,
 };
 
 use crate::command::{Command, DigestAt, JobReport};
 use crate::job_table::JobTable;
 use crate::plan::Plan;
 use crate::reason::WaitReason;
-use crate::state::{NodeId, Preemption, ShareRecord, StateData, StopCause};
+use crate::state::{NodeId, Preemption, StateData, StopCause};
 use crate::v2::{
     AllocationV2, AttemptRecordV2, GpuDeviceV2, JobRecordV2, JobSpecV2, NodeInventoryV2,
-    NodeRecordV2,
+    NodeRecordV2, ShareRecordV2, ShareSpecV2, ShareUpdateV2,
 };
-use quotient_common::ShareSpec;
 
 #[derive(Deserialize)]
 pub struct JobSpecV1 {
@@ -91,10 +90,10 @@ impl From<NodeInventoryV1> for NodeInventory {
 /// `Command` as version 1 encoded it: the same variants in the same order.
 #[derive(Deserialize)]
 pub enum CommandV1 {
-    CreateShare(ShareSpec),
+    CreateShare(ShareSpecV2),
     UpdateShare {
         name: String,
-        update: ShareUpdate,
+        update: ShareUpdateV2,
     },
     DisableShare {
         name: String,
@@ -142,8 +141,11 @@ pub enum CommandV1 {
 impl From<CommandV1> for Command {
     fn from(v1: CommandV1) -> Command {
         match v1 {
-            CommandV1::CreateShare(spec) => Command::CreateShare(spec),
-            CommandV1::UpdateShare { name, update } => Command::UpdateShare { name, update },
+            CommandV1::CreateShare(spec) => Command::CreateShare(spec.into()),
+            CommandV1::UpdateShare { name, update } => Command::UpdateShare {
+                name,
+                update: update.into(),
+            },
             CommandV1::DisableShare { name } => Command::DisableShare { name },
             CommandV1::DeleteShare { name } => Command::DeleteShare { name },
             CommandV1::SubmitJob(spec) => Command::SubmitJob(spec.into()),
@@ -291,7 +293,7 @@ impl From<NodeRecordV1> for NodeRecordV2 {
 /// `StateData` as version 1 of the snapshot state encoded it.
 #[derive(Deserialize)]
 pub struct StateDataV1 {
-    shares: BTreeMap<String, ShareRecord>,
+    shares: BTreeMap<String, ShareRecordV2>,
     jobs: Vec<JobRecordV1>,
     node_ids: BTreeMap<String, NodeId>,
     nodes: Vec<NodeRecordV1>,
@@ -306,7 +308,11 @@ impl From<StateDataV1> for StateData {
             jobs.push(JobRecordV2::from(job).into());
         }
         StateData {
-            shares: v1.shares,
+            shares: v1
+                .shares
+                .into_iter()
+                .map(|(name, share)| (name, share.into()))
+                .collect(),
             jobs,
             node_ids: v1.node_ids,
             nodes: v1
@@ -316,6 +322,7 @@ impl From<StateDataV1> for StateData {
                 .collect(),
             idempotency: v1.idempotency.into_iter().collect(),
             last_applied_index: v1.last_applied_index,
+            ..StateData::default()
         }
     }
 }

@@ -6,7 +6,9 @@
 //!
 //! Version 3 added jobs of several nodes: a job's `nodes` and `same` (`JobSpec`), one
 //! allocation per member with its stage (`JobRecord::placement`), nominations of several nodes,
-//! each attempt's nodes; and each GPU's NVLink peers (`GpuDevice`).
+//! each attempt's nodes; and each GPU's NVLink peers (`GpuDevice`). And tenancy: a share's
+//! members and per-user cap (`ShareSpec`, `ShareUpdate`), a job's owner, groups, revoked
+//! certificates and the audit log (`StateData`), commands made for a caller (`Command::As`).
 
 use std::collections::BTreeMap;
 
@@ -14,7 +16,7 @@ use serde::Deserialize;
 
 use quotient_common::{
     GpuClass, GpuDevice, HostInfo, JobId, JobPayload, JobSpec, JobState, NodeInventory, NodeState,
-    RetryPolicy, ShareSpec, ShareUpdate, Signal,
+    RetryPolicy, ShareSpec, ShareState, ShareUpdate, Signal, Strategy,
 };
 
 use crate::command::{Command, DigestAt, JobReport};
@@ -25,6 +27,68 @@ use crate::state::{
     Allocation, AttemptRecord, JobRecord, MemberStage, NodeId, NodeRecord, Preemption, ShareRecord,
     StateData, StopCause,
 };
+
+#[derive(Deserialize)]
+pub struct ShareSpecV2 {
+    pub(crate) name: String,
+    pub(crate) limits: BTreeMap<GpuClass, u32>,
+    pub(crate) strategy: Strategy,
+    pub(crate) borrow_limit_percent: Option<u32>,
+    pub(crate) in_share_preemption: bool,
+    pub(crate) state: ShareState,
+}
+
+impl From<ShareSpecV2> for ShareSpec {
+    fn from(v2: ShareSpecV2) -> ShareSpec {
+        ShareSpec {
+            name: v2.name,
+            limits: v2.limits,
+            strategy: v2.strategy,
+            borrow_limit_percent: v2.borrow_limit_percent,
+            in_share_preemption: v2.in_share_preemption,
+            state: v2.state,
+            members: Vec::new(),
+            max_jobs_per_user: None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ShareUpdateV2 {
+    pub(crate) limits: Option<BTreeMap<GpuClass, u32>>,
+    pub(crate) strategy: Option<Strategy>,
+    pub(crate) borrow_limit_percent: Option<Option<u32>>,
+    pub(crate) in_share_preemption: Option<bool>,
+    pub(crate) state: Option<ShareState>,
+}
+
+impl From<ShareUpdateV2> for ShareUpdate {
+    fn from(v2: ShareUpdateV2) -> ShareUpdate {
+        ShareUpdate {
+            limits: v2.limits,
+            strategy: v2.strategy,
+            borrow_limit_percent: v2.borrow_limit_percent,
+            in_share_preemption: v2.in_share_preemption,
+            state: v2.state,
+            ..ShareUpdate::default()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ShareRecordV2 {
+    pub(crate) spec: ShareSpecV2,
+    pub(crate) created_ms: u64,
+}
+
+impl From<ShareRecordV2> for ShareRecord {
+    fn from(v2: ShareRecordV2) -> ShareRecord {
+        ShareRecord {
+            spec: v2.spec.into(),
+            created_ms: v2.created_ms,
+        }
+    }
+}
 
 #[derive(Deserialize)]
 pub struct JobSpecV2 {
@@ -65,6 +129,7 @@ impl From<JobSpecV2> for JobSpec {
             retry: v2.retry,
             nodes: 1,
             same: None,
+            owner: None,
         }
     }
 }
@@ -109,10 +174,10 @@ impl From<NodeInventoryV2> for NodeInventory {
 /// `Command` as version 2 encoded it: the same variants in the same order.
 #[derive(Deserialize)]
 pub enum CommandV2 {
-    CreateShare(ShareSpec),
+    CreateShare(ShareSpecV2),
     UpdateShare {
         name: String,
-        update: ShareUpdate,
+        update: ShareUpdateV2,
     },
     DisableShare {
         name: String,
@@ -164,8 +229,11 @@ pub enum CommandV2 {
 impl From<CommandV2> for Command {
     fn from(v2: CommandV2) -> Command {
         match v2 {
-            CommandV2::CreateShare(spec) => Command::CreateShare(spec),
-            CommandV2::UpdateShare { name, update } => Command::UpdateShare { name, update },
+            CommandV2::CreateShare(spec) => Command::CreateShare(spec.into()),
+            CommandV2::UpdateShare { name, update } => Command::UpdateShare {
+                name,
+                update: update.into(),
+            },
             CommandV2::DisableShare { name } => Command::DisableShare { name },
             CommandV2::DeleteShare { name } => Command::DeleteShare { name },
             CommandV2::SubmitJob(spec) => Command::SubmitJob(spec.into()),
@@ -333,7 +401,7 @@ impl From<NodeRecordV2> for NodeRecord {
 /// `StateData` as version 2 of the snapshot state encoded it.
 #[derive(Deserialize)]
 pub struct StateDataV2 {
-    pub(crate) shares: BTreeMap<String, ShareRecord>,
+    pub(crate) shares: BTreeMap<String, ShareRecordV2>,
     pub(crate) jobs: Vec<JobRecordV2>,
     pub(crate) node_ids: BTreeMap<String, NodeId>,
     pub(crate) nodes: Vec<NodeRecordV2>,
@@ -348,12 +416,17 @@ impl From<StateDataV2> for StateData {
             jobs.push(job.into());
         }
         StateData {
-            shares: v2.shares,
+            shares: v2
+                .shares
+                .into_iter()
+                .map(|(name, share)| (name, share.into()))
+                .collect(),
             jobs,
             node_ids: v2.node_ids,
             nodes: v2.nodes.into_iter().map(NodeRecord::from).collect(),
             idempotency: v2.idempotency.into_iter().collect(),
             last_applied_index: v2.last_applied_index,
+            ..StateData::default()
         }
     }
 }

@@ -149,6 +149,8 @@ fn share_spec(i: usize, g: &ShareGen) -> ShareSpec {
         borrow_limit_percent: g.borrow,
         in_share_preemption: g.in_share,
         state: ShareState::Enabled,
+        members: Vec::new(),
+        max_jobs_per_user: None,
     }
 }
 

@@ -713,6 +713,8 @@ pub fn share(name: &str) -> ShareSpec {
         borrow_limit_percent: Some(100),
         in_share_preemption: true,
         state: ShareState::Enabled,
+        members: Vec::new(),
+        max_jobs_per_user: None,
     }
 }
 
@@ -748,6 +750,7 @@ pub async fn jobs(client: &ApiClient) -> Vec<quotient_common::api::JobView> {
         .call(ApiRequest::ListJobs {
             share: None,
             state: None,
+            mine: false,
         })
         .await
     {

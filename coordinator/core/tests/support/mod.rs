@@ -26,6 +26,8 @@ pub fn share(name: &str, strategy: Strategy, limit: u32) -> ShareSpec {
         borrow_limit_percent: None,
         in_share_preemption: false,
         state: ShareState::Enabled,
+        members: Vec::new(),
+        max_jobs_per_user: None,
     }
 }
 
