@@ -46,6 +46,10 @@ pub struct CertsIssueArgs {
     /// for several. localhost and 127.0.0.1 are always included for them.
     #[arg(long = "san", value_name = "HOST")]
     pub sans: Vec<String>,
+    /// How many days it is valid, 1-3650 [default: 365 for admins and users, 1825 for
+    /// coordinators and agents]. The CLI warns in the last 14 days of its own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=3650))]
+    pub days: Option<u64>,
 }
 
 fn parse_name(name: &str) -> Result<String, String> {
@@ -57,13 +61,15 @@ fn parse_name(name: &str) -> Result<String, String> {
 /// Issues the certificate and says where it went.
 pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
     let role = Role::from(args.role);
-    let files = certs::issue(&args.dir, role, &args.name, &args.sans).with_context(|| {
-        format!(
-            "cannot issue a {role} certificate for {} in {}",
-            args.name,
-            args.dir.display()
-        )
-    })?;
+    let days = args.days.unwrap_or(certs::default_validity_days(role));
+    let files =
+        certs::issue_for(&args.dir, role, &args.name, &args.sans, days).with_context(|| {
+            format!(
+                "cannot issue a {role} certificate for {} in {}",
+                args.name,
+                args.dir.display()
+            )
+        })?;
     println!(
         "wrote {} and {} ({role} {})",
         files.cert.display(),

@@ -41,6 +41,7 @@ impl Session {
     pub fn from_config(config: &ClientConfig) -> anyhow::Result<Session> {
         let identity = TlsIdentity::load(&config.tls_files())
             .context("cannot load the certificate named by the client config")?;
+        warn_if_expiring(&config.tls_files().cert);
         let client = ApiClient::with_identity(config.coordinators.clone(), identity)
             .context("the client config lists no coordinators")?
             .with_cluster(config.cluster_id)
@@ -250,6 +251,41 @@ pub fn unexpected(request: &ApiRequest, response: &ApiResponse) -> anyhow::Error
     )
 }
 
+/// Says on stderr when the certificate at `path` expires within
+/// [`quotient_common::certs::EXPIRY_WARNING_DAYS`] days (or has expired).
+fn warn_if_expiring(path: &std::path::Path) {
+    let Ok(expires) = quotient_common::certs::expires_at(path) else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if let Some(warning) = expiry_warning(path, expires, now) {
+        eprintln!("{warning}");
+    }
+}
+
+/// The warning for a certificate expiring at `expires` (seconds since the epoch) seen at `now`.
+pub fn expiry_warning(path: &std::path::Path, expires: i64, now: i64) -> Option<String> {
+    let left = expires - now;
+    let window = quotient_common::certs::EXPIRY_WARNING_DAYS as i64 * 86_400;
+    let when = crate::output::rfc3339(u64::try_from(expires.max(0)).unwrap_or(0) * 1000);
+    if left <= 0 {
+        Some(format!(
+            "warning: your certificate {} expired at {when}: ask an admin for a new one",
+            path.display()
+        ))
+    } else if left <= window {
+        Some(format!(
+            "warning: your certificate {} expires at {when} (in {} days): ask an admin for a new one",
+            path.display(),
+            (left + 86_399) / 86_400
+        ))
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +369,16 @@ mod tests {
             failed.message.contains("unexpected answer to GetShare"),
             "{failed:?}"
         );
+    }
+
+    #[test]
+    fn a_certificate_in_its_last_two_weeks_is_warned_of() {
+        let path = std::path::Path::new("/x/alice.pem");
+        let day = 86_400;
+        assert_eq!(expiry_warning(path, 30 * day, 0), None);
+        let soon = expiry_warning(path, 3 * day, 0).expect("a warning");
+        assert!(soon.contains("in 3 days"), "{soon}");
+        let gone = expiry_warning(path, 0, day).expect("a warning");
+        assert!(gone.contains("expired"), "{gone}");
     }
 }

@@ -135,11 +135,17 @@ pub fn share_detail(share: &ShareView) -> String {
             text
         }
     };
+    let members = if share.members.is_empty() {
+        "open to every user".to_string()
+    } else {
+        share.members.join(", ")
+    };
     format!(
         "name:                {}\nstate:               {}\nstrategy:            {}\n\
          limits:              {}\nborrow limit:        {borrow}\nin-share preemption: {}\n\
          usage:               {}\nborrowed:            {}\nlent:                {}\n\
-         runnable jobs:       {}\nrunning jobs:        {}\n",
+         runnable jobs:       {}\nrunning jobs:        {}\nmembers:             {members}\n\
+         max jobs per user:   {}\n",
         share.name,
         share.state,
         share.strategy,
@@ -150,6 +156,9 @@ pub fn share_detail(share: &ShareView) -> String {
         or_dash(class_counts(&share.lent)),
         share.runnable,
         share.running,
+        share
+            .max_jobs_per_user
+            .map_or_else(|| "-".to_string(), |n| n.to_string()),
     )
 }
 
@@ -262,12 +271,13 @@ pub fn job_detail(job: &JobView) -> String {
         String::new()
     };
     format!(
-        "id:               {}\nname:             {}\nshare:            {}\npriority:         {}\n\
+        "id:               {}\nname:             {}\nowner:            {}\nshare:            {}\npriority:         {}\n\
          state:            {}\ngpus:             {nodes}{} x {}\nnode:             {}\n\
          gpu indices:      {}\nattempts:         {}\npreemptions:      {}\n\
          reason:           {}\nlast preemption:  {}\npreempted for:    {}\n",
         job.id,
         dash(optional(&job.name)),
+        dash(optional(&job.owner)),
         job.share,
         job.priority,
         job.state,

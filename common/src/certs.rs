@@ -280,6 +280,44 @@ pub fn issue(
     name: &str,
     extra_sans: &[String],
 ) -> Result<CertFiles, CertError> {
+    issue_for(dir, role, name, extra_sans, default_validity_days(role))
+}
+
+/// How long a certificate of `role` is valid by default: a year for people (admins and
+/// users), whose certificates travel with them; [`LEAF_VALIDITY_DAYS`] for coordinators and
+/// agents.
+pub fn default_validity_days(role: Role) -> u64 {
+    match role {
+        Role::Admin | Role::User => PERSON_VALIDITY_DAYS,
+        Role::Coordinator | Role::Agent => LEAF_VALIDITY_DAYS,
+    }
+}
+
+/// How long a person's certificate is valid by default (days).
+pub const PERSON_VALIDITY_DAYS: u64 = 365;
+/// How soon before its end a certificate is said to expire soon (days).
+pub const EXPIRY_WARNING_DAYS: u64 = 14;
+
+/// When the certificate in the PEM file `path` stops being valid, in seconds since the Unix
+/// epoch.
+pub fn expires_at(path: &Path) -> Result<i64, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes)
+        .map_err(|e| format!("{} is not a PEM certificate: {e}", path.display()))?;
+    let certificate = pem
+        .parse_x509()
+        .map_err(|e| format!("{} is not an X.509 certificate: {e}", path.display()))?;
+    Ok(certificate.validity().not_after.timestamp())
+}
+
+/// [`issue`], valid for `validity_days` (1 to [`CA_VALIDITY_DAYS`], and never past the CA).
+pub fn issue_for(
+    dir: &Path,
+    role: Role,
+    name: &str,
+    extra_sans: &[String],
+    validity_days: u64,
+) -> Result<CertFiles, CertError> {
     validate_name(role.as_str(), name)?;
     if name == RESERVED_NAME_CA {
         return Err(CertError::ReservedName(name.to_string()));
@@ -337,7 +375,7 @@ pub fn issue(
         vec![ExtendedKeyUsagePurpose::ClientAuth]
     };
     params.use_authority_key_identifier_extension = true;
-    set_validity(&mut params, LEAF_VALIDITY_DAYS);
+    set_validity(&mut params, validity_days.clamp(1, CA_VALIDITY_DAYS));
     // A certificate cannot usefully outlive the CA that vouches for it.
     params.not_after = params.not_after.min(ca_certificate.params().not_after);
 
@@ -616,6 +654,36 @@ mod tests {
         assert!(PeerIdentity::from_uri("quotient://root/alice").is_err());
         assert!(PeerIdentity::from_uri("quotient://user/al ice").is_err());
         assert!(PeerIdentity::from_uri("quotient://user").is_err());
+    }
+
+    #[test]
+    fn people_get_a_year_by_default_and_any_certificate_the_days_asked_for() {
+        // Proves the default validity of people's certificates and `issue_for`'s, as
+        // `expires_at` reads them back.
+        let dir = tempfile::tempdir().unwrap();
+        init_ca(dir.path()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let day = 86_400;
+        let within = |files: &CertFiles, days: i64| {
+            let expires = expires_at(&files.cert).unwrap();
+            assert!(
+                (expires - (now + days * day)).abs() < day,
+                "expires {expires}, expected about now + {days} days"
+            );
+        };
+        within(&issue(dir.path(), Role::User, "alice", &[]).unwrap(), 365);
+        within(
+            &issue(dir.path(), Role::Agent, "node-1", &[]).unwrap(),
+            1825,
+        );
+        within(
+            &issue_for(dir.path(), Role::Admin, "ops", &[], 10).unwrap(),
+            10,
+        );
+        assert!(expires_at(&dir.path().join("missing.pem")).is_err());
     }
 
     #[test]
