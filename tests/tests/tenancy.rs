@@ -132,7 +132,17 @@ fn members_owners_caps_revocation_and_the_audit_log() {
 
     eprintln!("--- a member submits; a non-member is refused and nothing is written");
     let submit = [
-        "job", "submit", "--share", "vision", "--gpus", "1", "--", "sleep", "600",
+        "job",
+        "submit",
+        "--share",
+        "vision",
+        "--gpus",
+        "1",
+        "--grace-period",
+        "1s",
+        "--",
+        "sleep",
+        "600",
     ];
     let job = ok_as(&alice, &submit);
     let view = cluster.wait_for_state(&job, "RUNNING", SETTLE);
@@ -222,6 +232,7 @@ fn members_owners_caps_revocation_and_the_audit_log() {
             assert!(stderr.contains("error[Forbidden]"), "{stderr}");
         }
     }
+    // Cordoned at once; lost once its lease runs out (its agent is refused from now on).
     let node = poll_until("node-2 lost", SETTLE, || match cluster.node("node-2") {
         Some(view) if view["state"] == "lost" => Ok(view),
         other => Err(format!("{other:?}")),

@@ -204,7 +204,10 @@ impl State {
         }
     }
 
-    /// Revokes `name`'s certificates; a node of that name (its agent's) is lost with them.
+    /// Revokes `name`'s certificates. A ready node of that name (its agent's) is cordoned:
+    /// nothing new goes there, and as its agent is refused from now on, its lease runs out
+    /// and it is lost as any silent node is, once the agent has had the time to stop its jobs
+    /// (so a requeued job never runs twice at once).
     pub(crate) fn revoke(
         &mut self,
         name: String,
@@ -230,10 +233,10 @@ impl State {
         }
         let node = self
             .node_by_name(&name)
-            .filter(|node| node.state != NodeState::Lost)
+            .filter(|node| node.state == NodeState::Ready)
             .map(|node| node.name.clone());
         if let Some(node) = node {
-            self.set_node_state(&node, NodeState::Lost, ctx);
+            self.set_node_state(&node, NodeState::Cordoned, ctx);
         }
         self.data.revoked.insert(
             name,

@@ -260,7 +260,7 @@ fn the_audit_log_records_admin_actions_and_refusals_and_keeps_its_bound() {
 }
 
 #[test]
-fn a_revoked_agent_loses_its_node_and_unrevoke_takes_the_name_back() {
+fn a_revoked_agents_node_is_cordoned_and_unrevoke_takes_the_name_back() {
     let mut sim = cluster();
     let id = submitted(submit_as(&mut sim, &user("alice"), "vision"));
     sim.settle();
@@ -278,10 +278,14 @@ fn a_revoked_agent_loses_its_node_and_unrevoke_takes_the_name_back() {
         !sim.state.is_revoked("n1", Some("ff")),
         "another serial of the name"
     );
+    // Cordoned at once; lost only when its lease runs out (the leader's doing), so that its
+    // agent has stopped the job before it is requeued.
     assert_eq!(
         sim.state.node_by_name("n1").unwrap().state,
-        quotient_common::NodeState::Lost
+        quotient_common::NodeState::Cordoned
     );
+    assert_eq!(sim.state_of(id), JobState::Running);
+    sim.ok(Command::MarkNodeLost { node: "n1".into() });
     assert_eq!(
         sim.state_of(id),
         JobState::Runnable,

@@ -1,0 +1,36 @@
+//! Files people and programs write: the client config, the coordinator's config and the
+//! agent's journal. The first byte picks which.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&kind, rest)) = data.split_first() else {
+        return;
+    };
+    match kind % 3 {
+        0 => {
+            if let Ok(text) = std::str::from_utf8(rest) {
+                let _ = quotient_cli::client_config::ClientConfig::parse(
+                    text,
+                    std::path::Path::new("/etc/quotient"),
+                );
+            }
+        }
+        1 => {
+            if let Ok(text) = std::str::from_utf8(rest) {
+                if let Ok(config) =
+                    toml::from_str::<quotient_coordinator::config::CoordinatorConfig>(text)
+                {
+                    let _ = config.validate();
+                }
+            }
+        }
+        _ => {
+            let dir = tempfile::tempdir().expect("a temporary folder");
+            std::fs::write(dir.path().join(quotient_agent::journal::JOURNAL_FILE), rest)
+                .expect("the journal");
+            let _ = quotient_agent::journal::Journal::open(dir.path(), "node-1");
+        }
+    }
+});
