@@ -142,7 +142,8 @@ async fn bad_clients_and_bad_frames_are_refused_and_change_nothing() {
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
     let admin = cluster.admin();
     create_share(&admin, "team").await;
-    let before = cluster.wait_converged(&[1, 2, 3]).await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let before = (shares(&admin).await, jobs(&admin).await);
     let term_before = cluster.health(leader).await.expect("health").term;
     let leader_address = cluster.address(leader);
     let socket: SocketAddr = leader_address.parse().expect("a socket address");
@@ -353,8 +354,27 @@ async fn bad_clients_and_bad_frames_are_refused_and_change_nothing() {
 
     eprintln!("--- the cluster still serves, under the same leader and term, with the same state");
     assert_eq!(shares(&admin).await.len(), 1);
-    let after = cluster.wait_converged(&[1, 2, 3]).await;
+    // A refusal for lack of rights is recorded in the audit log (docs/tenancy.md); nothing
+    // else changes.
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let after = (shares(&admin).await, jobs(&admin).await);
     assert_eq!(after, before, "a refused request changed the state");
+    let audit = match admin
+        .call(ApiRequest::Audit {
+            since_ms: None,
+            user: None,
+        })
+        .await
+    {
+        Ok(ApiResponse::Audit(entries)) => entries,
+        other => panic!("the audit log: {other:?}"),
+    };
+    for entry in audit
+        .iter()
+        .filter(|e| !e.who.starts_with("quotient://admin/"))
+    {
+        assert!(entry.outcome.starts_with("refused"), "{entry:?}");
+    }
     let health = cluster.health(leader).await.expect("health");
     assert_eq!(
         health.term, term_before,
