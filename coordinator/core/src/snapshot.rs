@@ -254,6 +254,17 @@ mod tests {
     }
 
     #[test]
+    fn a_few_bytes_claiming_countless_idempotency_keys_are_an_error_not_an_abort() {
+        // Found by the snapshot_state fuzz target: imbl's map reserved room for the 2^53 keys
+        // the input claimed, and the process aborted. Empty shares, jobs, node names and nodes,
+        // then a map of 2^53 keys and no bytes for them.
+        let mut body = vec![0u8, 0, 0, 0, 0xFD];
+        body.extend_from_slice(&(1u64 << 53).to_le_bytes());
+        let error = super::decode_data::<super::StateData>(&body).unwrap_err();
+        assert!(matches!(error, super::SnapshotError::Decode(_)), "{error}");
+    }
+
+    #[test]
     fn a_snapshot_carries_its_version_and_another_is_refused_naming_both() {
         use crate::state::State;
         use quotient_common::version::SNAPSHOT_STATE;

@@ -371,6 +371,7 @@ pub struct StateData {
     pub nodes: Vec<NodeRecord>,
     /// The job each idempotency key made. A persistent map, so that a snapshot takes it
     /// without copying it under the state's lock; it encodes exactly as a `BTreeMap`.
+    #[serde(deserialize_with = "deserialize_idempotency")]
     pub idempotency: IdempotencyKeys,
     /// The index of the last applied command.
     pub last_applied_index: u64,
@@ -383,7 +384,28 @@ pub struct StateData {
     /// Who did what: every admin action and every refusal for lack of rights, oldest first,
     /// at most [`AUDIT_ENTRIES_MAX`]. A persistent vector, so that a snapshot takes it without
     /// copying it under the state's lock; it encodes exactly as a `Vec`.
+    #[serde(deserialize_with = "deserialize_audit")]
     pub audit: imbl::Vector<AuditEntry>,
+}
+
+/// The idempotency keys read as a `BTreeMap` (the same encoding), then made persistent:
+/// imbl's own decoding reserves room for as many entries as the input claims, before reading
+/// them, so a few bytes claiming 2^53 keys aborted the process (found by the snapshot_state
+/// fuzz target). serde's maps and lists reserve no more than a small bound.
+fn deserialize_idempotency<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<IdempotencyKeys, D::Error> {
+    let keys = BTreeMap::<String, JobId>::deserialize(deserializer)?;
+    Ok(keys.into_iter().collect())
+}
+
+/// The audit log read as a `Vec` (the same encoding), then made persistent: see
+/// [`deserialize_idempotency`].
+fn deserialize_audit<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<imbl::Vector<AuditEntry>, D::Error> {
+    let entries = Vec::<AuditEntry>::deserialize(deserializer)?;
+    Ok(entries.into_iter().collect())
 }
 
 /// The most entries the audit log keeps; the oldest go first.
