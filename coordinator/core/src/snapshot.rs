@@ -156,6 +156,15 @@ impl State {
             2 => decode_data::<crate::v2::StateDataV2>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
+        // What building the index relies on, checked first (the rest after, by `validate`):
+        // a job without its class made the rebuild panic (found by the snapshot_state fuzz
+        // target).
+        if let Some(job) = data.jobs.iter().find(|job| job.spec.gpu_class.is_none()) {
+            return Err(SnapshotError::Invalid(format!(
+                "{} has no GPU class",
+                job.id
+            )));
+        }
         let index = Index::rebuild(&data);
         let state = State {
             data,
@@ -262,6 +271,23 @@ mod tests {
         body.extend_from_slice(&(1u64 << 53).to_le_bytes());
         let error = super::decode_data::<super::StateData>(&body).unwrap_err();
         assert!(matches!(error, super::SnapshotError::Decode(_)), "{error}");
+    }
+
+    #[test]
+    fn a_job_without_a_class_is_an_invalid_snapshot_not_a_panic() {
+        // Found by the snapshot_state fuzz target: the index was rebuilt before the state was
+        // validated, and a job without its class made the rebuild panic.
+        let mut state = crate::State::new();
+        let mut job = crate::state::JobRecord::new(
+            JobId(1),
+            quotient_common::JobSpec::new("s", 1, 1, vec!["x".into()]),
+            0,
+        );
+        job.spec.gpu_class = None;
+        state.data.jobs.push(job);
+        let bytes = state.to_snapshot_bytes();
+        let error = crate::State::from_snapshot_bytes(&bytes).unwrap_err();
+        assert!(error.to_string().contains("has no GPU class"), "{error}");
     }
 
     #[test]
