@@ -1403,6 +1403,29 @@ impl<'a> Round<'a> {
                 }
                 continue;
             };
+            // The GPUs free on those nodes now become kept for it: only if its share's rules
+            // let it take that many of the class's free GPUs, so that a hold never takes
+            // the idle quota of a reserve share.
+            let free_now: u32 = nodes
+                .iter()
+                .filter_map(|node| scratch.slot(*node))
+                .map(|slot| slot.available().min(gpus))
+                .sum();
+            let queue = &self.queues[q];
+            let admitted = free_now == 0
+                || admit(
+                    queue.share,
+                    queue.class,
+                    queue.usage,
+                    queue.kept,
+                    free_now,
+                    scratch.available_total,
+                    self.reserved(queue.class),
+                )
+                .is_ok();
+            if !admitted {
+                continue;
+            }
             for node in &nodes {
                 let healthy = scratch.slot(*node).map_or(0, |slot| slot.healthy);
                 held_now.push((job.class(), healthy));
