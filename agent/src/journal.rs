@@ -179,7 +179,7 @@ impl Journal {
                         "it is over the limit of {JOURNAL_BYTES_MAX} bytes"
                     )));
                 }
-                decode(&text, node, &path)?
+                return Journal::from_text(&text, node, path);
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => JournalFile {
                 version: AGENT_JOURNAL.current,
@@ -194,6 +194,15 @@ impl Journal {
                 })
             }
         };
+        let mut journal = Journal { path, file };
+        journal.trim();
+        Ok(journal)
+    }
+
+    /// The journal whose file at `path` holds `text` (read within the size limit), checked as
+    /// [`Journal::open`] checks it; nothing is read or written here.
+    pub fn from_text(text: &str, node: &str, path: PathBuf) -> Result<Journal, JournalError> {
+        let file = decode(text, node, &path)?;
         let mut journal = Journal { path, file };
         journal.trim();
         Ok(journal)

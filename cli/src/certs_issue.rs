@@ -76,5 +76,13 @@ pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
         files.key.display(),
         args.name
     );
+    // The serial is what revokes this one certificate and no other of the name.
+    if let Ok(facts) = certs::certificate_facts(&files.cert) {
+        println!(
+            "serial {}, valid for {days} days (until {})",
+            facts.serial,
+            crate::output::rfc3339(u64::try_from(facts.expires_at.max(0)).unwrap_or(0) * 1000)
+        );
+    }
     Ok(())
 }

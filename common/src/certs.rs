@@ -144,6 +144,14 @@ impl PeerIdentity {
         }))
     }
 
+    /// The serial number of a DER certificate, as lowercase hex without leading zeros (what
+    /// `quotient certs revoke --serial` takes; `openssl x509 -serial` prints it in capitals).
+    pub fn serial_of_certificate_der(der: &[u8]) -> Result<String, IdentityError> {
+        let (_, certificate) = x509_parser::parse_x509_certificate(der)
+            .map_err(|error| IdentityError::NotX509(error.to_string()))?;
+        Ok(format!("{:x}", certificate.serial))
+    }
+
     /// Reads the identity from a DER certificate: exactly one `quotient://` SAN URI.
     pub fn from_certificate_der(der: &[u8]) -> Result<Self, IdentityError> {
         let (_, certificate) = x509_parser::parse_x509_certificate(der)
@@ -298,16 +306,33 @@ pub const PERSON_VALIDITY_DAYS: u64 = 365;
 /// How soon before its end a certificate is said to expire soon (days).
 pub const EXPIRY_WARNING_DAYS: u64 = 14;
 
-/// When the certificate in the PEM file `path` stops being valid, in seconds since the Unix
-/// epoch.
-pub fn expires_at(path: &Path) -> Result<i64, String> {
+/// What a certificate file says of itself that people need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFacts {
+    /// When it stops being valid, in seconds since the Unix epoch.
+    pub expires_at: i64,
+    /// Its serial number, lowercase hex (what `quotient certs revoke --serial` takes).
+    pub serial: String,
+}
+
+/// Reads the certificate in the PEM file `path`.
+pub fn certificate_facts(path: &Path) -> Result<CertificateFacts, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes)
         .map_err(|e| format!("{} is not a PEM certificate: {e}", path.display()))?;
     let certificate = pem
         .parse_x509()
         .map_err(|e| format!("{} is not an X.509 certificate: {e}", path.display()))?;
-    Ok(certificate.validity().not_after.timestamp())
+    Ok(CertificateFacts {
+        expires_at: certificate.validity().not_after.timestamp(),
+        serial: format!("{:x}", certificate.serial),
+    })
+}
+
+/// When the certificate in the PEM file `path` stops being valid, in seconds since the Unix
+/// epoch.
+pub fn expires_at(path: &Path) -> Result<i64, String> {
+    certificate_facts(path).map(|facts| facts.expires_at)
 }
 
 /// [`issue`], valid for `validity_days` (1 to [`CA_VALIDITY_DAYS`], and never past the CA).

@@ -519,6 +519,9 @@ impl Client {
 pub struct PeerConnection {
     connection: quinn::Connection,
     peer: PeerIdentity,
+    /// The serial number of the peer's certificate (lowercase hex), checked against the
+    /// revoked serials of its name.
+    serial: Option<String>,
     alpn: Vec<u8>,
 }
 
@@ -559,9 +562,11 @@ impl PeerConnection {
             .and_then(|data| data.downcast::<HandshakeData>().ok())
             .and_then(|data| data.protocol)
             .unwrap_or_default();
+        let serial = PeerIdentity::serial_of_certificate_der(leaf).ok();
         Ok(PeerConnection {
             connection,
             peer,
+            serial,
             alpn,
         })
     }
@@ -569,6 +574,11 @@ impl PeerConnection {
     /// Who the peer is, from its certificate.
     pub fn peer(&self) -> &PeerIdentity {
         &self.peer
+    }
+
+    /// The serial number of the peer's certificate (lowercase hex).
+    pub fn serial(&self) -> Option<&str> {
+        self.serial.as_deref()
     }
 
     /// The negotiated ALPN protocol (one of the `ALPN_*` constants).

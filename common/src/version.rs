@@ -96,10 +96,11 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 /// The replicated state as a snapshot holds it (`quotient_core::State::to_snapshot_bytes`),
 /// in the snapshot file and in the snapshot a leader sends a follower, in its first bytes.
 /// Version 2: as [`RAFT_LOG`] 2, and each job's attempt history and counters. Version 3: as
-/// [`RAFT_LOG`] 3.
+/// [`RAFT_LOG`] 3. Version 4: every revoked serial of a name (`quotient_core::v3` reads
+/// version 3).
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
-    current: 3,
+    current: 4,
     oldest: 1,
 };
 

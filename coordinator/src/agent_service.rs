@@ -136,6 +136,7 @@ impl AgentService {
     /// Serves one connection on the agent ALPN until it closes; each request on its own task.
     pub async fn serve_connection(self, connection: PeerConnection) {
         let peer = connection.peer().clone();
+        let serial: Option<Arc<str>> = connection.serial().map(Arc::from);
         let address = connection.remote_address();
         if let Err(error) = connection.require_role(&[Role::Agent]) {
             tracing::warn!(%peer, %address, error = %error, "refused an agent connection: not an agent certificate");
@@ -157,7 +158,10 @@ impl AgentService {
             };
             let service = self.clone();
             let peer = peer.clone();
-            tokio::spawn(async move { service.serve_request(peer, stream).await });
+            let serial = serial.clone();
+            tokio::spawn(
+                async move { service.serve_request(peer, serial.as_deref(), stream).await },
+            );
         }
         self.inner
             .ctx
@@ -165,7 +169,12 @@ impl AgentService {
             .disconnected(&peer.name, &connection);
     }
 
-    async fn serve_request(&self, peer: PeerIdentity, mut stream: RequestStream) {
+    async fn serve_request(
+        &self,
+        peer: PeerIdentity,
+        serial: Option<&str>,
+        mut stream: RequestStream,
+    ) {
         let request: AgentRequest = match stream
             .read_request(Duration::from_millis(AGENT_REQUEST_READ_TIMEOUT_MS))
             .await
@@ -176,7 +185,7 @@ impl AgentService {
                 return;
             }
         };
-        let response = self.handle(&peer, request).await;
+        let response = self.handle(&peer, serial, request).await;
         if let Err(error) = stream
             .respond(&response, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
             .await
@@ -185,8 +194,14 @@ impl AgentService {
         }
     }
 
-    /// Authorises and answers one request, within its deadline.
-    pub async fn handle(&self, peer: &PeerIdentity, request: AgentRequest) -> AgentResponse {
+    /// Authorises and answers one request, within its deadline. `serial` is the serial number
+    /// of the peer's certificate.
+    pub async fn handle(
+        &self,
+        peer: &PeerIdentity,
+        serial: Option<&str>,
+        request: AgentRequest,
+    ) -> AgentResponse {
         let kind = request_kind(&request);
         if peer.role != Role::Agent || node_of(&request) != peer.name {
             tracing::warn!(
@@ -205,7 +220,7 @@ impl AgentService {
             .inner
             .ctx
             .state_machine
-            .read(|state| state.is_revoked(&peer.name, None));
+            .read(|state| state.is_revoked(&peer.name, serial));
         if revoked {
             tracing::warn!(%peer, request = kind, "refused a revoked agent certificate");
             return AgentResponse::Error(AgentError::Unauthorized(format!(

@@ -221,6 +221,7 @@ impl ApiService {
     /// Serves one connection on the API ALPN until it closes; each request on its own task.
     pub async fn serve_connection(self, connection: PeerConnection) {
         let peer = connection.peer().clone();
+        let serial: Option<Arc<str>> = connection.serial().map(Arc::from);
         let address = connection.remote_address();
         tracing::debug!(%peer, %address, "api client connected");
         loop {
@@ -234,11 +235,19 @@ impl ApiService {
             };
             let service = self.clone();
             let peer = peer.clone();
-            tokio::spawn(async move { service.serve_request(peer, stream).await });
+            let serial = serial.clone();
+            tokio::spawn(
+                async move { service.serve_request(peer, serial.as_deref(), stream).await },
+            );
         }
     }
 
-    async fn serve_request(&self, peer: PeerIdentity, mut stream: RequestStream) {
+    async fn serve_request(
+        &self,
+        peer: PeerIdentity,
+        serial: Option<&str>,
+        mut stream: RequestStream,
+    ) {
         let request: ApiRequest = match stream
             .read_request(Duration::from_millis(API_REQUEST_READ_TIMEOUT_MS))
             .await
@@ -251,7 +260,7 @@ impl ApiService {
         };
         let kind = request.unwrapped().name();
         let narrow = how_to_narrow(&request);
-        let response = self.handle(&peer, request).await;
+        let response = self.handle(&peer, serial, request).await;
         let version = stream.version().unwrap_or(API_WIRE.current);
         let frame = match answer_frame(&response, narrow, version) {
             Ok(Answer::Whole(frame)) => frame,
@@ -278,14 +287,26 @@ impl ApiService {
         }
     }
 
-    /// Authorises and answers one request, within its deadline.
-    pub async fn handle(&self, peer: &PeerIdentity, request: ApiRequest) -> ApiResponse {
+    /// Authorises and answers one request, within its deadline. `serial` is the serial number
+    /// of the peer's certificate.
+    pub async fn handle(
+        &self,
+        peer: &PeerIdentity,
+        serial: Option<&str>,
+        request: ApiRequest,
+    ) -> ApiResponse {
         let request = match self.for_this_cluster(request) {
             Ok(request) => request,
             Err(error) => {
                 tracing::warn!(%peer, error = %error, "refused an api request for another cluster");
                 return ApiResponse::Error(error);
             }
+        };
+        // A forwarded request's caller is another coordinator's client, whose certificate (and
+        // serial) that coordinator checked; here only a revocation of the whole name counts.
+        let serial = match request {
+            ApiRequest::Forwarded { .. } => None,
+            _ => serial,
         };
         let (caller, request, via_leader) = match unwrap_request(peer, request) {
             Ok(parts) => parts,
@@ -299,7 +320,7 @@ impl ApiService {
             .inner
             .ctx
             .state_machine
-            .read(|state| state.is_revoked(&peer.name, None));
+            .read(|state| state.is_revoked(&peer.name, serial));
         if revoked && !matches!(request, ApiRequest::Health) {
             tracing::warn!(%peer, request = request.name(), "refused a revoked certificate");
             return ApiResponse::Error(ApiError::Rejected(Rejection::Forbidden(format!(
@@ -543,6 +564,7 @@ impl ApiService {
             }
             ApiRequest::GetJob { job } => {
                 self.linearizable().await?;
+                self.check_job_visible(caller, user, job, "job get")?;
                 self.inner
                     .ctx
                     .state_machine
@@ -577,6 +599,7 @@ impl ApiService {
             }
             ApiRequest::ExplainJob { job } => {
                 self.linearizable().await?;
+                self.check_job_visible(caller, user, job, "job explain")?;
                 self.inner
                     .ctx
                     .state_machine
@@ -640,6 +663,35 @@ impl ApiService {
             }
             write => unreachable!("{} is answered by `answer`", write.name()),
         }
+    }
+
+    /// `Forbidden` (recorded in the audit log) when `user` (`None`: an admin) may not read
+    /// `job`: a user reads their own jobs and those of the shares they may submit to, as
+    /// `job list` shows them. An unknown job passes, to be answered as unknown.
+    fn check_job_visible(
+        &self,
+        caller: &PeerIdentity,
+        user: Option<&str>,
+        job: quotient_common::JobId,
+        action: &str,
+    ) -> Result<(), ApiError> {
+        let Some(user) = user else {
+            return Ok(());
+        };
+        let hidden = self.inner.ctx.state_machine.read(|state| {
+            let record = state.job(job)?;
+            let visible = record.spec.owner.as_deref() == Some(user)
+                || state.user_may_use(user, &record.spec.share);
+            (!visible).then(|| record.spec.share.clone())
+        });
+        let Some(share) = hidden else {
+            return Ok(());
+        };
+        let error = ApiError::Rejected(Rejection::Forbidden(format!(
+            "{job} is in share {share}, which {user} is not a member of: only its owner, the              share's members and admins may read it"
+        )));
+        self.record_refusal(caller, &format!("{action} {job}"), &error);
+        Err(error)
     }
 
     /// On the leader, `Err` when node `node` may not be removed: what the state machine would

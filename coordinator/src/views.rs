@@ -236,18 +236,21 @@ pub fn audit_views(state: &State, since_ms: Option<u64>, user: Option<&str>) -> 
         .collect()
 }
 
-/// Every revoked certificate name.
+/// Every revoked certificate: one entry for a name revoked whole, one per serial otherwise.
 pub fn revoked_views(state: &State) -> Vec<RevokedView> {
-    state
-        .data()
-        .revoked
-        .iter()
-        .map(|(name, revocation)| RevokedView {
+    let mut views = Vec::new();
+    for (name, revocation) in &state.data().revoked {
+        let view = |serial: Option<&String>| RevokedView {
             name: name.clone(),
-            serial: revocation.serial.clone(),
+            serial: serial.cloned(),
             at_ms: revocation.at_ms,
-        })
-        .collect()
+        };
+        if revocation.serials.is_empty() {
+            views.push(view(None));
+        }
+        views.extend(revocation.serials.iter().map(|serial| view(Some(serial))));
+    }
+    views
 }
 
 /// A node with its GPUs and which job holds each.

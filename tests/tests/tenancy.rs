@@ -3,7 +3,8 @@
 //! cannot cancel, update or read the logs of the owner's job, an admin can; the per-user cap
 //! refuses the extra submit; a revoked user and admin are refused by every coordinator, one
 //! of them down when the revocation was committed, and a revoked agent's node is lost and
-//! stays so; the audit log shows each of these.
+//! stays so; a certificate revoked by its serial is refused while the next one of the same
+//! name works; the audit log shows each of these.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -174,6 +175,11 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     forbidden(&bob, &["job", "cancel", &job]);
     forbidden(&bob, &["job", "update", &job, "--priority", "5"]);
     forbidden(&bob, &["job", "logs", &job]);
+    // Nor read it: vision is not his share (job list showed him none of its jobs).
+    forbidden(&bob, &["job", "get", &job]);
+    forbidden(&bob, &["job", "explain", &job]);
+    ok_as(&alice, &["job", "get", &job]);
+    ok_as(&bob, &["job", "get", &bob_job]);
     ok_as(&alice, &["job", "update", &job, "--priority", "3"]);
     ok_as(&admin, &["job", "update", &job, "--priority", "4"]);
     ok_as(&admin, &["job", "logs", &job]);
@@ -247,6 +253,60 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     // alice is not revoked.
     ok_as(&alice, &["job", "list"]);
 
+    eprintln!("--- one certificate of carol's is revoked by its serial; her next one works");
+    let carol = identity(&cluster, "user", "carol", &[]);
+    ok_as(&carol, &["share", "list"]);
+    let certs = cluster.dir.join("certs");
+    let serial = quotient_common::certs::certificate_facts(&certs.join("carol.pem"))
+        .expect("carol's certificate")
+        .serial;
+    ok_as(
+        &admin,
+        &["certs", "revoke", "--name", "carol", "--serial", &serial],
+    );
+    let revoked = ok_as(&admin, &["certs", "revoked", "-o", "json"]);
+    assert!(revoked.contains(&format!("\"{serial}\"")), "{revoked}");
+    for (id, _, address) in coordinators(&cluster) {
+        let config = identity(&cluster, "user", "carol", &[address]);
+        poll_until(
+            &format!("carol refused by coordinator {id}"),
+            SETTLE,
+            || {
+                let output = run_as(&config, &["share", "list"]);
+                let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+                if !output.status.success() && stderr.contains("revoked") {
+                    Ok(())
+                } else {
+                    Err(stderr)
+                }
+            },
+        );
+    }
+    // A new key, so a new serial: she is herself again, on every coordinator, and her writes
+    // through a follower (forwarded to the leader, which checks the name only) go through.
+    std::fs::remove_file(certs.join("carol.pem")).expect("remove the old certificate");
+    std::fs::remove_file(certs.join("carol-key.pem")).expect("remove the old key");
+    let renewed = identity(&cluster, "user", "carol", &[]);
+    let new_serial = quotient_common::certs::certificate_facts(&certs.join("carol.pem"))
+        .expect("carol's new certificate")
+        .serial;
+    assert_ne!(new_serial, serial);
+    ok_as(&renewed, &["share", "list"]);
+    for (id, _, address) in coordinators(&cluster) {
+        let config = identity(&cluster, "user", "carol", &[address]);
+        let submitted = run_as(
+            &config,
+            &[
+                "job", "submit", "--share", "open", "--gpus", "1", "--", "true",
+            ],
+        );
+        assert!(
+            submitted.status.success(),
+            "carol's new certificate through coordinator {id}: {}",
+            String::from_utf8_lossy(&submitted.stderr)
+        );
+    }
+
     eprintln!("--- the audit log shows each of these");
     let audit = cluster.json(&["audit", "-o", "json"]);
     let entries = audit.as_array().expect("entries");
@@ -281,6 +341,10 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     );
     assert!(
         has("quotient://user/bob", &format!("job logs {job}"), "refused"),
+        "{audit}"
+    );
+    assert!(
+        has("quotient://user/bob", &format!("job get {job}"), "refused"),
         "{audit}"
     );
     assert!(

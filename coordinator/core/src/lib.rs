@@ -37,6 +37,7 @@ pub mod state;
 pub mod tenancy;
 pub mod v1;
 pub mod v2;
+pub mod v3;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};

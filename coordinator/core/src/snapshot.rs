@@ -154,6 +154,7 @@ impl State {
             version if version == SNAPSHOT_STATE.current => decode_data(body)?,
             1 => decode_data::<crate::v1::StateDataV1>(body)?.into(),
             2 => decode_data::<crate::v2::StateDataV2>(body)?.into(),
+            3 => decode_data::<crate::v3::StateDataV3>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
         // What building the index relies on, checked first (the rest after, by `validate`):
@@ -288,6 +289,50 @@ mod tests {
         let bytes = state.to_snapshot_bytes();
         let error = crate::State::from_snapshot_bytes(&bytes).unwrap_err();
         assert!(error.to_string().contains("has no GPU class"), "{error}");
+    }
+
+    #[test]
+    fn a_version_3_state_reads_back_with_its_one_serial_per_revoked_name() {
+        // Version 3 kept one serial (or none: the whole name) per revoked name; version 4 keeps
+        // a set. The state as version 3 wrote it: the same fields, in order, with its revocation.
+        #[derive(serde::Serialize)]
+        struct RevocationV3 {
+            serial: Option<String>,
+            at_ms: u64,
+        }
+        let state = crate::State::new();
+        let data = &state.data;
+        let revoked = BTreeMap::from([
+            (
+                "bob".to_string(),
+                RevocationV3 {
+                    serial: Some("a1b".into()),
+                    at_ms: 5,
+                },
+            ),
+            (
+                "ops".to_string(),
+                RevocationV3 {
+                    serial: None,
+                    at_ms: 6,
+                },
+            ),
+        ]);
+        let mut body = Vec::new();
+        encode(&data.shares, &mut body);
+        encode(&data.jobs, &mut body);
+        encode(&data.node_ids, &mut body);
+        encode(&data.nodes, &mut body);
+        encode(&data.idempotency, &mut body);
+        encode(&data.last_applied_index, &mut body);
+        encode(&data.groups, &mut body);
+        encode(&revoked, &mut body);
+        encode(&data.audit, &mut body);
+        let state = crate::State::from_snapshot_version(3, &body).expect("version 3 reads");
+        assert!(state.is_revoked("bob", Some("A1B")));
+        assert!(!state.is_revoked("bob", Some("a1c")));
+        assert!(state.is_revoked("ops", None));
+        assert_eq!(state.data.revoked["bob"].at_ms, 5);
     }
 
     #[test]

@@ -411,11 +411,13 @@ fn deserialize_audit<'de, D: serde::Deserializer<'de>>(
 /// The most entries the audit log keeps; the oldest go first.
 pub const AUDIT_ENTRIES_MAX: usize = 20_000;
 
-/// One revoked certificate.
+/// The revoked certificates of one name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Revocation {
-    /// Its serial number, when the admin gave it (hex); `None`: every certificate of the name.
-    pub serial: Option<String>,
+    /// The revoked serial numbers (lowercase hex, without colons or leading zeros); empty:
+    /// every certificate of the name.
+    pub serials: BTreeSet<String>,
+    /// When the last of them was revoked.
     pub at_ms: u64,
 }
 

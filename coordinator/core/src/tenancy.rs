@@ -238,13 +238,30 @@ impl State {
         if let Some(node) = node {
             self.set_node_state(&node, NodeState::Cordoned, ctx);
         }
-        self.data.revoked.insert(
-            name,
-            Revocation {
-                serial: serial.map(|s| s.to_ascii_lowercase()),
-                at_ms: ctx.time_ms,
-            },
-        );
+        // Every certificate of the name, or one more serial of it; a name revoked whole stays
+        // so (a serial adds nothing to it).
+        let serial = serial.as_deref().map(normalize_serial);
+        match self.data.revoked.get_mut(&name) {
+            Some(revocation) => {
+                match serial {
+                    None => revocation.serials.clear(),
+                    Some(serial) if !revocation.serials.is_empty() => {
+                        revocation.serials.insert(serial);
+                    }
+                    Some(_) => {}
+                }
+                revocation.at_ms = ctx.time_ms;
+            }
+            None => {
+                self.data.revoked.insert(
+                    name,
+                    Revocation {
+                        serials: serial.into_iter().collect(),
+                        at_ms: ctx.time_ms,
+                    },
+                );
+            }
+        }
         Outcome::Done
     }
 
@@ -255,15 +272,17 @@ impl State {
         }
     }
 
-    /// Whether a certificate of `name` with `serial` (hex, as any case) is revoked.
+    /// Whether a certificate of `name` with `serial` (hex, as any case, with or without
+    /// colons) is revoked. `None`: the serial is not known here (a request another coordinator
+    /// forwarded, which checked the certificate's serial itself), so only a revocation of
+    /// every certificate of the name counts.
     pub fn is_revoked(&self, name: &str, serial: Option<&str>) -> bool {
         match self.data.revoked.get(name) {
             None => false,
-            Some(Revocation { serial: None, .. }) => true,
-            Some(Revocation {
-                serial: Some(revoked),
-                ..
-            }) => serial.is_none_or(|serial| normalize_serial(serial) == normalize_serial(revoked)),
+            Some(revocation) if revocation.serials.is_empty() => true,
+            Some(revocation) => {
+                serial.is_some_and(|serial| revocation.serials.contains(&normalize_serial(serial)))
+            }
         }
     }
 
@@ -289,7 +308,11 @@ impl State {
             Command::CreateGroup { name, .. } => format!("group create {name}"),
             Command::UpdateGroup { name, .. } => format!("group update {name}"),
             Command::DeleteGroup { name } => format!("group delete {name}"),
-            Command::Revoke { name, .. } => format!("certs revoke {name}"),
+            Command::Revoke { name, serial: None } => format!("certs revoke {name}"),
+            Command::Revoke {
+                name,
+                serial: Some(serial),
+            } => format!("certs revoke {name} --serial {serial}"),
             Command::Unrevoke { name } => format!("certs unrevoke {name}"),
             other => {
                 let text = format!("{other:?}");

@@ -272,12 +272,27 @@ fn a_revoked_agents_node_is_cordoned_and_unrevoke_takes_the_name_back() {
             serial: Some("0A:1B".into()),
         },
     ));
-    assert!(sim.state.is_revoked("n1", None));
     assert!(sim.state.is_revoked("n1", Some("a1b")));
+    assert!(sim.state.is_revoked("n1", Some("00:0A:1B")));
     assert!(
         !sim.state.is_revoked("n1", Some("ff")),
         "another serial of the name"
     );
+    assert!(
+        !sim.state.is_revoked("n1", None),
+        "a serial unknown here (a forwarded request, checked where it came in)"
+    );
+    // A second serial of the name joins the first.
+    sim.ok(by(
+        &admin("root"),
+        Command::Revoke {
+            name: "n1".into(),
+            serial: Some("ff".into()),
+        },
+    ));
+    assert!(sim.state.is_revoked("n1", Some("a1b")));
+    assert!(sim.state.is_revoked("n1", Some("FF")));
+    assert!(!sim.state.is_revoked("n1", Some("fe")));
     // Cordoned at once; lost only when its lease runs out (the leader's doing), so that its
     // agent has stopped the job before it is requeued.
     assert_eq!(
@@ -291,8 +306,21 @@ fn a_revoked_agents_node_is_cordoned_and_unrevoke_takes_the_name_back() {
         JobState::Runnable,
         "requeued with its node"
     );
+    // The whole name, then: every serial, known or not; a serial after that adds nothing.
+    for serial in [None, Some("ee".to_string())] {
+        sim.ok(by(
+            &admin("root"),
+            Command::Revoke {
+                name: "n1".into(),
+                serial,
+            },
+        ));
+        assert!(sim.state.is_revoked("n1", None));
+        assert!(sim.state.is_revoked("n1", Some("fe")));
+    }
     sim.ok(by(&admin("root"), Command::Unrevoke { name: "n1".into() }));
     assert!(!sim.state.is_revoked("n1", None));
+    assert!(!sim.state.is_revoked("n1", Some("a1b")));
     assert!(sim
         .apply(by(&admin("root"), Command::Unrevoke { name: "n1".into() }))
         .is_rejected());

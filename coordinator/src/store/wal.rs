@@ -252,15 +252,16 @@ fn encode_record(
 }
 
 /// A record as read back.
-struct Parsed<'a> {
-    kind: u8,
+#[derive(Debug)]
+pub struct Parsed<'a> {
+    pub kind: u8,
     /// The payload's version ([`VERSION_UNRECORDED`] read as what it means).
-    version: u16,
-    index: u64,
-    batch: u64,
-    payload: &'a [u8],
+    pub version: u16,
+    pub index: u64,
+    pub batch: u64,
+    pub payload: &'a [u8],
     /// Bytes the record takes, padding included.
-    size: usize,
+    pub size: usize,
 }
 
 /// What is at some offset of a segment.
@@ -328,6 +329,64 @@ fn later_write_follows(bytes: &[u8], batch: u64) -> bool {
         .any(|at| matches!(parse_record(&bytes[at..]), Slot::Valid(r) if r.batch > batch + 1))
 }
 
+/// Where reading a segment stopped, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scanned {
+    /// The offset after the last valid record: the next write goes here.
+    pub end: usize,
+    /// The highest write batch seen so far, this segment included.
+    pub batch: u64,
+    /// Set when the last segment ended in a write torn by a crash, cut at `end`.
+    pub torn: Option<&'static str>,
+}
+
+/// A record that cannot be read where it is not a torn last write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Damage {
+    pub offset: usize,
+    pub what: &'static str,
+}
+
+/// Reads the records of one segment's `bytes` in order, calling `each` with the offset and
+/// record of every valid one, as the log does when it opens. `batch` is the highest write batch
+/// of the segments before; `last` says whether this is the newest segment, the only one whose
+/// tail may be a torn write. Pure: nothing here touches a file, so the fuzz target drives it
+/// directly.
+pub fn scan_segment<'a>(
+    bytes: &'a [u8],
+    mut batch: u64,
+    last: bool,
+    mut each: impl FnMut(usize, &Parsed<'a>),
+) -> Result<Scanned, Damage> {
+    let mut offset = 0usize;
+    loop {
+        match parse_record(&bytes[offset..]) {
+            Slot::End => {
+                return Ok(Scanned {
+                    end: offset,
+                    batch,
+                    torn: None,
+                })
+            }
+            Slot::Invalid(what) => {
+                if !last || later_write_follows(&bytes[offset..], batch) {
+                    return Err(Damage { offset, what });
+                }
+                return Ok(Scanned {
+                    end: offset,
+                    batch,
+                    torn: Some(what),
+                });
+            }
+            Slot::Valid(record) => {
+                each(offset, &record);
+                batch = batch.max(record.batch);
+                offset += record.size;
+            }
+        }
+    }
+}
+
 /// Writes zeros over `[from, to)` of `file`.
 fn zero_fill(file: &File, from: u64, to: u64) -> io::Result<()> {
     const CHUNK: usize = 256 * 1024;
@@ -377,51 +436,40 @@ impl Wal {
             }
             let mut bytes = vec![0u8; usize::try_from(size).unwrap_or(usize::MAX)];
             file.read_exact_at(&mut bytes, 0).map_err(io_error(&path))?;
-            let mut offset = 0usize;
             let mut max_index = None;
-            loop {
-                match parse_record(&bytes[offset..]) {
-                    Slot::End => break,
-                    Slot::Invalid(what) => {
-                        if !last || later_write_follows(&bytes[offset..], batch) {
-                            return Err(WalError::Damaged {
-                                path,
-                                offset: offset as u64,
-                                what,
-                            });
-                        }
-                        tracing::warn!(path = %path.display(), offset, what, "discarding a raft log write torn by a crash");
-                        break;
-                    }
-                    Slot::Valid(record) => {
-                        match record.kind {
-                            KIND_ENTRY => {
-                                index.entries.split_off(&record.index);
-                                index.entries.insert(
-                                    record.index,
-                                    Location {
-                                        segment: *number,
-                                        offset: offset as u64,
-                                        len: record.payload.len() as u32,
-                                    },
-                                );
-                                max_index = max_index.max(Some(record.index));
-                            }
-                            KIND_TRUNCATE => {
-                                index.entries.split_off(&record.index);
-                            }
-                            _ => {
-                                committed = Some(Stored {
-                                    version: record.version,
-                                    bytes: record.payload.to_vec(),
-                                })
-                            }
-                        }
-                        batch = batch.max(record.batch);
-                        offset += record.size;
-                    }
+            let scanned = scan_segment(&bytes, batch, last, |offset, record| match record.kind {
+                KIND_ENTRY => {
+                    index.entries.split_off(&record.index);
+                    index.entries.insert(
+                        record.index,
+                        Location {
+                            segment: *number,
+                            offset: offset as u64,
+                            len: record.payload.len() as u32,
+                        },
+                    );
+                    max_index = max_index.max(Some(record.index));
                 }
+                KIND_TRUNCATE => {
+                    index.entries.split_off(&record.index);
+                }
+                _ => {
+                    committed = Some(Stored {
+                        version: record.version,
+                        bytes: record.payload.to_vec(),
+                    })
+                }
+            })
+            .map_err(|damage| WalError::Damaged {
+                path: path.clone(),
+                offset: damage.offset as u64,
+                what: damage.what,
+            })?;
+            if let Some(what) = scanned.torn {
+                tracing::warn!(path = %path.display(), offset = scanned.end, what, "discarding a raft log write torn by a crash");
             }
+            batch = scanned.batch;
+            let offset = scanned.end;
             let file = Arc::new(file);
             if last {
                 // Whatever a torn write left after the end goes, so that no stale record can
