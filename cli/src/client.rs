@@ -75,6 +75,15 @@ impl Session {
         answer.map_err(|error| failed(&request, &error))
     }
 
+    /// Every job `first` and the pages after it list, newest first.
+    pub fn every_job(
+        &mut self,
+        first: ApiRequest,
+    ) -> anyhow::Result<Vec<quotient_common::api::JobView>> {
+        let answer = self.runtime.block_on(self.client.every_job(first.clone()));
+        answer.map_err(|error| failed(&first, &error))
+    }
+
     /// Sends `request` to the coordinator at `address` only: no redirects, no retries (for
     /// `Health`, which is about the coordinator that answers).
     pub fn call_one(&mut self, address: &str, request: ApiRequest) -> anyhow::Result<ApiResponse> {
@@ -225,6 +234,9 @@ fn rejection_hint(rejection: &Rejection) -> Option<String> {
             "pass `--gpu-class CLASS`".to_string()
         }
         Rejection::UnknownJob(_) => "`quotient job list` shows the jobs".to_string(),
+        Rejection::JobRemoved(job) => {
+            format!("`quotient job history --job {job}` shows its record")
+        }
         Rejection::UnknownNode(_) => "`quotient node list` shows the nodes".to_string(),
         Rejection::NodeReady(node) => format!(
             "`quotient node cordon {node}` (or `quotient node drain {node}` to move its jobs \

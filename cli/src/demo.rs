@@ -138,6 +138,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         gpus_per_node: Some(1),
         gpu_class: Some(GpuClass::parse("a10g").expect("a valid class")),
         racks: None,
+        retain_finished: None,
     };
     let _guard = ClusterGuard {
         dir: dir.clone(),
@@ -332,15 +333,12 @@ impl Demo {
         }
     }
 
+    /// Every job, in submit order.
     fn jobs(&mut self) -> anyhow::Result<Vec<JobView>> {
-        match self.call(ApiRequest::ListJobs {
-            share: None,
-            state: None,
-            mine: false,
-        })? {
-            ApiResponse::Jobs(jobs) => Ok(jobs),
-            other => bail!("unexpected answer to job list: {other:?}"),
-        }
+        let first = ApiRequest::list_jobs(quotient_common::api::JOB_PAGE_MAX);
+        let mut jobs = self.session.every_job(first)?;
+        jobs.reverse();
+        Ok(jobs)
     }
 
     fn shares(&mut self) -> anyhow::Result<Vec<ShareView>> {

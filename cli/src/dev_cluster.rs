@@ -87,6 +87,10 @@ pub struct ClusterFile {
     /// The simulated GPUs' class, as `--gpu-class` made it (`None` as above).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_class: Option<String>,
+    /// `--retain-finished` of the coordinators, in milliseconds, as `dev up` was last given it
+    /// (`None`: the coordinators' default); every coordinator started later gets it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_finished_ms: Option<u64>,
 }
 
 impl ClusterFile {
@@ -218,8 +222,10 @@ mod tests {
             }],
             gpus_per_node: Some(4),
             gpu_class: Some("h100".into()),
+            retain_finished_ms: Some(3_600_000),
         };
         let json = serde_json::to_value(&cluster).unwrap();
+        assert_eq!(json["retain_finished_ms"], 3_600_000);
         assert_eq!(json["coordinators"][0]["id"], 1);
         assert_eq!(json["coordinators"][0]["pid"], 1234);
         assert_eq!(json["coordinators"][0]["address"], "127.0.0.1:7401");

@@ -100,6 +100,11 @@ pub struct DevUpArgs {
     /// nodes keeps theirs].
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=NODES_MAX as i64))]
     pub racks: Option<u32>,
+    /// How long finished jobs stay in the live state, e.g. 1h or 30s, passed to every
+    /// coordinator as --retain-finished and kept in cluster.json for the ones started later
+    /// [default: the coordinators' own, 7d; or as DIR has it].
+    #[arg(long, value_name = "DURATION", value_parser = crate::parse::parse_duration_ms)]
+    pub retain_finished: Option<u64>,
 }
 
 /// Nodes when `--nodes` is not given on a DIR without nodes.
@@ -178,6 +183,7 @@ fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
         agents: Vec::new(),
         gpus_per_node: None,
         gpu_class: None,
+        retain_finished_ms: None,
     })
 }
 
@@ -286,6 +292,7 @@ fn start_coordinator(
     certs_dir: &Path,
     entry: &CoordinatorEntry,
     peers: &str,
+    retain_finished_ms: Option<u64>,
 ) -> anyhow::Result<Child> {
     fs::create_dir_all(&entry.data_dir)
         .with_context(|| format!("cannot create {}", entry.data_dir.display()))?;
@@ -301,6 +308,9 @@ fn start_coordinator(
         .arg("--peers")
         .arg(peers)
         .args(tls.flags());
+    if let Some(ms) = retain_finished_ms {
+        command.arg("--retain-finished").arg(format!("{ms}ms"));
+    }
     spawn_logged(command, &entry.log)
 }
 
@@ -563,6 +573,9 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         None => new_cluster(&dir, args.coordinators.unwrap_or(COORDINATORS_DEFAULT))?,
     };
 
+    if args.retain_finished.is_some() {
+        cluster.retain_finished_ms = args.retain_finished;
+    }
     let certs_dir = dir.join(CERTS_DIR);
     let ids: Vec<u64> = cluster.coordinators.iter().map(|entry| entry.id).collect();
     make_certificates(&certs_dir, &ids)?;
@@ -596,7 +609,13 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         {
             continue;
         }
-        let child = start_coordinator(&binary, &certs_dir, entry, &peers)?;
+        let child = start_coordinator(
+            &binary,
+            &certs_dir,
+            entry,
+            &peers,
+            cluster.retain_finished_ms,
+        )?;
         entry.pid = Some(child.id());
         started.insert(entry.id, (child, entry.log.clone()));
     }

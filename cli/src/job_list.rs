@@ -1,8 +1,11 @@
-//! `quotient job list [--share NAME] [--state STATE] [-o json]`: the jobs, optionally of one
-//! share or in one state, in submit order. `--share` of a share that does not exist is an
-//! error (NotFound, with "did you mean" when a share's name is near), not an empty list.
+//! `quotient job list [--share NAME] [--state STATE] [--name PREFIX] [--mine] [--limit N]
+//! [--page-token TOKEN | --all] [-o json]`: one page of jobs, newest first, filtered on the
+//! coordinators (docs/cli.md). `-o json` prints `{"jobs": [...], "next_page_token": ...}`;
+//! a table says on stderr how to ask for the next page. `--all` walks every page. `--share` of
+//! a share that does not exist is an error (NotFound, with "did you mean" when a share's name
+//! is near), not an empty list.
 
-use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::api::{ApiRequest, ApiResponse, JobPage, JOB_PAGE_MAX};
 use quotient_common::JobState;
 
 use crate::client::{unexpected, Session};
@@ -20,28 +23,71 @@ pub struct JobListArgs {
     /// SUCCEEDED, FAILED or CANCELLED.
     #[arg(long)]
     pub state: Option<JobState>,
+    /// Only the jobs whose name starts with this.
+    #[arg(long, value_name = "PREFIX")]
+    pub name: Option<String>,
     /// Only your own jobs (a user sees the jobs of the shares they may submit to).
     #[arg(long)]
     pub mine: bool,
+    /// Jobs on the page, newest first, 1-1000.
+    #[arg(long, default_value_t = quotient_common::api::JOB_PAGE_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=JOB_PAGE_MAX as i64))]
+    pub limit: u32,
+    /// The page after the one that gave this token (its `next_page_token`).
+    #[arg(long, value_name = "TOKEN", conflicts_with = "all")]
+    pub page_token: Option<String>,
+    /// Every page, one after the other: every job that matches.
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl JobListArgs {
+    fn request(&self, page_token: Option<String>) -> ApiRequest {
+        ApiRequest::ListJobs {
+            share: self.share.clone(),
+            state: self.state,
+            mine: self.mine,
+            name_prefix: self.name.clone(),
+            limit: self.limit,
+            page_token,
+        }
+    }
+}
+
+/// Asks for one page.
+fn page(session: &mut Session, request: ApiRequest) -> anyhow::Result<JobPage> {
+    match session.call(request.clone())? {
+        ApiResponse::Jobs(page) => Ok(page),
+        other => Err(unexpected(&request, &other)),
+    }
 }
 
 pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
-    let request = ApiRequest::ListJobs {
-        share: args.share.clone(),
-        state: args.state,
-        mine: args.mine,
+    let listed = if args.all {
+        JobPage {
+            jobs: session.every_job(args.request(None))?,
+            next_page_token: None,
+        }
+    } else {
+        page(&mut session, args.request(args.page_token.clone()))?
     };
-    let jobs = match session.call(request.clone())? {
-        ApiResponse::Jobs(jobs) => jobs,
-        other => return Err(unexpected(&request, &other)),
-    };
-    if let (Some(share), true) = (&args.share, jobs.is_empty()) {
+    if let (Some(share), true) = (&args.share, listed.jobs.is_empty()) {
         // The coordinators answer an empty list for a share that does not exist.
         crate::share_list::require(&mut session, share)?;
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&output::job_table(&jobs)),
-        OutputFormat::Json => output::print_json(&jobs),
+        OutputFormat::Table => {
+            output::print_text(&output::job_table(&listed.jobs))?;
+            if let Some(token) = &listed.next_page_token {
+                eprintln!(
+                    "more jobs: `quotient job list --page-token {token}` (the same filters) \
+                     shows the next {}, `--all` every one",
+                    args.limit
+                );
+            }
+            Ok(())
+        }
+        OutputFormat::Json => output::print_json(&listed),
     }
 }

@@ -18,9 +18,6 @@ use quotient_common::{GpuClass, RetryRule, Signal, GPUS_PER_NODE_MAX};
 #[error("{0}")]
 pub struct UsageError(pub String);
 
-/// Largest number accepted in a duration, before its unit (keeps the millisecond count in u64).
-const DURATION_NUMBER_MAX: u64 = 1 << 40;
-
 /// Parses `CLASS=N`, e.g. `a10g=4`.
 pub fn parse_limit(text: &str) -> Result<(GpuClass, u32), String> {
     let (class, count) = text
@@ -38,33 +35,7 @@ pub fn parse_limit(text: &str) -> Result<(GpuClass, u32), String> {
     Ok((class, count))
 }
 
-/// Parses a duration with a unit, `500ms`, `30s`, `5m`, `12h` or `2d`, into milliseconds.
-pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    let hint = || {
-        format!("invalid duration {text:?}: write a whole number with ms, s, m, h or d, e.g. 30s")
-    };
-    let (number, unit_ms) = if let Some(number) = text.strip_suffix("ms") {
-        (number, 1)
-    } else if let Some(number) = text.strip_suffix('s') {
-        (number, 1_000)
-    } else if let Some(number) = text.strip_suffix('m') {
-        (number, 60_000)
-    } else if let Some(number) = text.strip_suffix('h') {
-        (number, 3_600_000)
-    } else if let Some(number) = text.strip_suffix('d') {
-        (number, 86_400_000)
-    } else {
-        return Err(hint());
-    };
-    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
-        return Err(hint());
-    }
-    let number: u64 = number.parse().map_err(|_| hint())?;
-    if number > DURATION_NUMBER_MAX {
-        return Err(hint());
-    }
-    Ok(number * unit_ms)
-}
+pub use quotient_common::duration::parse_duration_ms;
 
 /// Parses a grace period: a duration of at most an hour.
 pub fn parse_grace_period_ms(text: &str) -> Result<u64, String> {

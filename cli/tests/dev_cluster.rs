@@ -282,9 +282,11 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     );
     assert_eq!(again.trim_end(), second["id"].as_str().unwrap());
 
-    let jobs = json(&config, &["job", "list", "-o", "json"]);
-    let jobs = jobs.as_array().unwrap();
+    let page = json(&config, &["job", "list", "-o", "json"]);
+    assert_eq!(page["next_page_token"], Value::Null, "{page}");
+    let jobs = page["jobs"].as_array().unwrap();
     assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert_eq!(jobs[0]["id"], second["id"], "newest first: {jobs:?}");
     let high = jobs.iter().find(|job| job["id"] == id.as_str()).unwrap();
     assert_eq!(high["name"], "high");
     assert_eq!(high["share"], "qs1");
@@ -296,7 +298,7 @@ fn a_local_cluster_serves_shares_and_jobs_and_stops() {
     assert_eq!(high["attempts"], 0);
     assert_eq!(high["preemptions"], 0);
     let of_qs2 = json(&config, &["job", "list", "--share", "qs2", "-o", "json"]);
-    assert_eq!(of_qs2.as_array().unwrap().len(), 1);
+    assert_eq!(of_qs2["jobs"].as_array().unwrap().len(), 1);
 
     ok(&config, &["job", "update", &id, "--priority", "7"]);
     assert_eq!(
@@ -813,7 +815,7 @@ fn small_things_read_plainly() {
     );
     assert_eq!(
         json(&config, &["job", "list", "--share", "team-a", "-o", "json"]),
-        serde_json::json!([])
+        serde_json::json!({"jobs": [], "next_page_token": null})
     );
 
     // --- a killed follower is unreachable, not a follower

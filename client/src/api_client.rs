@@ -190,6 +190,34 @@ impl<E: Exchange> ApiClient<E> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Every job that `first` (an [`ApiRequest::ListJobs`]) and the pages after it list,
+    /// newest first: each page asked for with the token of the one before.
+    pub async fn every_job(
+        &self,
+        first: ApiRequest,
+    ) -> Result<Vec<quotient_common::api::JobView>, ClientError> {
+        let mut jobs = Vec::new();
+        let mut request = first;
+        loop {
+            let page = match self.call(request.clone()).await? {
+                ApiResponse::Jobs(page) => page,
+                other => {
+                    return Err(ClientError::Api(ApiError::Internal(format!(
+                        "a coordinator answered a job list with {other:?}"
+                    ))))
+                }
+            };
+            jobs.extend(page.jobs);
+            let Some(token) = page.next_page_token else {
+                return Ok(jobs);
+            };
+            match &mut request {
+                ApiRequest::ListJobs { page_token, .. } => *page_token = Some(token),
+                _ => return Ok(jobs),
+            }
+        }
+    }
+
     /// Sends `request` to the leader (found by redirects) and returns its answer; an
     /// `ApiResponse::Error` other than a redirect or "no leader yet" becomes
     /// [`ClientError::Api`]. The rules are in the module docs.

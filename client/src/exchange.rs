@@ -135,11 +135,7 @@ mod tests {
     use quotient_common::api::API_FRAME_BYTES_MAX;
 
     fn list() -> ApiRequest {
-        ApiRequest::ListJobs {
-            share: None,
-            state: None,
-            mine: false,
-        }
+        ApiRequest::list_jobs(0)
     }
 
     fn refused(error: RequestError) -> ApiError {

@@ -417,11 +417,7 @@ fn a_coordinator_that_could_not_commit_in_time_is_asked_again_only_for_a_keyed_s
 fn an_answer_too_large_is_not_retried() {
     // Proves an answer that could not be read comes back once, from the first coordinator,
     // with what it was and how to narrow the request.
-    let list = ApiRequest::ListJobs {
-        share: None,
-        state: None,
-        mine: false,
-    };
+    let list = ApiRequest::list_jobs(0);
     let too_large = ApiError::AnswerTooLarge {
         size_bytes: 20_000_000,
         limit_bytes: 16_777_216,

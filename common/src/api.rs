@@ -38,11 +38,18 @@ pub enum ApiRequest {
     GetJob {
         job: JobId,
     },
+    /// One page of jobs, newest first ([`JobPage`]).
     ListJobs {
         share: Option<String>,
         state: Option<JobState>,
         /// Only the caller's own jobs.
         mine: bool,
+        /// Only the jobs whose name starts with this.
+        name_prefix: Option<String>,
+        /// The most jobs on the page, 1 to [`JOB_PAGE_MAX`]; 0 for [`JOB_PAGE_DEFAULT`].
+        limit: u32,
+        /// The `next_page_token` of the page before; `None` for the first page.
+        page_token: Option<String>,
     },
     UpdateJobPriority {
         job: JobId,
@@ -147,6 +154,18 @@ pub enum ApiRequest {
 }
 
 impl ApiRequest {
+    /// The first page of every job, `limit` of them (0: [`JOB_PAGE_DEFAULT`]), newest first.
+    pub fn list_jobs(limit: u32) -> ApiRequest {
+        ApiRequest::ListJobs {
+            share: None,
+            state: None,
+            mine: false,
+            name_prefix: None,
+            limit,
+            page_token: None,
+        }
+    }
+
     /// The request itself, out of a [`ApiRequest::ViaLeader`] or [`ApiRequest::Forwarded`].
     pub fn unwrapped(&self) -> &ApiRequest {
         match self {
@@ -253,7 +272,7 @@ pub enum ApiResponse {
     Share(ShareView),
     Shares(Vec<ShareView>),
     Job(Box<JobView>),
-    Jobs(Vec<JobView>),
+    Jobs(JobPage),
     Explanation {
         summary: String,
         details: Vec<String>,
@@ -412,8 +431,8 @@ impl ApiError {
 pub fn how_to_narrow(request: &ApiRequest) -> &'static str {
     match request.unwrapped() {
         ApiRequest::ListJobs { .. } => {
-            "narrow it with a filter: `quotient job list --share NAME` or `--state STATE`, or \
-             both"
+            "ask for a smaller page: `quotient job list --limit N`, or narrow it with `--share \
+             NAME` or `--state STATE`"
         }
         _ => "this request has no filter or page to narrow it yet",
     }
@@ -438,6 +457,34 @@ pub struct ShareView {
     /// Whether every user may submit to it (it lists no members).
     pub open: bool,
     pub max_jobs_per_user: Option<u32>,
+}
+
+/// Jobs on a page when the request names no limit.
+pub const JOB_PAGE_DEFAULT: u32 = 100;
+/// The most jobs on one page: a page of the largest jobs stays far under the frame limit.
+pub const JOB_PAGE_MAX: u32 = 1_000;
+
+/// One page of `job list`, as `quotient job list -o json` prints it: the jobs, newest first,
+/// and the token that asks for the next page (`None` on the last one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    pub next_page_token: Option<String>,
+}
+
+/// The page token that continues a list of jobs, newest first, below job `id`. Opaque to
+/// clients: they pass back what they were given.
+pub fn job_page_token(id: JobId) -> String {
+    format!("jobs.{:x}", id.0)
+}
+
+/// The job a page token continues below; `None` for a token this cluster never gave.
+pub fn parse_job_page_token(token: &str) -> Option<JobId> {
+    let hex = token.strip_prefix("jobs.")?;
+    if hex.is_empty() || hex.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok().map(JobId)
 }
 
 /// A job as `quotient job get -o json` prints it.
@@ -671,6 +718,9 @@ mod tests {
                 share: None,
                 state: None,
                 mine: false,
+                name_prefix: None,
+                limit: 0,
+                page_token: None,
             },
             ApiRequest::UpdateJobPriority { job, priority: 1 },
             ApiRequest::CancelJob { job },

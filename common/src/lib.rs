@@ -33,6 +33,7 @@ pub mod api;
 #[cfg(feature = "net")]
 pub mod certs;
 pub mod cluster_id;
+pub mod duration;
 pub mod error_code;
 #[cfg(feature = "net")]
 pub mod frame;

@@ -89,6 +89,8 @@ pub enum Rejection {
     },
     #[error("{0} is not revoked")]
     NotRevoked(String),
+    #[error("{0} finished and was removed from the live state when its retention ended")]
+    JobRemoved(JobId),
 }
 
 impl Rejection {
@@ -113,7 +115,9 @@ impl Rejection {
             | Rejection::NodeHasJobs { .. } => ErrorCode::FailedPrecondition,
             Rejection::TooMany { .. } | Rejection::UserJobLimit { .. } => ErrorCode::LimitExceeded,
             Rejection::Forbidden(_) => ErrorCode::Forbidden,
-            Rejection::UnknownGroup(_) | Rejection::NotRevoked(_) => ErrorCode::NotFound,
+            Rejection::UnknownGroup(_) | Rejection::NotRevoked(_) | Rejection::JobRemoved(_) => {
+                ErrorCode::NotFound
+            }
             Rejection::DuplicateGroup(_) => ErrorCode::Conflict,
         }
     }
@@ -147,6 +151,7 @@ mod tests {
                 classes: "a10g, h100".into(),
             },
             Rejection::UnknownJob(JobId(7)),
+            Rejection::JobRemoved(JobId(7)),
             Rejection::JobTerminal {
                 job: JobId(7),
                 state: JobState::Succeeded,

@@ -46,11 +46,13 @@ pub struct Encoding {
 }
 
 /// The client API (ALPN `quotient-api/1`): `api::ApiRequest` and `api::ApiResponse`, in the
-/// header of every frame.
+/// header of every frame. Version 4: `job list` in pages (`ListJobs` and `JobPage`), job
+/// history and share usage, a removed job's rejection; the CLI and the coordinators of this
+/// release go together.
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
-    current: 3,
-    oldest: 3,
+    current: 4,
+    oldest: 4,
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
@@ -64,10 +66,13 @@ pub const AGENT_WIRE: Encoding = Encoding {
 /// Raft between coordinators (ALPN `quotient-raft/1`): the coordinator's `RaftEnvelope` and
 /// `RaftResponse`, in the header of every frame. They carry log entries and snapshot chunks,
 /// so a new version of [`RAFT_LOG`] or [`SNAPSHOT_STATE`] is a new version of this too.
+/// Version 4 carries [`RAFT_LOG`] 4 and [`SNAPSHOT_STATE`] 4; a job table with removed jobs
+/// has no version 3 form, so coordinators of 3 and 4 do not replicate to each other: upgrade
+/// them together (docs/operations.md).
 pub const RAFT_WIRE: Encoding = Encoding {
     name: "the Raft protocol",
-    current: 3,
-    oldest: 3,
+    current: 4,
+    oldest: 4,
 };
 
 /// The Raft log on disk: every log entry (the coordinator's `Request`: a batch of
@@ -77,10 +82,11 @@ pub const RAFT_WIRE: Encoding = Encoding {
 /// Version 2: jobs carry CPUs, memory, a time limit and a retry strategy, nodes what they can
 /// run (`quotient_core::v1` reads version 1). Version 3: jobs of several nodes (a job's
 /// `nodes` and `same`, an allocation per member), GPUs' NVLink peers (`quotient_core::v2`
-/// reads version 2).
+/// reads version 2). Version 4: the leader's `ExpireFinished`, which removes finished jobs
+/// once their retention is over (version 3's entries read as they are).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
-    current: 3,
+    current: 4,
     oldest: 1,
 };
 

@@ -37,7 +37,8 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, Raf
 use openraft::{BasicNode, ChangeMembers};
 use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
-    how_to_narrow, ApiError, ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX,
+    how_to_narrow, parse_job_page_token, ApiError, ApiRequest, ApiResponse, HealthView,
+    API_FRAME_BYTES_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::frame::{self, FrameError, HEADER_BYTES};
@@ -570,13 +571,45 @@ impl ApiService {
                     .state_machine
                     .read(|state| views::job_view_by_id(state, job))
                     .map(|view| ApiResponse::Job(Box::new(view)))
-                    .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
+                    .ok_or_else(|| self.missing_job(job))
             }
-            ApiRequest::ListJobs { share, state, mine } => {
+            ApiRequest::ListJobs {
+                share,
+                state,
+                mine,
+                name_prefix,
+                limit,
+                page_token,
+            } => {
+                let limit = match limit {
+                    0 => JOB_PAGE_DEFAULT,
+                    limit if limit <= JOB_PAGE_MAX => limit,
+                    limit => {
+                        return Err(ApiError::BadRequest(format!(
+                            "a page of {limit} jobs: ask for at most {JOB_PAGE_MAX}, and for the \
+                             next page with its token"
+                        )))
+                    }
+                };
+                let before = match page_token.as_deref() {
+                    None => None,
+                    Some(token) => Some(parse_job_page_token(token).ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "page token {token:?} is not one this cluster gave: pass the \
+                             `next_page_token` of the page before, or start without one"
+                        ))
+                    })?),
+                };
                 self.linearizable().await?;
-                let owner = mine.then_some(caller.name.as_str());
+                let filter = views::JobFilter {
+                    share: share.as_deref(),
+                    state,
+                    name_prefix: name_prefix.as_deref(),
+                    user,
+                    owner: mine.then_some(caller.name.as_str()),
+                };
                 Ok(ApiResponse::Jobs(self.inner.ctx.state_machine.read(|s| {
-                    views::job_views(s, share.as_deref(), state, user, owner)
+                    views::job_page(s, filter, before, limit as usize)
                 })))
             }
             ApiRequest::ListGroups => {
@@ -608,7 +641,7 @@ impl ApiService {
                         summary: explanation.summary,
                         details: explanation.details,
                     })
-                    .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))
+                    .ok_or_else(|| self.missing_job(job))
             }
             ApiRequest::JobLogs {
                 job,
@@ -663,6 +696,16 @@ impl ApiService {
             }
             write => unreachable!("{} is answered by `answer`", write.name()),
         }
+    }
+
+    /// Why job `job` is not there: removed by retention, or unknown.
+    fn missing_job(&self, job: quotient_common::JobId) -> ApiError {
+        ApiError::Rejected(
+            self.inner
+                .ctx
+                .state_machine
+                .read(|state| state.missing_job(job)),
+        )
     }
 
     /// `Forbidden` (recorded in the audit log) when `user` (`None`: an admin) may not read
@@ -984,11 +1027,17 @@ mod tests {
             share: None,
             state: None,
             mine: false,
+            name_prefix: None,
+            limit: 0,
+            page_token: None,
         };
         let view = long_job_view();
         let per_job = frame::encode_body(&view).expect("encodes").len();
         let fits = API_FRAME_BYTES_MAX / per_job - 1;
-        let whole = ApiResponse::Jobs(vec![view.clone(); fits]);
+        let whole = ApiResponse::Jobs(quotient_common::api::JobPage {
+            jobs: vec![view.clone(); fits],
+            next_page_token: None,
+        });
         match answer_frame(&whole, how_to_narrow(&list), API_WIRE.current) {
             Ok(Answer::Whole(bytes)) => {
                 // As a client reads it: it claims more than the frame limit to decode.
@@ -1001,7 +1050,10 @@ mod tests {
             other => panic!("{fits} jobs should fit: {other:?}"),
         }
 
-        let over = ApiResponse::Jobs(vec![view; fits + 2]);
+        let over = ApiResponse::Jobs(quotient_common::api::JobPage {
+            jobs: vec![view; fits + 2],
+            next_page_token: None,
+        });
         let Ok(Answer::TooLarge { frame, size_bytes }) =
             answer_frame(&over, how_to_narrow(&list), API_WIRE.current)
         else {
@@ -1015,7 +1067,7 @@ mod tests {
                 assert!(
                     text.contains(&format!(
                         "too large ({size_bytes} bytes, limit {API_FRAME_BYTES_MAX})"
-                    )) && text.contains("quotient job list --share NAME"),
+                    )) && text.contains("quotient job list --limit N"),
                     "{text}"
                 );
             }

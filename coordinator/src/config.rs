@@ -200,6 +200,51 @@ pub struct CoordinatorConfig {
     pub agents: AgentTuning,
     #[serde(default)]
     pub scheduling: SchedulingTuning,
+    #[serde(default)]
+    pub retention: RetentionTuning,
+}
+
+/// Default retention of finished jobs in the live state: a week, long enough for `job list`
+/// and `job get` to show last week's runs and for retries and investigations, short enough
+/// that a busy fleet's state stays in memory; the history keeps them longer.
+pub const RETAIN_FINISHED_DEFAULT_MS: u64 = 7 * 86_400_000;
+/// Default most finished jobs kept: about 100 MiB of records at the worst.
+pub const RETAIN_FINISHED_MAX_DEFAULT: u64 = 100_000;
+/// Default window an idempotency key outlives its removed job.
+pub const IDEMPOTENCY_WINDOW_DEFAULT_MS: u64 = 86_400_000;
+
+/// How long finished jobs stay in the live state (docs/retention.md). The leader's settings:
+/// it puts them in each `ExpireFinished` it proposes, so the replicas apply the same ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RetentionTuning {
+    /// How long a finished job stays after its end.
+    pub finished_ms: u64,
+    /// The most finished jobs kept; the ones that ended first go first.
+    pub finished_max: u64,
+    /// How long an idempotency key outlives its removed job.
+    pub idempotency_window_ms: u64,
+}
+
+impl Default for RetentionTuning {
+    fn default() -> Self {
+        RetentionTuning {
+            finished_ms: RETAIN_FINISHED_DEFAULT_MS,
+            finished_max: RETAIN_FINISHED_MAX_DEFAULT,
+            idempotency_window_ms: IDEMPOTENCY_WINDOW_DEFAULT_MS,
+        }
+    }
+}
+
+impl RetentionTuning {
+    /// The rule the leader proposes.
+    pub fn rule(&self) -> quotient_core::retention::RetentionRule {
+        quotient_core::retention::RetentionRule {
+            finished_ms: self.finished_ms,
+            finished_max: self.finished_max,
+            key_window_ms: self.idempotency_window_ms,
+        }
+    }
 }
 
 impl CoordinatorConfig {

@@ -143,6 +143,7 @@ impl Coordinator {
         let loops = vec![
             tokio::spawn(scheduler_loop::run(ctx.clone())),
             tokio::spawn(node_leases::run(ctx.clone())),
+            tokio::spawn(crate::retention_loop::run(ctx.clone())),
             tokio::spawn(follow_applies(ctx.clone())),
             tokio::spawn(digest_check::run(ctx.clone())),
         ];

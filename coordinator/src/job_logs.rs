@@ -16,7 +16,7 @@
 use quotient_common::agent_api::{AgentError, LeaderRequest, LeaderResponse};
 use quotient_common::api::{ApiError, ApiResponse, LOG_READ_BYTES_MAX};
 use quotient_common::JobId;
-use quotient_core::{Rejection, State};
+use quotient_core::State;
 
 use crate::agent_links::{AgentLinks, AskError};
 
@@ -39,7 +39,7 @@ pub fn log_target(
 ) -> Result<LogTarget, ApiError> {
     let record = state
         .job(job)
-        .ok_or(ApiError::Rejected(Rejection::UnknownJob(job)))?;
+        .ok_or_else(|| ApiError::Rejected(state.missing_job(job)))?;
     if rank >= record.node_count() {
         return Err(ApiError::NotFound(format!(
             "{job} runs on {} node(s): its ranks are 0 to {}",
@@ -154,7 +154,7 @@ pub async fn read_logs(
 #[cfg(test)]
 mod tests {
     use quotient_common::JobSpec;
-    use quotient_core::{Command, JobEvent, JobReport};
+    use quotient_core::{Command, JobEvent, JobReport, Rejection};
 
     use super::*;
     use crate::test_log::Log;

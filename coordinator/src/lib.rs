@@ -24,6 +24,7 @@
 //! - [`scheduler_loop`]: the leader's scheduling rounds, committed as plans.
 //! - [`node_leases`]: the leader's in-memory heartbeat clocks; silent nodes are marked lost.
 //! - [`node_disks`]: the leader's in-memory record of each agent's disk use.
+//! - [`retention_loop`]: the leader asks for finished jobs to be removed when their retention is over.
 //! - [`proposer`]: batches client commands into Raft entries (one fsync for many writes).
 //! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
 //! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
@@ -45,6 +46,7 @@ pub mod node_disks;
 pub mod node_leases;
 pub mod proposer;
 pub mod raft_service;
+pub mod retention_loop;
 pub mod scheduler_loop;
 pub mod store;
 pub mod views;

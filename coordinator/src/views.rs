@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{
-    AttemptView, AuditView, ClusterView, GpuView, GroupView, JobView, MemberView, NodeView,
-    PlacementView, RevokedView, ShareView,
+    job_page_token, AttemptView, AuditView, ClusterView, GpuView, GroupView, JobPage, JobView,
+    MemberView, NodeView, PlacementView, RevokedView, ShareView,
 };
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{
@@ -175,33 +175,65 @@ pub fn job_view_by_id(state: &State, id: JobId) -> Option<JobView> {
     state.job(id).map(|job| job_view(state, job))
 }
 
-/// The jobs matching the filters, in id order.
-/// The jobs matching the filters, in id order: of `share`, in `job_state`, that `user` may see
-/// (`None`: an admin, who sees all; a user sees the jobs of the shares they may submit to, and
-/// their own), of `owner` alone.
-pub fn job_views(
+/// What `job list` asks for: each filter narrows it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JobFilter<'a> {
+    pub share: Option<&'a str>,
+    pub state: Option<JobState>,
+    /// Only jobs whose name starts with this.
+    pub name_prefix: Option<&'a str>,
+    /// The jobs `user` may see (`None`: an admin, who sees all; a user sees the jobs of the
+    /// shares they may submit to, and their own).
+    pub user: Option<&'a str>,
+    /// Only the jobs of `owner`.
+    pub owner: Option<&'a str>,
+}
+
+/// One page of the jobs matching `filter`, newest first, from below `before` (the first page:
+/// `None`), at most `limit` of them; `next_page_token` is set when more match. Only the page
+/// is built: the scan stops at the first match after it.
+pub fn job_page(
     state: &State,
-    share: Option<&str>,
-    job_state: Option<JobState>,
-    user: Option<&str>,
-    owner: Option<&str>,
-) -> Vec<JobView> {
+    filter: JobFilter<'_>,
+    before: Option<JobId>,
+    limit: usize,
+) -> JobPage {
     let mut visible: BTreeMap<&str, bool> = BTreeMap::new();
-    state
-        .jobs()
-        .filter(|job| share.is_none_or(|s| job.spec.share == s))
-        .filter(|job| job_state.is_none_or(|s| job.state == s))
-        .filter(|job| owner.is_none_or(|o| job.spec.owner.as_deref() == Some(o)))
+    let mut matching = state
+        .jobs_newest_first(before)
+        .filter(|job| filter.share.is_none_or(|s| job.spec.share == s))
+        .filter(|job| filter.state.is_none_or(|s| job.state == s))
         .filter(|job| {
-            user.is_none_or(|user| {
+            filter.name_prefix.is_none_or(|prefix| {
+                job.spec
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name.starts_with(prefix))
+            })
+        })
+        .filter(|job| {
+            filter
+                .owner
+                .is_none_or(|o| job.spec.owner.as_deref() == Some(o))
+        })
+        .filter(|job| {
+            filter.user.is_none_or(|user| {
                 job.spec.owner.as_deref() == Some(user)
                     || *visible
                         .entry(job.spec.share.as_str())
                         .or_insert_with(|| state.user_may_use(user, &job.spec.share))
             })
-        })
-        .map(|job| job_view(state, job))
-        .collect()
+        });
+    let page: Vec<&JobRecord> = matching.by_ref().take(limit).collect();
+    let more = page.len() == limit && matching.next().is_some();
+    let next_page_token = page
+        .last()
+        .filter(|_| more)
+        .map(|job| job_page_token(job.id));
+    JobPage {
+        jobs: page.into_iter().map(|job| job_view(state, job)).collect(),
+        next_page_token,
+    }
 }
 
 /// Every group, by name.

@@ -227,9 +227,9 @@ async fn the_cli_given_only_a_follower_is_served_through_it() {
         serde_json::from_str(&quotient(&config, &["job", "list", "-o", "json"]))
             .expect("job list -o json is JSON");
     assert!(
-        listed
+        listed["jobs"]
             .as_array()
-            .expect("an array of jobs")
+            .expect("a page of jobs")
             .iter()
             .any(|entry| entry["id"] == job),
         "the job submitted through the follower is listed: {listed}"

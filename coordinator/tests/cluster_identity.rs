@@ -120,14 +120,10 @@ async fn a_member_of_another_cluster_is_refused_by_every_exchange_naming_both_id
     let foreign = cluster
         .client_of("alice", vec![cluster.address(other_member)])
         .with_cluster(None)
-        .call(ApiRequest::ListJobs {
-            share: None,
-            state: None,
-            mine: false,
-        })
+        .call(ApiRequest::list_jobs(0))
         .await;
     assert!(
-        matches!(&foreign, Ok(ApiResponse::Jobs(jobs)) if jobs.is_empty()),
+        matches!(&foreign, Ok(ApiResponse::Jobs(page)) if page.jobs.is_empty()),
         "{foreign:?}"
     );
     let seen = support::jobs_on_each(&cluster, &rest).await;

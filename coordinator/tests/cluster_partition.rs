@@ -43,11 +43,7 @@ async fn a_leader_cut_off_from_the_others_acknowledges_nothing_and_rejoins_with_
         .with_call_timeout(CALL_TO_THE_CUT_OFF_LEADER);
     let (write, read) = tokio::join!(
         old_leader.call(ApiRequest::SubmitJob(job_sent_to_the_old_leader())),
-        old_leader.call(ApiRequest::ListJobs {
-            share: None,
-            state: None,
-            mine: false,
-        }),
+        old_leader.call(ApiRequest::list_jobs(0)),
     );
     eprintln!("write to the cut-off leader: {write:?}");
     eprintln!("read from the cut-off leader: {read:?}");

@@ -102,7 +102,9 @@ fn report(job: u64, event: JobEvent) -> Command {
 
 /// The fixture's log, every entry from 1 to [`LAST_INDEX`]. The plan is the scheduler's own
 /// for the state before it, so the entries are what a leader would have written.
-fn fixture_log() -> Vec<Entry> {
+/// The fixture's log as a build of Raft log `version` wrote it: from version 4 on, one entry
+/// also holds a retention command.
+fn fixture_log(version: u16) -> Vec<Entry> {
     let mut commands: Vec<Vec<Command>> = vec![
         vec![Command::CreateShare(ShareSpec {
             name: "research".into(),
@@ -189,11 +191,26 @@ fn fixture_log() -> Vec<Entry> {
             },
         }],
         vec![Command::SubmitJob(job("research", "eval-1", 0, 4))],
-        vec![Command::SetGpuHealth {
-            node: "gpu-a".into(),
-            index: 3,
-            healthy: false,
-        }],
+        [
+            vec![Command::SetGpuHealth {
+                node: "gpu-a".into(),
+                index: 3,
+                healthy: false,
+            }],
+            // Retention that removes nothing yet (Raft log 4): serve-1 ended a few seconds
+            // before, and a day is kept.
+            vec![Command::ExpireFinished(
+                quotient_core::retention::RetentionRule {
+                    finished_ms: 86_400_000,
+                    finished_max: 1_000,
+                    key_window_ms: 86_400_000,
+                },
+            )],
+        ]
+        .into_iter()
+        .take(if version >= 4 { 2 } else { 1 })
+        .flatten()
+        .collect(),
         // Written but never committed: opening must not apply it.
         vec![Command::CordonNode {
             node: "gpu-a".into(),
@@ -232,7 +249,7 @@ fn time_ms(index: u64) -> u64 {
 /// Writes the fixture's data directory into `dir` with this build's store.
 async fn write_data_dir(dir: &Path) {
     let (mut log, mut state_machine) = store::open(dir).expect("open the store");
-    let entries = fixture_log();
+    let entries = fixture_log(RAFT_LOG.current);
     log.save_vote(&Vote::new_committed(TERM, 1))
         .await
         .expect("vote");
@@ -284,6 +301,14 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// The Raft log version of fixture `name` (`data-dir-logN-...`; 1 for the unrecorded one).
+fn log_version_of(name: &str) -> u16 {
+    name.strip_prefix("data-dir-log")
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|version| version.parse().ok())
+        .unwrap_or(1)
+}
+
 /// Opens a copy of the fixture `name` as a coordinator does, checks the log, vote and committed
 /// id, and returns the state after the snapshot and the committed entries past it.
 async fn open_fixture(name: &str) -> State {
@@ -305,7 +330,10 @@ async fn open_fixture(name: &str) -> State {
         .try_get_log_entries(PURGED_INDEX + 1..=LAST_INDEX)
         .await
         .expect("the entries decode");
-    assert_eq!(entries, fixture_log()[PURGED_INDEX as usize..]);
+    assert_eq!(
+        entries,
+        fixture_log(log_version_of(name))[PURGED_INDEX as usize..]
+    );
 
     let (applied, membership) = state_machine.applied_state().await.expect("applied");
     assert_eq!(

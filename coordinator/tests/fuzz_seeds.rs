@@ -185,6 +185,11 @@ fn write_fuzz_seeds() {
                 share: Some("vision".into()),
                 state: None,
                 mine: true,
+                name_prefix: Some("train".into()),
+                limit: 50,
+                page_token: Some(quotient_common::api::job_page_token(
+                    quotient_common::JobId(9),
+                )),
             })
             .unwrap(),
         ),

@@ -16,7 +16,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quotient_client::ApiClient;
 use quotient_common::api::{ApiRequest, ApiResponse};
-use quotient_common::tls::TlsFiles;
 use quotient_common::{GpuClass, JobId, JobSpec, ShareSpec, ShareState, Strategy};
 use quotient_tests::{poll_until, DevCluster};
 
@@ -107,16 +106,7 @@ fn main() {
         .permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
     std::fs::set_permissions(&script, permissions).expect("the script is executable");
-    let config: toml::Value =
-        toml::from_str(&std::fs::read_to_string(&cluster.config).expect("the client config"))
-            .expect("the client config is TOML");
-    let text = |key: &str| PathBuf::from(config[key].as_str().expect("a path"));
-    let addresses = config["coordinators"]
-        .as_array()
-        .expect("coordinators")
-        .iter()
-        .map(|a| a.as_str().expect("an address").to_string())
-        .collect();
+    let (addresses, tls) = cluster.admin_tls();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -124,15 +114,7 @@ fn main() {
         .expect("a runtime");
     let client = {
         let _entered = runtime.enter();
-        ApiClient::connect(
-            addresses,
-            &TlsFiles {
-                ca: text("ca"),
-                cert: text("cert"),
-                key: text("key"),
-            },
-        )
-        .expect("a client")
+        ApiClient::connect(addresses, &tls).expect("a client")
     };
     let bench = Bench {
         client,

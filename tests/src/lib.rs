@@ -203,6 +203,81 @@ impl DevCluster {
             .unwrap_or_else(|error| panic!("{arguments:?}: {error}: {stdout}"))
     }
 
+    /// The coordinators' addresses and the admin's certificate files, from the client config:
+    /// what an in-process API client of this cluster connects with.
+    pub fn admin_tls(&self) -> (Vec<String>, quotient_common::tls::TlsFiles) {
+        let config: toml::Value =
+            toml::from_str(&std::fs::read_to_string(&self.config).expect("the client config"))
+                .expect("the client config is TOML");
+        let file = |key: &str| self.dir.join(config[key].as_str().expect("a path"));
+        let addresses = config["coordinators"]
+            .as_array()
+            .expect("coordinators")
+            .iter()
+            .map(|address| address.as_str().expect("an address").to_string())
+            .collect();
+        let tls = quotient_common::tls::TlsFiles {
+            ca: file("ca"),
+            cert: file("cert"),
+            key: file("key"),
+        };
+        (addresses, tls)
+    }
+
+    /// Every job `quotient job list --all ARGUMENTS -o json` lists, in submit order (the list
+    /// is newest first).
+    pub fn jobs(&self, arguments: &[&str]) -> Vec<Value> {
+        let mut command = vec!["job", "list", "--all"];
+        command.extend_from_slice(arguments);
+        command.extend_from_slice(&["-o", "json"]);
+        let page = self.json(&command);
+        assert_eq!(
+            page["next_page_token"],
+            Value::Null,
+            "--all walks every page"
+        );
+        let mut jobs = page["jobs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a page of jobs: {page}"))
+            .clone();
+        jobs.reverse();
+        jobs
+    }
+
+    /// Waits until `cluster health` shows all `count` coordinators at one applied index with
+    /// one state digest: every replica applied the same entries to the same state (the
+    /// scheduler's rounds may move the index, so it polls).
+    pub fn wait_replicas_agree(&self, count: usize, timeout: Duration) {
+        poll_until(
+            &format!("the {count} coordinators at one index and digest"),
+            timeout,
+            || {
+                let output = self.run(&["cluster", "health", "-o", "json"]);
+                let entries: Value = serde_json::from_slice(&output.stdout).map_err(|error| {
+                    format!("{error}: {}", String::from_utf8_lossy(&output.stdout))
+                })?;
+                let seen: Vec<(Value, Value)> = entries
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|entry| {
+                        let health = &entry["health"];
+                        (
+                            health["last_applied"].clone(),
+                            health["state_digest"].clone(),
+                        )
+                    })
+                    .collect();
+                let agree = seen.len() == count && seen.iter().all(|pair| pair == &seen[0]);
+                if agree && output.status.success() {
+                    Ok(())
+                } else {
+                    Err(entries.to_string())
+                }
+            },
+        );
+    }
+
     /// The leading coordinator's id and process id, from `cluster status` and `cluster.json`.
     pub fn leader(&self) -> (u64, libc::pid_t) {
         let status = self.json(&["cluster", "status", "-o", "json"]);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use quotient_tests::{poll_until, DevCluster};
+use quotient_tests::DevCluster;
 use serde_json::Value;
 
 /// How long the replicas may take to apply the same entries.
@@ -68,8 +68,8 @@ fn a_job_submitted_without_priority_or_name_gets_priority_0_and_a_generated_name
         ("mine".into(), 7.into())
     );
 
-    let list = cluster.json(&["job", "list", "-o", "json"]);
-    let jobs = list.as_array().expect("job list -o json is an array");
+    let jobs = cluster.jobs(&[]);
+    let list = Value::from(jobs.clone());
     assert_eq!(jobs.len(), 4, "{list}");
     assert!(jobs.iter().all(|job| job["name"].is_string()), "{list}");
     let listed: Vec<&Value> = jobs.iter().map(|job| &job["name"]).collect();
@@ -79,33 +79,6 @@ fn a_job_submitted_without_priority_or_name_gets_priority_0_and_a_generated_name
         "the resend kept the first name: {list}"
     );
 
-    // Every replica applied the same entries to the same state: `cluster health` shows one
-    // digest at one applied index (the scheduler's rounds may move it, so poll).
-    poll_until(
-        "the three coordinators at one index and digest",
-        SETTLE,
-        || {
-            let output = cluster.run(&["cluster", "health", "-o", "json"]);
-            let entries: Value = serde_json::from_slice(&output.stdout)
-                .map_err(|error| format!("{error}: {}", String::from_utf8_lossy(&output.stdout)))?;
-            let seen: Vec<(Value, Value)> = entries
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|entry| {
-                    let health = &entry["health"];
-                    (
-                        health["last_applied"].clone(),
-                        health["state_digest"].clone(),
-                    )
-                })
-                .collect();
-            let agree = seen.len() == 3 && seen.iter().all(|pair| pair == &seen[0]);
-            if agree && output.status.success() {
-                Ok(())
-            } else {
-                Err(entries.to_string())
-            }
-        },
-    );
+    // Every replica applied the same entries to the same state.
+    cluster.wait_replicas_agree(3, SETTLE);
 }

@@ -62,11 +62,10 @@ impl Bench {
     /// Waits until every named job is in its state; the jobs by name.
     fn expect(&self, what: &str, expected: &[(&str, &str)]) -> BTreeMap<String, Value> {
         poll_until(what, SETTLE, || {
-            let list = self.cluster.json(&["job", "list", "-o", "json"]);
-            let jobs: BTreeMap<String, Value> = list
-                .as_array()
+            let jobs: BTreeMap<String, Value> = self
+                .cluster
+                .jobs(&[])
                 .into_iter()
-                .flatten()
                 .map(|job| {
                     (
                         job["name"].as_str().unwrap_or_default().to_string(),
@@ -109,13 +108,11 @@ impl Bench {
     /// and decided it waits.
     fn expect_waiting(&self, name: &str) -> Value {
         poll_until(&format!("{name} RUNNABLE with a reason"), SETTLE, || {
-            let list = self.cluster.json(&["job", "list", "-o", "json"]);
-            let job = list
-                .as_array()
+            let job = self
+                .cluster
+                .jobs(&[])
                 .into_iter()
-                .flatten()
                 .find(|job| job["name"] == name)
-                .cloned()
                 .unwrap_or(Value::Null);
             if job["state"] == "RUNNABLE" && job["reason"].as_str().is_some_and(|r| !r.is_empty()) {
                 Ok(job)

@@ -51,9 +51,8 @@ impl Walkthrough {
     }
 
     fn jobs(&self) -> BTreeMap<String, Value> {
-        let list = self.cluster.json(&["job", "list", "-o", "json"]);
-        list.as_array()
-            .expect("a job array")
+        self.cluster
+            .jobs(&[])
             .iter()
             .map(|job| {
                 (

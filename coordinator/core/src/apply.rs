@@ -101,6 +101,7 @@ pub(crate) fn apply_inner(state: &mut State, command: Command, ctx: ApplyCtx) ->
         Command::DeleteGroup { name } => state.delete_group(&name),
         Command::Revoke { name, serial } => state.revoke(name, serial, ctx),
         Command::Unrevoke { name } => state.unrevoke(&name),
+        Command::ExpireFinished(rule) => state.expire_finished(rule, ctx),
     }
 }
 
@@ -255,7 +256,13 @@ impl State {
             });
         }
         spec.gpu_class = Some(class);
-        let id = JobId(self.data.jobs.len() as u64 + 1);
+        if self.data.jobs.issued() >= crate::job_table::JOB_IDS_MAX {
+            return rejected(Rejection::TooMany {
+                what: "job ids ever issued".into(),
+                max: crate::job_table::JOB_IDS_MAX as u64,
+            });
+        }
+        let id = JobId(self.data.jobs.issued() as u64 + 1);
         if let Some(key) = &spec.idempotency_key {
             self.data.idempotency.insert(key.clone(), id);
         }
@@ -272,7 +279,7 @@ impl State {
     }
 
     fn live_job(&self, id: JobId) -> Result<&JobRecord, Rejection> {
-        let job = self.job(id).ok_or(Rejection::UnknownJob(id))?;
+        let job = self.job(id).ok_or_else(|| self.missing_job(id))?;
         if job.state.is_terminal() {
             return Err(Rejection::JobTerminal {
                 job: id,

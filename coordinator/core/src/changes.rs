@@ -3,7 +3,7 @@
 //! in proportion to what changed, not to the fleet.
 //!
 //! Each set names the records a view of that kind must look at again:
-//! - `jobs`: job records added or changed;
+//! - `jobs`: job records added, changed or removed (by retention: `State::job` has none);
 //! - `nodes`: node records added, changed or removed, and the nodes where a changed job held
 //!   or now holds GPUs (what that node's agent is told to run follows its jobs);
 //! - `shares`: share records added, changed or removed, and the shares of changed jobs (a

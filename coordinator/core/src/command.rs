@@ -133,6 +133,9 @@ pub enum Command {
     Unrevoke {
         name: String,
     },
+    /// Removes the finished jobs whose retention is over, and the idempotency keys whose
+    /// window is over, as of the entry's time (`crate::retention`). Proposed by the leader.
+    ExpireFinished(crate::retention::RetentionRule),
 }
 
 /// Who asked for a command through the API: the identity of their certificate.

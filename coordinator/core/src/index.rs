@@ -232,6 +232,13 @@ pub struct Index {
     pub draining: BTreeSet<NodeId>,
     /// Jobs that are not terminal, for `limits::ACTIVE_JOBS_MAX`.
     pub active_jobs: u64,
+    /// Finished jobs by when they ended, for retention (`crate::retention`).
+    pub finished: BTreeSet<(u64, JobId)>,
+}
+
+/// When a finished job ended, as retention orders it.
+fn ended_of(job: &JobRecord) -> u64 {
+    job.ended_ms.unwrap_or(job.submitted_ms)
 }
 
 impl Index {
@@ -363,6 +370,8 @@ impl Index {
     pub fn add_job(&mut self, job: &JobRecord, data: &StateData) {
         if !job.state.is_terminal() {
             self.active_jobs += 1;
+        } else {
+            self.finished.insert((ended_of(job), job.id));
         }
         let class = job.class().clone();
         let share = job.spec.share.clone();
@@ -433,6 +442,8 @@ impl Index {
     pub fn remove_job(&mut self, job: &JobRecord, data: &StateData) {
         if !job.state.is_terminal() {
             self.active_jobs -= 1;
+        } else {
+            self.finished.remove(&(ended_of(job), job.id));
         }
         let class = job.class().clone();
         let share = job.spec.share.as_str();

@@ -30,6 +30,7 @@ pub mod job_table;
 pub mod limits;
 pub mod plan;
 pub mod reason;
+pub mod retention;
 pub mod rules;
 pub mod scheduler;
 pub mod snapshot;

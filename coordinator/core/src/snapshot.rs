@@ -69,6 +69,7 @@ pub struct SnapshotCapture {
     /// The fields between `idempotency` and `audit`, encoded.
     tail: Vec<u8>,
     audit: imbl::Vector<crate::state::AuditEntry>,
+    key_expiry: imbl::OrdSet<(u64, String)>,
 }
 
 impl SnapshotCapture {
@@ -82,6 +83,7 @@ impl SnapshotCapture {
         encode(&self.idempotency, &mut bytes);
         bytes.extend_from_slice(&self.tail);
         encode(&self.audit, &mut bytes);
+        encode(&self.key_expiry, &mut bytes);
         bytes
     }
 }
@@ -105,6 +107,7 @@ impl State {
             groups,
             revoked,
             audit,
+            key_expiry,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -123,6 +126,7 @@ impl State {
             idempotency: idempotency.clone(),
             tail,
             audit: audit.clone(),
+            key_expiry: key_expiry.clone(),
         }
     }
 
@@ -320,7 +324,8 @@ mod tests {
         ]);
         let mut body = Vec::new();
         encode(&data.shares, &mut body);
-        encode(&data.jobs, &mut body);
+        // Version 3's job table: the records alone (none here).
+        encode(&Vec::<crate::state::JobRecord>::new(), &mut body);
         encode(&data.node_ids, &mut body);
         encode(&data.nodes, &mut body);
         encode(&data.idempotency, &mut body);

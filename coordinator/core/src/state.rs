@@ -363,7 +363,8 @@ pub type IdempotencyKeys = imbl::OrdMap<String, JobId>;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateData {
     pub shares: BTreeMap<String, ShareRecord>,
-    /// Indexed by `JobId.0 - 1`; jobs are never removed, so ids stay dense.
+    /// Indexed by `JobId.0 - 1`; a finished job removed by retention leaves its slot vacant
+    /// for good, so ids are never reused.
     pub jobs: JobTable,
     pub node_ids: BTreeMap<String, NodeId>,
     /// Indexed by `NodeId.0`; a removed node leaves a vacant slot ([`NodeRecord::is_vacant`])
@@ -386,6 +387,20 @@ pub struct StateData {
     /// copying it under the state's lock; it encodes exactly as a `Vec`.
     #[serde(deserialize_with = "deserialize_audit")]
     pub audit: imbl::Vector<AuditEntry>,
+    /// The idempotency keys of jobs removed by retention, by when they were removed: each
+    /// still names its removed job (in `idempotency`) until the key window is over
+    /// (`crate::retention`). A persistent set, like the keys.
+    #[serde(deserialize_with = "deserialize_key_expiry")]
+    pub key_expiry: imbl::OrdSet<(u64, String)>,
+}
+
+/// The keys waiting to expire read as a `BTreeSet` (the same encoding), then made
+/// persistent: see [`deserialize_idempotency`].
+fn deserialize_key_expiry<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<imbl::OrdSet<(u64, String)>, D::Error> {
+    let keys = BTreeSet::<(u64, String)>::deserialize(deserializer)?;
+    Ok(keys.into_iter().collect())
 }
 
 /// The idempotency keys read as a `BTreeMap` (the same encoding), then made persistent:
@@ -501,6 +516,14 @@ impl State {
 
     pub fn jobs(&self) -> impl Iterator<Item = &JobRecord> {
         self.data.jobs.iter()
+    }
+
+    /// The jobs with ids below `before` (all: `None`), newest first.
+    pub fn jobs_newest_first(&self, before: Option<JobId>) -> impl Iterator<Item = &JobRecord> {
+        let slot = before.map_or(usize::MAX, |id| {
+            usize::try_from(id.0.saturating_sub(1)).unwrap_or(usize::MAX)
+        });
+        self.data.jobs.iter_before(slot)
     }
 
     /// The node with `id`; `None` for an unknown id or a vacant slot.

@@ -20,9 +20,14 @@ impl State {
     pub fn validate(&self) -> Result<(), InvariantError> {
         let fail = |text: String| Err(InvariantError(text));
         let mut owners: BTreeMap<(NodeId, u32), JobId> = BTreeMap::new();
-        for (slot, job) in self.data.jobs.iter().enumerate() {
-            if job.id.0 != slot as u64 + 1 {
-                return fail(format!("job at slot {slot} has id {}", job.id));
+        for job in self.data.jobs.iter() {
+            let slot = job
+                .id
+                .0
+                .checked_sub(1)
+                .and_then(|s| usize::try_from(s).ok());
+            if slot.and_then(|slot| self.data.jobs.get(slot)).map(|j| j.id) != Some(job.id) {
+                return fail(format!("{} is not in its slot", job.id));
             }
             if job.spec.gpu_class.is_none() {
                 return fail(format!("{} has no GPU class", job.id));
@@ -149,8 +154,20 @@ impl State {
             return fail("node names and records differ in number".into());
         }
         for (key, job) in &self.data.idempotency {
-            if self.job(*job).is_none() {
+            if self.job(*job).is_none() && !self.was_removed(*job) {
                 return fail(format!("idempotency key {key:?} names unknown {job}"));
+            }
+        }
+        for (_, key) in &self.data.key_expiry {
+            let removed = self
+                .data
+                .idempotency
+                .get(key)
+                .is_some_and(|job| self.was_removed(*job));
+            if !removed {
+                return fail(format!(
+                    "idempotency key {key:?} waits to expire but names no removed job"
+                ));
             }
         }
         for (name, share) in &self.data.shares {

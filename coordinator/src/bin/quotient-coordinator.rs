@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Parser;
 use quotient_coordinator::config::{
-    parse_peers, AgentTuning, CoordinatorConfig, RaftTuning, SchedulingTuning,
+    parse_peers, AgentTuning, CoordinatorConfig, RaftTuning, RetentionTuning, SchedulingTuning,
 };
 use quotient_coordinator::CoordinatorError;
 use tracing_subscriber::EnvFilter;
@@ -91,6 +91,17 @@ struct Flags {
     /// stopped and it goes back to the queue, in milliseconds (default: 300000).
     #[arg(long)]
     gang_start_timeout_ms: Option<u64>,
+    /// How long a finished job stays in the live state after its end, e.g. 7d or 12h
+    /// (default 7d); the job history keeps it longer.
+    #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
+    retain_finished: Option<u64>,
+    /// The most finished jobs kept in the live state; the ones that ended first go first
+    /// (default 100000).
+    #[arg(long)]
+    retain_finished_max: Option<u64>,
+    /// How long a submit's idempotency key outlives its removed job, e.g. 24h (default 24h).
+    #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
+    idempotency_window: Option<u64>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     log_json: bool,
@@ -116,6 +127,7 @@ impl Flags {
                     raft: RaftTuning::default(),
                     agents: AgentTuning::default(),
                     scheduling: SchedulingTuning::default(),
+                    retention: RetentionTuning::default(),
                 }
             }
         };
@@ -158,6 +170,15 @@ impl Flags {
         }
         if let Some(value) = self.gang_start_timeout_ms {
             config.scheduling.gang_start_timeout_ms = value;
+        }
+        if let Some(value) = self.retain_finished {
+            config.retention.finished_ms = value;
+        }
+        if let Some(value) = self.retain_finished_max {
+            config.retention.finished_max = value;
+        }
+        if let Some(value) = self.idempotency_window {
+            config.retention.idempotency_window_ms = value;
         }
         config.validate()?;
         Ok(config)

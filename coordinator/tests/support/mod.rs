@@ -744,19 +744,14 @@ pub async fn submit(client: &ApiClient, spec: JobSpec) -> quotient_common::JobId
     }
 }
 
-/// Every job as the leader sees it.
+/// Every job as the leader sees it, in submit order.
 pub async fn jobs(client: &ApiClient) -> Vec<quotient_common::api::JobView> {
-    match client
-        .call(ApiRequest::ListJobs {
-            share: None,
-            state: None,
-            mine: false,
-        })
+    let mut jobs = client
+        .every_job(ApiRequest::list_jobs(quotient_common::api::JOB_PAGE_MAX))
         .await
-    {
-        Ok(ApiResponse::Jobs(jobs)) => jobs,
-        other => panic!("listing jobs failed: {other:?}"),
-    }
+        .unwrap_or_else(|error| panic!("listing jobs failed: {error}"));
+    jobs.reverse();
+    jobs
 }
 
 /// Every job as each of `ids` sees it, asked alone (a linearizable read through each).

@@ -270,7 +270,7 @@ impl Sim {
 /// `quotient_core::changes`): what `apply_noting` must have named, no more and no less.
 pub fn changed_between(before: &State, after: &State) -> Changes {
     let mut changes = Changes::new();
-    let jobs = before.data().jobs.len().max(after.data().jobs.len());
+    let jobs = before.data().jobs.issued().max(after.data().jobs.issued());
     for slot in 0..jobs {
         let (old, new) = (before.data().jobs.get(slot), after.data().jobs.get(slot));
         if old == new {

@@ -1,0 +1,32 @@
+//! Durations as people write them on command lines: a whole number and a unit.
+
+/// The largest number a duration may hold before its unit (about 35 years in milliseconds).
+const DURATION_NUMBER_MAX: u64 = 1 << 40;
+
+/// Parses a duration with a unit, `500ms`, `30s`, `5m`, `12h` or `2d`, into milliseconds.
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let hint = || {
+        format!("invalid duration {text:?}: write a whole number with ms, s, m, h or d, e.g. 30s")
+    };
+    let (number, unit_ms) = if let Some(number) = text.strip_suffix("ms") {
+        (number, 1)
+    } else if let Some(number) = text.strip_suffix('s') {
+        (number, 1_000)
+    } else if let Some(number) = text.strip_suffix('m') {
+        (number, 60_000)
+    } else if let Some(number) = text.strip_suffix('h') {
+        (number, 3_600_000)
+    } else if let Some(number) = text.strip_suffix('d') {
+        (number, 86_400_000)
+    } else {
+        return Err(hint());
+    };
+    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(hint());
+    }
+    let number: u64 = number.parse().map_err(|_| hint())?;
+    if number > DURATION_NUMBER_MAX {
+        return Err(hint());
+    }
+    Ok(number * unit_ms)
+}
