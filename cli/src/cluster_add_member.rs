@@ -45,7 +45,7 @@ pub fn run(global: &GlobalArgs, args: &ClusterAddMemberArgs) -> anyhow::Result<(
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!(
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&format!(
             "added coordinator {} at {}\n",
             args.id, args.address
         )),

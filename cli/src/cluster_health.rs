@@ -163,7 +163,7 @@ pub fn run(global: &GlobalArgs, _args: &ClusterHealthArgs) -> anyhow::Result<()>
     let mut session = Session::open(global.config.as_deref())?;
     let entries = probe(&mut session);
     match global.output {
-        OutputFormat::Table => output::print_text(&table(&entries))?,
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&table(&entries))?,
         OutputFormat::Json => output::print_json(&entries)?,
     }
     let unhealthy = entries.iter().filter(|entry| !entry.healthy).count();

@@ -76,7 +76,7 @@ pub fn run(global: &GlobalArgs, args: &ClusterInitArgs) -> anyhow::Result<()> {
     };
     let view = init(&mut session, &address)?;
     match global.output {
-        OutputFormat::Table => output::print_text(&text(&view)),
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&text(&view)),
         OutputFormat::Json => output::print_json(&view),
     }
 }

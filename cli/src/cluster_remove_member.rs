@@ -24,7 +24,9 @@ pub fn run(global: &GlobalArgs, args: &ClusterRemoveMemberArgs) -> anyhow::Resul
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("removed coordinator {}\n", args.id)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&format!("removed coordinator {}\n", args.id))
+        }
         OutputFormat::Json => {
             let view = crate::cluster_status::fetch(&mut session)
                 .context("the member was removed, but reading the cluster status failed")?;

@@ -101,7 +101,7 @@ pub fn run(global: &GlobalArgs, _args: &ClusterStatusArgs) -> anyhow::Result<()>
     let mut session = Session::open(global.config.as_deref())?;
     let (mut view, statuses) = fetch_with_statuses(&mut session)?;
     match global.output {
-        OutputFormat::Table => {
+        OutputFormat::Table | OutputFormat::Csv => {
             for (member, status) in view.members.iter_mut().zip(&statuses) {
                 member.role = status.clone();
             }

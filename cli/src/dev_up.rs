@@ -693,7 +693,7 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
 
     let export = format!("export QUOTIENT_CONFIG={}", client_config_path.display());
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("{export}\n"))?,
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&format!("{export}\n"))?,
         OutputFormat::Json => output::print_json(&serde_json::json!({
             "export": export,
             "client_config": client_config_path,

@@ -93,7 +93,9 @@ impl Failure {
     /// What goes to stderr in `format`: `error[CODE]: message`, or one JSON document.
     pub fn render(&self, format: OutputFormat) -> String {
         match format {
-            OutputFormat::Table => format!("error[{}]: {}\n", self.code, self.message),
+            OutputFormat::Table | OutputFormat::Csv => {
+                format!("error[{}]: {}\n", self.code, self.message)
+            }
             OutputFormat::Json => {
                 let document = serde_json::json!({ "error": self });
                 format!("{document}\n")

@@ -25,7 +25,9 @@ pub fn run(global: &GlobalArgs, args: &JobCancelArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("cancelled job {}\n", args.job)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&format!("cancelled job {}\n", args.job))
+        }
         OutputFormat::Json => {
             let view = crate::job_get::fetch(&mut session, args.job)
                 .context("the job was cancelled, but reading it back failed")?;

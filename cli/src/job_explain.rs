@@ -25,7 +25,7 @@ pub fn run(global: &GlobalArgs, args: &JobExplainArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     };
     match global.output {
-        OutputFormat::Table => {
+        OutputFormat::Table | OutputFormat::Csv => {
             let mut text = format!("{summary}\n");
             for detail in &details {
                 text.push_str(&format!("  - {detail}\n"));

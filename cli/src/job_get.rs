@@ -28,7 +28,7 @@ pub fn run(global: &GlobalArgs, args: &JobGetArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
     let job = fetch(&mut session, args.job)?;
     match global.output {
-        OutputFormat::Table => output::print_text(&output::job_detail(&job)),
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&output::job_detail(&job)),
         OutputFormat::Json => output::print_json(&job),
     }
 }

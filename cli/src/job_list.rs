@@ -77,7 +77,7 @@ pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
         crate::share_list::require(&mut session, share)?;
     }
     match global.output {
-        OutputFormat::Table => {
+        OutputFormat::Table | OutputFormat::Csv => {
             output::print_text(&output::job_table(&listed.jobs))?;
             if let Some(token) = &listed.next_page_token {
                 eprintln!(

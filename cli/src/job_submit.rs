@@ -195,7 +195,7 @@ pub fn run(global: &GlobalArgs, args: &JobSubmitArgs) -> anyhow::Result<()> {
         eprintln!("note: a job with this idempotency key already exists; this is that job");
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("{job}\n")),
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&format!("{job}\n")),
         OutputFormat::Json => {
             let view = crate::job_get::fetch(&mut session, job)
                 .with_context(|| format!("job {job} was submitted, but reading it back failed"))?;

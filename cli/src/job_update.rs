@@ -31,7 +31,7 @@ pub fn run(global: &GlobalArgs, args: &JobUpdateArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!(
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&format!(
             "job {}: priority set to {}\n",
             args.job, args.priority
         )),

@@ -27,6 +27,7 @@
 
 use std::path::PathBuf;
 
+pub mod accounting;
 pub mod certs_init;
 pub mod certs_issue;
 pub mod client;
@@ -68,7 +69,8 @@ pub struct GlobalArgs {
     /// The client config file [default: $QUOTIENT_CONFIG, else ~/.config/quotient/config.toml].
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Output format: aligned tables, or one JSON document on stdout.
+    /// Output format: aligned tables, one JSON document on stdout, or CSV (job history and
+    /// share usage).
     #[arg(
         short = 'o',
         long = "output",

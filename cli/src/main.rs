@@ -96,6 +96,8 @@ enum ShareCommand {
     List(share_list::ShareListArgs),
     /// Show one share.
     Get(share_get::ShareGetArgs),
+    /// GPU time each share used of its own quota, borrowed and lent, per class.
+    Usage(accounting::ShareUsageArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -114,6 +116,8 @@ enum JobCommand {
     Explain(job_explain::JobExplainArgs),
     /// Print a job's logs from the node that ran it (the current or last attempt).
     Logs(job_logs::JobLogsArgs),
+    /// The finished jobs the coordinator's history keeps, newest end first.
+    History(accounting::JobHistoryArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -154,6 +158,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Share(ShareCommand::Delete(args)) => share_delete::run(global, &args),
         Command::Share(ShareCommand::List(args)) => share_list::run(global, &args),
         Command::Share(ShareCommand::Get(args)) => share_get::run(global, &args),
+        Command::Share(ShareCommand::Usage(args)) => accounting::share_usage(global, &args),
         Command::Job(JobCommand::Submit(args)) => job_submit::run(global, &args),
         Command::Job(JobCommand::Get(args)) => job_get::run(global, &args),
         Command::Job(JobCommand::List(args)) => job_list::run(global, &args),
@@ -161,6 +166,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Job(JobCommand::Cancel(args)) => job_cancel::run(global, &args),
         Command::Job(JobCommand::Explain(args)) => job_explain::run(global, &args),
         Command::Job(JobCommand::Logs(args)) => job_logs::run(global, &args),
+        Command::Job(JobCommand::History(args)) => accounting::job_history(global, &args),
         Command::Node(NodeCommand::List(args)) => node_list::run(global, &args),
         Command::Node(NodeCommand::Cordon(args)) => node_cordon::run(global, &args),
         Command::Node(NodeCommand::Uncordon(args)) => node_uncordon::run(global, &args),
@@ -192,6 +198,17 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage_error(error),
     };
+    let tabular = matches!(
+        cli.command,
+        Command::Job(JobCommand::History(_)) | Command::Share(ShareCommand::Usage(_))
+    );
+    if cli.global.output == output::OutputFormat::Csv && !tabular {
+        let error = clap::Error::raw(
+            clap::error::ErrorKind::InvalidValue,
+            "-o csv is for `job history` and `share usage`; use -o table or -o json here\n",
+        );
+        return usage_error(error);
+    }
     match run(&cli.global, cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => report(&Failure::of(&error), cli.global.output),

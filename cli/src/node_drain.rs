@@ -26,7 +26,9 @@ pub fn run(global: &GlobalArgs, args: &NodeDrainArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("node {}: draining\n", args.name)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&format!("node {}: draining\n", args.name))
+        }
         OutputFormat::Json => {
             let node = crate::node_list::fetch(&mut session, &args.name)
                 .context("the node was changed, but reading it back failed")?;

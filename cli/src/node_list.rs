@@ -83,7 +83,7 @@ pub fn run(global: &GlobalArgs, _args: &NodeListArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
     let nodes = fetch_all(&mut session)?;
     match global.output {
-        OutputFormat::Table => output::print_text(&output::node_table(&nodes)),
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&output::node_table(&nodes)),
         OutputFormat::Json => output::print_json(&nodes),
     }
 }

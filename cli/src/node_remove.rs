@@ -36,7 +36,7 @@ pub fn run(global: &GlobalArgs, args: &NodeRemoveArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&removed_text(&args.name)),
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&removed_text(&args.name)),
         OutputFormat::Json => output::print_json(&serde_json::json!({ "removed": args.name })),
     }
 }

@@ -14,7 +14,7 @@ use anyhow::Context;
 use quotient_common::api::{ClusterView, JobView, NodeView, ShareView};
 use serde::Serialize;
 
-/// The output format, `-o json|table`.
+/// The output format, `-o table|json|csv`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OutputFormat {
     /// Aligned columns for people.
@@ -22,6 +22,9 @@ pub enum OutputFormat {
     Table,
     /// One JSON document on stdout, for scripts.
     Json,
+    /// Comma-separated values with a header row, for spreadsheets: `job history` and `share
+    /// usage` only.
+    Csv,
 }
 
 /// Space between two table columns.

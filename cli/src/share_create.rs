@@ -80,7 +80,9 @@ pub fn run(global: &GlobalArgs, args: &ShareCreateArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("created share {}\n", args.name)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&format!("created share {}\n", args.name))
+        }
         OutputFormat::Json => {
             let share = crate::share_get::fetch(&mut session, &args.name)
                 .context("the share was created, but reading it back failed")?;

@@ -27,7 +27,9 @@ pub fn run(global: &GlobalArgs, args: &ShareDeleteArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("deleted share {}\n", args.name)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&format!("deleted share {}\n", args.name))
+        }
         OutputFormat::Json => output::print_json(&serde_json::json!({ "deleted": args.name })),
     }
 }

@@ -30,7 +30,9 @@ pub fn run(global: &GlobalArgs, args: &ShareGetArgs) -> anyhow::Result<()> {
     let mut session = crate::client::Session::open(global.config.as_deref())?;
     let share = fetch(&mut session, &args.name)?;
     match global.output {
-        OutputFormat::Table => output::print_text(&output::share_detail(&share)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&output::share_detail(&share))
+        }
         OutputFormat::Json => output::print_json(&share),
     }
 }

@@ -84,7 +84,9 @@ pub fn run(global: &GlobalArgs, _args: &ShareListArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
     let shares = fetch_all(&mut session)?;
     match global.output {
-        OutputFormat::Table => output::print_text(&output::share_table(&shares)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&output::share_table(&shares))
+        }
         OutputFormat::Json => output::print_json(&shares),
     }
 }

@@ -149,7 +149,9 @@ pub fn run(global: &GlobalArgs, args: &ShareUpdateArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("updated share {}\n", args.name)),
+        OutputFormat::Table | OutputFormat::Csv => {
+            output::print_text(&format!("updated share {}\n", args.name))
+        }
         OutputFormat::Json => {
             let share = crate::share_get::fetch(&mut session, &args.name)
                 .context("the share was updated, but reading it back failed")?;

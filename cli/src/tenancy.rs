@@ -81,7 +81,7 @@ fn done(global: &GlobalArgs, request: ApiRequest, text: String) -> anyhow::Resul
         other => return Err(unexpected(&request, &other)),
     }
     match global.output {
-        OutputFormat::Table => output::print_text(&format!("{text}\n")),
+        OutputFormat::Table | OutputFormat::Csv => output::print_text(&format!("{text}\n")),
         OutputFormat::Json => output::print_json(&serde_json::json!({ "done": text })),
     }
 }
@@ -123,7 +123,7 @@ pub fn group_list(global: &GlobalArgs, _args: &GroupListArgs) -> anyhow::Result<
         other => return Err(unexpected(&request, &other)),
     };
     match global.output {
-        OutputFormat::Table => {
+        OutputFormat::Table | OutputFormat::Csv => {
             let mut table = Table::new(&["NAME", "USERS"]);
             for group in &groups {
                 table.row(vec![group.name.clone(), group.users.join(",")]);
@@ -151,7 +151,7 @@ pub fn audit(global: &GlobalArgs, args: &AuditArgs) -> anyhow::Result<()> {
         other => return Err(unexpected(&request, &other)),
     };
     match global.output {
-        OutputFormat::Table => {
+        OutputFormat::Table | OutputFormat::Csv => {
             let mut table = Table::new(&["AT", "WHO", "ACTION", "OUTCOME"]);
             for entry in &entries {
                 table.row(vec![
@@ -198,7 +198,7 @@ pub fn certs_revoked(global: &GlobalArgs, _args: &CertsRevokedArgs) -> anyhow::R
         other => return Err(unexpected(&request, &other)),
     };
     match global.output {
-        OutputFormat::Table => {
+        OutputFormat::Table | OutputFormat::Csv => {
             let mut table = Table::new(&["NAME", "SERIAL", "REVOKED"]);
             for entry in &revoked {
                 table.row(vec![

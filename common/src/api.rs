@@ -151,6 +151,30 @@ pub enum ApiRequest {
         name: String,
     },
     ListRevoked,
+    /// One page of the job history of the coordinator asked, newest end first
+    /// ([`HistoryPage`]). Not linearizable: each coordinator keeps its own copy.
+    JobHistory {
+        share: Option<String>,
+        /// Only the jobs that ended at or after this (ms since the epoch).
+        since_ms: Option<u64>,
+        /// Only the jobs that ended before this.
+        until_ms: Option<u64>,
+        /// SUCCEEDED, FAILED or CANCELLED.
+        state: Option<JobState>,
+        job: Option<JobId>,
+        /// 1 to [`JOB_PAGE_MAX`]; 0 for [`JOB_PAGE_DEFAULT`].
+        limit: u32,
+        page_token: Option<String>,
+    },
+    /// GPU time per share and class between two times ([`UsageRow`]).
+    ShareUsage {
+        share: Option<String>,
+        since_ms: u64,
+        /// `None`: now.
+        until_ms: Option<u64>,
+        /// One row per day (UTC) instead of one for the whole time.
+        by_day: bool,
+    },
 }
 
 impl ApiRequest {
@@ -193,6 +217,8 @@ impl ApiRequest {
                 | ApiRequest::ListGroups
                 | ApiRequest::Audit { .. }
                 | ApiRequest::ListRevoked
+                | ApiRequest::JobHistory { .. }
+                | ApiRequest::ShareUsage { .. }
         )
     }
 
@@ -233,6 +259,8 @@ impl ApiRequest {
             ApiRequest::Revoke { .. } => "Revoke",
             ApiRequest::Unrevoke { .. } => "Unrevoke",
             ApiRequest::ListRevoked => "ListRevoked",
+            ApiRequest::JobHistory { .. } => "JobHistory",
+            ApiRequest::ShareUsage { .. } => "ShareUsage",
         }
     }
 
@@ -296,6 +324,8 @@ pub enum ApiResponse {
     Groups(Vec<GroupView>),
     Audit(Vec<AuditView>),
     Revoked(Vec<RevokedView>),
+    History(HistoryPage),
+    Usage(Vec<UsageRow>),
 }
 
 /// A group of users, as `quotient group list -o json` prints it.
@@ -485,6 +515,83 @@ pub fn parse_job_page_token(token: &str) -> Option<JobId> {
         return None;
     }
     u64::from_str_radix(hex, 16).ok().map(JobId)
+}
+
+/// One finished job as the job history keeps it, on every coordinator, after it left the live
+/// state (`quotient job history -o json`). Its file encoding is versioned as
+/// `version::JOB_HISTORY`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    pub id: String,
+    pub name: Option<String>,
+    pub share: String,
+    /// Who submitted it; `None` for jobs from before owners were recorded.
+    pub owner: Option<String>,
+    pub gpu_class: String,
+    /// GPUs on each of its nodes.
+    pub gpus: u32,
+    pub nodes: u32,
+    pub priority: u32,
+    /// SUCCEEDED, FAILED or CANCELLED.
+    pub state: String,
+    pub exit_code: Option<i32>,
+    /// Why it ended, in words.
+    pub reason: Option<String>,
+    pub submitted_ms: u64,
+    /// When it first ran; `None` if it never did.
+    pub first_started_ms: Option<u64>,
+    pub ended_ms: u64,
+    pub attempts: u32,
+    pub preemptions: u32,
+    /// How each preempted attempt ended (`preempted (reclaim) for j-4`), oldest first.
+    pub preemption_causes: Vec<String>,
+    /// GPU time it held, placement to end of each attempt, GPUs times nodes (its latest
+    /// attempts: at most 32 are kept).
+    pub gpu_ms: u64,
+    /// `gpu_ms` in whole seconds, rounded.
+    pub gpu_seconds: u64,
+    pub attempt_history: Vec<AttemptView>,
+}
+
+/// One page of `job history`: newest end first, and the token of the next page.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryPage {
+    pub records: Vec<HistoryRecord>,
+    pub next_page_token: Option<String>,
+}
+
+/// The page token that continues a history below the record that ended at `ended_ms` as
+/// job `id`. Opaque to clients.
+pub fn history_page_token(ended_ms: u64, id: JobId) -> String {
+    format!("history.{ended_ms:x}.{:x}", id.0)
+}
+
+/// The end and job a history page token continues below; `None` for a token never given.
+pub fn parse_history_page_token(token: &str) -> Option<(u64, JobId)> {
+    let rest = token.strip_prefix("history.")?;
+    let (ended, id) = rest.split_once('.')?;
+    let hex = |text: &str| {
+        (!text.is_empty() && text.len() <= 16)
+            .then(|| u64::from_str_radix(text, 16).ok())
+            .flatten()
+    };
+    Some((hex(ended)?, JobId(hex(id)?)))
+}
+
+/// GPU time of one share and class (`quotient share usage -o json`), in GPU-seconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRow {
+    pub share: String,
+    pub gpu_class: String,
+    /// The day (UTC, ms since the epoch of its midnight) with `--by day`; `None` for the
+    /// whole time asked.
+    pub day_ms: Option<u64>,
+    /// Within the share's own limit.
+    pub own_gpu_seconds: u64,
+    /// Beyond its limit: others' idle quota and GPUs no share is entitled to.
+    pub borrowed_gpu_seconds: u64,
+    /// Its idle quota that other shares used.
+    pub lent_gpu_seconds: u64,
 }
 
 /// A job as `quotient job get -o json` prints it.
@@ -754,7 +861,45 @@ mod tests {
             },
             ApiRequest::InitCluster,
             ApiRequest::RemoveNode { node: node() },
+            ApiRequest::JobHistory {
+                share: Some(share()),
+                since_ms: Some(1),
+                until_ms: None,
+                state: Some(JobState::Failed),
+                job: None,
+                limit: 10,
+                page_token: Some(history_page_token(5, job)),
+            },
+            ApiRequest::ShareUsage {
+                share: None,
+                since_ms: 0,
+                until_ms: Some(10),
+                by_day: true,
+            },
         ]
+    }
+
+    #[test]
+    fn page_tokens_read_back_and_others_are_refused() {
+        assert_eq!(
+            parse_job_page_token(&job_page_token(JobId(42))),
+            Some(JobId(42))
+        );
+        assert_eq!(
+            parse_history_page_token(&history_page_token(1_700_000_000_000, JobId(7))),
+            Some((1_700_000_000_000, JobId(7)))
+        );
+        for bad in [
+            "",
+            "jobs.",
+            "jobs.xyz",
+            "history.1",
+            "history..1",
+            "jobs.11111111111111111",
+        ] {
+            assert_eq!(parse_job_page_token(bad), None, "{bad}");
+            assert_eq!(parse_history_page_token(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -110,6 +110,14 @@ pub const SNAPSHOT_STATE: Encoding = Encoding {
     oldest: 1,
 };
 
+/// A coordinator's job history (`history.redb` in its data dir): each record's value starts
+/// with this version (u16 little-endian), then `api::HistoryRecord` in bincode.
+pub const JOB_HISTORY: Encoding = Encoding {
+    name: "the job history",
+    current: 1,
+    oldest: 1,
+};
+
 /// The agent's journal (`agent-journal.json` in its state dir), in its `version` field.
 /// Version 1 kept reports without their node; version 2 keeps the whole `JobReport`.
 pub const AGENT_JOURNAL: Encoding = Encoding {
@@ -119,13 +127,14 @@ pub const AGENT_JOURNAL: Encoding = Encoding {
 };
 
 /// Every versioned encoding, for documentation and tests.
-pub const ENCODINGS: [Encoding; 7] = [
+pub const ENCODINGS: [Encoding; 8] = [
     API_WIRE,
     AGENT_WIRE,
     RAFT_WIRE,
     RAFT_LOG,
     SNAPSHOT_FILE,
     SNAPSHOT_STATE,
+    JOB_HISTORY,
     AGENT_JOURNAL,
 ];
 

@@ -37,8 +37,8 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, Raf
 use openraft::{BasicNode, ChangeMembers};
 use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
-    how_to_narrow, parse_job_page_token, ApiError, ApiRequest, ApiResponse, HealthView,
-    API_FRAME_BYTES_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX,
+    how_to_narrow, parse_history_page_token, parse_job_page_token, ApiError, ApiRequest,
+    ApiResponse, HealthView, API_FRAME_BYTES_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::frame::{self, FrameError, HEADER_BYTES};
@@ -52,6 +52,7 @@ use quotient_common::NodeState;
 use quotient_core::{Command, Outcome, Rejection};
 
 use crate::context::Context;
+use crate::history::HistoryQuery;
 use crate::identity::ClusterIdentity;
 use crate::proposer::NotProposed;
 use crate::store::MemberId;
@@ -581,16 +582,7 @@ impl ApiService {
                 limit,
                 page_token,
             } => {
-                let limit = match limit {
-                    0 => JOB_PAGE_DEFAULT,
-                    limit if limit <= JOB_PAGE_MAX => limit,
-                    limit => {
-                        return Err(ApiError::BadRequest(format!(
-                            "a page of {limit} jobs: ask for at most {JOB_PAGE_MAX}, and for the \
-                             next page with its token"
-                        )))
-                    }
-                };
+                let limit = page_limit(limit)?;
                 let before = match page_token.as_deref() {
                     None => None,
                     Some(token) => Some(parse_job_page_token(token).ok_or_else(|| {
@@ -610,6 +602,76 @@ impl ApiService {
                 };
                 Ok(ApiResponse::Jobs(self.inner.ctx.state_machine.read(|s| {
                     views::job_page(s, filter, before, limit as usize)
+                })))
+            }
+            ApiRequest::JobHistory {
+                share,
+                since_ms,
+                until_ms,
+                state,
+                job,
+                limit,
+                page_token,
+            } => {
+                let limit = page_limit(limit)?;
+                let before = match page_token.as_deref() {
+                    None => None,
+                    Some(token) => Some(parse_history_page_token(token).ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "page token {token:?} is not one this coordinator gave: pass the \
+                             `next_page_token` of the page before, or start without one"
+                        ))
+                    })?),
+                };
+                // This coordinator's own copy: no leader, no quorum needed.
+                let Some(history) = self.inner.ctx.state_machine.history().cloned() else {
+                    return Err(ApiError::Unavailable(
+                        "this coordinator keeps no job history yet".into(),
+                    ));
+                };
+                // A user reads the records of their own jobs and of their shares' jobs.
+                let visible: Option<(String, BTreeSet<String>)> = user.map(|user| {
+                    let shares = self.inner.ctx.state_machine.read(|s| {
+                        s.shares()
+                            .filter(|share| s.user_may_use(user, &share.spec.name))
+                            .map(|share| share.spec.name.clone())
+                            .collect()
+                    });
+                    (user.to_string(), shares)
+                });
+                let query = HistoryQuery {
+                    share,
+                    since_ms,
+                    until_ms,
+                    state,
+                    job,
+                    limit: limit as usize,
+                    before,
+                };
+                let page = tokio::task::spawn_blocking(move || {
+                    history.page(&query, |record| {
+                        visible.as_ref().is_none_or(|(user, shares)| {
+                            record.owner.as_deref() == Some(user.as_str())
+                                || shares.contains(&record.share)
+                        })
+                    })
+                })
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))?
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+                Ok(ApiResponse::History(page))
+            }
+            ApiRequest::ShareUsage {
+                share,
+                since_ms,
+                until_ms,
+                by_day,
+            } => {
+                self.linearizable().await?;
+                let now = crate::node_leases::wall_ms();
+                let until = until_ms.unwrap_or(now);
+                Ok(ApiResponse::Usage(self.inner.ctx.state_machine.read(|s| {
+                    views::usage_rows(s, share.as_deref(), since_ms, until, by_day, now)
                 })))
             }
             ApiRequest::ListGroups => {
@@ -980,6 +1042,18 @@ fn write_error(error: RaftError<MemberId, ClientWriteError<MemberId, BasicNode>>
             ApiError::Precondition(format!("membership change refused: {change}"))
         }
         RaftError::Fatal(fatal) => raft_stopped(&fatal),
+    }
+}
+
+/// The jobs on a page asked for with `limit` (0: the default).
+fn page_limit(limit: u32) -> Result<u32, ApiError> {
+    match limit {
+        0 => Ok(JOB_PAGE_DEFAULT),
+        limit if limit <= JOB_PAGE_MAX => Ok(limit),
+        limit => Err(ApiError::BadRequest(format!(
+            "a page of {limit} jobs: ask for at most {JOB_PAGE_MAX}, and for the next page with \
+             its token"
+        ))),
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use openraft::{Config, SnapshotPolicy};
 use quotient_common::tls::TlsFiles;
 use quotient_common::ClusterId;
+use quotient_core::usage::USAGE_BUCKET_MS;
 use serde::{Deserialize, Serialize};
 
 /// Default Raft heartbeat interval (milliseconds).
@@ -208,8 +209,15 @@ pub struct CoordinatorConfig {
 /// and `job get` to show last week's runs and for retries and investigations, short enough
 /// that a busy fleet's state stays in memory; the history keeps them longer.
 pub const RETAIN_FINISHED_DEFAULT_MS: u64 = 7 * 86_400_000;
+/// The shortest retention allowed: a second.
+pub const RETAIN_FINISHED_MIN_MS: u64 = 1_000;
 /// Default most finished jobs kept: about 100 MiB of records at the worst.
 pub const RETAIN_FINISHED_MAX_DEFAULT: u64 = 100_000;
+/// Default time the shares' hourly usage is kept: 35 days, a month of charge-back with a
+/// few days to spare (about 840 buckets per share and class).
+pub const RETAIN_USAGE_DEFAULT_MS: u64 = 35 * 86_400_000;
+/// Default time the job history keeps a record: a year and a month, for a year's reports.
+pub const RETAIN_HISTORY_DEFAULT_MS: u64 = 400 * 86_400_000;
 /// Default window an idempotency key outlives its removed job.
 pub const IDEMPOTENCY_WINDOW_DEFAULT_MS: u64 = 86_400_000;
 
@@ -224,6 +232,11 @@ pub struct RetentionTuning {
     pub finished_max: u64,
     /// How long an idempotency key outlives its removed job.
     pub idempotency_window_ms: u64,
+    /// How long the shares' hourly usage is kept (`quotient share usage`).
+    pub usage_ms: u64,
+    /// How long the job history keeps a finished job's record after its end (each
+    /// coordinator's own file, not the replicated state).
+    pub history_ms: u64,
 }
 
 impl Default for RetentionTuning {
@@ -232,6 +245,8 @@ impl Default for RetentionTuning {
             finished_ms: RETAIN_FINISHED_DEFAULT_MS,
             finished_max: RETAIN_FINISHED_MAX_DEFAULT,
             idempotency_window_ms: IDEMPOTENCY_WINDOW_DEFAULT_MS,
+            usage_ms: RETAIN_USAGE_DEFAULT_MS,
+            history_ms: RETAIN_HISTORY_DEFAULT_MS,
         }
     }
 }
@@ -243,6 +258,7 @@ impl RetentionTuning {
             finished_ms: self.finished_ms,
             finished_max: self.finished_max,
             key_window_ms: self.idempotency_window_ms,
+            usage_ms: self.usage_ms,
         }
     }
 }
@@ -341,6 +357,24 @@ impl CoordinatorConfig {
             return invalid(format!(
                 "agent timing must satisfy 0 < heartbeat ({}) and lease ({}) >= 2 x heartbeat ms",
                 agents.agent_heartbeat_ms, agents.agent_lease_ms
+            ));
+        }
+        let retention = &self.retention;
+        if retention.finished_ms < RETAIN_FINISHED_MIN_MS {
+            return invalid(format!(
+                "retain-finished must be at least {} s, not {} ms: a finished job must stay \
+                 long enough to be seen",
+                RETAIN_FINISHED_MIN_MS / 1_000,
+                retention.finished_ms
+            ));
+        }
+        if retention.finished_max == 0 {
+            return invalid("retain-finished-max must be at least 1".into());
+        }
+        if retention.usage_ms < USAGE_BUCKET_MS {
+            return invalid(format!(
+                "retain-usage must be at least an hour (one bucket), not {} ms",
+                retention.usage_ms
             ));
         }
         Ok(())

@@ -98,6 +98,14 @@ impl Coordinator {
                 .await
                 .map_err(|error| CoordinatorError::Storage(error.to_string()))?
                 .map_err(CoordinatorError::Storage)?;
+        let (data_dir, retain_history_ms) = (config.data_dir.clone(), config.retention.history_ms);
+        let history = tokio::task::spawn_blocking(move || {
+            crate::history::History::open(&data_dir, retain_history_ms).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|error| CoordinatorError::Storage(error.to_string()))?
+        .map_err(CoordinatorError::Storage)?;
+        state_machine.attach_history(Arc::new(history));
         let raft_state_present = has_raft_state(&mut log_store, &state_machine).await?;
         let (data_dir, id, configured) = (config.data_dir.clone(), config.id, config.cluster_id);
         let identity = tokio::task::spawn_blocking(move || {
@@ -223,6 +231,9 @@ impl Coordinator {
         self.accept_task.abort();
         for task in self.loops {
             task.abort();
+        }
+        if let Some(history) = self.state_machine.history() {
+            history.close();
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod context;
 pub mod coordinator;
 pub mod desired;
 pub mod digest_check;
+pub mod history;
 pub mod identity;
 pub mod job_logs;
 pub mod network;

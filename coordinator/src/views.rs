@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{
-    job_page_token, AttemptView, AuditView, ClusterView, GpuView, GroupView, JobPage, JobView,
-    MemberView, NodeView, PlacementView, RevokedView, ShareView,
+    job_page_token, AttemptView, AuditView, ClusterView, GpuView, GroupView, HistoryRecord,
+    JobPage, JobView, MemberView, NodeView, PlacementView, RevokedView, ShareView, UsageRow,
 };
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{
@@ -173,6 +173,100 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
 /// One job, or `None` when there is no such job.
 pub fn job_view_by_id(state: &State, id: JobId) -> Option<JobView> {
     state.job(id).map(|job| job_view(state, job))
+}
+
+/// The job history's record of a finished job (`crate::history`), from its final view.
+pub fn history_record(state: &State, job: &JobRecord) -> HistoryRecord {
+    let view = job_view(state, job);
+    let gpus_held = u64::from(job.gpus()) * u64::from(job.node_count());
+    let gpu_ms: u64 = job
+        .history
+        .iter()
+        .map(|attempt| {
+            let end = attempt
+                .ended_ms
+                .or(job.ended_ms)
+                .unwrap_or(attempt.placed_ms);
+            end.saturating_sub(attempt.placed_ms) * gpus_held
+        })
+        .sum();
+    HistoryRecord {
+        id: view.id,
+        name: view.name,
+        share: view.share,
+        owner: view.owner,
+        gpu_class: view.gpu_class,
+        gpus: view.gpus,
+        nodes: view.node_count,
+        priority: view.priority,
+        state: view.state,
+        exit_code: view.exit_code,
+        reason: view.reason,
+        submitted_ms: view.submitted_ms,
+        first_started_ms: job.first_started_ms,
+        ended_ms: job.ended_ms.unwrap_or(job.submitted_ms),
+        attempts: view.attempts,
+        preemptions: view.preemptions,
+        preemption_causes: view
+            .attempt_history
+            .iter()
+            .filter_map(|attempt| attempt.outcome.clone())
+            .filter(|outcome| outcome.starts_with("preempted"))
+            .collect(),
+        gpu_ms,
+        gpu_seconds: (gpu_ms + 500) / 1_000,
+        attempt_history: view.attempt_history,
+    }
+}
+
+/// The records of the jobs that ended, as the state holds them now.
+pub fn history_records(state: &State, jobs: &[JobId]) -> Vec<HistoryRecord> {
+    jobs.iter()
+        .filter_map(|id| state.job(*id))
+        .filter(|job| job.state.is_terminal())
+        .map(|job| history_record(state, job))
+        .collect()
+}
+
+/// GPU time per share and class between `since_ms` and `until_ms` (whole hours that overlap
+/// them), of `share` or all; one row per UTC day with `by_day`. The time since the last
+/// command, up to `now_ms`, is counted at the rates the state has now.
+pub fn usage_rows(
+    state: &State,
+    share: Option<&str>,
+    since_ms: u64,
+    until_ms: u64,
+    by_day: bool,
+    now_ms: u64,
+) -> Vec<UsageRow> {
+    const DAY_MS: u64 = 86_400_000;
+    let mut rows: BTreeMap<(Option<u64>, String, String), quotient_core::usage::UsageCell> =
+        BTreeMap::new();
+    let pending = state.pending_usage(now_ms);
+    let first_hour = since_ms - since_ms % quotient_core::usage::USAGE_BUCKET_MS;
+    let pending = pending
+        .iter()
+        .filter(|((hour, _, _), _)| *hour >= first_hour && *hour < until_ms)
+        .map(|(key, cell)| (key, cell));
+    for ((hour, name, class), cell) in state.usage_between(since_ms, until_ms).chain(pending) {
+        if share.is_some_and(|s| s != name) {
+            continue;
+        }
+        let day = by_day.then(|| hour - hour % DAY_MS);
+        rows.entry((day, name.clone(), class.clone()))
+            .or_default()
+            .add(cell);
+    }
+    rows.into_iter()
+        .map(|((day_ms, share, gpu_class), cell)| UsageRow {
+            share,
+            gpu_class,
+            day_ms,
+            own_gpu_seconds: (cell.own_ms + 500) / 1_000,
+            borrowed_gpu_seconds: (cell.borrowed_ms + 500) / 1_000,
+            lent_gpu_seconds: (cell.lent_ms + 500) / 1_000,
+        })
+        .collect()
 }
 
 /// What `job list` asks for: each filter narrows it.

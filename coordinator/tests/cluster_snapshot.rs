@@ -1,12 +1,47 @@
 //! Snapshots and log compaction on a real three-coordinator cluster with a low snapshot
 //! threshold: a coordinator that was down while the others compacted their logs catches up
-//! from a snapshot sent by the leader.
+//! from a snapshot sent by the leader, and its job history holds the jobs that ended while it
+//! was down; the history of every coordinator survives a restart of all of them.
 
 mod support;
 
 use openraft::storage::RaftLogStorage;
+use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::JobId;
 use quotient_coordinator::store::{self, LogStore};
 use support::{create_share, job, jobs, poll_until, submit, Cluster, CONVERGE};
+
+/// The jobs coordinator `id`'s own history holds, newest end first (asked of it alone: each
+/// coordinator answers from its own copy). Polled until its writer has committed them.
+async fn history_of(cluster: &Cluster, id: u64) -> Vec<JobId> {
+    let client = cluster.client_of_ids("alice", &[id]);
+    let request = ApiRequest::JobHistory {
+        share: None,
+        since_ms: None,
+        until_ms: None,
+        state: None,
+        job: None,
+        limit: 1_000,
+        page_token: None,
+    };
+    let mut last = Vec::new();
+    for _ in 0..50 {
+        last = match client.call(request.clone()).await {
+            Ok(ApiResponse::History(page)) => page
+                .records
+                .iter()
+                .map(|record| record.id.parse().expect("a job id"))
+                .collect(),
+            other => panic!("coordinator {id}'s history: {other:?}"),
+        };
+        if last.len() as u32 >= SUBMITS_WHILE_DOWN / 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    client.close();
+    last
+}
 
 /// Entries between snapshots in this test.
 const SNAPSHOT_LOGS: u64 = 20;
@@ -55,9 +90,17 @@ async fn a_node_down_through_a_compaction_catches_up_from_a_snapshot() {
         "--- coordinator {down} goes down; {SUBMITS_WHILE_DOWN} submits compact the others' logs"
     );
     cluster.kill(down);
+    let mut cancelled = Vec::new();
     for n in 0..SUBMITS_WHILE_DOWN {
-        submit(&admin, job("team", n % 100)).await;
+        let id = submit(&admin, job("team", n % 100)).await;
+        if n % 2 == 0 {
+            match admin.call(ApiRequest::CancelJob { job: id }).await {
+                Ok(ApiResponse::Done) => cancelled.push(id),
+                other => panic!("cancelling {id}: {other:?}"),
+            }
+        }
     }
+    cancelled.reverse();
     poll_until("the leader to build a snapshot", CONVERGE, || async {
         log_text(&cluster, leader)
             .contains("built raft snapshot")
@@ -76,6 +119,32 @@ async fn a_node_down_through_a_compaction_catches_up_from_a_snapshot() {
     );
     let listed = jobs(&admin).await;
     assert_eq!(listed.len(), SUBMITS_WHILE_DOWN as usize);
+
+    eprintln!("--- every coordinator's history, {down}'s too, holds the cancelled jobs");
+    for id in cluster.ids() {
+        assert_eq!(
+            history_of(&cluster, id).await,
+            cancelled,
+            "coordinator {id}"
+        );
+    }
+
+    eprintln!("--- every coordinator restarts; the histories stay");
+    for id in cluster.ids() {
+        cluster.kill(id);
+    }
+    for id in [1, 2, 3] {
+        cluster.start_member(id);
+    }
+    cluster.wait_converged(&[1, 2, 3]).await;
+    for id in cluster.ids() {
+        assert_eq!(
+            history_of(&cluster, id).await,
+            cancelled,
+            "coordinator {id}"
+        );
+    }
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
 
     eprintln!("--- the leader's log was purged up to a snapshot");
     admin.close();

@@ -204,6 +204,7 @@ fn fixture_log(version: u16) -> Vec<Entry> {
                     finished_ms: 86_400_000,
                     finished_max: 1_000,
                     key_window_ms: 86_400_000,
+                    usage_ms: 86_400_000,
                 },
             )],
         ]

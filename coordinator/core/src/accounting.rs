@@ -1,15 +1,16 @@
 //! Per-share accounting as users see it: usage, borrowed, lent, queued and running counts.
 //!
-//! Borrowed GPUs are attributed first to the free pool (fleet GPUs beyond the sum of all
-//! limits), then to lending shares' idle quota, taking from shares in name order. The spec
-//! leaves the attribution open; name order is deterministic and easy to read in a table.
+//! Borrowed GPUs are attributed first to the free pool (the healthy GPUs of the schedulable
+//! nodes beyond the sum of all limits), then to lending shares' idle quota, taking from shares
+//! in name order (`crate::usage::usage_rates`). The spec leaves the attribution open; name
+//! order is deterministic and easy to read in a table.
 
 use std::collections::BTreeMap;
 
 use quotient_common::{GpuClass, JobState};
 
-use crate::rules::limit_of;
 use crate::state::State;
+use crate::usage::usage_rates;
 
 /// One share's numbers; the maps hold every class of the share's limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,39 +22,27 @@ pub struct ShareAccount {
     pub running: u64,
 }
 
-/// Healthy GPUs per class on nodes that are not lost (the fleet).
-pub fn fleet_gpus(state: &State) -> BTreeMap<GpuClass, u64> {
-    let mut fleet = BTreeMap::new();
-    for node in state.nodes() {
-        if node.state == quotient_common::NodeState::Lost {
-            continue;
-        }
-        for gpu in node.gpus.iter().filter(|g| g.healthy) {
-            *fleet.entry(gpu.class.clone()).or_insert(0) += 1;
-        }
-    }
-    fleet
-}
-
-/// The accounts of every share, by name.
+/// The accounts of every share, by name: what each holds now (`crate::usage::usage_rates`,
+/// the split GPU time is counted with) and its queued and running jobs.
 pub fn share_accounts(state: &State) -> BTreeMap<String, ShareAccount> {
     let mut accounts: BTreeMap<String, ShareAccount> = BTreeMap::new();
-    let mut borrowed_total: BTreeMap<GpuClass, u64> = BTreeMap::new();
-    let mut limits_total: BTreeMap<GpuClass, u64> = BTreeMap::new();
     for share in state.shares() {
-        let name = &share.spec.name;
         let mut account = ShareAccount::default();
         for class in share.spec.limits.keys() {
-            let usage = state.usage(name, class);
-            let limit = limit_of(&share.spec, class);
-            let borrowed = usage.saturating_sub(limit);
-            account.usage.insert(class.clone(), usage);
-            account.borrowed.insert(class.clone(), borrowed);
+            account.usage.insert(class.clone(), 0);
+            account.borrowed.insert(class.clone(), 0);
             account.lent.insert(class.clone(), 0);
-            *borrowed_total.entry(class.clone()).or_insert(0) += borrowed;
-            *limits_total.entry(class.clone()).or_insert(0) += limit;
         }
-        accounts.insert(name.clone(), account);
+        accounts.insert(share.spec.name.clone(), account);
+    }
+    for ((share, class), rates) in usage_rates(state) {
+        if let Some(account) = accounts.get_mut(&share) {
+            account
+                .usage
+                .insert(class.clone(), rates.own + rates.borrowed);
+            account.borrowed.insert(class.clone(), rates.borrowed);
+            account.lent.insert(class, rates.lent);
+        }
     }
     for job in state.jobs() {
         if let Some(account) = accounts.get_mut(&job.spec.share) {
@@ -61,30 +50,6 @@ pub fn share_accounts(state: &State) -> BTreeMap<String, ShareAccount> {
                 JobState::Runnable => account.runnable += 1,
                 JobState::Running => account.running += 1,
                 _ => {}
-            }
-        }
-    }
-    let fleet = fleet_gpus(state);
-    for (class, borrowed) in borrowed_total {
-        let free_pool = fleet
-            .get(&class)
-            .copied()
-            .unwrap_or(0)
-            .saturating_sub(limits_total.get(&class).copied().unwrap_or(0));
-        let mut from_lenders = borrowed.saturating_sub(free_pool);
-        for share in state.shares() {
-            if from_lenders == 0 {
-                break;
-            }
-            if !share.spec.strategy.lends() || !share.spec.limits.contains_key(&class) {
-                continue;
-            }
-            let usage = state.usage(&share.spec.name, &class);
-            let idle = limit_of(&share.spec, &class).saturating_sub(usage);
-            let lent = idle.min(from_lenders);
-            from_lenders -= lent;
-            if let Some(account) = accounts.get_mut(&share.spec.name) {
-                account.lent.insert(class.clone(), lent);
             }
         }
     }

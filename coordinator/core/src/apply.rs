@@ -52,7 +52,18 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         // last applied index included, so that a check never makes two equal states differ.
         return Outcome::Done;
     }
+    // The time since the last command is credited at the rates from before this one, and
+    // only when this one is applied: a rejected command changes nothing (the next one
+    // credits the time, at the same rates).
+    state.keep_rates_before(ctx.time_ms);
+    let changes_rates = crate::usage::may_change_rates(&command);
     let outcome = apply_inner(state, command, ctx);
+    if !outcome.is_rejected() {
+        state.advance_usage(ctx.time_ms);
+        if changes_rates {
+            state.rates_changed();
+        }
+    }
     state.data.last_applied_index = ctx.log_index;
     outcome
 }
@@ -121,6 +132,11 @@ impl State {
         if let Some(changes) = self.changes.as_mut() {
             if old != new {
                 changes.job_changed(&old, &new);
+            }
+        }
+        if new.state.is_terminal() && !old.state.is_terminal() {
+            if let Some(finished) = self.finished.as_mut() {
+                finished.push(id);
             }
         }
     }

@@ -36,6 +36,7 @@ pub mod scheduler;
 pub mod snapshot;
 pub mod state;
 pub mod tenancy;
+pub mod usage;
 pub mod v1;
 pub mod v2;
 pub mod v3;

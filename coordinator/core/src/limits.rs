@@ -8,8 +8,8 @@ pub const NODES_MAX: usize = 100_000;
 /// The most jobs that are not terminal at one time, cluster-wide: a submit beyond it is
 /// rejected until some end. Bounds the queues and what a round may have to look at.
 pub const ACTIVE_JOBS_MAX: usize = 5_000_000;
-/// The most jobs the state holds, terminal ones included (ids stay dense, and job records
-/// are never removed).
+/// The most jobs the state holds, terminal ones included (until retention removes them:
+/// `crate::retention`).
 pub const JOBS_MAX: usize = 50_000_000;
 /// How many borrowed jobs one reclaim attempt looks at before it gives up on this round.
 /// Bounds the cost of a round when borrowed jobs are scattered too thinly to free a node.

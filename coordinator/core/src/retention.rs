@@ -28,6 +28,8 @@ pub struct RetentionRule {
     /// How long an idempotency key outlives its removed job (milliseconds); the most keys
     /// kept for removed jobs is `finished_max`.
     pub key_window_ms: u64,
+    /// How long the hourly usage of the shares is kept (`crate::usage`), in milliseconds.
+    pub usage_ms: u64,
 }
 
 /// The most jobs one `ExpireFinished` removes, so that one entry's apply stays short; the
@@ -46,8 +48,12 @@ impl State {
             .key_expiry
             .get_min()
             .is_some_and(|(removed, _)| removed.saturating_add(rule.key_window_ms) <= now_ms);
+        let old_usage = self.data.usage.get_min().is_some_and(|((hour, _, _), _)| {
+            (hour + crate::usage::USAGE_BUCKET_MS).saturating_add(rule.usage_ms) <= now_ms
+        });
         old_job
             || old_key
+            || old_usage
             || finished.len() as u64 > rule.finished_max
             || self.data.key_expiry.len() as u64 > rule.finished_max
     }
@@ -99,6 +105,10 @@ impl State {
                 self.data.idempotency.remove(&key);
             }
         }
+        // Credited up to now first, so that no hour older than the retention is made again
+        // after the pruning.
+        self.advance_usage(now);
+        self.prune_usage(now.saturating_sub(rule.usage_ms));
         Outcome::Done
     }
 

@@ -70,6 +70,9 @@ pub struct SnapshotCapture {
     tail: Vec<u8>,
     audit: imbl::Vector<crate::state::AuditEntry>,
     key_expiry: imbl::OrdSet<(u64, String)>,
+    usage: imbl::OrdMap<crate::usage::UsageKey, crate::usage::UsageCell>,
+    /// The fields after `usage`, encoded.
+    end: Vec<u8>,
 }
 
 impl SnapshotCapture {
@@ -84,6 +87,8 @@ impl SnapshotCapture {
         bytes.extend_from_slice(&self.tail);
         encode(&self.audit, &mut bytes);
         encode(&self.key_expiry, &mut bytes);
+        encode(&self.usage, &mut bytes);
+        bytes.extend_from_slice(&self.end);
         bytes
     }
 }
@@ -108,6 +113,8 @@ impl State {
             revoked,
             audit,
             key_expiry,
+            usage,
+            usage_clock_ms,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -127,6 +134,12 @@ impl State {
             tail,
             audit: audit.clone(),
             key_expiry: key_expiry.clone(),
+            usage: usage.clone(),
+            end: {
+                let mut end = Vec::new();
+                encode(usage_clock_ms, &mut end);
+                end
+            },
         }
     }
 
@@ -175,6 +188,8 @@ impl State {
             data,
             index,
             changes: None,
+            rates: None,
+            finished: None,
         };
         state
             .validate()

@@ -392,6 +392,21 @@ pub struct StateData {
     /// (`crate::retention`). A persistent set, like the keys.
     #[serde(deserialize_with = "deserialize_key_expiry")]
     pub key_expiry: imbl::OrdSet<(u64, String)>,
+    /// GPU time per hour, share and class (`crate::usage`). A persistent map, like the keys.
+    #[serde(deserialize_with = "deserialize_usage")]
+    pub usage: imbl::OrdMap<crate::usage::UsageKey, crate::usage::UsageCell>,
+    /// The time of the last command that advanced `usage`.
+    pub usage_clock_ms: u64,
+}
+
+/// The usage buckets read as a `BTreeMap` (the same encoding), then made persistent: see
+/// [`deserialize_idempotency`].
+fn deserialize_usage<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<imbl::OrdMap<crate::usage::UsageKey, crate::usage::UsageCell>, D::Error> {
+    let cells =
+        BTreeMap::<crate::usage::UsageKey, crate::usage::UsageCell>::deserialize(deserializer)?;
+    Ok(cells.into_iter().collect())
 }
 
 /// The keys waiting to expire read as a `BTreeSet` (the same encoding), then made
@@ -458,11 +473,30 @@ pub struct State {
     /// While `apply_noting` runs: what it has changed so far (`None` otherwise, and then
     /// nothing is noted).
     pub(crate) changes: Option<Changes>,
+    /// The usage rates since the last command that may have changed them (`crate::usage`);
+    /// `None` until computed again. Derived: never encoded.
+    pub(crate) rates: Option<BTreeMap<(String, GpuClass), crate::usage::Rates>>,
+    /// The jobs that ended since the last [`State::take_finished`], while someone collects
+    /// them ([`State::collect_finished`]): the coordinator writes their history records.
+    pub(crate) finished: Option<Vec<JobId>>,
 }
 
 impl State {
     pub fn new() -> State {
         State::default()
+    }
+
+    /// From now on, notes every job that ends, for [`State::take_finished`].
+    pub fn collect_finished(&mut self) {
+        self.finished.get_or_insert_with(Vec::new);
+    }
+
+    /// The jobs that ended since the last call, in the order they ended.
+    pub fn take_finished(&mut self) -> Vec<JobId> {
+        self.finished
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn data(&self) -> &StateData {

@@ -78,6 +78,8 @@ impl From<StateDataV3> for StateData {
                 .collect(),
             audit: v3.audit.into_iter().collect(),
             key_expiry: imbl::OrdSet::new(),
+            usage: imbl::OrdMap::new(),
+            usage_clock_ms: 0,
         }
     }
 }

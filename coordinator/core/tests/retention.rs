@@ -17,6 +17,7 @@ fn rule(finished_ms: u64, finished_max: u64, key_window_ms: u64) -> RetentionRul
         finished_ms,
         finished_max,
         key_window_ms,
+        usage_ms: 365 * 24 * HOUR,
     }
 }
 

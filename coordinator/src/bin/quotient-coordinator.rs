@@ -102,6 +102,12 @@ struct Flags {
     /// How long a submit's idempotency key outlives its removed job, e.g. 24h (default 24h).
     #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
     idempotency_window: Option<u64>,
+    /// How long the job history keeps a finished job's record, e.g. 400d (default 400d).
+    #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
+    retain_history: Option<u64>,
+    /// How long the shares' hourly usage is kept, e.g. 35d (default 35d).
+    #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
+    retain_usage: Option<u64>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     log_json: bool,
@@ -179,6 +185,12 @@ impl Flags {
         }
         if let Some(value) = self.idempotency_window {
             config.retention.idempotency_window_ms = value;
+        }
+        if let Some(value) = self.retain_usage {
+            config.retention.usage_ms = value;
+        }
+        if let Some(value) = self.retain_history {
+            config.retention.history_ms = value;
         }
         config.validate()?;
         Ok(config)

@@ -49,6 +49,8 @@ use super::codec::{decode_value, encode_value, CodecError, MAX_ENTRY_BYTES};
 use super::type_config::{Entry, MemberId, Outcomes, Request, TypeConfig};
 use crate::applied::AppliedChanges;
 use crate::digest_check::DigestChecks;
+use crate::history::History;
+use crate::views;
 
 /// The snapshot file name inside the data directory.
 pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
@@ -111,6 +113,8 @@ struct Shared {
     /// What the entries applied since the leader last looked changed. Locked after
     /// `applied`, never before it.
     changes: Mutex<AppliedChanges>,
+    /// Where the records of the jobs that end go, once the coordinator attached it.
+    history: std::sync::OnceLock<Arc<History>>,
 }
 
 impl Shared {
@@ -180,6 +184,18 @@ impl std::fmt::Debug for QuotientStateMachine {
     }
 }
 
+/// How long a snapshot waits for the job history to commit what it was given.
+const HISTORY_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The history records of every finished job `state` holds.
+fn finished_records(state: &State) -> Vec<quotient_common::api::HistoryRecord> {
+    state
+        .jobs()
+        .filter(|job| job.state.is_terminal())
+        .map(|job| views::history_record(state, job))
+        .collect()
+}
+
 impl QuotientStateMachine {
     /// Opens the state machine for `data_dir`: loads `data_dir/snapshot.bin` if it exists,
     /// else starts from `State::new()`. Creates the directory if missing. Blocks on file I/O,
@@ -205,6 +221,7 @@ impl QuotientStateMachine {
             snapshot_seq: AtomicU64::new(0),
             digest_checks: DigestChecks::default(),
             changes: Mutex::new(AppliedChanges::Everything),
+            history: std::sync::OnceLock::new(),
         };
         let loaded = read_snapshot_file(data_dir)
             .map_err(|e| shared.storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
@@ -232,6 +249,20 @@ impl QuotientStateMachine {
         Ok(Self {
             shared: Arc::new(shared),
         })
+    }
+
+    /// From now on, writes a record to `history` for every job that ends; first, one for
+    /// every finished job the state holds that has none (`crate::history` says why).
+    pub fn attach_history(&self, history: Arc<History>) {
+        let mut applied = self.shared.write_applied();
+        applied.state.collect_finished();
+        history.append(finished_records(&applied.state));
+        let _ = self.shared.history.set(history);
+    }
+
+    /// The job history, once attached.
+    pub fn history(&self) -> Option<&Arc<History>> {
+        self.shared.history.get()
     }
 
     /// Runs `f` on the current state (under a read lock: keep it short).
@@ -285,6 +316,15 @@ impl RaftSnapshotBuilder<TypeConfig> for QuotientStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<MemberId>> {
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let subject = ErrorSubject::Snapshot(None);
+        if let Some(history) = self.shared.history.get().cloned() {
+            // The records of the jobs the snapshot's entries ended are committed before the log
+            // behind it may be purged (a job removed by retention since is in no snapshot).
+            let flushed =
+                tokio::task::spawn_blocking(move || history.flush(HISTORY_FLUSH_WAIT)).await;
+            if !matches!(flushed, Ok(true)) {
+                tracing::warn!("the job history was not committed before a snapshot");
+            }
+        }
         let (meta, bytes) = self
             .blocking(subject.clone(), ErrorVerb::Write, move |shared| {
                 // Only the capture holds the lock (the small fields encoded, the job table and
@@ -377,6 +417,12 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
                         })
                         .collect();
                     changes.bound();
+                    if let Some(history) = self.shared.history.get() {
+                        let ended = applied.state.take_finished();
+                        if !ended.is_empty() {
+                            history.append(views::history_records(&applied.state, &ended));
+                        }
+                    }
                     if checked {
                         self.shared
                             .digest_checks
@@ -432,6 +478,12 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
             last_applied: meta.last_log_id,
             last_membership: meta.last_membership.clone(),
         };
+        if let Some(history) = self.shared.history.get() {
+            // The entries the snapshot stands for were not applied here: their jobs' records
+            // are written from the state (those it still holds).
+            applied.state.collect_finished();
+            history.append(finished_records(&applied.state));
+        }
         *self.shared.lock_changes() = AppliedChanges::Everything;
         drop(applied);
         tracing::info!(snapshot = %meta, "installed raft snapshot");
