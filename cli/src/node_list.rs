@@ -1,9 +1,11 @@
-//! `quotient node list [-o json]`: the GPU hosts, their state and their GPUs, sorted by name
-//! in natural order: runs of digits compare as numbers, so node-2 comes before node-10.
+//! `quotient node list [--limit N [--page-token T]] [-o json]`: the GPU hosts, their state
+//! and their GPUs, sorted by name in natural order: runs of digits compare as numbers, so
+//! node-2 comes before node-10. The coordinators answer a page of at most 1,000 nodes at a
+//! time; without `--limit` every page is read and the whole list printed (a JSON array).
 
 use std::cmp::Ordering;
 
-use quotient_common::api::{ApiRequest, ApiResponse, NodeView};
+use quotient_common::api::{ApiRequest, ApiResponse, NodePage, NodeView, NODE_PAGE_MAX};
 use quotient_common::ErrorCode;
 
 use crate::client::{unexpected, Session};
@@ -11,20 +13,41 @@ use crate::failure::RequestFailed;
 use crate::output::{self, OutputFormat};
 use crate::GlobalArgs;
 
-/// Arguments of `quotient node list` (none besides the global ones).
+/// Arguments of `quotient node list`.
 #[derive(Debug, clap::Args)]
-pub struct NodeListArgs {}
+pub struct NodeListArgs {
+    /// Only one page of this many nodes, by name, 1-1000; stderr says how to ask for the
+    /// next [default: every node, read a page at a time].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=NODE_PAGE_MAX as i64))]
+    pub limit: Option<u32>,
+    /// The page after the one that gave this token (with --limit).
+    #[arg(long, value_name = "TOKEN", requires = "limit")]
+    pub page_token: Option<String>,
+}
 
-/// Reads every node, sorted by name ([`natural_order`]).
-pub fn fetch_all(session: &mut Session) -> anyhow::Result<Vec<NodeView>> {
-    let request = ApiRequest::ListNodes;
+/// One page of nodes.
+fn page(session: &mut Session, limit: u32, page_token: Option<String>) -> anyhow::Result<NodePage> {
+    let request = ApiRequest::ListNodes { limit, page_token };
     match session.call(request.clone())? {
-        ApiResponse::Nodes(mut nodes) => {
-            nodes.sort_by(|a, b| natural_order(&a.name, &b.name));
-            Ok(nodes)
-        }
+        ApiResponse::Nodes(page) => Ok(page),
         other => Err(unexpected(&request, &other)),
     }
+}
+
+/// Reads every node, a page at a time, sorted by name ([`natural_order`]).
+pub fn fetch_all(session: &mut Session) -> anyhow::Result<Vec<NodeView>> {
+    let mut nodes = Vec::new();
+    let mut token = None;
+    loop {
+        let page = page(session, NODE_PAGE_MAX, token)?;
+        nodes.extend(page.nodes);
+        match page.next_page_token {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
+    nodes.sort_by(|a, b| natural_order(&a.name, &b.name));
+    Ok(nodes)
 }
 
 /// Compares names in natural order: runs of ASCII digits compare as numbers (`node-2` before
@@ -79,9 +102,22 @@ pub fn fetch(session: &mut Session, name: &str) -> anyhow::Result<NodeView> {
         })
 }
 
-pub fn run(global: &GlobalArgs, _args: &NodeListArgs) -> anyhow::Result<()> {
+pub fn run(global: &GlobalArgs, args: &NodeListArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
-    let nodes = fetch_all(&mut session)?;
+    let nodes = match args.limit {
+        None => fetch_all(&mut session)?,
+        Some(limit) => {
+            // One page, in the coordinators' order (by name, byte for byte).
+            let page = page(&mut session, limit, args.page_token.clone())?;
+            if let Some(token) = &page.next_page_token {
+                eprintln!(
+                    "more nodes: `quotient node list --limit {limit} --page-token {token}` shows \
+                     the next {limit}"
+                );
+            }
+            page.nodes
+        }
+    };
     match global.output {
         OutputFormat::Table | OutputFormat::Csv => output::print_text(&output::node_table(&nodes)),
         OutputFormat::Json => output::print_json(&nodes),

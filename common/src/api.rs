@@ -61,7 +61,13 @@ pub enum ApiRequest {
     ExplainJob {
         job: JobId,
     },
-    ListNodes,
+    /// One page of nodes by name ([`NodePage`]).
+    ListNodes {
+        /// 1 to [`NODE_PAGE_MAX`]; 0 for [`NODE_PAGE_MAX`].
+        limit: u32,
+        /// The `next_page_token` of the page before; `None` for the first page.
+        page_token: Option<String>,
+    },
     CordonNode {
         node: String,
     },
@@ -190,6 +196,14 @@ impl ApiRequest {
         }
     }
 
+    /// The first page of nodes, [`NODE_PAGE_MAX`] of them, by name.
+    pub fn list_nodes() -> ApiRequest {
+        ApiRequest::ListNodes {
+            limit: 0,
+            page_token: None,
+        }
+    }
+
     /// The request itself, out of a [`ApiRequest::ViaLeader`] or [`ApiRequest::Forwarded`].
     pub fn unwrapped(&self) -> &ApiRequest {
         match self {
@@ -211,7 +225,7 @@ impl ApiRequest {
                 | ApiRequest::ListJobs { .. }
                 | ApiRequest::ExplainJob { .. }
                 | ApiRequest::JobLogs { .. }
-                | ApiRequest::ListNodes
+                | ApiRequest::ListNodes { .. }
                 | ApiRequest::ClusterStatus
                 | ApiRequest::Health
                 | ApiRequest::ListGroups
@@ -237,7 +251,7 @@ impl ApiRequest {
             ApiRequest::UpdateJobPriority { .. } => "UpdateJobPriority",
             ApiRequest::CancelJob { .. } => "CancelJob",
             ApiRequest::ExplainJob { .. } => "ExplainJob",
-            ApiRequest::ListNodes => "ListNodes",
+            ApiRequest::ListNodes { .. } => "ListNodes",
             ApiRequest::CordonNode { .. } => "CordonNode",
             ApiRequest::UncordonNode { .. } => "UncordonNode",
             ApiRequest::DrainNode { .. } => "DrainNode",
@@ -305,7 +319,7 @@ pub enum ApiResponse {
         summary: String,
         details: Vec<String>,
     },
-    Nodes(Vec<NodeView>),
+    Nodes(NodePage),
     Cluster(ClusterView),
     Health(HealthView),
     Error(ApiError),
@@ -594,6 +608,37 @@ pub struct UsageRow {
     pub lent_gpu_seconds: u64,
 }
 
+/// The most nodes on one page of `ListNodes`: a page of the largest nodes (64 GPUs each)
+/// stays far under the frame limit.
+pub const NODE_PAGE_MAX: u32 = 1_000;
+
+/// One page of nodes, by name, and the token that asks for the next (`None` on the last).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePage {
+    pub nodes: Vec<NodeView>,
+    pub next_page_token: Option<String>,
+}
+
+/// The page token that continues a list of nodes after the node named `name`. Opaque to
+/// clients.
+pub fn node_page_token(name: &str) -> String {
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("nodes.{hex}")
+}
+
+/// The node name a page token continues after; `None` for a token never given.
+pub fn parse_node_page_token(token: &str) -> Option<String> {
+    let hex = token.strip_prefix("nodes.")?;
+    if hex.is_empty() || hex.len() % 2 != 0 || hex.len() > 2 * crate::name::NAME_BYTES_MAX {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&hex[at..at + 2], 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
 /// A job as `quotient job get -o json` prints it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobView {
@@ -832,7 +877,10 @@ mod tests {
             ApiRequest::UpdateJobPriority { job, priority: 1 },
             ApiRequest::CancelJob { job },
             ApiRequest::ExplainJob { job },
-            ApiRequest::ListNodes,
+            ApiRequest::ListNodes {
+                limit: 0,
+                page_token: Some(node_page_token("node-1")),
+            },
             ApiRequest::CordonNode { node: node() },
             ApiRequest::UncordonNode { node: node() },
             ApiRequest::DrainNode { node: node() },
@@ -899,6 +947,13 @@ mod tests {
         ] {
             assert_eq!(parse_job_page_token(bad), None, "{bad}");
             assert_eq!(parse_history_page_token(bad), None, "{bad}");
+        }
+        assert_eq!(
+            parse_node_page_token(&node_page_token("gpu-07")).as_deref(),
+            Some("gpu-07")
+        );
+        for bad in ["nodes.", "nodes.6", "nodes.zz", "nodes.ff"] {
+            assert_eq!(parse_node_page_token(bad), None, "{bad}");
         }
     }
 

@@ -37,8 +37,9 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, Raf
 use openraft::{BasicNode, ChangeMembers};
 use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
-    how_to_narrow, parse_history_page_token, parse_job_page_token, ApiError, ApiRequest,
-    ApiResponse, HealthView, API_FRAME_BYTES_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX,
+    how_to_narrow, parse_history_page_token, parse_job_page_token, parse_node_page_token, ApiError,
+    ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX,
+    NODE_PAGE_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
 use quotient_common::frame::{self, FrameError, HEADER_BYTES};
@@ -735,15 +736,38 @@ impl ApiService {
                 job_logs::read_logs(&self.inner.ctx.agent_links, job, target, offset, max_bytes)
                     .await
             }
-            ApiRequest::ListNodes => {
+            ApiRequest::ListNodes { limit, page_token } => {
+                let limit = match limit {
+                    0 => NODE_PAGE_MAX,
+                    limit if limit <= NODE_PAGE_MAX => limit,
+                    limit => {
+                        return Err(ApiError::BadRequest(format!(
+                            "a page of {limit} nodes: ask for at most {NODE_PAGE_MAX}, and for \
+                             the next page with its token"
+                        )))
+                    }
+                };
+                let after = match page_token.as_deref() {
+                    None => None,
+                    Some(token) => Some(parse_node_page_token(token).ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "page token {token:?} is not one this cluster gave: pass the \
+                             `next_page_token` of the page before, or start without one"
+                        ))
+                    })?),
+                };
                 self.linearizable().await?;
-                let mut nodes = self.inner.ctx.state_machine.read(views::node_views);
+                let mut page = self
+                    .inner
+                    .ctx
+                    .state_machine
+                    .read(|state| views::node_page(state, after.as_deref(), limit as usize));
                 let now = std::time::Instant::now();
-                for node in &mut nodes {
+                for node in &mut page.nodes {
                     views::add_disk_usage(node, self.inner.ctx.node_disks.of(&node.name));
                     views::add_heartbeat(node, self.inner.ctx.leases.heard(&node.name, now));
                 }
-                Ok(ApiResponse::Nodes(nodes))
+                Ok(ApiResponse::Nodes(page))
             }
             ApiRequest::ClusterStatus => {
                 self.linearizable().await?;

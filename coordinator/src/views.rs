@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use openraft::{RaftMetrics, ServerState};
 use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{
-    job_page_token, AttemptView, AuditView, ClusterView, GpuView, GroupView, HistoryRecord,
-    JobPage, JobView, MemberView, NodeView, PlacementView, RevokedView, ShareView, UsageRow,
+    job_page_token, node_page_token, AttemptView, AuditView, ClusterView, GpuView, GroupView,
+    HistoryRecord, JobPage, JobView, MemberView, NodePage, NodeView, PlacementView, RevokedView,
+    ShareView, UsageRow,
 };
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{
@@ -440,9 +441,31 @@ pub fn add_disk_usage(view: &mut NodeView, usage: Option<DiskUsage>) {
 
 /// Every node, by name.
 pub fn node_views(state: &State) -> Vec<NodeView> {
-    let mut views: Vec<NodeView> = state.nodes().map(|node| node_view(state, node)).collect();
-    views.sort_by(|a, b| a.name.cmp(&b.name));
-    views
+    node_page(state, None, usize::MAX).nodes
+}
+
+/// One page of nodes by name, after `after` (the first page: `None`), at most `limit`;
+/// `next_page_token` is set when more follow. Only the page is built.
+pub fn node_page(state: &State, after: Option<&str>, limit: usize) -> NodePage {
+    use std::ops::Bound;
+    let start = after.map_or(Bound::Unbounded, |name| Bound::Excluded(name.to_string()));
+    let mut names = state
+        .data()
+        .node_ids
+        .range::<String, _>((start, Bound::Unbounded))
+        .filter_map(|(_, id)| state.node(*id));
+    let nodes: Vec<NodeView> = names
+        .by_ref()
+        .take(limit)
+        .map(|node| node_view(state, node))
+        .collect();
+    let next_page_token = (nodes.len() == limit && names.next().is_some())
+        .then(|| nodes.last().map(|node| node_page_token(&node.name)))
+        .flatten();
+    NodePage {
+        nodes,
+        next_page_token,
+    }
 }
 
 /// The cluster as this coordinator's Raft sees it. `reachable` says, per member, whether
@@ -505,4 +528,36 @@ pub fn digest_of_bytes(bytes: &[u8]) -> u64 {
     bytes.iter().fold(FNV_OFFSET_BASIS, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use quotient_common::api::parse_node_page_token;
+
+    use super::*;
+    use crate::test_log::Log;
+
+    #[test]
+    fn node_pages_go_by_name_and_list_every_node_once() {
+        let mut log = Log::new();
+        let names = ["gpu-c", "gpu-a", "gpu-e", "gpu-b", "gpu-d"];
+        for name in names {
+            log.register_node(name, 1);
+        }
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = node_page(&log.state, after.as_deref(), 2);
+            assert!(page.nodes.len() <= 2);
+            seen.extend(page.nodes.iter().map(|node| node.name.clone()));
+            match page.next_page_token {
+                Some(token) => after = parse_node_page_token(&token),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]);
+        let whole = node_page(&log.state, None, 5);
+        assert_eq!(whole.nodes.len(), 5);
+        assert_eq!(whole.next_page_token, None, "no page after the last");
+    }
 }

@@ -208,8 +208,8 @@ async fn create(client: &ApiClient, spec: ShareSpec) {
 }
 
 async fn nodes(client: &ApiClient) -> Vec<NodeView> {
-    match client.call(ApiRequest::ListNodes).await {
-        Ok(ApiResponse::Nodes(nodes)) => nodes,
+    match client.call(ApiRequest::list_nodes()).await {
+        Ok(ApiResponse::Nodes(page)) => page.nodes,
         other => panic!("listing nodes failed: {other:?}"),
     }
 }

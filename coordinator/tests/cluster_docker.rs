@@ -255,8 +255,9 @@ async fn placement(
 
 /// Whether node `name` is `ready` as the leader sees it.
 async fn is_ready(client: &quotient_client::ApiClient, name: &str) -> bool {
-    match client.call(ApiRequest::ListNodes).await {
-        Ok(quotient_common::api::ApiResponse::Nodes(nodes)) => nodes
+    match client.call(ApiRequest::list_nodes()).await {
+        Ok(quotient_common::api::ApiResponse::Nodes(page)) => page
+            .nodes
             .iter()
             .any(|node| node.name == name && node.state == "ready"),
         _ => false,

@@ -482,8 +482,8 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
         let text = rejected(admin.call(request).await, ErrorCode::NotFound);
         assert!(text.contains("no node named node-9"), "{text}");
     }
-    match admin.call(ApiRequest::ListNodes).await {
-        Ok(ApiResponse::Nodes(nodes)) => assert!(nodes.is_empty(), "{nodes:?}"),
+    match admin.call(ApiRequest::list_nodes()).await {
+        Ok(ApiResponse::Nodes(page)) => assert!(page.nodes.is_empty(), "{page:?}"),
         other => panic!("listing nodes failed: {other:?}"),
     }
 
