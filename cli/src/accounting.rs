@@ -109,20 +109,19 @@ pub fn job_history(global: &GlobalArgs, args: &JobHistoryArgs) -> anyhow::Result
     } else {
         history_page(&mut session, args.request(args.page_token.clone()))?
     };
+    if global.output != OutputFormat::Json {
+        if let Some(token) = &page.next_page_token {
+            eprintln!(
+                "more records: `quotient job history --page-token {token}` (the same filters) \
+                 shows the next {}, `--all` every one",
+                args.limit
+            );
+        }
+    }
     match global.output {
         OutputFormat::Json => output::print_json(&page),
         OutputFormat::Csv => print_csv(page.records.iter().map(HistoryCsv::from)),
-        OutputFormat::Table => {
-            output::print_text(&history_table(&page.records))?;
-            if let Some(token) = &page.next_page_token {
-                eprintln!(
-                    "more records: `quotient job history --page-token {token}` (the same \
-                     filters) shows the next {}, `--all` every one",
-                    args.limit
-                );
-            }
-            Ok(())
-        }
+        OutputFormat::Table => output::print_text(&history_table(&page.records)),
     }
 }
 

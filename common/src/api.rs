@@ -531,8 +531,8 @@ pub fn parse_job_page_token(token: &str) -> Option<JobId> {
     u64::from_str_radix(hex, 16).ok().map(JobId)
 }
 
-/// One finished job as the job history keeps it, on every coordinator, after it left the live
-/// state (`quotient job history -o json`). Its file encoding is versioned as
+/// One finished job as the job history keeps it, on every coordinator, written when the job
+/// ends and kept after it leaves the live state (`quotient job history -o json`). Its file encoding is versioned as
 /// `version::JOB_HISTORY`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryRecord {

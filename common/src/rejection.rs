@@ -216,6 +216,7 @@ mod tests {
                 ErrorCode::InvalidArgument,
                 ErrorCode::InvalidArgument,
                 ErrorCode::NotFound,
+                ErrorCode::NotFound,
                 ErrorCode::FailedPrecondition,
                 ErrorCode::NotFound,
                 ErrorCode::FailedPrecondition,

@@ -83,7 +83,7 @@ pub const RAFT_WIRE: Encoding = Encoding {
 /// run (`quotient_core::v1` reads version 1). Version 3: jobs of several nodes (a job's
 /// `nodes` and `same`, an allocation per member), GPUs' NVLink peers (`quotient_core::v2`
 /// reads version 2). Version 4: the leader's `ExpireFinished`, which removes finished jobs
-/// once their retention is over (version 3's entries read as they are).
+/// once their retention is over and prunes old usage (version 3's entries read as they are).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
     current: 4,
@@ -102,8 +102,10 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 /// The replicated state as a snapshot holds it (`quotient_core::State::to_snapshot_bytes`),
 /// in the snapshot file and in the snapshot a leader sends a follower, in its first bytes.
 /// Version 2: as [`RAFT_LOG`] 2, and each job's attempt history and counters. Version 3: as
-/// [`RAFT_LOG`] 3. Version 4: every revoked serial of a name (`quotient_core::v3` reads
-/// version 3).
+/// [`RAFT_LOG`] 3. Version 4: as [`RAFT_LOG`] 4 (finished jobs removed, so the job table
+/// holds the ids issued; idempotency keys of removed jobs waiting to expire), every revoked
+/// serial of a name, and the shares' GPU time by the hour (`quotient_core::usage`)
+/// (`quotient_core::v3` reads version 3).
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
     current: 4,

@@ -619,7 +619,7 @@ impl ApiService {
                     None => None,
                     Some(token) => Some(parse_history_page_token(token).ok_or_else(|| {
                         ApiError::BadRequest(format!(
-                            "page token {token:?} is not one this coordinator gave: pass the \
+                            "page token {token:?} is not one this cluster gave: pass the \
                              `next_page_token` of the page before, or start without one"
                         ))
                     })?),
@@ -817,7 +817,8 @@ impl ApiService {
             return Ok(());
         };
         let error = ApiError::Rejected(Rejection::Forbidden(format!(
-            "{job} is in share {share}, which {user} is not a member of: only its owner, the              share's members and admins may read it"
+            "{job} is in share {share}, which {user} is not a member of: only its owner, the share's \
+             members and admins may read it"
         )));
         self.record_refusal(caller, &format!("{action} {job}"), &error);
         Err(error)

@@ -371,6 +371,13 @@ impl CoordinatorConfig {
         if retention.finished_max == 0 {
             return invalid("retain-finished-max must be at least 1".into());
         }
+        if retention.history_ms < retention.finished_ms {
+            return invalid(format!(
+                "retain-history ({} ms) must be at least retain-finished ({} ms): the history \
+                 keeps what the live state lets go",
+                retention.history_ms, retention.finished_ms
+            ));
+        }
         if retention.usage_ms < USAGE_BUCKET_MS {
             return invalid(format!(
                 "retain-usage must be at least an hour (one bucket), not {} ms",

@@ -15,7 +15,7 @@
 //! Each value holds its encoding's version (`version::JOB_HISTORY`), then the record in
 //! bincode, at most [`HISTORY_RECORD_BYTES_MAX`]; a value over it, or of a version this build
 //! does not read, is an error that names the file, never a guess. Records older than the
-//! history's retention are removed by the writer.
+//! history's retention are removed by the writer, when it starts and every 10 minutes after.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
@@ -306,12 +306,15 @@ fn decode_record(bytes: &[u8], path: &Path) -> Result<HistoryRecord, HistoryErro
 fn write_loop(db: &Database, path: &Path, receiver: Receiver<Message>, retain_ms: u64) {
     let mut pending: Vec<HistoryRecord> = Vec::new();
     let mut waiting: Vec<mpsc::Sender<()>> = Vec::new();
-    let mut last_prune: Option<Instant> = None;
+    prune(db, path, retain_ms);
+    let mut last_prune = Instant::now();
     loop {
         let message = if pending.is_empty() && waiting.is_empty() {
-            match receiver.recv() {
+            // Idle: wakes for the next prune even when no job ends.
+            match receiver.recv_timeout(PRUNE_EVERY) {
                 Ok(message) => Some(message),
-                Err(_) => return,
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
             }
         } else {
             match receiver.recv_timeout(COMMIT_EVERY) {
@@ -334,8 +337,8 @@ fn write_loop(db: &Database, path: &Path, receiver: Receiver<Message>, retain_ms
             None => {}
         }
         commit(db, path, &mut pending);
-        if last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
-            last_prune = Some(Instant::now());
+        if last_prune.elapsed() >= PRUNE_EVERY {
+            last_prune = Instant::now();
             prune(db, path, retain_ms);
         }
         for done in waiting.drain(..) {
@@ -528,7 +531,7 @@ mod tests {
             ]);
             assert!(history.flush(Duration::from_secs(10)));
         }
-        // Reopened with a retention of a day: the first write prunes the old record.
+        // Reopened with a retention of a day: the writer prunes the old record as it starts.
         let history = History::open(dir.path(), 86_400_000).expect("opens again");
         history.append(vec![record(3, "team", now, "FAILED")]);
         assert!(history.flush(Duration::from_secs(10)));

@@ -1,0 +1,198 @@
+//! The live state at a million jobs: `cargo bench -p quotient-coordinator --bench state_size`.
+//!
+//! With the coordinator's allocator (mimalloc), builds a state of 1,000,000 jobs as a busy
+//! fleet submits them (a name, a command with arguments, two environment variables, an
+//! idempotency key and an owner, over 100 shares), and measures:
+//! - the memory the process grows by (RSS) per queued job, then per finished job once every
+//!   job has ended (each cancelled: a finished job the retention still keeps);
+//! - the snapshot's bytes per job, and the time to read the state back from them (decoding,
+//!   rebuilding the index, checking every invariant): what a coordinator does at start
+//!   before it replays the log after its snapshot;
+//! - one page of `job list` (100 jobs, newest first) at the server, unfiltered and filtered
+//!   by share, by state and by name prefix, with the 1,000,000 jobs in the state.
+//!
+//! `BENCH_JOBS` changes the job count. The last line printed is one JSON object.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use quotient_common::{GpuClass, JobId, JobSpec, JobState, ShareSpec, ShareState, Strategy};
+use quotient_coordinator::views::{job_page, JobFilter};
+use quotient_core::{apply, ApplyCtx, Caller, Command, Outcome, State};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Shares the jobs are spread over.
+const SHARES: usize = 100;
+/// Pages of each kind timed.
+const PAGES: usize = 50;
+
+/// The process's resident memory in bytes, from /proc/self/statm.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .expect("the resident pages");
+    // SAFETY: sysconf has no preconditions.
+    let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page_size).unwrap_or(4096)
+}
+
+fn median_ms(mut samples: Vec<Duration>) -> f64 {
+    samples.sort();
+    samples[samples.len() / 2].as_secs_f64() * 1e3
+}
+
+fn max_ms(samples: &[Duration]) -> f64 {
+    samples.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let jobs: usize = std::env::var("BENCH_JOBS")
+        .map(|v| v.parse().expect("BENCH_JOBS is a count"))
+        .unwrap_or(1_000_000);
+    let class = GpuClass::parse("a10g").expect("a class name");
+    let mut state = State::default();
+    let mut index = 0;
+    let mut run = |state: &mut State, command: Command| -> Outcome {
+        index += 1;
+        apply(
+            state,
+            command,
+            ApplyCtx {
+                log_index: index,
+                time_ms: 1_700_000_000_000 + index,
+            },
+        )
+    };
+    for share in 0..SHARES {
+        run(
+            &mut state,
+            Command::CreateShare(ShareSpec {
+                name: format!("team-{share:03}"),
+                limits: BTreeMap::from([(class.clone(), 8)]),
+                strategy: Strategy::LendAndBorrow,
+                borrow_limit_percent: None,
+                in_share_preemption: false,
+                state: ShareState::Enabled,
+                members: Vec::new(),
+                max_jobs_per_user: None,
+            }),
+        );
+    }
+    let rss_empty = rss_bytes();
+    let began = Instant::now();
+    for n in 0..jobs {
+        let mut spec = JobSpec::new(
+            &format!("team-{:03}", n % SHARES),
+            (n % 100) as u32,
+            1,
+            vec![
+                "python".into(),
+                "train.py".into(),
+                "--config".into(),
+                format!("configs/run-{n}.yaml"),
+            ],
+        );
+        spec.name = Some(format!("train-{n}"));
+        spec.gpu_class = Some(class.clone());
+        spec.env = BTreeMap::from([
+            ("WANDB_PROJECT".to_string(), "vision".to_string()),
+            ("SEED".to_string(), n.to_string()),
+        ]);
+        spec.idempotency_key = Some(format!("quotient-cli-{n:012}-{:08x}", n * 7919));
+        let command = Command::As {
+            caller: Caller {
+                name: format!("user-{}", n % 500),
+                admin: false,
+            },
+            command: Box::new(Command::SubmitJob(spec)),
+        };
+        let outcome = run(&mut state, command);
+        assert!(
+            matches!(outcome, Outcome::JobSubmitted { .. }),
+            "{outcome:?}"
+        );
+    }
+    let submit_s = began.elapsed().as_secs_f64();
+    let rss_queued = rss_bytes();
+    let per_queued = rss_queued.saturating_sub(rss_empty) as f64 / jobs as f64;
+    eprintln!("{jobs} queued jobs: {per_queued:.0} bytes each ({submit_s:.1} s to submit)");
+
+    eprintln!("--- pages of job list with {jobs} jobs");
+    let timed = |filter: JobFilter<'_>| {
+        let mut samples = Vec::new();
+        for n in 0..PAGES {
+            // Pages from the first and from deep in the list.
+            let before = (n % 2 == 1).then(|| JobId((jobs / 2) as u64));
+            let began = Instant::now();
+            let page = job_page(&state, filter, before, 100);
+            samples.push(began.elapsed());
+            assert!(page.jobs.len() <= 100);
+        }
+        samples
+    };
+    let first = timed(JobFilter::default());
+    let by_share = timed(JobFilter {
+        share: Some("team-042"),
+        ..JobFilter::default()
+    });
+    let by_prefix = timed(JobFilter {
+        name_prefix: Some("train-99"),
+        ..JobFilter::default()
+    });
+    let by_user = timed(JobFilter {
+        user: Some("user-7"),
+        ..JobFilter::default()
+    });
+
+    eprintln!("--- the snapshot, read back");
+    let bytes = state.to_snapshot_bytes();
+    let snapshot_bytes_per_job = bytes.len() as f64 / jobs as f64;
+    let began = Instant::now();
+    let back = State::from_snapshot_bytes(&bytes).expect("the snapshot reads back");
+    let load_s = began.elapsed().as_secs_f64();
+    assert_eq!(back.jobs().count(), jobs);
+    drop(back);
+    drop(bytes);
+
+    eprintln!("--- every job ends");
+    let rss_before_end = rss_bytes();
+    for n in 0..jobs {
+        run(
+            &mut state,
+            Command::CancelJob {
+                job: JobId(n as u64 + 1),
+            },
+        );
+    }
+    assert!(state.jobs().all(|job| job.state == JobState::Cancelled));
+    let rss_finished = rss_bytes();
+    let per_finished = rss_finished.saturating_sub(rss_empty) as f64 / jobs as f64;
+    let by_state = timed(JobFilter {
+        state: Some(JobState::Runnable),
+        ..JobFilter::default()
+    });
+    eprintln!(
+        "{jobs} finished jobs: {per_finished:.0} bytes each (RSS {} MiB before they ended, {} MiB after)",
+        rss_before_end >> 20,
+        rss_finished >> 20
+    );
+
+    println!(
+        "{{\"bench\":\"state-size\",\"jobs\":{jobs},\"shares\":{SHARES},\"rss_bytes_per_queued_job\":{per_queued:.0},\"rss_bytes_per_finished_job\":{per_finished:.0},\"snapshot_bytes_per_job\":{snapshot_bytes_per_job:.0},\"snapshot_load_s\":{load_s:.2},\"job_page_ms_p50\":{:.3},\"job_page_ms_max\":{:.3},\"job_page_share_ms_p50\":{:.3},\"job_page_share_ms_max\":{:.3},\"job_page_prefix_ms_p50\":{:.3},\"job_page_prefix_ms_max\":{:.3},\"job_page_user_ms_p50\":{:.3},\"job_page_user_ms_max\":{:.3},\"job_page_none_match_ms_p50\":{:.3},\"job_page_none_match_ms_max\":{:.3}}}",
+        median_ms(first.clone()),
+        max_ms(&first),
+        median_ms(by_share.clone()),
+        max_ms(&by_share),
+        median_ms(by_prefix.clone()),
+        max_ms(&by_prefix),
+        median_ms(by_user.clone()),
+        max_ms(&by_user),
+        median_ms(by_state.clone()),
+        max_ms(&by_state),
+    );
+}
