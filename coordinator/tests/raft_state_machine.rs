@@ -283,11 +283,20 @@ async fn corrupted_snapshot_file_is_an_error_on_open() {
     let mut huge = good.clone();
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     cases.push(("huge length", huge));
-    // Valid framing, but the state bytes are not a state.
+    // Valid framing, but the state bytes are not a state: their header is gone. (Flipping
+    // the last bytes no longer does it: the state now ends with a time, which any bytes
+    // encode.)
     let mut bad_state = good.clone();
-    let last = bad_state.len() - 1;
-    bad_state[last] ^= 0xff;
-    bad_state[last - 1] ^= 0xff;
+    let header = [
+        quotient_core::SNAPSHOT_STATE_MAGIC.as_slice(),
+        &quotient_common::version::SNAPSHOT_STATE.current.to_le_bytes(),
+    ]
+    .concat();
+    let at = bad_state
+        .windows(header.len())
+        .rposition(|window| window == header.as_slice())
+        .expect("the state's header in the file");
+    bad_state[at] ^= 0xff;
     cases.push(("bad state", bad_state));
 
     for (what, bytes) in cases {
