@@ -50,6 +50,20 @@ fn max_ms(samples: &[Duration]) -> f64 {
     samples.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
+/// [`PAGES`] pages of 100 jobs matching `filter`, from the first and from deep in the list;
+/// the time of each.
+fn timed(state: &State, jobs: usize, filter: JobFilter<'_>) -> Vec<Duration> {
+    let mut samples = Vec::new();
+    for n in 0..PAGES {
+        let before = (n % 2 == 1).then_some(JobId((jobs / 2) as u64));
+        let began = Instant::now();
+        let page = job_page(state, filter, before, 100);
+        samples.push(began.elapsed());
+        assert!(page.jobs.len() <= 100);
+    }
+    samples
+}
+
 fn main() {
     let jobs: usize = std::env::var("BENCH_JOBS")
         .map(|v| v.parse().expect("BENCH_JOBS is a count"))
@@ -123,31 +137,31 @@ fn main() {
     eprintln!("{jobs} queued jobs: {per_queued:.0} bytes each ({submit_s:.1} s to submit)");
 
     eprintln!("--- pages of job list with {jobs} jobs");
-    let timed = |filter: JobFilter<'_>| {
-        let mut samples = Vec::new();
-        for n in 0..PAGES {
-            // Pages from the first and from deep in the list.
-            let before = (n % 2 == 1).then(|| JobId((jobs / 2) as u64));
-            let began = Instant::now();
-            let page = job_page(&state, filter, before, 100);
-            samples.push(began.elapsed());
-            assert!(page.jobs.len() <= 100);
-        }
-        samples
-    };
-    let first = timed(JobFilter::default());
-    let by_share = timed(JobFilter {
-        share: Some("team-042"),
-        ..JobFilter::default()
-    });
-    let by_prefix = timed(JobFilter {
-        name_prefix: Some("train-99"),
-        ..JobFilter::default()
-    });
-    let by_user = timed(JobFilter {
-        user: Some("user-7"),
-        ..JobFilter::default()
-    });
+    let first = timed(&state, jobs, JobFilter::default());
+    let by_share = timed(
+        &state,
+        jobs,
+        JobFilter {
+            share: Some("team-042"),
+            ..JobFilter::default()
+        },
+    );
+    let by_prefix = timed(
+        &state,
+        jobs,
+        JobFilter {
+            name_prefix: Some("train-99"),
+            ..JobFilter::default()
+        },
+    );
+    let by_user = timed(
+        &state,
+        jobs,
+        JobFilter {
+            user: Some("user-7"),
+            ..JobFilter::default()
+        },
+    );
 
     eprintln!("--- the snapshot, read back");
     let bytes = state.to_snapshot_bytes();
@@ -172,10 +186,14 @@ fn main() {
     assert!(state.jobs().all(|job| job.state == JobState::Cancelled));
     let rss_finished = rss_bytes();
     let per_finished = rss_finished.saturating_sub(rss_empty) as f64 / jobs as f64;
-    let by_state = timed(JobFilter {
-        state: Some(JobState::Runnable),
-        ..JobFilter::default()
-    });
+    let by_state = timed(
+        &state,
+        jobs,
+        JobFilter {
+            state: Some(JobState::Runnable),
+            ..JobFilter::default()
+        },
+    );
     eprintln!(
         "{jobs} finished jobs: {per_finished:.0} bytes each (RSS {} MiB before they ended, {} MiB after)",
         rss_before_end >> 20,

@@ -289,7 +289,9 @@ async fn corrupted_snapshot_file_is_an_error_on_open() {
     let mut bad_state = good.clone();
     let header = [
         quotient_core::SNAPSHOT_STATE_MAGIC.as_slice(),
-        &quotient_common::version::SNAPSHOT_STATE.current.to_le_bytes(),
+        &quotient_common::version::SNAPSHOT_STATE
+            .current
+            .to_le_bytes(),
     ]
     .concat();
     let at = bad_state
