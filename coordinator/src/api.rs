@@ -584,15 +584,10 @@ impl ApiService {
                 page_token,
             } => {
                 let limit = page_limit(limit)?;
-                let before = match page_token.as_deref() {
-                    None => None,
-                    Some(token) => Some(parse_job_page_token(token).ok_or_else(|| {
-                        ApiError::BadRequest(format!(
-                            "page token {token:?} is not one this cluster gave: pass the \
-                             `next_page_token` of the page before, or start without one"
-                        ))
-                    })?),
-                };
+                let before = page_token
+                    .as_deref()
+                    .map(|token| parse_token(token, parse_job_page_token))
+                    .transpose()?;
                 self.linearizable().await?;
                 let filter = views::JobFilter {
                     share: share.as_deref(),
@@ -615,15 +610,10 @@ impl ApiService {
                 page_token,
             } => {
                 let limit = page_limit(limit)?;
-                let before = match page_token.as_deref() {
-                    None => None,
-                    Some(token) => Some(parse_history_page_token(token).ok_or_else(|| {
-                        ApiError::BadRequest(format!(
-                            "page token {token:?} is not one this cluster gave: pass the \
-                             `next_page_token` of the page before, or start without one"
-                        ))
-                    })?),
-                };
+                let before = page_token
+                    .as_deref()
+                    .map(|token| parse_token(token, parse_history_page_token))
+                    .transpose()?;
                 // This coordinator's own copy: no leader, no quorum needed.
                 let Some(history) = self.inner.ctx.state_machine.history().cloned() else {
                     return Err(ApiError::Unavailable(
@@ -747,15 +737,10 @@ impl ApiService {
                         )))
                     }
                 };
-                let after = match page_token.as_deref() {
-                    None => None,
-                    Some(token) => Some(parse_node_page_token(token).ok_or_else(|| {
-                        ApiError::BadRequest(format!(
-                            "page token {token:?} is not one this cluster gave: pass the \
-                             `next_page_token` of the page before, or start without one"
-                        ))
-                    })?),
-                };
+                let after = page_token
+                    .as_deref()
+                    .map(|token| parse_token(token, parse_node_page_token))
+                    .transpose()?;
                 self.linearizable().await?;
                 let mut page = self
                     .inner
@@ -1068,6 +1053,17 @@ fn write_error(error: RaftError<MemberId, ClientWriteError<MemberId, BasicNode>>
         }
         RaftError::Fatal(fatal) => raft_stopped(&fatal),
     }
+}
+
+/// What a page token stands for, read with `parse`; a token this cluster never gave is a bad
+/// request that says what to pass instead.
+fn parse_token<T>(token: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, ApiError> {
+    parse(token).ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "page token {token:?} is not one this cluster gave: pass the `next_page_token` of \
+             the page before, or start without one"
+        ))
+    })
 }
 
 /// The jobs on a page asked for with `limit` (0: the default).

@@ -143,6 +143,34 @@ pub(crate) fn may_change_rates(command: &Command) -> bool {
     }
 }
 
+/// What `rates` held from `from_ms` to `now_ms` come to, by hour (at most the last
+/// [`USAGE_GAP_MAX_MS`]).
+fn credits(
+    rates: &BTreeMap<(String, GpuClass), Rates>,
+    from_ms: u64,
+    now_ms: u64,
+) -> Vec<(UsageKey, UsageCell)> {
+    let mut cells = Vec::new();
+    let mut at = from_ms.max(now_ms.saturating_sub(USAGE_GAP_MAX_MS));
+    while at < now_ms && !rates.is_empty() {
+        let hour = at - at % USAGE_BUCKET_MS;
+        let end = now_ms.min(hour + USAGE_BUCKET_MS);
+        let span = end - at;
+        for ((share, class), rate) in rates {
+            cells.push((
+                (hour, share.clone(), class.to_string()),
+                UsageCell {
+                    own_ms: rate.own * span,
+                    borrowed_ms: rate.borrowed * span,
+                    lent_ms: rate.lent * span,
+                },
+            ));
+        }
+        at = end;
+    }
+    cells
+}
+
 impl State {
     /// Computes the rates before a command at `now_ms` changes the state, if they are needed
     /// to credit the time up to it and were forgotten.
@@ -167,22 +195,8 @@ impl State {
             Some(rates) => rates,
             None => usage_rates(self),
         };
-        let mut at = from.max(now_ms.saturating_sub(USAGE_GAP_MAX_MS));
-        while at < now_ms && !rates.is_empty() {
-            let hour = at - at % USAGE_BUCKET_MS;
-            let end = now_ms.min(hour + USAGE_BUCKET_MS);
-            let span = end - at;
-            for ((share, class), rate) in &rates {
-                let cell = self
-                    .data
-                    .usage
-                    .entry((hour, share.clone(), class.to_string()))
-                    .or_default();
-                cell.own_ms += rate.own * span;
-                cell.borrowed_ms += rate.borrowed * span;
-                cell.lent_ms += rate.lent * span;
-            }
-            at = end;
+        for (key, credit) in credits(&rates, from, now_ms) {
+            self.data.usage.entry(key).or_default().add(&credit);
         }
         self.rates = Some(rates);
     }
@@ -195,29 +209,10 @@ impl State {
         if from == 0 || now_ms <= from {
             return Vec::new();
         }
-        let rates = match &self.rates {
-            Some(rates) => rates.clone(),
-            None => usage_rates(self),
-        };
-        let mut cells = Vec::new();
-        let mut at = from.max(now_ms.saturating_sub(USAGE_GAP_MAX_MS));
-        while at < now_ms && !rates.is_empty() {
-            let hour = at - at % USAGE_BUCKET_MS;
-            let end = now_ms.min(hour + USAGE_BUCKET_MS);
-            let span = end - at;
-            for ((share, class), rate) in &rates {
-                cells.push((
-                    (hour, share.clone(), class.to_string()),
-                    UsageCell {
-                        own_ms: rate.own * span,
-                        borrowed_ms: rate.borrowed * span,
-                        lent_ms: rate.lent * span,
-                    },
-                ));
-            }
-            at = end;
+        match &self.rates {
+            Some(rates) => credits(rates, from, now_ms),
+            None => credits(&usage_rates(self), from, now_ms),
         }
-        cells
     }
 
     /// Forgets the rates after a command that may have changed them.
