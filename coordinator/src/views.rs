@@ -248,7 +248,7 @@ pub fn usage_rows(
     let pending = pending
         .iter()
         .filter(|((hour, _, _), _)| *hour >= first_hour && *hour < until_ms)
-        .map(|(key, cell)| (key, cell));
+        .map(|((hour, share, class), cell)| ((*hour, share, class), cell));
     for ((hour, name, class), cell) in state.usage_between(since_ms, until_ms).chain(pending) {
         if share.is_some_and(|s| s != name) {
             continue;

@@ -52,13 +52,17 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         // last applied index included, so that a check never makes two equal states differ.
         return Outcome::Done;
     }
-    // The time since the last command is credited at the rates from before this one, and
-    // only when this one is applied: a rejected command changes nothing (the next one
-    // credits the time, at the same rates).
-    state.keep_rates_before(ctx.time_ms);
+    // GPU time is credited, at the rates from before this command, when it may change them
+    // or when the hour turned: between such commands the rates hold, and the time waits to be
+    // credited (a query adds it: `State::pending_usage`). A rejected command changes nothing
+    // (the next one credits the time, at the same rates).
     let changes_rates = crate::usage::may_change_rates(&command);
+    let credit = changes_rates || state.usage_hour_turned(ctx.time_ms);
+    if credit {
+        state.keep_rates_before(ctx.time_ms);
+    }
     let outcome = apply_inner(state, command, ctx);
-    if !outcome.is_rejected() {
+    if credit && !outcome.is_rejected() {
         state.advance_usage(ctx.time_ms);
         if changes_rates {
             state.rates_changed();

@@ -3,7 +3,7 @@
 //! Ids are issued in order and never reused; a finished job is removed once its retention
 //! ends (`Command::ExpireFinished`), which leaves its slot vacant. A chunk whose slots are all
 //! issued and all vacant gives its memory back, so a table that keeps the last week of jobs
-//! costs what that week holds, plus eight bytes a slot of the chunks still partly in use.
+//! costs what that week holds, plus a record's size for each vacant slot of the chunks still partly in use.
 //!
 //! A plain `Vec` grows by doubling, and unless the allocator can remap the pages (glibc's
 //! can, mimalloc's, which the coordinator uses, cannot) each doubling copies every record it
@@ -11,11 +11,13 @@
 //! for a time that grows with the table (BENCHMARKS.md has the measurement). In chunks, a push
 //! at most allocates one new chunk and no record ever moves.
 //!
-//! Chunks and records are shared copy-on-write: cloning a table clones one pointer per chunk;
-//! a chunk's slots (pointers) are copied only when a record in it changes while another table
-//! still shares it, and then only that record is copied. A snapshot takes such a clone under
-//! the state machine's lock and encodes it after letting go ([`crate::snapshot`]), so applies
-//! no longer wait for the whole table to be encoded.
+//! Chunks are shared copy-on-write: cloning a table clones one pointer per chunk, and a chunk
+//! is copied only when a record in it changes while another table still shares it. A snapshot
+//! takes such a clone under the state machine's lock and encodes it after letting go
+//! ([`crate::snapshot`]), so applies no longer wait for the whole table to be encoded. Records
+//! sit in their chunk (a vacant slot is a `None` of a record's size): a record behind its own
+//! pointer cost a cache miss on every access and doubled the scheduler's incremental round
+//! (BENCHMARKS.md).
 //!
 //! It serializes as the number of ids issued, then the records held, in id order.
 
@@ -38,7 +40,7 @@ pub const JOB_CHUNK_LEN: usize = 4_096;
 struct Chunk {
     /// Allocated with room for [`JOB_CHUNK_LEN`] slots, never grown past it; `None` (no
     /// memory) once every slot is issued and vacant.
-    slots: Option<Arc<Vec<Option<Arc<JobRecord>>>>>,
+    slots: Option<Arc<Vec<Option<JobRecord>>>>,
     live: usize,
 }
 
@@ -102,27 +104,23 @@ impl JobTable {
             .slots
             .as_ref()?
             .get(slot % JOB_CHUNK_LEN)?
-            .as_deref()
+            .as_ref()
     }
 
-    /// The record at `slot`, to change; copies its chunk's slots first if a clone still
-    /// shares them, then the record if a clone still shares it.
+    /// The record at `slot`, to change; copies its chunk first if a clone still shares it.
     pub fn get_mut(&mut self, slot: usize) -> Option<&mut JobRecord> {
         self.get(slot)?;
         let index = slot / JOB_CHUNK_LEN - self.base;
         let slots = self.chunks.get_mut(index)?.slots.as_mut()?;
-        let record = Arc::make_mut(slots)
-            .get_mut(slot % JOB_CHUNK_LEN)?
-            .as_mut()?;
-        Some(Arc::make_mut(record))
+        Arc::make_mut(slots).get_mut(slot % JOB_CHUNK_LEN)?.as_mut()
     }
 
     /// Appends `job` at slot `issued()`.
     pub fn push(&mut self, job: JobRecord) {
-        self.push_slot(Some(Arc::new(job)));
+        self.push_slot(Some(job));
     }
 
-    fn push_slot(&mut self, slot: Option<Arc<JobRecord>>) {
+    fn push_slot(&mut self, slot: Option<JobRecord>) {
         if self.issued.is_multiple_of(JOB_CHUNK_LEN) {
             if self.chunks.is_empty() {
                 self.base = self.issued / JOB_CHUNK_LEN;
@@ -156,7 +154,7 @@ impl JobTable {
         chunk.live -= 1;
         self.live -= 1;
         self.free_vacant(index);
-        Some(Arc::unwrap_or_clone(record))
+        Some(record)
     }
 
     /// Gives back the memory of `chunks[index]` once every slot of it is issued and vacant,
@@ -186,7 +184,7 @@ impl JobTable {
             chunk
                 .slots
                 .iter()
-                .flat_map(|slots| slots.iter().filter_map(Option::as_deref))
+                .flat_map(|slots| slots.iter().filter_map(Option::as_ref))
         })
     }
 
@@ -207,7 +205,7 @@ impl JobTable {
                     slots[..limit.min(slots.len())]
                         .iter()
                         .rev()
-                        .filter_map(Option::as_deref)
+                        .filter_map(Option::as_ref)
                 })
         })
     }
@@ -420,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn a_clone_shares_records_until_one_side_changes_one() {
+    fn a_clone_shares_chunks_until_one_side_changes_a_record() {
         let mut original: JobTable = (0..JOB_CHUNK_LEN + 3).map(record).collect();
         let mut copy = original.clone();
         let first: *const JobRecord = original.get(0).expect("pushed");
@@ -440,11 +438,6 @@ mod tests {
         assert_eq!(original.len(), JOB_CHUNK_LEN + 3);
         assert_eq!(copy.get(0).map(|job| job.state), Some(JobState::Cancelled));
         assert_eq!(copy.len(), JOB_CHUNK_LEN + 4);
-        // Only the changed record was copied; its neighbours are still shared.
-        assert_eq!(
-            original.get(1).expect("slot 1") as *const JobRecord,
-            copy.get(1).expect("slot 1") as *const JobRecord
-        );
         // The copied last chunk keeps its full room, so it never reallocates.
         let last = copy.chunks.back().expect("a chunk");
         assert!(last.slots.as_ref().expect("slots").capacity() >= JOB_CHUNK_LEN);

@@ -48,7 +48,7 @@ impl State {
             .key_expiry
             .get_min()
             .is_some_and(|(removed, _)| removed.saturating_add(rule.key_window_ms) <= now_ms);
-        let old_usage = self.data.usage.get_min().is_some_and(|((hour, _, _), _)| {
+        let old_usage = self.data.usage.get_min().is_some_and(|(hour, _)| {
             (hour + crate::usage::USAGE_BUCKET_MS).saturating_add(rule.usage_ms) <= now_ms
         });
         old_job

@@ -70,7 +70,7 @@ pub struct SnapshotCapture {
     tail: Vec<u8>,
     audit: imbl::Vector<crate::state::AuditEntry>,
     key_expiry: imbl::OrdSet<(u64, String)>,
-    usage: imbl::OrdMap<crate::usage::UsageKey, crate::usage::UsageCell>,
+    usage: imbl::OrdMap<u64, crate::usage::UsageHour>,
     /// The fields after `usage`, encoded.
     end: Vec<u8>,
 }

@@ -394,7 +394,7 @@ pub struct StateData {
     pub key_expiry: imbl::OrdSet<(u64, String)>,
     /// GPU time per hour, share and class (`crate::usage`). A persistent map, like the keys.
     #[serde(deserialize_with = "deserialize_usage")]
-    pub usage: imbl::OrdMap<crate::usage::UsageKey, crate::usage::UsageCell>,
+    pub usage: imbl::OrdMap<u64, crate::usage::UsageHour>,
     /// The time of the last command that advanced `usage`.
     pub usage_clock_ms: u64,
 }
@@ -403,10 +403,9 @@ pub struct StateData {
 /// [`deserialize_idempotency`].
 fn deserialize_usage<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
-) -> Result<imbl::OrdMap<crate::usage::UsageKey, crate::usage::UsageCell>, D::Error> {
-    let cells =
-        BTreeMap::<crate::usage::UsageKey, crate::usage::UsageCell>::deserialize(deserializer)?;
-    Ok(cells.into_iter().collect())
+) -> Result<imbl::OrdMap<u64, crate::usage::UsageHour>, D::Error> {
+    let hours = BTreeMap::<u64, crate::usage::UsageHour>::deserialize(deserializer)?;
+    Ok(hours.into_iter().collect())
 }
 
 /// The keys waiting to expire read as a `BTreeSet` (the same encoding), then made

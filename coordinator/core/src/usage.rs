@@ -4,9 +4,11 @@
 //! and a snapshot carries it.
 //!
 //! Between two commands the GPUs each share holds do not change. When a command at time `t`
-//! (the leader's stamp on its entry) is applied, the time since the previous applied command
-//! is credited at the rates the state had before it; a rejected command changes nothing, not
-//! even this. The rates are recomputed only after a command that may change them. Time never runs backwards here: a stamp older than the last one (a new
+//! (the leader's stamp on its entry) that may change them is applied, or the first of a new
+//! hour, the time since the last credit is credited at the rates the state had before it;
+//! between those, the time waits (a query adds it at the rates of the moment, which have not
+//! changed since). A rejected command changes nothing, not even this. The rates are
+//! recomputed only after a command that may change them. Time never runs backwards here: a stamp older than the last one (a new
 //! leader whose clock is behind) credits nothing.
 //!
 //! The split follows `share list`: a share's GPUs up to its limit are its own, the rest are
@@ -34,6 +36,10 @@ pub const USAGE_GAP_MAX_MS: u64 = 400 * 86_400_000;
 /// One bucket's key: the hour's start (ms since the epoch), the share, the GPU class.
 pub type UsageKey = (u64, String, String);
 
+/// One hour's buckets: share, then GPU class, to its GPU time. Nested by name so that crediting
+/// an hour looks each share and class up without making a key.
+pub type UsageHour = BTreeMap<String, BTreeMap<String, UsageCell>>;
+
 /// GPU-milliseconds of one share and class in one hour.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageCell {
@@ -54,6 +60,15 @@ impl UsageCell {
 
     pub fn is_empty(&self) -> bool {
         self.own_ms == 0 && self.borrowed_ms == 0 && self.lent_ms == 0
+    }
+
+    /// `rate` held for `span_ms`.
+    fn of(rate: &Rates, span_ms: u64) -> UsageCell {
+        UsageCell {
+            own_ms: rate.own * span_ms,
+            borrowed_ms: rate.borrowed * span_ms,
+            lent_ms: rate.lent * span_ms,
+        }
     }
 }
 
@@ -143,35 +158,29 @@ pub(crate) fn may_change_rates(command: &Command) -> bool {
     }
 }
 
-/// What `rates` held from `from_ms` to `now_ms` come to, by hour (at most the last
-/// [`USAGE_GAP_MAX_MS`]).
-fn credits(
-    rates: &BTreeMap<(String, GpuClass), Rates>,
-    from_ms: u64,
-    now_ms: u64,
-) -> Vec<(UsageKey, UsageCell)> {
-    let mut cells = Vec::new();
+/// The hours from `from_ms` to `now_ms` (at most the last [`USAGE_GAP_MAX_MS`]): each hour's
+/// start and the milliseconds of it in the span.
+fn hour_spans(from_ms: u64, now_ms: u64) -> impl Iterator<Item = (u64, u64)> {
     let mut at = from_ms.max(now_ms.saturating_sub(USAGE_GAP_MAX_MS));
-    while at < now_ms && !rates.is_empty() {
+    std::iter::from_fn(move || {
+        if at >= now_ms {
+            return None;
+        }
         let hour = at - at % USAGE_BUCKET_MS;
         let end = now_ms.min(hour + USAGE_BUCKET_MS);
         let span = end - at;
-        for ((share, class), rate) in rates {
-            cells.push((
-                (hour, share.clone(), class.to_string()),
-                UsageCell {
-                    own_ms: rate.own * span,
-                    borrowed_ms: rate.borrowed * span,
-                    lent_ms: rate.lent * span,
-                },
-            ));
-        }
         at = end;
-    }
-    cells
+        Some((hour, span))
+    })
 }
 
 impl State {
+    /// Whether `now_ms` is in another hour than the last credit (or nothing was credited yet).
+    pub(crate) fn usage_hour_turned(&self, now_ms: u64) -> bool {
+        let clock = self.data.usage_clock_ms;
+        clock == 0 || now_ms / USAGE_BUCKET_MS != clock / USAGE_BUCKET_MS
+    }
+
     /// Computes the rates before a command at `now_ms` changes the state, if they are needed
     /// to credit the time up to it and were forgotten.
     pub(crate) fn keep_rates_before(&mut self, now_ms: u64) {
@@ -195,8 +204,21 @@ impl State {
             Some(rates) => rates,
             None => usage_rates(self),
         };
-        for (key, credit) in credits(&rates, from, now_ms) {
-            self.data.usage.entry(key).or_default().add(&credit);
+        if !rates.is_empty() {
+            for (hour, span) in hour_spans(from, now_ms) {
+                let shares = self.data.usage.entry(hour).or_default();
+                for ((share, class), rate) in &rates {
+                    if !shares.contains_key(share.as_str()) {
+                        shares.insert(share.clone(), BTreeMap::new());
+                    }
+                    let classes = shares.get_mut(share.as_str()).expect("just made");
+                    if !classes.contains_key(class.as_str()) {
+                        classes.insert(class.to_string(), UsageCell::default());
+                    }
+                    let cell = classes.get_mut(class.as_str()).expect("just made");
+                    cell.add(&UsageCell::of(rate, span));
+                }
+            }
         }
         self.rates = Some(rates);
     }
@@ -209,10 +231,24 @@ impl State {
         if from == 0 || now_ms <= from {
             return Vec::new();
         }
-        match &self.rates {
-            Some(rates) => credits(rates, from, now_ms),
-            None => credits(&usage_rates(self), from, now_ms),
+        let computed;
+        let rates = match &self.rates {
+            Some(rates) => rates,
+            None => {
+                computed = usage_rates(self);
+                &computed
+            }
+        };
+        let mut cells = Vec::new();
+        for (hour, span) in hour_spans(from, now_ms) {
+            for ((share, class), rate) in rates {
+                cells.push((
+                    (hour, share.clone(), class.to_string()),
+                    UsageCell::of(rate, span),
+                ));
+            }
         }
+        cells
     }
 
     /// Forgets the rates after a command that may have changed them.
@@ -222,12 +258,11 @@ impl State {
 
     /// Drops the buckets of hours that ended before `before_ms`.
     pub(crate) fn prune_usage(&mut self, before_ms: u64) {
-        while let Some(((hour, _, _), _)) = self.data.usage.get_min() {
+        while let Some(hour) = self.data.usage.get_min().map(|(hour, _)| *hour) {
             if hour + USAGE_BUCKET_MS > before_ms {
                 break;
             }
-            let key = self.data.usage.get_min().expect("just seen").0.clone();
-            self.data.usage.remove(&key);
+            self.data.usage.remove(&hour);
         }
     }
 
@@ -236,11 +271,17 @@ impl State {
         &self,
         from_ms: u64,
         to_ms: u64,
-    ) -> impl Iterator<Item = (&UsageKey, &UsageCell)> + '_ {
+    ) -> impl Iterator<Item = ((u64, &String, &String), &UsageCell)> + '_ {
         let start = from_ms - from_ms % USAGE_BUCKET_MS;
         self.data
             .usage
-            .range((start, String::new(), String::new())..)
-            .take_while(move |((hour, _, _), _)| *hour < to_ms)
+            .range(start..to_ms.max(start))
+            .flat_map(|(hour, shares)| {
+                shares.iter().flat_map(move |(share, classes)| {
+                    classes
+                        .iter()
+                        .map(move |(class, cell)| ((*hour, share, class), cell))
+                })
+            })
     }
 }

@@ -69,7 +69,7 @@ fn a_lender_lends_what_a_borrower_borrows_and_each_share_is_charged_by_the_hour(
     let hours: std::collections::BTreeSet<u64> = sim
         .state
         .usage_between(0, u64::MAX)
-        .map(|((hour, _, _), _)| *hour)
+        .map(|((hour, _, _), _)| hour)
         .collect();
     assert_eq!(hours.len(), 3, "{hours:?}");
 
@@ -138,7 +138,7 @@ fn a_stamp_older_than_the_last_credits_nothing_and_old_hours_are_pruned() {
     let oldest = sim
         .state
         .usage_between(0, u64::MAX)
-        .map(|((hour, _, _), _)| *hour)
+        .map(|((hour, _, _), _)| hour)
         .min()
         .expect("recent hours are kept");
     assert!(oldest + HOUR > sim.time_ms - 24 * HOUR, "{oldest}");
