@@ -357,11 +357,7 @@ pub fn issue_for(
         role,
         name: name.to_string(),
     };
-    let mut alternative_names = vec![SanType::URI(ia5(&identity.uri())?)];
-    if role.is_server() {
-        alternative_names.push(SanType::DnsName(ia5("localhost")?));
-        alternative_names.push(SanType::IpAddress(IpAddr::from([127, 0, 0, 1])));
-    }
+    let mut alternative_names = leaf_sans(&identity)?;
     for san in extra_sans {
         let san_type = parse_san(san)?;
         if !alternative_names.contains(&san_type) {
@@ -381,39 +377,116 @@ pub fn issue_for(
             return Err(CertError::AlreadyExists { path: path.clone() });
         }
     }
-    let (ca_certificate, ca_key) = load_ca(&ca)?;
-
-    let mut params = CertificateParams::default();
-    let mut distinguished_name = DistinguishedName::new();
-    distinguished_name.push(DnType::CommonName, name);
-    params.distinguished_name = distinguished_name;
-    params.subject_alt_names = alternative_names;
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = if role.is_server() {
-        // Coordinators and agents both accept connections and open them to each other.
-        vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ]
-    } else {
-        vec![ExtendedKeyUsagePurpose::ClientAuth]
-    };
-    params.use_authority_key_identifier_extension = true;
-    set_validity(&mut params, validity_days.clamp(1, CA_VALIDITY_DAYS));
-    // A certificate cannot usefully outlive the CA that vouches for it.
-    params.not_after = params.not_after.min(ca_certificate.params().not_after);
-
-    let key = KeyPair::generate()?;
-    let certificate = params.signed_by(&key, &ca_certificate, &ca_key)?;
-    write_pair(&files, &certificate.pem(), &key.serialize_pem())?;
+    let issuer = CaIssuer::load(&ca)?;
+    let issued = issuer.issue_checked(&identity, alternative_names, validity_days)?;
+    write_pair(&files, &issued.cert_pem, &issued.key_pem)?;
     Ok(files)
 }
 
-/// Loads the CA as an rcgen issuer. rcgen 0.13 signs with a `Certificate`, so the CA's
-/// parameters are read back from its PEM and re-signed in memory; only its name, key
+/// The SANs every leaf of `identity` carries: its identity URI, and for coordinators and
+/// agents the server names `localhost` and `127.0.0.1`.
+fn leaf_sans(identity: &PeerIdentity) -> Result<Vec<SanType>, CertError> {
+    let mut alternative_names = vec![SanType::URI(ia5(&identity.uri())?)];
+    if identity.role.is_server() {
+        alternative_names.push(SanType::DnsName(ia5("localhost")?));
+        alternative_names.push(SanType::IpAddress(IpAddr::from([127, 0, 0, 1])));
+    }
+    Ok(alternative_names)
+}
+
+/// A certificate and its key, in PEM, issued in memory.
+#[derive(Debug, Clone)]
+pub struct IssuedPem {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// The cluster CA, loaded once to issue many certificates in memory: what `issue` writes to
+/// files, and what a load generator presents for thousands of simulated agents without
+/// writing any.
+pub struct CaIssuer {
+    certificate: rcgen::Certificate,
+    key: KeyPair,
+    ca_pem: String,
+}
+
+impl std::fmt::Debug for CaIssuer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CaIssuer").finish_non_exhaustive()
+    }
+}
+
+impl CaIssuer {
+    /// Loads the CA of `files` (its certificate and key).
+    pub fn load(files: &CertFiles) -> Result<CaIssuer, CertError> {
+        let (certificate, key, ca_pem) = load_ca(files)?;
+        Ok(CaIssuer {
+            certificate,
+            key,
+            ca_pem,
+        })
+    }
+
+    /// The CA certificate as its file holds it (what peers trust).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A certificate for `role`/`name` with the default validity and SANs of [`issue`], in
+    /// memory.
+    pub fn issue(&self, role: Role, name: &str) -> Result<IssuedPem, CertError> {
+        validate_name(role.as_str(), name)?;
+        if name == RESERVED_NAME_CA {
+            return Err(CertError::ReservedName(name.to_string()));
+        }
+        let identity = PeerIdentity {
+            role,
+            name: name.to_string(),
+        };
+        self.issue_checked(&identity, leaf_sans(&identity)?, default_validity_days(role))
+    }
+
+    /// Signs a leaf for `identity` (whose name was checked) carrying `alternative_names`.
+    fn issue_checked(
+        &self,
+        identity: &PeerIdentity,
+        alternative_names: Vec<SanType>,
+        validity_days: u64,
+    ) -> Result<IssuedPem, CertError> {
+        let mut params = CertificateParams::default();
+        let mut distinguished_name = DistinguishedName::new();
+        distinguished_name.push(DnType::CommonName, identity.name.as_str());
+        params.distinguished_name = distinguished_name;
+        params.subject_alt_names = alternative_names;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = if identity.role.is_server() {
+            // Coordinators and agents both accept connections and open them to each other.
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]
+        } else {
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
+        };
+        params.use_authority_key_identifier_extension = true;
+        set_validity(&mut params, validity_days.clamp(1, CA_VALIDITY_DAYS));
+        // A certificate cannot usefully outlive the CA that vouches for it.
+        params.not_after = params.not_after.min(self.certificate.params().not_after);
+
+        let key = KeyPair::generate()?;
+        let certificate = params.signed_by(&key, &self.certificate, &self.key)?;
+        Ok(IssuedPem {
+            cert_pem: certificate.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// Loads the CA as an rcgen issuer, with its PEM. rcgen 0.13 signs with a `Certificate`, so
+/// the CA's parameters are read back from its PEM and re-signed in memory; only its name, key
 /// identifier and key are used for signing, so the issued chain verifies against the file.
-fn load_ca(files: &CertFiles) -> Result<(rcgen::Certificate, KeyPair), CertError> {
+fn load_ca(files: &CertFiles) -> Result<(rcgen::Certificate, KeyPair, String), CertError> {
     let bad = |path: &Path, reason: String| CertError::BadCa {
         path: path.to_path_buf(),
         reason,
@@ -427,7 +500,7 @@ fn load_ca(files: &CertFiles) -> Result<(rcgen::Certificate, KeyPair), CertError
         return Err(bad(&files.cert, "it is not a CA certificate".to_string()));
     }
     let certificate = params.self_signed(&key)?;
-    Ok((certificate, key))
+    Ok((certificate, key, cert_pem))
 }
 
 /// Each CA gets a distinct name, so that a certificate from another cluster fails

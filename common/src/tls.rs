@@ -166,8 +166,19 @@ impl TlsIdentity {
         let ca_pem = read(TlsFileKind::Ca, &files.ca)?;
         let cert_pem = read(TlsFileKind::Cert, &files.cert)?;
         let key_pem = read(TlsFileKind::Key, &files.key)?;
+        TlsIdentity::from_pem(files, &ca_pem, &cert_pem, &key_pem)
+    }
 
-        let ca_certificates = parse_certificates(TlsFileKind::Ca, &files.ca, &ca_pem)?;
+    /// The identity of PEM held in memory (a certificate issued with
+    /// [`certs::CaIssuer`]), checked as [`TlsIdentity::load`] checks files; `files` names
+    /// where they would be, for messages.
+    pub fn from_pem(
+        files: &TlsFiles,
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> Result<Self, TlsError> {
+        let ca_certificates = parse_certificates(TlsFileKind::Ca, &files.ca, ca_pem)?;
         let mut roots = RootCertStore::empty();
         for certificate in ca_certificates {
             roots.add(certificate).map_err(|error| TlsError::Pem {
@@ -176,8 +187,8 @@ impl TlsIdentity {
                 reason: error.to_string(),
             })?;
         }
-        let chain = parse_certificates(TlsFileKind::Cert, &files.cert, &cert_pem)?;
-        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| TlsError::Pem {
+        let chain = parse_certificates(TlsFileKind::Cert, &files.cert, cert_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| TlsError::Pem {
             kind: TlsFileKind::Key,
             path: files.key.clone(),
             reason: error.to_string(),

@@ -268,6 +268,12 @@ fn bind_endpoint(
     )
 }
 
+/// A client endpoint on a UDP socket of its own bound to `address` (port 0 picks one), for
+/// [`Client::on_endpoint`]. Must run inside a tokio runtime.
+pub fn client_endpoint(address: SocketAddr) -> Result<quinn::Endpoint, TransportError> {
+    bind_endpoint(address, None).map_err(|source| TransportError::Bind { address, source })
+}
+
 /// The socket of [`bind_endpoint`].
 fn udp_socket(address: SocketAddr, client: bool) -> std::io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
@@ -398,6 +404,32 @@ impl Client {
             tls,
             transport: Arc::new(transport_config()),
             endpoints: Mutex::new(ClientEndpoints::default()),
+        }
+    }
+
+    /// A client that presents `tls` and connects through `endpoint`, a client endpoint
+    /// shared with other clients ([`client_endpoint`]): many identities on one UDP socket, as
+    /// a load generator simulating thousands of agents needs. [`Client::close`] closes the
+    /// shared endpoint too; close the connections instead.
+    pub fn on_endpoint(tls: TlsIdentity, endpoint: quinn::Endpoint) -> Self {
+        let ipv6 = endpoint
+            .local_addr()
+            .is_ok_and(|address| address.is_ipv6());
+        let endpoints = if ipv6 {
+            ClientEndpoints {
+                ipv6: Some(endpoint),
+                ..ClientEndpoints::default()
+            }
+        } else {
+            ClientEndpoints {
+                ipv4: Some(endpoint),
+                ..ClientEndpoints::default()
+            }
+        };
+        Client {
+            tls,
+            transport: Arc::new(transport_config()),
+            endpoints: Mutex::new(endpoints),
         }
     }
 

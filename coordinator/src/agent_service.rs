@@ -434,7 +434,6 @@ impl AgentService {
 
     async fn watch(&self, node: &str, after_fence: Fence) -> Result<DesiredState, AgentError> {
         let desired = &self.inner.ctx.desired;
-        let mut changes = desired.subscribe();
         let known = self
             .inner
             .ctx
@@ -443,6 +442,8 @@ impl AgentService {
         if !known {
             return Err(AgentError::NotRegistered);
         }
+        // Before the first look at the desired state, so no change in between is missed.
+        let mut changes = desired.subscribe(node);
         if desired.get(node).is_none() {
             self.after_write();
         }

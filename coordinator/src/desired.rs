@@ -15,7 +15,7 @@
 //! own term and is newer than anything the deposed leader sent. Running jobs keep their
 //! attempt and intent `Run`, so a failover restarts nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use quotient_common::agent_api::{DesiredState, Fence, WireAllocation, WireGang, WireIntent};
@@ -187,11 +187,17 @@ pub struct Refreshed {
     pub changed: Vec<String>,
 }
 
-/// Every node's current desired state, and a signal when any of them changes. Cheap to clone.
+/// Every node's current desired state, and a signal per node when it changes. Cheap to clone.
+///
+/// Each node's long poll waits on a signal of its own ([`DesiredTracker::subscribe`]), so a
+/// change wakes only the agents it is about: with 10,000 agents polling, one registration
+/// or one placement wakes one poll, not 10,000.
 #[derive(Clone)]
 pub struct DesiredTracker {
     tracked: Arc<Mutex<DesiredByNode>>,
-    changed: Arc<watch::Sender<u64>>,
+    /// One signal per node being watched, made by the first watcher; entries no receiver
+    /// holds are dropped at the next full refresh.
+    watchers: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
 }
 
 impl std::fmt::Debug for DesiredTracker {
@@ -208,10 +214,9 @@ impl Default for DesiredTracker {
 
 impl DesiredTracker {
     pub fn new() -> DesiredTracker {
-        let (changed, _) = watch::channel(0);
         DesiredTracker {
             tracked: Arc::new(Mutex::new(DesiredByNode::default())),
-            changed: Arc::new(changed),
+            watchers: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -255,8 +260,21 @@ impl DesiredTracker {
             }
         }
         drop(tracked);
-        if !refreshed.changed.is_empty() {
-            self.changed.send_modify(|generation| *generation += 1);
+        if !refreshed.changed.is_empty() || refreshed.full {
+            let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+            if refreshed.full {
+                // A new term or a full look: every watcher looks again (its node may be gone).
+                watchers.retain(|_, signal| signal.receiver_count() > 0);
+                for signal in watchers.values() {
+                    signal.send_modify(|generation| *generation += 1);
+                }
+            } else {
+                for name in &refreshed.changed {
+                    if let Some(signal) = watchers.get(name) {
+                        signal.send_modify(|generation| *generation += 1);
+                    }
+                }
+            }
         }
         refreshed
     }
@@ -271,9 +289,18 @@ impl DesiredTracker {
             .map(|(_, desired)| desired.clone())
     }
 
-    /// A receiver that sees a new value whenever some node's desired state changed.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
+    /// A receiver that sees a new value whenever `node`'s desired state changed (or every
+    /// node was looked at again).
+    pub fn subscribe(&self, node: &str) -> watch::Receiver<u64> {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        match watchers.get(node) {
+            Some(signal) => signal.subscribe(),
+            None => {
+                let (signal, receiver) = watch::channel(0);
+                watchers.insert(node.to_string(), signal);
+                receiver
+            }
+        }
     }
 }
 
@@ -343,6 +370,42 @@ mod tests {
         let new_term = tracker.get("node-1").expect("a known node");
         assert!(new_term.fence > stopping.fence);
         assert_eq!(new_term.allocations, stopping.allocations);
+    }
+
+    #[test]
+    fn a_change_wakes_only_the_watchers_of_its_node() {
+        // Proves each node's long poll is woken by its own node's changes only (10,000
+        // polling agents must not all wake for one placement), and every watcher by a new
+        // term.
+        let mut log = Log::new();
+        log.register_node("node-1", 1);
+        log.register_node("node-2", 1);
+        log.create_share("team", 2);
+        let tracker = DesiredTracker::new();
+        refresh(&tracker, &mut log, 1);
+        let mut one = tracker.subscribe("node-1");
+        let mut two = tracker.subscribe("node-2");
+        log.apply(Command::SubmitJob(JobSpec::new(
+            "team",
+            1,
+            1,
+            vec!["x".into()],
+        )));
+        log.schedule();
+        let placed = refresh(&tracker, &mut log, 1);
+        assert_eq!(placed.changed.len(), 1);
+        let (placed_on, other) = if placed.changed[0] == "node-1" {
+            (&mut one, &mut two)
+        } else {
+            (&mut two, &mut one)
+        };
+        assert!(placed_on.has_changed().expect("the signal is kept"));
+        assert!(!other.has_changed().expect("the signal is kept"));
+        placed_on.borrow_and_update();
+
+        refresh(&tracker, &mut log, 2);
+        assert!(one.has_changed().expect("the signal is kept"));
+        assert!(two.has_changed().expect("the signal is kept"));
     }
 
     #[test]

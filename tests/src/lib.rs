@@ -11,6 +11,8 @@
 //! (`dev down`, then SIGKILL of whatever is left), whose leader a test can kill
 //! ([`DevCluster::kill_leader_then`]); [`poll_until`] waits with a deadline.
 
+pub mod fleet;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -222,6 +224,18 @@ impl DevCluster {
             key: file("key"),
         };
         (addresses, tls)
+    }
+
+    /// A fleet of `nodes` simulated nodes of `gpus_per_node` GPUs for this cluster
+    /// ([`fleet::Fleet`]): its coordinators, and its CA to issue the nodes' certificates.
+    pub fn fleet_config(&self, nodes: u32, gpus_per_node: u32) -> fleet::FleetConfig {
+        let (addresses, tls) = self.admin_tls();
+        let ca_dir = tls
+            .ca
+            .parent()
+            .expect("the CA file is in a folder")
+            .to_path_buf();
+        fleet::FleetConfig::new(addresses, ca_dir, nodes, gpus_per_node)
     }
 
     /// Every job `quotient job list --all ARGUMENTS -o json` lists, in submit order (the list
