@@ -285,3 +285,50 @@ async fn a_follower_answers_an_append_only_once_its_entries_are_on_disk() {
     assert_eq!(durability.durable().last_index, Some(1));
     raft.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test]
+async fn a_committed_id_waits_for_its_entries_not_for_a_sync_of_its_own() {
+    // Proves a write's acknowledgement waits for no second sync: once the entries are durable,
+    // saving the committed id returns without writing anything, the commit may be sent to
+    // followers at once, and the id itself reaches the disk with the next write.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = LogStore::open(dir.path()).expect("open");
+    let durability = store.durability();
+    store
+        .blocking_append(blanks(1, 0..=3))
+        .await
+        .expect("append");
+    tokio::time::timeout(RELEASE, durability.wait_log(durability.generation(), 3))
+        .await
+        .expect("durable in time")
+        .expect("durable");
+    let before = store.wal().sync_count();
+    tokio::time::timeout(RELEASE, store.save_committed(Some(log_id(1, 3))))
+        .await
+        .expect("saved at once")
+        .expect("save");
+    assert_eq!(
+        store.wal().sync_count(),
+        before,
+        "the committed id took a sync of its own"
+    );
+    assert_eq!(
+        durability.commit_to_send(Some(log_id(1, 3))),
+        Some(log_id(1, 3))
+    );
+
+    tracing::info!("--- the next write carries it");
+    store
+        .blocking_append(blanks(1, 4..=4))
+        .await
+        .expect("append");
+    tokio::time::timeout(RELEASE, durability.wait_log(durability.generation(), 4))
+        .await
+        .expect("durable in time")
+        .expect("durable");
+    assert_eq!(store.wal().sync_count(), before + 1);
+    assert_eq!(
+        after_restart(store, dir.path()).await,
+        (vec![0, 1, 2, 3, 4], Some(log_id(1, 3)))
+    );
+}

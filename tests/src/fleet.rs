@@ -249,6 +249,15 @@ impl Fleet {
         locked(&self.stats.stops).get(&job).copied()
     }
 
+    /// The jobs whose stop intent a node first saw after `after`, and when.
+    pub fn stops_after(&self, after: Instant) -> Vec<(JobId, Instant)> {
+        locked(&self.stats.stops)
+            .iter()
+            .filter(|(_, seen)| **seen > after)
+            .map(|(job, seen)| (*job, *seen))
+            .collect()
+    }
+
     /// When a node first saw an attempt of job `job` to run: the attempt and the time.
     pub fn start_seen(&self, job: JobId) -> Option<(u32, Instant)> {
         locked(&self.stats.starts).get(&job).copied()
@@ -289,6 +298,76 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+    }
+}
+
+/// A fleet on a thread of its own, on a one-thread runtime: the rest of the process (a bench
+/// timing the cluster) does not share its cores with the fleet's tasks. Stopped when dropped.
+pub struct FleetThread {
+    fleet: Arc<Fleet>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FleetThread {
+    /// Starts the fleet of `config` on a new thread; returns once its nodes are started.
+    pub fn start(config: FleetConfig) -> anyhow::Result<FleetThread> {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("fleet".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        let _ = started_tx.send(Err(anyhow::Error::from(error)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match Fleet::start(config).await {
+                        Ok(fleet) => {
+                            let fleet = Arc::new(fleet);
+                            let _ = started_tx.send(Ok(fleet.clone()));
+                            let _ = stop_rx.await;
+                            let _ = fleet.shutdown.send(true);
+                        }
+                        Err(error) => {
+                            let _ = started_tx.send(Err(error));
+                        }
+                    }
+                });
+            })?;
+        let fleet = started_rx
+            .recv()
+            .context("the fleet thread ended before it started")??;
+        Ok(FleetThread {
+            fleet,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl std::ops::Deref for FleetThread {
+    type Target = Fleet;
+
+    fn deref(&self) -> &Fleet {
+        &self.fleet
+    }
+}
+
+impl Drop for FleetThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -501,7 +580,9 @@ impl SimNode {
         hint: Option<String>,
         last_lost: Option<String>,
     ) -> Result<(PeerConnection, String, u64), Option<String>> {
-        let hint = hint.or_else(|| locked(&self.stats.leader_hint).clone());
+        let hint = hint
+            .or_else(|| locked(&self.stats.leader_hint).clone())
+            .filter(|hint| Some(hint) != last_lost.as_ref());
         let mut order: Vec<String> = hint.into_iter().collect();
         let start = self.index as usize % self.config.coordinators.len();
         let rotated = self.config.coordinators[start..]

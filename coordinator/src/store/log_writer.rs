@@ -14,15 +14,19 @@
 //! counts the leader's own copy at once. Everything a commit can be seen through waits for
 //! the disk instead, through [`LogDurability`]:
 //!
-//! 1. **The committed id** is one more queued write (`save_committed`): it reaches the disk
-//!    after every entry queued before it, and openraft applies an entry, answers its client,
-//!    serves a read that needs it or builds a snapshot with it only after that returns.
+//! 1. **The committed id** (`save_committed`) returns only once this node's own copy of every
+//!    entry up to it is durable, and openraft applies an entry, answers its client, serves a
+//!    read that needs it or builds a snapshot with it only after that returns. The committed
+//!    id itself is written lazily, with the next write (or at close): Raft does not need it
+//!    durable (a restarted member learns the commit index from the leader, and one read back
+//!    older than it was only re-applies less at start), so a write's acknowledgement waits for
+//!    one sync on the leader and one on a follower, at the same time, not for a second one.
 //! 2. **A follower's answer** to an AppendEntries is sent only once the entries it reports are
 //!    durable in the same *generation* of the log (`raft_service`): the leader counts a
 //!    follower only for entries on its disk, as before.
-//! 3. **The commit index sent to followers** never runs ahead of the leader's durable
-//!    committed id (`network`), so no follower applies an entry whose leader could still lose
-//!    it.
+//! 3. **The commit index sent to followers** never runs ahead of the newest committed id whose
+//!    entries are durable on the leader ([`Durable::committed`], set by `save_committed`;
+//!    `network`), so no follower applies an entry whose leader could still lose it.
 //!
 //! Together: an entry is seen as committed (applied anywhere, answered to a client) only once
 //! it is on the disks of a majority that includes the leader, which is Raft's condition. A
@@ -41,11 +45,10 @@
 //!
 //! # When the writer syncs
 //!
-//! Everything but an append is waited for, so a queue holding anything else is written at
-//! once. Appended entries alone wait up to [`APPEND_LINGER`] for what will need them: on a
-//! leader the committed id (so its entries and its commit take one sync), on a follower the
-//! committed id that came with them, and in any case someone who asks (a follower's answer,
-//! through [`LogDurability::wait_log`]). Whatever queued meanwhile goes into the same write.
+//! At once, whenever anything but a committed id is queued: a leader's entries go to its disk
+//! while they travel to the followers. Whatever queued while a write was under way goes into
+//! the next one together (group commit). A committed id alone does not wake the writer; it
+//! rides with the next write.
 
 // redb's error is large, but it only ever travels up once, to become a message.
 #![allow(clippy::result_large_err)]
@@ -55,7 +58,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use openraft::{LogId, NodeId};
 use redb::{Database, Durability};
@@ -86,13 +88,6 @@ pub fn version_key(key: &str) -> &'static str {
 /// Most queued writes the thread takes into one log write; bounds a write's size.
 pub const WRITE_BATCH_OPS_MAX: usize = 4_096;
 
-/// Longest the writer holds back appended entries that nobody waits for yet, so that one sync
-/// covers them and what comes next. On a leader the next thing is the committed id, once a
-/// follower has the entries: the leader's entries and its commit then cost one sync instead
-/// of two (the commit must wait for the entries anyway). On a follower it is the committed id
-/// that came with the entries; the follower's answer asks for the sync at once.
-pub const APPEND_LINGER: Duration = Duration::from_millis(2);
-
 /// An encoded log entry, shared by the tail and the queue.
 pub type EncodedEntry = Arc<[u8]>;
 
@@ -103,7 +98,8 @@ pub struct Durable<NID: NodeId> {
     pub generation: u64,
     /// The last log index on disk; `None` when the log on disk is empty.
     pub last_index: Option<u64>,
-    /// The committed log id on disk.
+    /// The newest committed log id whose entries are durable here (what `save_committed` last
+    /// returned for; at start, the one read back). The record itself reaches the disk lazily.
     pub committed: Option<LogId<NID>>,
     /// Why the writer stopped writing, once a write failed; nothing is durable after it.
     pub failed: Option<Arc<str>>,
@@ -121,7 +117,7 @@ pub enum NotDurable {
 }
 
 /// A queued write.
-enum Op<NID: NodeId> {
+enum Op {
     Append {
         generation: u64,
         entries: Vec<(u64, EncodedEntry)>,
@@ -140,11 +136,8 @@ enum Op<NID: NodeId> {
         purged: Vec<u8>,
         done: Done,
     },
-    Committed {
-        log_id: Option<LogId<NID>>,
-        bytes: Vec<u8>,
-        done: Done,
-    },
+    /// Written with the next write; nobody waits for it.
+    Committed { bytes: Vec<u8> },
     /// Completes once everything queued before it is durable.
     Barrier {
         done: Done,
@@ -154,16 +147,16 @@ enum Op<NID: NodeId> {
 type Done = oneshot::Sender<Result<(), Arc<str>>>;
 
 /// The queue and the in-memory view of the log, behind one lock so that they change together.
-struct Queue<NID: NodeId> {
-    ops: VecDeque<Op<NID>>,
+struct Queue {
+    ops: VecDeque<Op>,
     /// Appended entries that are not yet durable, by index: readers see them before the disk.
     tail: BTreeMap<u64, EncodedEntry>,
     /// The log's last index as openraft sees it (after queued appends and truncations).
     last_index: Option<u64>,
     stopping: bool,
     failed: Option<Arc<str>>,
-    /// Someone waits for queued entries to be durable (see [`APPEND_LINGER`]).
-    demand: bool,
+    /// Queued writes other than committed ids: the writer works while there are any.
+    urgent: usize,
 }
 
 /// What the store's handles and the writer thread share.
@@ -171,32 +164,26 @@ struct Shared<NID: NodeId> {
     db: Database,
     path: PathBuf,
     wal: Wal,
-    pending: Arc<Pending<NID>>,
+    pending: Arc<Pending>,
     generation: Arc<AtomicU64>,
     durable: watch::Sender<Durable<NID>>,
 }
 
-/// The queue and the writer's wake-up, which [`LogDurability`] shares to ask for a sync.
-struct Pending<NID: NodeId> {
-    queue: Mutex<Queue<NID>>,
+/// The queue and the writer's wake-up.
+struct Pending {
+    queue: Mutex<Queue>,
     wake: Condvar,
 }
 
-impl<NID: NodeId> Pending<NID> {
-    fn lock(&self) -> MutexGuard<'_, Queue<NID>> {
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
         // Every change under the lock is completed before it is released; keep going.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Tells the writer that someone waits for the queued entries: sync them now.
-    fn demand(&self) {
-        self.lock().demand = true;
-        self.wake.notify_one();
     }
 }
 
 impl<NID: NodeId> Shared<NID> {
-    fn lock(&self) -> MutexGuard<'_, Queue<NID>> {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
         self.pending.lock()
     }
 }
@@ -221,7 +208,6 @@ impl<NID: NodeId> std::fmt::Debug for LogWriter<NID> {
 pub struct LogDurability<NID: NodeId> {
     generation: Arc<AtomicU64>,
     durable: watch::Receiver<Durable<NID>>,
-    pending: Arc<Pending<NID>>,
 }
 
 impl<NID: NodeId> std::fmt::Debug for LogDurability<NID> {
@@ -243,9 +229,9 @@ impl<NID: NodeId> LogDurability<NID> {
         self.durable.borrow().clone()
     }
 
-    /// The commit index a leader may tell its followers: `commit`, or the committed id on
-    /// this node's disk when that is older, so that no follower applies an entry before the
-    /// leader's own copy of it is durable.
+    /// The commit index a leader may tell its followers: `commit`, or the newest committed id
+    /// whose entries are durable here when that is older, so that no follower applies an
+    /// entry before the leader's own copy of it is durable.
     pub fn commit_to_send(&self, commit: Option<LogId<NID>>) -> Option<LogId<NID>> {
         std::cmp::min(commit, self.durable.borrow().committed.clone())
     }
@@ -256,9 +242,6 @@ impl<NID: NodeId> LogDurability<NID> {
         let reached = |durable: &Durable<NID>| {
             durable.generation == generation && durable.last_index >= Some(index)
         };
-        if !reached(&self.durable.borrow()) {
-            self.pending.demand();
-        }
         let mut receiver = self.durable.clone();
         let mut outcome = Ok(());
         let waited = receiver
@@ -310,7 +293,7 @@ impl<NID: NodeId> LogWriter<NID> {
                     last_index,
                     stopping: false,
                     failed: None,
-                    demand: false,
+                    urgent: 0,
                 }),
                 wake: Condvar::new(),
             }),
@@ -349,7 +332,6 @@ impl<NID: NodeId> LogWriter<NID> {
         LogDurability {
             generation: self.shared.generation.clone(),
             durable: self.shared.durable.subscribe(),
-            pending: self.shared.pending.clone(),
         }
     }
 
@@ -368,9 +350,10 @@ impl<NID: NodeId> LogWriter<NID> {
         }
         queue.last_index = Some(last);
         let generation = self.shared.generation.load(Ordering::SeqCst);
-        // A writer with something queued already is busy or lingering on it, and another
-        // append changes neither: only an idle one needs waking.
-        let idle = queue.ops.is_empty();
+        // A writer with something urgent queued already is busy or about to be: only an idle
+        // one needs waking.
+        let idle = queue.urgent == 0;
+        queue.urgent += 1;
         queue.ops.push_back(Op::Append {
             generation,
             entries,
@@ -385,7 +368,7 @@ impl<NID: NodeId> LogWriter<NID> {
     /// Queues a write and waits until it is durable.
     async fn queue_and_wait(
         &self,
-        make: impl FnOnce(&mut Queue<NID>, &AtomicU64, Done) -> Op<NID>,
+        make: impl FnOnce(&mut Queue, &AtomicU64, Done) -> Op,
     ) -> Result<(), Arc<str>> {
         let (done, finished) = oneshot::channel();
         {
@@ -394,6 +377,7 @@ impl<NID: NodeId> LogWriter<NID> {
                 return Err(reason.clone());
             }
             let op = make(&mut queue, &self.shared.generation, done);
+            queue.urgent += 1;
             queue.ops.push_back(op);
         }
         self.shared.pending.wake.notify_one();
@@ -436,19 +420,47 @@ impl<NID: NodeId> LogWriter<NID> {
         .await
     }
 
-    /// Saves the committed id (`bytes` is its encoding); returns once it is durable, which is
-    /// after every entry queued before it.
+    /// Saves the committed id (`bytes` is its encoding): queues it to be written with the next
+    /// write, and returns once every entry up to it is durable here (see the module docs).
     pub async fn save_committed(
         &self,
         log_id: Option<LogId<NID>>,
         bytes: Vec<u8>,
     ) -> Result<(), Arc<str>> {
-        self.queue_and_wait(|_, _, done| Op::Committed {
-            log_id,
-            bytes,
-            done,
-        })
-        .await
+        let (generation, wait_for) = {
+            let mut queue = self.shared.lock();
+            if let Some(reason) = &queue.failed {
+                return Err(reason.clone());
+            }
+            queue.ops.push_back(Op::Committed { bytes });
+            // Taken under the lock: the entries up to the committed id were appended in this
+            // generation or before (committed entries are never truncated). Entries this log
+            // does not hold cannot be waited for (openraft never commits past its log).
+            let wait_for = log_id
+                .as_ref()
+                .and_then(|id| queue.last_index.map(|last| id.index.min(last)));
+            (self.shared.generation.load(Ordering::SeqCst), wait_for)
+        };
+        if let Some(index) = wait_for {
+            let mut receiver = self.shared.durable.subscribe();
+            let mut outcome = Ok(());
+            let waited = receiver
+                .wait_for(|durable| {
+                    if let Some(reason) = &durable.failed {
+                        outcome = Err(reason.clone());
+                        return true;
+                    }
+                    durable.generation >= generation && durable.last_index >= Some(index)
+                })
+                .await;
+            if waited.is_err() {
+                return Err("the raft log store is closed".into());
+            }
+            outcome?;
+        }
+        // openraft saves committed ids one at a time, in order.
+        self.shared.durable.send_modify(|durable| durable.committed = log_id);
+        Ok(())
     }
 
     /// Returns once everything queued so far is durable.
@@ -494,45 +506,33 @@ impl<NID: NodeId> Drop for LogWriter<NID> {
 fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
     let mut generation = 0;
     loop {
-        let batch: Vec<Op<NID>> = {
+        let batch: Vec<Op> = {
             let wake = &shared.pending.wake;
             let mut queue = shared.lock();
-            while queue.ops.is_empty() && !queue.stopping {
+            // Committed ids alone wait for the next write; at close they are written too.
+            while queue.urgent == 0 && !queue.stopping {
                 queue = wake.wait(queue).unwrap_or_else(PoisonError::into_inner);
             }
             if queue.ops.is_empty() {
                 return;
             }
-            // Entries nobody waits for yet wait a little for what will: see APPEND_LINGER.
-            let until = Instant::now() + APPEND_LINGER;
-            while !queue.demand
-                && !queue.stopping
-                && queue.ops.iter().all(|op| matches!(op, Op::Append { .. }))
-            {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                queue = wake
-                    .wait_timeout(queue, left)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
-            queue.demand = false;
             let take = queue.ops.len().min(WRITE_BATCH_OPS_MAX);
-            queue.ops.drain(..take).collect()
+            let batch: Vec<Op> = queue.ops.drain(..take).collect();
+            let committed_ids = batch
+                .iter()
+                .filter(|op| matches!(op, Op::Committed { .. }))
+                .count();
+            queue.urgent -= batch.len() - committed_ids;
+            batch
         };
         let written = write_batch(shared, &batch, last_index, generation);
         match written {
-            Ok((new_last, new_generation, committed)) => {
+            Ok((new_last, new_generation)) => {
                 last_index = new_last;
                 generation = new_generation;
                 shared.durable.send_modify(|durable| {
                     durable.generation = generation;
                     durable.last_index = last_index;
-                    if let Some(committed) = committed {
-                        durable.committed = committed;
-                    }
                 });
                 let mut queue = shared.lock();
                 for op in &batch {
@@ -560,21 +560,20 @@ fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
                 });
                 answer(batch, &Err(reason.clone()));
                 // Fail whatever was queued meanwhile; later writes fail when queued.
-                let rest: Vec<Op<NID>> = shared.lock().ops.drain(..).collect();
+                let rest: Vec<Op> = shared.lock().ops.drain(..).collect();
                 answer(rest, &Err(reason));
             }
         }
     }
 }
 
-fn answer<NID: NodeId>(batch: Vec<Op<NID>>, result: &Result<(), Arc<str>>) {
+fn answer(batch: Vec<Op>, result: &Result<(), Arc<str>>) {
     for op in batch {
         match op {
-            Op::Append { .. } => {}
+            Op::Append { .. } | Op::Committed { .. } => {}
             Op::Vote { done, .. }
             | Op::Truncate { done, .. }
             | Op::Purge { done, .. }
-            | Op::Committed { done, .. }
             | Op::Barrier { done } => {
                 let _ = done.send(result.clone());
             }
@@ -585,21 +584,19 @@ fn answer<NID: NodeId>(batch: Vec<Op<NID>>, result: &Result<(), Arc<str>>) {
 /// Writes one batch, in order: runs of entries, truncations and committed ids as one log
 /// write each (one `fdatasync`), a vote or purge as one redb transaction committed with fsync;
 /// a purge removes the log's old segments once its id is durable. The disk's last index and
-/// generation after it, and the committed id it wrote, if any.
-#[allow(clippy::type_complexity)]
+/// generation after it.
 fn write_batch<NID: NodeId>(
     shared: &Shared<NID>,
-    batch: &[Op<NID>],
+    batch: &[Op],
     mut last_index: Option<u64>,
     mut generation: u64,
-) -> Result<(Option<u64>, u64, Option<Option<LogId<NID>>>), Arc<str>> {
+) -> Result<(Option<u64>, u64), Arc<str>> {
     // The log's own errors name their segment file; redb's name nothing, so they get its path.
     let context = |error: &dyn std::fmt::Display| -> Arc<str> {
         format!("raft log store {}: {error}", shared.path.display()).into()
     };
     let wal_error = |error: &dyn std::fmt::Display| -> Arc<str> { error.to_string().into() };
     let mut records: Vec<Record<'_>> = Vec::new();
-    let mut committed = None;
     let flush = |records: &mut Vec<Record<'_>>| -> Result<(), Arc<str>> {
         shared
             .wal
@@ -634,9 +631,8 @@ fn write_batch<NID: NodeId>(
                 }
                 generation = *g;
             }
-            Op::Committed { log_id, bytes, .. } => {
+            Op::Committed { bytes } => {
                 records.push(Record::Committed { bytes });
-                committed = Some(log_id.clone());
             }
             Op::Vote { bytes, .. } => {
                 flush(&mut records)?;
@@ -652,7 +648,7 @@ fn write_batch<NID: NodeId>(
         }
     }
     flush(&mut records)?;
-    Ok((last_index, generation, committed))
+    Ok((last_index, generation))
 }
 
 /// Writes `value` under `key` of the meta table, with the version it is encoded in, in one
