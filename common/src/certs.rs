@@ -443,7 +443,11 @@ impl CaIssuer {
             role,
             name: name.to_string(),
         };
-        self.issue_checked(&identity, leaf_sans(&identity)?, default_validity_days(role))
+        self.issue_checked(
+            &identity,
+            leaf_sans(&identity)?,
+            default_validity_days(role),
+        )
     }
 
     /// Signs a leaf for `identity` (whose name was checked) carrying `alternative_names`.

@@ -412,9 +412,7 @@ impl Client {
     /// a load generator simulating thousands of agents needs. [`Client::close`] closes the
     /// shared endpoint too; close the connections instead.
     pub fn on_endpoint(tls: TlsIdentity, endpoint: quinn::Endpoint) -> Self {
-        let ipv6 = endpoint
-            .local_addr()
-            .is_ok_and(|address| address.is_ipv6());
+        let ipv6 = endpoint.local_addr().is_ok_and(|address| address.is_ipv6());
         let endpoints = if ipv6 {
             ClientEndpoints {
                 ipv6: Some(endpoint),

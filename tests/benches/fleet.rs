@@ -52,7 +52,8 @@ fn cpu_seconds(pid: libc::pid_t) -> f64 {
     // The fields after the command (which may hold spaces) in parentheses.
     let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    let ticks: f64 =
+        fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
     // SAFETY: sysconf with a valid name.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ticks / hz
@@ -154,7 +155,10 @@ fn main() {
             .ok_or_else(|| format!("{registered} registered: {}", fleet.counters()))
     });
     let registered_s = started.elapsed().as_secs_f64();
-    eprintln!("{nodes} nodes registered in {registered_s:.1} s: {}", fleet.counters());
+    eprintln!(
+        "{nodes} nodes registered in {registered_s:.1} s: {}",
+        fleet.counters()
+    );
 
     let half = nodes * gpus / 2;
     cluster.create_share("lender", half, "lend", &[]);
@@ -195,7 +199,10 @@ fn main() {
             if let Some(seen) = fleet.stops_after(sent).into_iter().map(|(_, at)| at).min() {
                 break seen;
             }
-            assert!(Instant::now() < deadline, "round {round}: no victim stopped within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no victim stopped within 30 s"
+            );
             std::thread::sleep(Duration::from_millis(1));
         };
         reclaim_ms.push(seen.duration_since(sent).as_secs_f64() * 1e3);

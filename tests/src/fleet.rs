@@ -22,6 +22,11 @@
 //!   ([`FleetConfig::grace_ms`] later) with `ExitedAfterSignal`;
 //! - a job no longer in its desired state: exits at once, as the real agent kills it.
 //!
+//! A node that lost its leader waits up to [`RECONNECT_SPREAD_MS`] (spread over the nodes)
+//! before it looks for the next, and waits [`CONNECT_DEADLINE_MS`] for a handshake, so that a
+//! whole fleet reconnecting after a failover is not one burst that the new leader cannot
+//! finish before the nodes give up on it.
+//!
 //! A node that has no heartbeat acknowledged for its lease stops its jobs (self-fencing, as
 //! the real agent does) and counts them in [`FleetStats::fenced`]: a bench that expects no
 //! job to stop checks that it stays 0. Nothing runs, no process and no file: a node is a few
@@ -53,8 +58,13 @@ use tokio::time::Instant;
 pub const RUN_MS_ENV: &str = "QUOTIENT_FLEET_RUN_MS";
 /// The exit code of such a job (default 0).
 pub const EXIT_CODE_ENV: &str = "QUOTIENT_FLEET_EXIT_CODE";
-/// Deadline of a connect and `Register`, each.
-pub const CONNECT_DEADLINE_MS: u64 = 2_000;
+/// Deadline of a connect and `Register`, each. Long enough that a leader working through a
+/// queue of handshakes after a failover is not abandoned half way (then the work is lost and
+/// the node comes back for more).
+pub const CONNECT_DEADLINE_MS: u64 = 5_000;
+/// After losing its leader a node waits up to this long (spread by node) before it looks for
+/// the next one, so that a fleet does not reach the new leader in one burst.
+pub const RECONNECT_SPREAD_MS: u64 = 1_000;
 /// Deadline of a heartbeat; one unanswered ends the connection, as for the real agent.
 pub const HEARTBEAT_DEADLINE_MS: u64 = 1_000;
 /// Deadline of a `Report`.
@@ -149,7 +159,9 @@ fn count(counter: &AtomicU64) -> u64 {
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A running fleet; dropped, its tasks are aborted.
@@ -164,7 +176,10 @@ impl Fleet {
     /// Issues every node's certificate, then starts the nodes (spread over the ramp). Must
     /// run inside a tokio runtime.
     pub async fn start(config: FleetConfig) -> anyhow::Result<Fleet> {
-        anyhow::ensure!(!config.coordinators.is_empty(), "no coordinator address given");
+        anyhow::ensure!(
+            !config.coordinators.is_empty(),
+            "no coordinator address given"
+        );
         anyhow::ensure!(config.nodes > 0, "a fleet needs at least one node");
         let config = Arc::new(config);
         let identities = {
@@ -514,11 +529,16 @@ impl SimNode {
     /// A pause of `base_ms`, up to half again longer, different per node and round: a fleet
     /// that lost its leader does not come back in one burst.
     fn jittered(&self, base_ms: u64, round: u64) -> Duration {
+        Duration::from_millis(base_ms) + self.spread(base_ms / 2, round)
+    }
+
+    /// A pause of up to `max_ms`, different per node and round.
+    fn spread(&self, max_ms: u64, round: u64) -> Duration {
         let mut x = u64::from(self.index)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(round.wrapping_mul(0xBF58_476D_1CE4_E5B9));
         x ^= x >> 31;
-        Duration::from_millis(base_ms + x % (base_ms / 2 + 1))
+        Duration::from_millis(x % (max_ms + 1))
     }
 
     /// Finds the leader, serves the connection until it ends, and again, until shutdown.
@@ -567,6 +587,10 @@ impl SimNode {
                 Ended::Lost(why) => {
                     *locked(&self.stats.last_error) = Some(why);
                     last_lost = Some(address);
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.spread(RECONNECT_SPREAD_MS, round)) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => break,
+                    }
                 }
             }
         }
@@ -628,23 +652,13 @@ impl SimNode {
 
     async fn connect_and_register(&self, address: &str) -> Result<(PeerConnection, u64), Ended> {
         let deadline = Duration::from_millis(CONNECT_DEADLINE_MS);
-        let connection = tokio::time::timeout(deadline, self.client.connect_to(address, ALPN_AGENT))
-            .await
-            .map_err(|_| Ended::Lost("connect timed out".to_string()))?
-            .map_err(|error| Ended::Lost(error.to_string()))?;
-        let (actual, cluster) = {
-            let sim = self.sim();
-            let actual = sim
-                .jobs
-                .iter()
-                .map(|(job, sim)| ActualAttempt {
-                    job: *job,
-                    attempt: sim.attempt,
-                    phase: sim.phase,
-                })
-                .collect();
-            (actual, sim.cluster)
-        };
+        let connection =
+            tokio::time::timeout(deadline, self.client.connect_to(address, ALPN_AGENT))
+                .await
+                .map_err(|_| Ended::Lost("connect timed out".to_string()))?
+                .map_err(|error| Ended::Lost(error.to_string()))?;
+        let actual = self.actual();
+        let cluster = self.sim().cluster;
         let sent_at = Instant::now();
         let request = AgentRequest::Register {
             inventory: self.inventory.clone(),
@@ -677,7 +691,9 @@ impl SimNode {
             }
             Ok(other) => {
                 connection.close();
-                Err(Ended::Lost(format!("unexpected answer to Register: {other:?}")))
+                Err(Ended::Lost(format!(
+                    "unexpected answer to Register: {other:?}"
+                )))
             }
             Err(ended) => {
                 connection.close();
@@ -700,7 +716,10 @@ impl SimNode {
                 actual: self.actual(),
             };
             let deadline = Duration::from_millis(HEARTBEAT_DEADLINE_MS);
-            match connection.request::<_, AgentResponse>(&request, deadline).await {
+            match connection
+                .request::<_, AgentResponse>(&request, deadline)
+                .await
+            {
                 Ok(AgentResponse::HeartbeatAck) => {
                     self.sim().last_ack = Some(sent_at);
                     self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
@@ -721,7 +740,10 @@ impl SimNode {
                 node: self.name.clone(),
                 after_fence,
             };
-            match connection.request::<_, AgentResponse>(&request, deadline).await {
+            match connection
+                .request::<_, AgentResponse>(&request, deadline)
+                .await
+            {
                 Ok(AgentResponse::Desired(desired)) => {
                     if desired.fence > after_fence && desired.node == self.name {
                         self.stats.desired_states.fetch_add(1, Ordering::Relaxed);
@@ -786,11 +808,11 @@ impl SimNode {
                 }
                 WireIntent::Stop => {
                     if let Some(job) = sim.jobs.get_mut(&allocation.job) {
-                        if job.attempt == allocation.attempt && job.phase != ActualPhase::Stopping
-                        {
+                        if job.attempt == allocation.attempt && job.phase != ActualPhase::Stopping {
                             job.phase = ActualPhase::Stopping;
                             let exit_at = now + Duration::from_millis(self.config.grace_ms);
-                            job.exit = Some((exit_at, JobEvent::ExitedAfterSignal { code: Some(0) }));
+                            job.exit =
+                                Some((exit_at, JobEvent::ExitedAfterSignal { code: Some(0) }));
                             locked(&self.stats.stops)
                                 .entry(allocation.job)
                                 .or_insert(now);
@@ -808,7 +830,11 @@ impl SimNode {
             .collect();
         for job in unwanted {
             if let Some(gone) = sim.jobs.remove(&job) {
-                reports.push((job, gone.attempt, JobEvent::ExitedAfterSignal { code: None }));
+                reports.push((
+                    job,
+                    gone.attempt,
+                    JobEvent::ExitedAfterSignal { code: None },
+                ));
             }
         }
         for (job, attempt, event) in reports {
@@ -847,7 +873,10 @@ impl SimNode {
                 reports: batch,
             };
             let deadline = Duration::from_millis(REPORT_DEADLINE_MS);
-            match connection.request::<_, AgentResponse>(&request, deadline).await {
+            match connection
+                .request::<_, AgentResponse>(&request, deadline)
+                .await
+            {
                 Ok(AgentResponse::Reported { .. }) => {
                     // Rejected reports (stale attempts) are dropped, as the real agent does.
                     let mut sim = self.sim();
@@ -900,7 +929,11 @@ impl SimNode {
                     });
                     self.reports_ready.notify_one();
                 }
-                let next_exit = sim.jobs.values().filter_map(|job| job.exit.as_ref().map(|e| e.0)).min();
+                let next_exit = sim
+                    .jobs
+                    .values()
+                    .filter_map(|job| job.exit.as_ref().map(|e| e.0))
+                    .min();
                 let lease_end = sim
                     .last_ack
                     .filter(|_| !sim.jobs.is_empty())
@@ -930,7 +963,11 @@ impl SimNode {
 async fn refuse_leader_requests(connection: &PeerConnection) {
     while let Ok(Some(mut stream)) = connection.accept_request().await {
         let deadline = Duration::from_millis(HEARTBEAT_DEADLINE_MS);
-        if stream.read_request::<LeaderRequest>(deadline).await.is_err() {
+        if stream
+            .read_request::<LeaderRequest>(deadline)
+            .await
+            .is_err()
+        {
             continue;
         }
         let answer = LeaderResponse::Error(AgentError::NotFound(

@@ -67,7 +67,10 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
     let nodes = cluster.json(&["node", "list", "-o", "json"]);
     let nodes = nodes.as_array().expect("a node list");
     assert_eq!(nodes.len(), NODES as usize);
-    assert!(nodes.iter().all(|node| node["state"] == "ready"), "{nodes:?}");
+    assert!(
+        nodes.iter().all(|node| node["state"] == "ready"),
+        "{nodes:?}"
+    );
 
     // Half the GPUs are the lender's, half the borrower's.
     let half = NODES * GPUS_PER_NODE / 2;
@@ -136,9 +139,14 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
     assert_eq!(victims.len(), reclaim, "one victim per lender job");
     for victim in &victims {
         let id: JobId = victim.id.parse().expect("a job id");
-        let seen = fleet.stop_seen(id).expect("the victim's node saw it stopped");
+        let seen = fleet
+            .stop_seen(id)
+            .expect("the victim's node saw it stopped");
         assert!(seen >= submitted.into());
-        assert_eq!(victim.state, "RUNNABLE", "a reclaimed job goes back to the queue");
+        assert_eq!(
+            victim.state, "RUNNABLE",
+            "a reclaimed job goes back to the queue"
+        );
     }
 
     // The leader dies: every node finds the new one; no node is lost, no job touched.
@@ -155,12 +163,16 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
         libc::kill(pid, libc::SIGKILL);
     }
     eprintln!("--- coordinator {leader}, the leader, is killed");
-    poll_until("every node registered with the new leader", DEADLINE, || {
-        let again = fleet.registered_after(Some(killed));
-        (again == NODES as usize)
-            .then_some(())
-            .ok_or_else(|| format!("{again} registered again: {}", fleet.counters()))
-    });
+    poll_until(
+        "every node registered with the new leader",
+        DEADLINE,
+        || {
+            let again = fleet.registered_after(Some(killed));
+            (again == NODES as usize)
+                .then_some(())
+                .ok_or_else(|| format!("{again} registered again: {}", fleet.counters()))
+        },
+    );
     let reconnected = fleet
         .last_registration()
         .expect("registered")

@@ -137,7 +137,9 @@ enum Op {
         done: Done,
     },
     /// Written with the next write; nobody waits for it.
-    Committed { bytes: Vec<u8> },
+    Committed {
+        bytes: Vec<u8>,
+    },
     /// Completes once everything queued before it is durable.
     Barrier {
         done: Done,
@@ -459,7 +461,9 @@ impl<NID: NodeId> LogWriter<NID> {
             outcome?;
         }
         // openraft saves committed ids one at a time, in order.
-        self.shared.durable.send_modify(|durable| durable.committed = log_id);
+        self.shared
+            .durable
+            .send_modify(|durable| durable.committed = log_id);
         Ok(())
     }
 

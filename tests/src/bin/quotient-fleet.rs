@@ -80,7 +80,12 @@ fn from_dev_dir(dir: &std::path::Path) -> anyhow::Result<(Vec<String>, PathBuf)>
     }
     let path = dir.join("client.toml");
     let size = std::fs::metadata(&path)
-        .with_context(|| format!("cannot read {}: is it a `quotient dev up` folder?", path.display()))?
+        .with_context(|| {
+            format!(
+                "cannot read {}: is it a `quotient dev up` folder?",
+                path.display()
+            )
+        })?
         .len();
     anyhow::ensure!(
         size <= CLIENT_CONFIG_BYTES_MAX,
@@ -88,8 +93,8 @@ fn from_dev_dir(dir: &std::path::Path) -> anyhow::Result<(Vec<String>, PathBuf)>
         path.display()
     );
     let text = std::fs::read_to_string(&path)?;
-    let config: ClientToml =
-        toml::from_str(&text).with_context(|| format!("{} is not a client config", path.display()))?;
+    let config: ClientToml = toml::from_str(&text)
+        .with_context(|| format!("{} is not a client config", path.display()))?;
     let ca_dir = config
         .ca
         .parent()
@@ -102,7 +107,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (coordinators, ca_dir) = match (&args.dev_dir, args.ca_dir.clone()) {
         (Some(dir), None) if args.coordinators.is_empty() => from_dev_dir(dir)?,
-        (None, Some(ca_dir)) if !args.coordinators.is_empty() => (args.coordinators.clone(), ca_dir),
+        (None, Some(ca_dir)) if !args.coordinators.is_empty() => {
+            (args.coordinators.clone(), ca_dir)
+        }
         _ => anyhow::bail!("give --dev-dir DIR, or both --coordinators and --ca-dir"),
     };
     let mut config = FleetConfig::new(coordinators, ca_dir, args.nodes, args.gpus_per_node);
