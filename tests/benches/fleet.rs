@@ -148,12 +148,7 @@ fn main() {
     config.ramp_ms = ramp_s * 1_000;
     let started = Instant::now();
     let fleet = FleetThread::start(config).expect("the fleet starts");
-    poll_until("every node registered", wait, || {
-        let registered = fleet.registered();
-        (registered == nodes as usize)
-            .then_some(())
-            .ok_or_else(|| format!("{registered} registered: {}", fleet.counters()))
-    });
+    fleet.wait_registered(nodes as usize, None, wait);
     let registered_s = started.elapsed().as_secs_f64();
     eprintln!(
         "{nodes} nodes registered in {registered_s:.1} s: {}",
@@ -214,19 +209,8 @@ fn main() {
     // Failover.
     std::thread::sleep(Duration::from_secs(2));
     let running_before = bench.running();
-    let (leader, pid) = cluster.leader();
-    let killed = tokio::time::Instant::now();
-    // SAFETY: kill(2) on a coordinator this cluster started; plain integers.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-    eprintln!("--- coordinator {leader}, the leader, is killed");
-    poll_until("every node registered with the new leader", wait, || {
-        let again = fleet.registered_after(Some(killed));
-        (again == nodes as usize)
-            .then_some(())
-            .ok_or_else(|| format!("{again} registered again: {}", fleet.counters()))
-    });
+    let killed = cluster.kill_leader().into();
+    fleet.wait_registered(nodes as usize, Some(killed), wait);
     let failover_s = fleet
         .last_registration()
         .expect("registered")

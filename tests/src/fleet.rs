@@ -245,6 +245,17 @@ impl Fleet {
             .count()
     }
 
+    /// Waits until `count` nodes registered after `after` (any registration when `None`) and
+    /// are still connected; panics with the fleet's counters after `timeout`.
+    pub fn wait_registered(&self, count: usize, after: Option<Instant>, timeout: Duration) {
+        crate::poll_until(&format!("{count} nodes registered"), timeout, || {
+            let registered = self.registered_after(after);
+            (registered == count)
+                .then_some(())
+                .ok_or_else(|| format!("{registered} registered: {}", self.counters()))
+        });
+    }
+
     /// The latest registration of any node (once every node is registered after a failover,
     /// when the last of them did).
     pub fn last_registration(&self) -> Option<Instant> {

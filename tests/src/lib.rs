@@ -324,6 +324,13 @@ impl DevCluster {
     /// SIGKILLs the leading coordinator and at once runs `quotient ARGUMENTS`; the time from
     /// the kill to the command's exit, and its output.
     pub fn kill_leader_then(&self, arguments: &[&str]) -> (Duration, Output) {
+        let killed = self.kill_leader();
+        let output = self.run(arguments);
+        (killed.elapsed(), output)
+    }
+
+    /// SIGKILLs the leading coordinator; when.
+    pub fn kill_leader(&self) -> Instant {
         let (leader, pid) = self.leader();
         eprintln!("--- coordinator {leader}, the leader, is killed");
         let killed = Instant::now();
@@ -331,8 +338,7 @@ impl DevCluster {
         unsafe {
             libc::kill(pid, libc::SIGKILL);
         }
-        let output = self.run(arguments);
-        (killed.elapsed(), output)
+        killed
     }
 
     /// The end of every coordinator and agent log, for a failure message.

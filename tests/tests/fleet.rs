@@ -39,6 +39,21 @@ fn jobs(runtime: &tokio::runtime::Runtime, client: &ApiClient) -> Vec<JobView> {
         .expect("the job list")
 }
 
+/// Waits until every job of `ids` is in `state`.
+fn wait_all_in(runtime: &tokio::runtime::Runtime, client: &ApiClient, ids: &[JobId], state: &str) {
+    poll_until(&format!("the jobs {state}"), DEADLINE, || {
+        let states: Vec<String> = ids
+            .iter()
+            .map(|id| job(runtime, client, *id).state)
+            .collect();
+        states
+            .iter()
+            .all(|seen| seen == state)
+            .then_some(())
+            .ok_or_else(|| format!("{states:?}"))
+    });
+}
+
 /// Jobs of `share` whose state is `state`.
 fn count(all: &[JobView], share: &str, state: &str) -> usize {
     all.iter()
@@ -58,12 +73,7 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
         .block_on(Fleet::start(config))
         .expect("the fleet starts");
 
-    poll_until("every simulated node registered", DEADLINE, || {
-        let registered = fleet.registered();
-        (registered == NODES as usize)
-            .then_some(())
-            .ok_or_else(|| format!("{registered} registered: {}", fleet.counters()))
-    });
+    fleet.wait_registered(NODES as usize, None, DEADLINE);
     let nodes = cluster.json(&["node", "list", "-o", "json"]);
     let nodes = nodes.as_array().expect("a node list");
     assert_eq!(nodes.len(), NODES as usize);
@@ -85,17 +95,7 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
             submit(&runtime, &client, spec)
         })
         .collect();
-    poll_until("the short jobs succeeded", DEADLINE, || {
-        let states: Vec<String> = short
-            .iter()
-            .map(|id| job(&runtime, &client, *id).state)
-            .collect();
-        states
-            .iter()
-            .all(|state| state == "SUCCEEDED")
-            .then_some(())
-            .ok_or_else(|| format!("{states:?}"))
-    });
+    wait_all_in(&runtime, &client, &short, "SUCCEEDED");
 
     // The borrower fills every node, half of them on GPUs the lender lends.
     let mut spec = JobSpec::new("borrower", 1, GPUS_PER_NODE, vec!["train".into()]);
@@ -120,17 +120,7 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
             submit(&runtime, &client, spec)
         })
         .collect();
-    poll_until("the lender's jobs running", DEADLINE, || {
-        let states: Vec<String> = lender_jobs
-            .iter()
-            .map(|id| job(&runtime, &client, *id).state)
-            .collect();
-        states
-            .iter()
-            .all(|state| state == "RUNNING")
-            .then_some(())
-            .ok_or_else(|| format!("{states:?}"))
-    });
+    wait_all_in(&runtime, &client, &lender_jobs, "RUNNING");
     let all = jobs(&runtime, &client);
     let victims: Vec<&JobView> = all
         .iter()
@@ -156,23 +146,8 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
         .map(|view| (view.id.clone(), view.attempts))
         .collect();
     assert_eq!(before.len(), NODES as usize);
-    let (leader, pid) = cluster.leader();
-    let killed = tokio::time::Instant::now();
-    // SAFETY: kill(2) on a coordinator this cluster started; plain integers.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-    eprintln!("--- coordinator {leader}, the leader, is killed");
-    poll_until(
-        "every node registered with the new leader",
-        DEADLINE,
-        || {
-            let again = fleet.registered_after(Some(killed));
-            (again == NODES as usize)
-                .then_some(())
-                .ok_or_else(|| format!("{again} registered again: {}", fleet.counters()))
-        },
-    );
+    let killed = cluster.kill_leader().into();
+    fleet.wait_registered(NODES as usize, Some(killed), DEADLINE);
     let reconnected = fleet
         .last_registration()
         .expect("registered")
