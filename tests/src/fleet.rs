@@ -150,8 +150,6 @@ pub struct FleetStats {
     last_error: Mutex<Option<String>>,
     /// When each job's stop intent was first seen (the checkpoint signal), by job.
     stops: Mutex<HashMap<JobId, Instant>>,
-    /// When each job attempt was first seen to run, by job.
-    starts: Mutex<HashMap<JobId, (u32, Instant)>>,
 }
 
 fn count(counter: &AtomicU64) -> u64 {
@@ -223,11 +221,6 @@ impl Fleet {
         })
     }
 
-    /// The nodes' names, in order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.nodes.iter().map(|node| node.name.as_str())
-    }
-
     /// How many nodes are registered with a leader now.
     pub fn registered(&self) -> usize {
         self.registered_after(None)
@@ -282,11 +275,6 @@ impl Fleet {
             .filter(|(_, seen)| **seen > after)
             .map(|(job, seen)| (*job, *seen))
             .collect()
-    }
-
-    /// When a node first saw an attempt of job `job` to run: the attempt and the time.
-    pub fn start_seen(&self, job: JobId) -> Option<(u32, Instant)> {
-        locked(&self.stats.starts).get(&job).copied()
     }
 
     pub fn stats(&self) -> &FleetStats {
@@ -805,14 +793,6 @@ impl SimNode {
                             exit,
                         },
                     );
-                    locked(&self.stats.starts)
-                        .entry(allocation.job)
-                        .and_modify(|seen| {
-                            if seen.0 < allocation.attempt {
-                                *seen = (allocation.attempt, now);
-                            }
-                        })
-                        .or_insert((allocation.attempt, now));
                     for event in [JobEvent::Started, JobEvent::Running] {
                         reports.push((allocation.job, allocation.attempt, event));
                     }

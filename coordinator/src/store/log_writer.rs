@@ -564,7 +564,11 @@ fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
                 });
                 answer(batch, &Err(reason.clone()));
                 // Fail whatever was queued meanwhile; later writes fail when queued.
-                let rest: Vec<Op> = shared.lock().ops.drain(..).collect();
+                let rest: Vec<Op> = {
+                    let mut queue = shared.lock();
+                    queue.urgent = 0;
+                    queue.ops.drain(..).collect()
+                };
                 answer(rest, &Err(reason));
             }
         }
