@@ -163,9 +163,16 @@ pub struct RunFlags {
     /// status`) [default: the cluster of its first registration, kept in STATE_DIR/cluster-id].
     #[arg(long, env = "QUOTIENT_CLUSTER_ID")]
     pub cluster_id: Option<quotient_common::ClusterId>,
-    /// Log as JSON lines instead of text.
+    /// Log as JSON lines instead of text (the same as --log-format json).
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     pub log_json: bool,
+    /// How to write logs: text, or json (one JSON object per line).
+    #[arg(long, value_name = "FORMAT", env = "QUOTIENT_LOG_FORMAT")]
+    pub log_format: Option<quotient_common::log_format::LogFormat>,
+    /// Serve Prometheus metrics (`/metrics`) and health (`/healthz`, `/readyz`) over plain
+    /// HTTP on this address, e.g. 0.0.0.0:9401.
+    #[arg(long, value_name = "ADDR", env = "QUOTIENT_AGENT_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The most one attempt's log keeps on disk, e.g. 16MiB, 512KiB or 1048576: past it the
     /// first quarter and the newest three quarters stay and the middle is dropped.
     #[arg(long, value_name = "SIZE", default_value = LOG_MAX_BYTES_DEFAULT, value_parser = parse_log_max_bytes, env = "QUOTIENT_AGENT_LOG_MAX_BYTES")]
@@ -373,6 +380,8 @@ pub struct AgentConfig {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `--advertise-address`, if given.
     pub advertise_address: Option<String>,
+    /// `--metrics-listen`, if given ([`crate::metrics`]).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Why the agent will not run jobs as the user it was told (or not told).
@@ -510,6 +519,7 @@ impl RunFlags {
             host_recheck_ms: self.host_recheck_ms.max(100),
             labels,
             advertise_address: self.advertise_address.clone(),
+            metrics_listen: self.metrics_listen,
         })
     }
 }

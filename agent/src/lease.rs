@@ -41,18 +41,35 @@ pub struct LeaseClock {
     /// The send time of the last acknowledged heartbeat (or where counting started).
     basis: Instant,
     lease_ms: u64,
+    /// Whether a leader acknowledged anything since this process started.
+    acknowledged: bool,
 }
 
 impl LeaseClock {
     /// A lease of `lease_ms` counted from `basis`.
     pub fn new(basis: Instant, lease_ms: u64) -> LeaseClock {
-        LeaseClock { basis, lease_ms }
+        LeaseClock {
+            basis,
+            lease_ms,
+            acknowledged: false,
+        }
     }
 
     /// A leader acknowledged a heartbeat sent at `sent_at`. An older send time (a slow answer
     /// that overtook nothing) never moves the basis back.
     pub fn renew(&mut self, sent_at: Instant) {
         self.basis = self.basis.max(sent_at);
+        self.acknowledged = true;
+    }
+
+    /// Whether a leader acknowledged a heartbeat or registration of this process.
+    pub fn acknowledged(&self) -> bool {
+        self.acknowledged
+    }
+
+    /// What is left of the lease at `now` (zero once it ran out).
+    pub fn remaining(&self, now: Instant) -> Duration {
+        Duration::from_millis(self.lease_ms).saturating_sub(self.since_ack(now))
     }
 
     /// The lease the leader gave (in `Registered`).

@@ -36,6 +36,7 @@ pub mod host_info;
 pub mod journal;
 pub mod lease;
 pub mod log_server;
+pub mod metrics;
 pub mod reconcile;
 pub mod run;
 pub mod runtime;

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quotient_common::agent_api::{ActualAttempt, ActualPhase};
 use quotient_common::certs::Role;
+use quotient_common::metrics_http::MetricsServer;
 use quotient_common::tls::{TlsError, TlsFiles, TlsIdentity};
 use quotient_common::transport::Client;
 use tokio::sync::{watch, Notify};
@@ -88,6 +89,12 @@ pub enum RunError {
     OwnBinary(#[source] std::io::Error),
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterFileError),
+    #[error("cannot serve metrics on {addr}: {source}; pick a free address for --metrics-listen")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     JobUser(#[from] JobUserError),
     #[error("jobs run as {user}, who cannot reach {} (mode {mode:o}): it holds their working dirs and checkpoints and the agent's lease file, which their watchdog reads; chmod o+x it (and the dirs above it), or choose another --state-dir", path.display())]
@@ -310,6 +317,19 @@ async fn drive<R: Runtime + 'static>(
         disk_usage: disk_usage_rx,
         host,
     });
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => Some(
+            MetricsServer::start(
+                addr,
+                Arc::new(crate::metrics::AgentDoor {
+                    shared: shared.clone(),
+                }),
+            )
+            .await
+            .map_err(|source| RunError::Metrics { addr, source })?,
+        ),
+        None => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let session = LeaderSession::new(
         shared.clone(),
@@ -342,6 +362,9 @@ async fn drive<R: Runtime + 'static>(
     }
     if let Err(error) = disk_task.await {
         tracing::error!("the disk task failed: {error}");
+    }
+    if let Some(server) = metrics_server {
+        server.stop();
     }
     Ok(())
 }

@@ -52,6 +52,10 @@ pub struct CoordinatorEntry {
     pub data_dir: PathBuf,
     #[serde(default)]
     pub log: PathBuf,
+    /// Where it serves `/metrics` and health over HTTP (`--metrics-listen`), e.g.
+    /// `127.0.0.1:41234`; picked at its first start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 /// One agent in `cluster.json`.
@@ -69,6 +73,9 @@ pub struct AgentEntry {
     /// gives them again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Where it serves `/metrics` and health over HTTP, as for a coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 /// `DIR/cluster.json`.
@@ -212,6 +219,7 @@ mod tests {
                 address: "127.0.0.1:7401".into(),
                 data_dir: "/d/coord-1/data".into(),
                 log: "/d/coord-1/coordinator.log".into(),
+                metrics: Some("127.0.0.1:9400".into()),
             }],
             agents: vec![AgentEntry {
                 name: "node-1".into(),
@@ -219,6 +227,7 @@ mod tests {
                 state_dir: "/d/node-1/state".into(),
                 log: "/d/node-1/agent.log".into(),
                 labels: [("rack".to_string(), "rack-1".to_string())].into(),
+                metrics: None,
             }],
             gpus_per_node: Some(4),
             gpu_class: Some("h100".into()),
@@ -226,6 +235,8 @@ mod tests {
         };
         let json = serde_json::to_value(&cluster).unwrap();
         assert_eq!(json["retain_finished_ms"], 3_600_000);
+        assert_eq!(json["coordinators"][0]["metrics"], "127.0.0.1:9400");
+        assert!(json["agents"][0].get("metrics").is_none());
         assert_eq!(json["coordinators"][0]["id"], 1);
         assert_eq!(json["coordinators"][0]["pid"], 1234);
         assert_eq!(json["coordinators"][0]["address"], "127.0.0.1:7401");

@@ -140,6 +140,20 @@ fn free_addresses(count: u64) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
+/// A process's metrics address: the one it had, else a free TCP port on 127.0.0.1 (kept in
+/// cluster.json, so a restart serves on the same one).
+fn metrics_address(recorded: &mut Option<String>) -> anyhow::Result<String> {
+    if let Some(address) = recorded {
+        return Ok(address.clone());
+    }
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .context("cannot find a free TCP port for metrics")?
+        .to_string();
+    *recorded = Some(address.clone());
+    Ok(address)
+}
+
 /// The CA, one certificate per coordinator and the admin certificate; existing ones are kept.
 fn make_certificates(certs_dir: &Path, ids: &[u64]) -> anyhow::Result<()> {
     if !certs::ca_files(certs_dir).cert.exists() {
@@ -174,6 +188,7 @@ fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
                 address,
                 data_dir: home.join("data"),
                 log: home.join("coordinator.log"),
+                metrics: None,
             }
         })
         .collect();
@@ -290,7 +305,7 @@ fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
 fn start_coordinator(
     binary: &Path,
     certs_dir: &Path,
-    entry: &CoordinatorEntry,
+    entry: &mut CoordinatorEntry,
     peers: &str,
     retain_finished_ms: Option<u64>,
 ) -> anyhow::Result<Child> {
@@ -307,7 +322,9 @@ fn start_coordinator(
         .arg(&entry.data_dir)
         .arg("--peers")
         .arg(peers)
-        .args(tls.flags());
+        .args(tls.flags())
+        .arg("--metrics-listen")
+        .arg(metrics_address(&mut entry.metrics)?);
     if let Some(ms) = retain_finished_ms {
         command.arg("--retain-finished").arg(format!("{ms}ms"));
     }
@@ -440,6 +457,7 @@ fn new_agents(dir: &Path, count: u32, racks: Option<u32>) -> Vec<AgentEntry> {
                 state_dir: home.join("state"),
                 log: home.join("agent.log"),
                 labels,
+                metrics: None,
             }
         })
         .collect()
@@ -461,7 +479,7 @@ fn make_agent_certificates(certs_dir: &Path, agents: &[AgentEntry]) -> anyhow::R
 fn start_agent(
     binary: &Path,
     dir: &Path,
-    entry: &AgentEntry,
+    entry: &mut AgentEntry,
     coordinators: &str,
     gpus: &str,
 ) -> anyhow::Result<Child> {
@@ -488,7 +506,9 @@ fn start_agent(
         .arg("--simulated-gpus")
         .arg(gpus)
         .arg("--lease-ms")
-        .arg(AGENT_LEASE_MS.to_string());
+        .arg(AGENT_LEASE_MS.to_string())
+        .arg("--metrics-listen")
+        .arg(metrics_address(&mut entry.metrics)?);
     for (key, value) in &entry.labels {
         command.arg("--label").arg(format!("{key}={value}"));
     }

@@ -41,6 +41,9 @@ pub mod gpu_class;
 pub mod job;
 pub mod job_name;
 pub mod job_report;
+pub mod log_format;
+#[cfg(feature = "metrics")]
+pub mod metrics_http;
 pub mod name;
 pub mod node;
 pub mod rejection;

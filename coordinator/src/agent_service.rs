@@ -379,6 +379,7 @@ impl AgentService {
             &ctx.state_machine,
             &ctx.desired,
             &ctx.scheduler,
+            &ctx.metrics,
             self.term(),
         );
     }

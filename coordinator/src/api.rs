@@ -344,9 +344,10 @@ impl ApiService {
         });
         let started = tokio::time::Instant::now();
         let write = request.is_write();
+        let kind = request.name();
         let forwardable = via_leader.then(|| request.clone());
         let answer = tokio::time::timeout(deadline, self.answer(peer, request)).await;
-        match answer {
+        let response = match answer {
             Ok(Ok(response)) => response,
             Ok(Err(ApiError::NotLeader {
                 leader_address: Some(leader),
@@ -374,7 +375,9 @@ impl ApiService {
                 "no answer within {} ms (is a quorum of coordinators up?)",
                 deadline.as_millis()
             ))),
-        }
+        };
+        self.inner.ctx.metrics.api_request(kind, started.elapsed());
+        response
     }
 
     /// `request` out of its [`ApiRequest::InCluster`] wrapper, when the cluster it names is

@@ -21,6 +21,7 @@ use quotient_core::Changes;
 use tokio::sync::Notify;
 
 use crate::desired::{DesiredTracker, Refreshed};
+use crate::metrics::CoordinatorMetrics;
 use crate::store::QuotientStateMachine;
 
 /// The most records (jobs, nodes and shares together) the state machine names between two
@@ -74,15 +75,18 @@ impl AppliedChanges {
 }
 
 /// On the leader, after entries were applied: refreshes the desired state of the nodes they
-/// changed (every node under a new `term`) and wakes the scheduler if anything changed.
+/// changed (every node under a new `term`), counts what the metrics count of them, and wakes
+/// the scheduler if anything changed.
 pub fn follow(
     state_machine: &QuotientStateMachine,
     desired: &DesiredTracker,
     scheduler: &Arc<Notify>,
+    metrics: &CoordinatorMetrics,
     term: u64,
 ) -> Refreshed {
     let (refreshed, changed) = state_machine.read_changes(|state, changes| {
         let changed = !changes.is_empty();
+        metrics.follow(state, &changes, term);
         (desired.refresh(state, term, &changes), changed)
     });
     if changed || refreshed.full {

@@ -203,6 +203,10 @@ pub struct CoordinatorConfig {
     pub scheduling: SchedulingTuning,
     #[serde(default)]
     pub retention: RetentionTuning,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP
+    /// (`crate::metrics`); `None` serves nothing.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Default retention of finished jobs in the live state: a week, long enough for `job list`

@@ -15,6 +15,7 @@ use crate::agent_links::AgentLinks;
 use crate::config::CoordinatorConfig;
 use crate::desired::DesiredTracker;
 use crate::identity::ClusterIdentity;
+use crate::metrics::CoordinatorMetrics;
 use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
@@ -49,6 +50,8 @@ pub struct Context {
     pub leases: NodeLeases,
     /// Wakes the scheduling loop.
     pub scheduler: Arc<Notify>,
+    /// What `/metrics` shows ([`crate::metrics`]).
+    pub metrics: CoordinatorMetrics,
 }
 
 impl Context {

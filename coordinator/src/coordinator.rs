@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use openraft::storage::RaftLogStorage;
 use quotient_common::certs::Role;
+use quotient_common::metrics_http::MetricsServer;
 use quotient_common::tls::{TlsError, TlsIdentity};
 use quotient_common::transport::{Client, Server, TransportError, ALPN_AGENT, ALPN_API, ALPN_RAFT};
 use tokio::sync::Notify;
@@ -28,6 +29,7 @@ use crate::config::{ConfigError, CoordinatorConfig};
 use crate::context::Context;
 use crate::desired::DesiredTracker;
 use crate::identity::{ClusterIdentity, IdentityError};
+use crate::metrics::{CoordinatorDoor, CoordinatorMetrics};
 use crate::network::PeerConnections;
 use crate::node_disks::NodeDisks;
 use crate::node_leases::NodeLeases;
@@ -60,6 +62,8 @@ pub enum CoordinatorError {
     /// was reported durable; the data directory holds everything synced before.
     #[error("raft stopped: {0}")]
     RaftStopped(String),
+    #[error("cannot serve metrics on {0}: {1}; pick a free address for --metrics-listen")]
+    Metrics(SocketAddr, std::io::Error),
 }
 
 /// A running coordinator.
@@ -73,6 +77,8 @@ pub struct Coordinator {
     accept_task: JoinHandle<()>,
     /// The leader's loops (scheduling, node leases, desired-state refresh).
     loops: Vec<JoinHandle<()>>,
+    /// `/metrics` and health, when `metrics_listen` is set.
+    metrics_server: Option<MetricsServer>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -147,6 +153,15 @@ impl Coordinator {
             desired: DesiredTracker::new(),
             leases: NodeLeases::new(config.agents.clone()),
             scheduler: Arc::new(Notify::new()),
+            metrics: CoordinatorMetrics::new(),
+        };
+        let metrics_server = match config.metrics_listen {
+            Some(addr) => Some(
+                MetricsServer::start(addr, Arc::new(CoordinatorDoor { ctx: ctx.clone() }))
+                    .await
+                    .map_err(|error| CoordinatorError::Metrics(addr, error))?,
+            ),
+            None => None,
         };
         let loops = vec![
             tokio::spawn(scheduler_loop::run(ctx.clone())),
@@ -178,6 +193,7 @@ impl Coordinator {
             local_addr,
             accept_task,
             loops,
+            metrics_server,
         })
     }
 
@@ -189,6 +205,11 @@ impl Coordinator {
     /// The address the endpoint is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address `/metrics` is served on, when it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_server.as_ref().map(MetricsServer::local_addr)
     }
 
     /// The Raft handle (metrics, tests).
@@ -229,6 +250,9 @@ impl Coordinator {
         )
         .await;
         self.accept_task.abort();
+        if let Some(server) = &self.metrics_server {
+            server.stop();
+        }
         for task in self.loops {
             task.abort();
         }
@@ -292,6 +316,7 @@ async fn follow_applies(ctx: Context) {
         state_machine,
         desired,
         scheduler,
+        metrics: counts,
         ..
     } = ctx;
     let mut metrics = raft.metrics();
@@ -313,7 +338,7 @@ async fn follow_applies(ctx: Context) {
         // leader sees a new term, so it refreshes at once.
         if leader && (term, applied) != seen {
             seen = (term, applied);
-            applied::follow(&state_machine, &desired, &scheduler, term);
+            applied::follow(&state_machine, &desired, &scheduler, &counts, term);
         }
         if metrics.changed().await.is_err() {
             return;

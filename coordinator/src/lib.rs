@@ -42,6 +42,7 @@ pub mod digest_check;
 pub mod history;
 pub mod identity;
 pub mod job_logs;
+pub mod metrics;
 pub mod network;
 pub mod node_disks;
 pub mod node_leases;

@@ -51,6 +51,7 @@ pub async fn run(ctx: Context) {
         desired,
         leases,
         config,
+        metrics: counts,
         ..
     } = ctx;
     let topology_key = config.scheduling.topology_key.clone();
@@ -67,10 +68,12 @@ pub async fn run(ctx: Context) {
         if metrics.state != ServerState::Leader {
             continue;
         }
+        let round = std::time::Instant::now();
         let plan = state_machine.read(|state| {
-            let unreachable = leases.unreachable(state, std::time::Instant::now());
+            let unreachable = leases.unreachable(state, round);
             quotient_core::plan_with(state, &unreachable, &topology_key)
         });
+        counts.scheduler_round(round.elapsed());
         if plan.is_empty() {
             continue;
         }
@@ -90,6 +93,7 @@ pub async fn run(ctx: Context) {
                     tracing::debug!(rejected = ?report.rejected, "parts of a plan were stale");
                 }
                 let stale = actions > 0 && report.rejected.len() == actions;
+                counts.placed(u64::from(report.placed));
                 if report.placed + report.preempted > 0 {
                     tracing::info!(
                         actions,
@@ -100,7 +104,7 @@ pub async fn run(ctx: Context) {
                     );
                 }
                 let term = raft.metrics().borrow().current_term;
-                applied::follow(&state_machine, &desired, &trigger, term);
+                applied::follow(&state_machine, &desired, &trigger, &counts, term);
                 if stale {
                     tracing::warn!("every action of a plan was stale; backing off");
                     tokio::time::sleep(Duration::from_millis(SCHEDULER_STALE_BACKOFF_MS)).await;

@@ -12,6 +12,7 @@
 //! ([`DevCluster::kill_leader_then`]); [`poll_until`] waits with a deadline.
 
 pub mod fleet;
+pub mod prometheus;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -174,10 +175,31 @@ impl DevCluster {
         })
     }
 
+    /// The dev cluster's `cluster.json`.
+    pub fn cluster_file(&self) -> Value {
+        let file = std::fs::read_to_string(self.dir.join("cluster.json")).expect("cluster.json");
+        serde_json::from_str(&file).expect("cluster.json is JSON")
+    }
+
+    /// The metrics addresses `cluster.json` records under `kind` (`coordinators`, `agents`).
+    pub fn metrics_addresses(&self, kind: &str) -> Vec<String> {
+        let file = self.cluster_file();
+        file[kind]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|entry| {
+                entry["metrics"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no metrics address in {entry}"))
+                    .to_string()
+            })
+            .collect()
+    }
+
     /// The pid of the dev cluster's agent `name`, from its `cluster.json`.
     pub fn agent_pid(&self, name: &str) -> libc::pid_t {
-        let file = std::fs::read_to_string(self.dir.join("cluster.json")).expect("cluster.json");
-        let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
+        let file = self.cluster_file();
         file["agents"]
             .as_array()
             .into_iter()
@@ -296,8 +318,7 @@ impl DevCluster {
     pub fn leader(&self) -> (u64, libc::pid_t) {
         let status = self.json(&["cluster", "status", "-o", "json"]);
         let leader = status["leader"].as_u64().expect("a leader");
-        let file = std::fs::read_to_string(self.dir.join("cluster.json")).expect("cluster.json");
-        let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
+        let file = self.cluster_file();
         let pid = file["coordinators"]
             .as_array()
             .expect("coordinators")

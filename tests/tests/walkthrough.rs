@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use quotient_tests::prometheus::{http_get, Prometheus};
 use quotient_tests::{poll_until, write_job_script as write_script, DevCluster};
 use serde_json::Value;
 
@@ -359,4 +360,76 @@ fn agent_logs(walk: &Walkthrough) -> Vec<(String, String)> {
             Some((entry.file_name().to_string_lossy().into_owned(), log))
         })
         .collect()
+}
+
+#[test]
+fn prometheus_sees_the_walkthroughs_first_two_steps() {
+    // Proves the metrics an operator scrapes: a real Prometheus server scraping every
+    // coordinator and agent of the walkthrough's cluster (addresses from cluster.json) reads,
+    // after step 1, QS1 borrowing 1 GPU and QS2 lending 1, once (only the leader reports the
+    // shares), one leader, the agents' running attempts and GPUs, and after step 2 the reclaim
+    // of med counted once; and every process answers /readyz.
+    if !Prometheus::available() {
+        return;
+    }
+    let mut walk = set_up();
+    step_1(&mut walk);
+    let coordinators = walk.cluster.metrics_addresses("coordinators");
+    let agents = walk.cluster.metrics_addresses("agents");
+    assert_eq!((coordinators.len(), agents.len()), (3, 3));
+    for address in coordinators.iter().chain(&agents) {
+        http_get(address, "/readyz").unwrap_or_else(|why| panic!("{address} not ready: {why}"));
+    }
+    let folder = walk.cluster.root.path().join("prometheus");
+    std::fs::create_dir_all(&folder).expect("a folder for prometheus");
+    let prometheus = Prometheus::start(
+        &folder,
+        &[
+            ("quotient-coordinator", coordinators),
+            ("quotient-agent", agents),
+        ],
+    );
+    let expected = [
+        ("sum(up)", 6.0),
+        ("sum(quotient_raft_is_leader)", 1.0),
+        (
+            r#"sum(quotient_share_gpus{share="qs1",kind="borrowed"})"#,
+            1.0,
+        ),
+        (r#"sum(quotient_share_gpus{share="qs2",kind="lent"})"#, 1.0),
+        (r#"sum(quotient_share_gpus{share="qs1",kind="used"})"#, 2.0),
+        (r#"sum(quotient_share_gpus{share="qs3",kind="used"})"#, 0.0),
+        (r#"sum(quotient_jobs{share="qs1",state="runnable"})"#, 1.0),
+        (r#"sum(quotient_nodes{state="ready"})"#, 3.0),
+        (r#"sum(quotient_agent_jobs{state="running"})"#, 2.0),
+        ("count(quotient_gpu_temperature_celsius)", 3.0),
+        ("sum(quotient_job_wait_seconds_count)", 2.0),
+    ];
+    poll_until("prometheus reads step 1's figures", STEP, || {
+        let read: Vec<(&str, Result<f64, String>)> = expected
+            .iter()
+            .map(|(query, _)| (*query, prometheus.scalar(query)))
+            .collect();
+        let wrong: Vec<String> = read
+            .iter()
+            .zip(&expected)
+            .filter(|((_, got), (_, want))| got.as_ref().ok() != Some(want))
+            .map(|((query, got), (_, want))| format!("{query}: {got:?}, want {want}"))
+            .collect();
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        }
+    });
+    step_2(&mut walk);
+    let reclaim = r#"sum(quotient_preemptions_total{share="qs1",cause="reclaim"})"#;
+    poll_until(
+        "prometheus counts step 2's reclaim",
+        STEP,
+        || match prometheus.scalar(reclaim) {
+            Ok(count) if count == 1.0 => Ok(()),
+            other => Err(format!("{reclaim}: {other:?}, want 1")),
+        },
+    );
 }

@@ -17,16 +17,17 @@ use quotient_agent::gpu::{DeviceStatus, GpuBackend};
 use quotient_agent::runtime::docker::{
     connect_docker, watch_container, watchdog_lock, watchdog_log, WatchEnd,
 };
+use quotient_common::log_format::LogFormat;
 use quotient_common::Signal;
 use tracing_subscriber::EnvFilter;
 
 fn main() {
     let flags = AgentFlags::parse();
-    let json_logs = match &flags.command {
-        Some(AgentCommand::Run(run_flags)) => run_flags.log_json,
-        _ => flags.run.log_json,
+    let run_flags = match &flags.command {
+        Some(AgentCommand::Run(run_flags)) => run_flags,
+        _ => &flags.run,
     };
-    init_tracing(json_logs);
+    init_tracing(LogFormat::chosen(run_flags.log_format, run_flags.log_json));
     let result = match flags.command {
         Some(AgentCommand::Inventory(inventory)) => print_inventory(inventory),
         Some(AgentCommand::Run(run_flags)) => run(*run_flags),
@@ -94,7 +95,7 @@ fn container_watchdog(flags: ContainerWatchdogFlags) -> Result<()> {
     Ok(())
 }
 
-fn init_tracing(json: bool) {
+fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -104,7 +105,7 @@ fn init_tracing(json: bool) {
             std::io::IsTerminal::is_terminal(&std::io::stderr())
                 && std::env::var_os("NO_COLOR").is_none(),
         );
-    if json {
+    if format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();

@@ -1,10 +1,12 @@
 //! `quotient-coordinator`: parses flags (or a TOML config), sets up structured logging and
 //! runs one coordinator until SIGINT or SIGTERM. Everything else lives in the library.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Parser;
+use quotient_common::log_format::LogFormat;
 use quotient_coordinator::config::{
     parse_peers, AgentTuning, CoordinatorConfig, RaftTuning, RetentionTuning, SchedulingTuning,
 };
@@ -108,7 +110,14 @@ struct Flags {
     /// How long the shares' hourly usage is kept, e.g. 35d (default 35d).
     #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
     retain_usage: Option<u64>,
-    /// Log as JSON lines instead of text.
+    /// Serve Prometheus metrics (`/metrics`) and health (`/healthz`, `/readyz`) over plain
+    /// HTTP on this address, e.g. 0.0.0.0:9400.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// How to write logs: text, or json (one JSON object per line).
+    #[arg(long, value_name = "FORMAT", env = "QUOTIENT_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Log as JSON lines instead of text (the same as --log-format json).
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     log_json: bool,
 }
@@ -134,11 +143,15 @@ impl Flags {
                     agents: AgentTuning::default(),
                     scheduling: SchedulingTuning::default(),
                     retention: RetentionTuning::default(),
+                    metrics_listen: None,
                 }
             }
         };
         if self.cluster_id.is_some() {
             config.cluster_id = self.cluster_id;
+        }
+        if self.metrics_listen.is_some() {
+            config.metrics_listen = self.metrics_listen;
         }
         let tuning = &mut config.raft;
         if let Some(value) = self.digest_check_interval_ms {
@@ -197,7 +210,7 @@ impl Flags {
     }
 }
 
-fn init_tracing(json: bool) {
+fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,quinn=warn"));
     let builder = tracing_subscriber::fmt()
@@ -208,7 +221,7 @@ fn init_tracing(json: bool) {
             std::io::IsTerminal::is_terminal(&std::io::stderr())
                 && std::env::var_os("NO_COLOR").is_none(),
         );
-    if json {
+    if format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();
@@ -256,7 +269,7 @@ fn hint(error: &CoordinatorError) -> &'static str {
 
 fn main() {
     let flags = Flags::parse();
-    init_tracing(flags.log_json);
+    init_tracing(LogFormat::chosen(flags.log_format, flags.log_json));
     let config = match flags.into_config() {
         Ok(config) => config,
         Err(error) => {
