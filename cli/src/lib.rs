@@ -33,6 +33,7 @@ pub mod certs_issue;
 pub mod client;
 pub mod client_config;
 pub mod cluster_add_member;
+pub mod cluster_backup;
 pub mod cluster_health;
 pub mod cluster_init;
 pub mod cluster_remove_member;

@@ -147,6 +147,9 @@ enum ClusterCommand {
     AddMember(cluster_add_member::ClusterAddMemberArgs),
     /// Remove a coordinator (admin).
     RemoveMember(cluster_remove_member::ClusterRemoveMemberArgs),
+    /// Write a copy of the replicated state to a file, for `quotient-coordinator restore`
+    /// (admin).
+    Backup(cluster_backup::ClusterBackupArgs),
 }
 
 fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
@@ -174,6 +177,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Cluster(ClusterCommand::Init(args)) => cluster_init::run(global, &args),
         Command::Node(NodeCommand::Remove(args)) => node_remove::run(global, &args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster_status::run(global, &args),
+        Command::Cluster(ClusterCommand::Backup(args)) => cluster_backup::run(global, &args),
         Command::Cluster(ClusterCommand::Health(args)) => cluster_health::run(global, &args),
         Command::Cluster(ClusterCommand::AddMember(args)) => cluster_add_member::run(global, &args),
         Command::Cluster(ClusterCommand::RemoveMember(args)) => {

@@ -181,6 +181,15 @@ pub enum ApiRequest {
         /// One row per day (UTC) instead of one for the whole time.
         by_day: bool,
     },
+    /// A piece of a backup of the replicated state (admin): the coordinator it is sent to
+    /// takes a fresh snapshot when `snapshot` is `None` (and `offset` 0), and answers
+    /// [`ApiResponse::BackupChunk`]s of that snapshot's file from `offset`; a later request
+    /// names the snapshot the first answer gave, and is refused once the coordinator holds a
+    /// newer one (start again). Never forwarded: the pieces come from one coordinator.
+    Backup {
+        snapshot: Option<String>,
+        offset: u64,
+    },
 }
 
 impl ApiRequest {
@@ -233,6 +242,7 @@ impl ApiRequest {
                 | ApiRequest::ListRevoked
                 | ApiRequest::JobHistory { .. }
                 | ApiRequest::ShareUsage { .. }
+                | ApiRequest::Backup { .. }
         )
     }
 
@@ -275,6 +285,7 @@ impl ApiRequest {
             ApiRequest::ListRevoked => "ListRevoked",
             ApiRequest::JobHistory { .. } => "JobHistory",
             ApiRequest::ShareUsage { .. } => "ShareUsage",
+            ApiRequest::Backup { .. } => "Backup",
         }
     }
 
@@ -299,6 +310,7 @@ impl ApiRequest {
                 | ApiRequest::Revoke { .. }
                 | ApiRequest::Unrevoke { .. }
                 | ApiRequest::ListRevoked
+                | ApiRequest::Backup { .. }
         )
     }
 }
@@ -340,7 +352,23 @@ pub enum ApiResponse {
     Revoked(Vec<RevokedView>),
     History(HistoryPage),
     Usage(Vec<UsageRow>),
+    /// A piece of a backup (`Backup`): `data` is the snapshot file's bytes from the requested
+    /// offset, at most [`BACKUP_CHUNK_BYTES`]; the backup is complete once the offset plus the
+    /// data reach `total_bytes`.
+    BackupChunk {
+        /// The cluster the state belongs to.
+        cluster: ClusterId,
+        /// Which snapshot: name it in the next request.
+        snapshot: String,
+        /// The log index the snapshot's state includes.
+        last_log_index: u64,
+        total_bytes: u64,
+        data: Vec<u8>,
+    },
 }
+
+/// The most bytes of a backup in one answer: well under the frame limit.
+pub const BACKUP_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
 /// A group of users, as `quotient group list -o json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -923,6 +951,10 @@ mod tests {
                 since_ms: 0,
                 until_ms: Some(10),
                 by_day: true,
+            },
+            ApiRequest::Backup {
+                snapshot: None,
+                offset: 0,
             },
         ]
     }

@@ -30,6 +30,7 @@
 
 pub mod agent_api;
 pub mod api;
+pub mod backup;
 #[cfg(feature = "net")]
 pub mod certs;
 pub mod cluster_id;

@@ -339,7 +339,8 @@ impl ApiService {
         let deadline = Duration::from_millis(match request {
             ApiRequest::AddMember { .. }
             | ApiRequest::RemoveMember { .. }
-            | ApiRequest::InitCluster => MEMBERSHIP_TIMEOUT_MS,
+            | ApiRequest::InitCluster
+            | ApiRequest::Backup { .. } => MEMBERSHIP_TIMEOUT_MS,
             _ => API_REQUEST_TIMEOUT_MS,
         });
         let started = tokio::time::Instant::now();
@@ -667,6 +668,13 @@ impl ApiService {
                 Ok(ApiResponse::Usage(self.inner.ctx.state_machine.read(|s| {
                     views::usage_rows(s, share.as_deref(), since_ms, until, by_day, now)
                 })))
+            }
+            ApiRequest::Backup { snapshot, offset } => {
+                if snapshot.is_none() {
+                    // Everything committed when asked is in the backup.
+                    self.linearizable().await?;
+                }
+                crate::backup::chunk(&self.inner.ctx, snapshot, offset).await
             }
             ApiRequest::ListGroups => {
                 self.linearizable().await?;

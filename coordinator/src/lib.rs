@@ -33,6 +33,7 @@ pub mod agent_links;
 pub mod agent_service;
 pub mod api;
 pub mod applied;
+pub mod backup;
 pub mod cluster_init;
 pub mod config;
 pub mod context;

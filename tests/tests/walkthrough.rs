@@ -424,12 +424,12 @@ fn prometheus_sees_the_walkthroughs_first_two_steps() {
     });
     step_2(&mut walk);
     let reclaim = r#"sum(quotient_preemptions_total{share="qs1",cause="reclaim"})"#;
-    poll_until(
-        "prometheus counts step 2's reclaim",
-        STEP,
-        || match prometheus.scalar(reclaim) {
-            Ok(count) if count == 1.0 => Ok(()),
-            other => Err(format!("{reclaim}: {other:?}, want 1")),
-        },
-    );
+    poll_until("prometheus counts step 2's reclaim", STEP, || {
+        let count = prometheus.scalar(reclaim);
+        if count == Ok(1.0) {
+            Ok(())
+        } else {
+            Err(format!("{reclaim}: {count:?}, want 1"))
+        }
+    });
 }

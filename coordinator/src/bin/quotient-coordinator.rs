@@ -24,8 +24,15 @@ const FAILURE_EXIT_CODE: i32 = 1;
 
 /// Runs one Quotient coordinator.
 #[derive(Debug, Parser)]
-#[command(name = "quotient-coordinator", version, about)]
+#[command(
+    name = "quotient-coordinator",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Flags {
+    #[command(subcommand)]
+    command: Option<Subcommand>,
     /// A TOML config file with the same fields as the flags; the flags are then not allowed.
     #[arg(long, conflicts_with_all = ["id", "listen", "data_dir", "peers", "ca", "cert", "key"])]
     config: Option<PathBuf>,
@@ -120,6 +127,71 @@ struct Flags {
     /// Log as JSON lines instead of text (the same as --log-format json).
     #[arg(long, env = "QUOTIENT_LOG_JSON")]
     log_json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Subcommand {
+    /// Make an empty data directory hold the state of a backup (`quotient cluster backup`)
+    /// as member ID of a new cluster of --peers: run it for every member with the same
+    /// backup and --peers, then start them; they elect a leader without `cluster init`.
+    Restore(RestoreFlags),
+}
+
+#[derive(Debug, clap::Args)]
+struct RestoreFlags {
+    /// The backup file `quotient cluster backup --out` wrote.
+    #[arg(long, value_name = "FILE")]
+    from: PathBuf,
+    /// The data directory to fill; it must hold no coordinator's data.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// This member's Raft id (one of --peers).
+    #[arg(long)]
+    id: u64,
+    /// Every member of the restored cluster: ID=HOST:PORT,... (this one included).
+    #[arg(long)]
+    peers: String,
+}
+
+/// `quotient-coordinator restore`.
+fn restore(flags: RestoreFlags) -> ! {
+    let peers = match parse_peers(&flags.peers) {
+        Ok(peers) => peers,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::exit(USAGE_EXIT_CODE);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            std::process::exit(FAILURE_EXIT_CODE);
+        }
+    };
+    let restored = runtime.block_on(quotient_coordinator::backup::restore(
+        &flags.from,
+        &flags.data_dir,
+        flags.id,
+        &peers,
+    ));
+    match restored {
+        Ok(restored) => {
+            println!(
+                "restored the state of cluster {} up to log index {} into {} as member {} of {:?}; start the members now",
+                restored.cluster,
+                restored.last_log_index,
+                flags.data_dir.display(),
+                flags.id,
+                restored.members
+            );
+            std::process::exit(0);
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::exit(FAILURE_EXIT_CODE);
+        }
+    }
 }
 
 impl Flags {
@@ -268,8 +340,11 @@ fn hint(error: &CoordinatorError) -> &'static str {
 }
 
 fn main() {
-    let flags = Flags::parse();
+    let mut flags = Flags::parse();
     init_tracing(LogFormat::chosen(flags.log_format, flags.log_json));
+    if let Some(Subcommand::Restore(restore_flags)) = flags.command.take() {
+        restore(restore_flags);
+    }
     let config = match flags.into_config() {
         Ok(config) => config,
         Err(error) => {

@@ -30,6 +30,7 @@
 // `StorageError` is openraft's error type, which its storage traits require; its size is theirs.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Cursor, Read, Write};
 use std::path::{Path, PathBuf};
@@ -592,7 +593,14 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFil
         .map_err(|_| SnapshotFileError::Corrupted(format!("file of {len} bytes")))?;
     let mut bytes = Vec::with_capacity(capacity);
     file.read_to_end(&mut bytes)?;
-    let (version, meta, state_start) = parse_snapshot_header(&bytes, &path)?;
+    let (meta, state) = snapshot_of_file(bytes, &path)?;
+    Ok(Some((meta, state)))
+}
+
+/// The metadata and the state (in the form it travels in) of a whole snapshot file's `bytes`,
+/// read from `path`.
+fn snapshot_of_file(mut bytes: Vec<u8>, path: &Path) -> Result<(Meta, Vec<u8>), SnapshotFileError> {
+    let (version, meta, state_start) = parse_snapshot_header(&bytes, path)?;
     // One arm per layout this build reads: the state in the form it travels in.
     match version {
         1 => {
@@ -605,15 +613,85 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFil
             bytes.drain(..state_start);
         }
     }
-    Ok(Some((meta, bytes)))
+    Ok((meta, bytes))
 }
 
-/// Checks the header of a whole snapshot file at `path`; returns its layout's version, the
-/// metadata and where the state starts.
-fn parse_snapshot_header(
+/// One piece of the snapshot file on disk, for a backup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotPiece {
+    pub snapshot_id: String,
+    /// The log index the snapshot's state includes (0 for none).
+    pub last_log_index: u64,
+    pub total_bytes: u64,
+    pub data: Vec<u8>,
+}
+
+/// The snapshot file of `dir` from `offset`, at most `max` bytes, with its metadata; `None`
+/// when there is no snapshot. Reads only the header, the metadata and the piece.
+pub fn snapshot_piece(
+    dir: &Path,
+    offset: u64,
+    max: usize,
+) -> Result<Option<SnapshotPiece>, SnapshotFileError> {
+    use std::io::{Seek, SeekFrom};
+    let path = dir.join(SNAPSHOT_FILE_NAME);
+    let mut file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let total_bytes = file.metadata()?.len();
+    let mut header = [0u8; SNAPSHOT_HEADER_BYTES];
+    file.read_exact(&mut header)?;
+    let (_, meta_len, _) = parse_header_prefix(&header, &path)?;
+    let mut meta_bytes = vec![0u8; meta_len];
+    file.read_exact(&mut meta_bytes)?;
+    let meta: Meta = decode_value(&meta_bytes)?;
+    let want = usize::try_from(total_bytes.saturating_sub(offset))
+        .unwrap_or(usize::MAX)
+        .min(max);
+    file.seek(SeekFrom::Start(offset))?;
+    let mut data = vec![0u8; want];
+    file.read_exact(&mut data)?;
+    Ok(Some(SnapshotPiece {
+        snapshot_id: meta.snapshot_id,
+        last_log_index: meta.last_log_id.map_or(0, |id| id.index),
+        total_bytes,
+        data,
+    }))
+}
+
+/// Makes `dir` (empty) hold the state of `file_bytes`, a whole snapshot file of another
+/// coordinator (a backup), as its snapshot, with `members` as its voters: a restore. The
+/// state is decoded and checked first. Returns the log id the state includes.
+pub fn write_restored_snapshot(
+    dir: &Path,
+    file_bytes: Vec<u8>,
+    members: BTreeMap<MemberId, BasicNode>,
+) -> Result<LogId<MemberId>, SnapshotFileError> {
+    let (meta, state) = snapshot_of_file(file_bytes, Path::new("the backup"))?;
+    State::from_snapshot_bytes(&state)?;
+    let last = meta.last_log_id.ok_or_else(|| {
+        SnapshotFileError::Corrupted("the backup's state includes no log entry".to_string())
+    })?;
+    let voters = members.keys().copied().collect();
+    let membership = openraft::Membership::new(vec![voters], members);
+    let meta = Meta {
+        last_log_id: Some(last),
+        last_membership: StoredMembership::new(Some(last), membership),
+        snapshot_id: format!("restored-{last}"),
+    };
+    std::fs::create_dir_all(dir)?;
+    write_snapshot_file(dir, &meta, &state)?;
+    Ok(last)
+}
+
+/// Checks the magic, version and lengths at the start of a snapshot file at `path`: its
+/// layout's version, the metadata's and the state's lengths.
+fn parse_header_prefix(
     bytes: &[u8],
     path: &Path,
-) -> Result<(u16, Meta, usize), SnapshotFileError> {
+) -> Result<(u16, usize, usize), SnapshotFileError> {
     let (magic, rest) = bytes
         .split_at_checked(SNAPSHOT_MAGIC.len())
         .ok_or(SnapshotFileError::BadMagic)?;
@@ -647,6 +725,16 @@ fn parse_snapshot_header(
             "state length {state_len} exceeds the limit of {SNAPSHOT_BYTES_MAX} bytes"
         )));
     }
+    Ok((version, meta_len, state_len))
+}
+
+/// Checks the header of a whole snapshot file at `path`; returns its layout's version, the
+/// metadata and where the state starts.
+fn parse_snapshot_header(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(u16, Meta, usize), SnapshotFileError> {
+    let (version, meta_len, state_len) = parse_header_prefix(bytes, path)?;
     let state_start = SNAPSHOT_HEADER_BYTES + meta_len;
     if state_start + state_len != bytes.len() {
         return Err(SnapshotFileError::Corrupted(format!(
