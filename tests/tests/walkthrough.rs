@@ -432,4 +432,39 @@ fn prometheus_sees_the_walkthroughs_first_two_steps() {
             Err(format!("{reclaim}: {count:?}, want 1"))
         }
     });
+    // Every metric docs/metrics.md lists is exported by some process by now.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let docs = std::fs::read_to_string(root.join("docs/metrics.md")).expect("docs/metrics.md");
+    let listed: Vec<(String, String)> = docs
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let name = cells
+                .get(1)?
+                .strip_prefix("`quotient_")?
+                .strip_suffix('`')?;
+            Some((format!("quotient_{name}"), cells.get(2)?.to_string()))
+        })
+        .collect();
+    assert!(listed.len() >= 20, "{listed:?}");
+    let missing: Vec<&str> = listed
+        .iter()
+        .filter(|(name, kind)| {
+            let series = if kind == "histogram" {
+                format!("{name}_count")
+            } else {
+                name.clone()
+            };
+            prometheus
+                .scalar(&format!("count({series})"))
+                .map_or(true, |count| count < 1.0)
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "documented but not exported: {missing:?}"
+    );
 }
