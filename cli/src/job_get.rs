@@ -27,8 +27,23 @@ pub fn fetch(session: &mut Session, job: JobId) -> anyhow::Result<JobView> {
 pub fn run(global: &GlobalArgs, args: &JobGetArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
     let job = fetch(&mut session, args.job)?;
+    let events = crate::events::job_events(&mut session, args.job)?;
     match global.output {
-        OutputFormat::Table | OutputFormat::Csv => output::print_text(&output::job_detail(&job)),
-        OutputFormat::Json => output::print_json(&job),
+        OutputFormat::Table | OutputFormat::Csv => {
+            let mut text = output::job_detail(&job);
+            if !events.is_empty() {
+                text.push_str("events:\n");
+                for event in &events {
+                    text.push_str(&format!("  {}\n", crate::events::event_line(event)));
+                }
+            }
+            output::print_text(&text)
+        }
+        OutputFormat::Json => {
+            let mut json = serde_json::to_value(&job)?;
+            json["events"] =
+                serde_json::Value::Array(events.iter().map(crate::events::event_json).collect());
+            output::print_json(&json)
+        }
     }
 }

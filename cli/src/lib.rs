@@ -42,6 +42,7 @@ pub mod demo;
 pub mod dev_cluster;
 pub mod dev_down;
 pub mod dev_up;
+pub mod events;
 pub mod failure;
 pub mod job_cancel;
 pub mod job_explain;

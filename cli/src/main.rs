@@ -48,6 +48,8 @@ enum Command {
     Group(GroupCommand),
     /// Who did what: admin actions and refusals for lack of rights (admin).
     Audit(tenancy::AuditArgs),
+    /// What happened, oldest first: jobs' state changes, preemptions, nodes, shares.
+    Events(events::EventsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -191,6 +193,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Group(GroupCommand::Delete(args)) => tenancy::group_delete(global, &args),
         Command::Group(GroupCommand::List(args)) => tenancy::group_list(global, &args),
         Command::Audit(args) => tenancy::audit(global, &args),
+        Command::Events(args) => events::run(global, &args),
         Command::Certs(CertsCommand::Revoke(args)) => tenancy::certs_revoke(global, &args),
         Command::Certs(CertsCommand::Unrevoke(args)) => tenancy::certs_unrevoke(global, &args),
         Command::Certs(CertsCommand::Revoked(args)) => tenancy::certs_revoked(global, &args),

@@ -190,6 +190,17 @@ pub enum ApiRequest {
         snapshot: Option<String>,
         offset: u64,
     },
+    /// What happened ([`crate::event::Event`]), oldest first: those after event `after` (0:
+    /// from the oldest kept), at or after `since_ms`, of `job`, `share` or `node`, at most
+    /// `limit` (1 to [`EVENT_PAGE_MAX`]; 0 for [`EVENT_PAGE_MAX`]).
+    Events {
+        after: u64,
+        since_ms: Option<u64>,
+        job: Option<JobId>,
+        share: Option<String>,
+        node: Option<String>,
+        limit: u32,
+    },
 }
 
 impl ApiRequest {
@@ -243,6 +254,7 @@ impl ApiRequest {
                 | ApiRequest::JobHistory { .. }
                 | ApiRequest::ShareUsage { .. }
                 | ApiRequest::Backup { .. }
+                | ApiRequest::Events { .. }
         )
     }
 
@@ -286,6 +298,7 @@ impl ApiRequest {
             ApiRequest::JobHistory { .. } => "JobHistory",
             ApiRequest::ShareUsage { .. } => "ShareUsage",
             ApiRequest::Backup { .. } => "Backup",
+            ApiRequest::Events { .. } => "Events",
         }
     }
 
@@ -355,6 +368,7 @@ pub enum ApiResponse {
     /// A piece of a backup (`Backup`): `data` is the snapshot file's bytes from the requested
     /// offset, at most [`BACKUP_CHUNK_BYTES`]; the backup is complete once the offset plus the
     /// data reach `total_bytes`.
+    Events(EventPage),
     BackupChunk {
         /// The cluster the state belongs to.
         cluster: ClusterId,
@@ -369,6 +383,21 @@ pub enum ApiResponse {
 
 /// The most bytes of a backup in one answer: well under the frame limit.
 pub const BACKUP_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// The most events in one answer; a reader asks again after the last it got.
+pub const EVENT_PAGE_MAX: u32 = 1_000;
+
+/// An answer to `Events`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventPage {
+    pub events: Vec<crate::event::Event>,
+    /// The number of the newest event there is: a reader that follows asks for those after
+    /// it (or after the last event it got, if it got a full page).
+    pub newest: u64,
+    /// The number of the oldest event kept; a reader that asked for events after an older
+    /// one missed those in between.
+    pub oldest: u64,
+}
 
 /// A group of users, as `quotient group list -o json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -955,6 +984,14 @@ mod tests {
             ApiRequest::Backup {
                 snapshot: None,
                 offset: 0,
+            },
+            ApiRequest::Events {
+                after: 0,
+                since_ms: None,
+                job: Some(job),
+                share: None,
+                node: None,
+                limit: 0,
             },
         ]
     }

@@ -36,6 +36,7 @@ pub mod certs;
 pub mod cluster_id;
 pub mod duration;
 pub mod error_code;
+pub mod event;
 #[cfg(feature = "net")]
 pub mod frame;
 pub mod gpu_class;

@@ -48,11 +48,11 @@ pub struct Encoding {
 /// The client API (ALPN `quotient-api/1`): `api::ApiRequest` and `api::ApiResponse`, in the
 /// header of every frame. Version 4: `job list` in pages (`ListJobs` and `JobPage`), job
 /// history and share usage, a removed job's rejection; the CLI and the coordinators of this
-/// release go together.
+/// release go together. Version 5: backups (`Backup`) and events (`Events`); again together.
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
-    current: 4,
-    oldest: 4,
+    current: 5,
+    oldest: 5,
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
@@ -68,11 +68,12 @@ pub const AGENT_WIRE: Encoding = Encoding {
 /// so a new version of [`RAFT_LOG`] or [`SNAPSHOT_STATE`] is a new version of this too.
 /// Version 4 carries [`RAFT_LOG`] 4 and [`SNAPSHOT_STATE`] 4; a job table with removed jobs
 /// has no version 3 form, so coordinators of 3 and 4 do not replicate to each other: upgrade
-/// them together (docs/operations.md).
+/// them together (docs/operations.md). Version 5 carries [`SNAPSHOT_STATE`] 5 (the events),
+/// which version 4 cannot read: upgrade them together again.
 pub const RAFT_WIRE: Encoding = Encoding {
     name: "the Raft protocol",
-    current: 4,
-    oldest: 4,
+    current: 5,
+    oldest: 5,
 };
 
 /// The Raft log on disk: every log entry (the coordinator's `Request`: a batch of
@@ -105,10 +106,11 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 /// [`RAFT_LOG`] 3. Version 4: as [`RAFT_LOG`] 4 (finished jobs removed, so the job table
 /// holds the ids issued; idempotency keys of removed jobs waiting to expire), every revoked
 /// serial of a name, and the shares' GPU time by the hour (`quotient_core::usage`)
-/// (`quotient_core::v3` reads version 3).
+/// (`quotient_core::v3` reads version 3). Version 5: the recent events
+/// (`quotient_core::events`; `quotient_core::v4` reads version 4).
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
-    current: 4,
+    current: 5,
     oldest: 1,
 };
 

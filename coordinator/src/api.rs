@@ -38,10 +38,11 @@ use openraft::{BasicNode, ChangeMembers};
 use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
     how_to_narrow, parse_history_page_token, parse_job_page_token, parse_node_page_token, ApiError,
-    ApiRequest, ApiResponse, HealthView, API_FRAME_BYTES_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX,
-    NODE_PAGE_MAX,
+    ApiRequest, ApiResponse, EventPage, HealthView, API_FRAME_BYTES_MAX, EVENT_PAGE_MAX,
+    JOB_PAGE_DEFAULT, JOB_PAGE_MAX, NODE_PAGE_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
+use quotient_common::event::EventKind;
 use quotient_common::frame::{self, FrameError, HEADER_BYTES};
 use quotient_common::job::validate_priority;
 use quotient_common::job_name::generated_job_name;
@@ -668,6 +669,50 @@ impl ApiService {
                 Ok(ApiResponse::Usage(self.inner.ctx.state_machine.read(|s| {
                     views::usage_rows(s, share.as_deref(), since_ms, until, by_day, now)
                 })))
+            }
+            ApiRequest::Events {
+                after,
+                since_ms,
+                job,
+                share,
+                node,
+                limit,
+            } => {
+                self.linearizable().await?;
+                let limit = match limit {
+                    0 => EVENT_PAGE_MAX,
+                    limit => limit.min(EVENT_PAGE_MAX),
+                } as usize;
+                let filter = quotient_core::events::EventFilter {
+                    after,
+                    since_ms,
+                    job,
+                    share,
+                    node,
+                };
+                Ok(ApiResponse::Events(self.inner.ctx.state_machine.read(
+                    |state| {
+                        // A user reads the events of the shares they may use (and of nodes
+                        // and shares); an admin every event.
+                        let (mut events, newest) = state.events(&filter, limit);
+                        if let Some(user) = user {
+                            events.retain(|event| match &event.what {
+                                EventKind::Node { .. } | EventKind::Share { .. } => true,
+                                EventKind::JobSubmitted { share, .. }
+                                | EventKind::JobState { share, .. }
+                                | EventKind::Preempted { share, .. }
+                                | EventKind::PriorityChanged { share, .. } => {
+                                    state.user_may_use(user, share)
+                                }
+                            });
+                        }
+                        EventPage {
+                            events,
+                            newest,
+                            oldest: state.oldest_event(),
+                        }
+                    },
+                )))
             }
             ApiRequest::Backup { snapshot, offset } => {
                 if snapshot.is_none() {

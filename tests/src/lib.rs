@@ -175,6 +175,53 @@ impl DevCluster {
         })
     }
 
+    /// Issues a certificate of `role` named `name` in the cluster's CA folder and writes a client
+    /// config using it, talking to `coordinators` (all of the cluster's when empty); its path.
+    pub fn identity(&self, role: &str, name: &str, coordinators: &[String]) -> PathBuf {
+        let certs = self.dir.join("certs");
+        if !certs.join(format!("{name}.pem")).exists() {
+            self.ok(&[
+                "certs",
+                "issue",
+                "--dir",
+                &certs.display().to_string(),
+                "--role",
+                role,
+                "--name",
+                name,
+            ]);
+        }
+        let admin = std::fs::read_to_string(&self.config).expect("the admin's client config");
+        let mut config = String::new();
+        for line in admin.lines() {
+            if line.starts_with("cert ") || line.starts_with("cert=") {
+                config.push_str(&format!(
+                    "cert = \"{}\"\n",
+                    certs.join(format!("{name}.pem")).display()
+                ));
+            } else if line.starts_with("key ") || line.starts_with("key=") {
+                config.push_str(&format!(
+                    "key = \"{}\"\n",
+                    certs.join(format!("{name}-key.pem")).display()
+                ));
+            } else if line.starts_with("coordinators") && !coordinators.is_empty() {
+                let list: Vec<String> = coordinators.iter().map(|c| format!("\"{c}\"")).collect();
+                config.push_str(&format!("coordinators = [{}]\n", list.join(", ")));
+            } else {
+                config.push_str(line);
+                config.push('\n');
+            }
+        }
+        let suffix = if coordinators.is_empty() {
+            String::new()
+        } else {
+            format!("-{}", coordinators.join("_").replace([':', '.'], "-"))
+        };
+        let path = self.dir.join(format!("client-{name}{suffix}.toml"));
+        std::fs::write(&path, config).expect("the client config is written");
+        path
+    }
+
     /// The dev cluster's `cluster.json`.
     pub fn cluster_file(&self) -> Value {
         let file = std::fs::read_to_string(self.dir.join("cluster.json")).expect("cluster.json");

@@ -6,7 +6,7 @@
 //! stays so; a certificate revoked by its serial is refused while the next one of the same
 //! name works; the audit log shows each of these.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -14,53 +14,6 @@ use quotient_tests::{binaries, poll_until, DevCluster};
 use serde_json::Value;
 
 const SETTLE: Duration = Duration::from_secs(60);
-
-/// Issues a certificate of `role` named `name` in the cluster's CA folder and writes a client
-/// config using it, talking to `coordinators` (all of the cluster's when empty); its path.
-fn identity(cluster: &DevCluster, role: &str, name: &str, coordinators: &[String]) -> PathBuf {
-    let certs = cluster.dir.join("certs");
-    if !certs.join(format!("{name}.pem")).exists() {
-        cluster.ok(&[
-            "certs",
-            "issue",
-            "--dir",
-            &certs.display().to_string(),
-            "--role",
-            role,
-            "--name",
-            name,
-        ]);
-    }
-    let admin = std::fs::read_to_string(&cluster.config).expect("the admin's client config");
-    let mut config = String::new();
-    for line in admin.lines() {
-        if line.starts_with("cert ") || line.starts_with("cert=") {
-            config.push_str(&format!(
-                "cert = \"{}\"\n",
-                certs.join(format!("{name}.pem")).display()
-            ));
-        } else if line.starts_with("key ") || line.starts_with("key=") {
-            config.push_str(&format!(
-                "key = \"{}\"\n",
-                certs.join(format!("{name}-key.pem")).display()
-            ));
-        } else if line.starts_with("coordinators") && !coordinators.is_empty() {
-            let list: Vec<String> = coordinators.iter().map(|c| format!("\"{c}\"")).collect();
-            config.push_str(&format!("coordinators = [{}]\n", list.join(", ")));
-        } else {
-            config.push_str(line);
-            config.push('\n');
-        }
-    }
-    let suffix = if coordinators.is_empty() {
-        String::new()
-    } else {
-        format!("-{}", coordinators.join("_").replace([':', '.'], "-"))
-    };
-    let path = cluster.dir.join(format!("client-{name}{suffix}.toml"));
-    std::fs::write(&path, config).expect("the client config is written");
-    path
-}
 
 fn run_as(config: &Path, arguments: &[&str]) -> Output {
     Command::new(binaries().join("quotient"))
@@ -113,9 +66,9 @@ fn coordinators(cluster: &DevCluster) -> Vec<(u64, i64, String)> {
 fn members_owners_caps_revocation_and_the_audit_log() {
     let cluster = DevCluster::up(&["--coordinators", "3", "--nodes", "2"]);
     let admin = cluster.config.clone();
-    let alice = identity(&cluster, "user", "alice", &[]);
-    let bob = identity(&cluster, "user", "bob", &[]);
-    let ops = identity(&cluster, "admin", "ops", &[]);
+    let alice = cluster.identity("user", "alice", &[]);
+    let bob = cluster.identity("user", "bob", &[]);
+    let ops = cluster.identity("admin", "ops", &[]);
     cluster.create_share(
         "vision",
         2,
@@ -222,7 +175,7 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     for (id, _, address) in coordinators(&cluster) {
         let only = [address.clone()];
         for (role, name) in [("user", "bob"), ("admin", "ops")] {
-            let config = identity(&cluster, role, name, &only);
+            let config = cluster.identity(role, name, &only);
             let stderr = poll_until(
                 &format!("{name} refused by coordinator {id}"),
                 SETTLE,
@@ -255,7 +208,7 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     ok_as(&alice, &["job", "list"]);
 
     eprintln!("--- one certificate of carol's is revoked by its serial; her next one works");
-    let carol = identity(&cluster, "user", "carol", &[]);
+    let carol = cluster.identity("user", "carol", &[]);
     ok_as(&carol, &["share", "list"]);
     let certs = cluster.dir.join("certs");
     let serial = quotient_common::certs::certificate_facts(&certs.join("carol.pem"))
@@ -268,7 +221,7 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     let revoked = ok_as(&admin, &["certs", "revoked", "-o", "json"]);
     assert!(revoked.contains(&format!("\"{serial}\"")), "{revoked}");
     for (id, _, address) in coordinators(&cluster) {
-        let config = identity(&cluster, "user", "carol", &[address]);
+        let config = cluster.identity("user", "carol", &[address]);
         poll_until(
             &format!("carol refused by coordinator {id}"),
             SETTLE,
@@ -287,14 +240,14 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     // through a follower (forwarded to the leader, which checks the name only) go through.
     std::fs::remove_file(certs.join("carol.pem")).expect("remove the old certificate");
     std::fs::remove_file(certs.join("carol-key.pem")).expect("remove the old key");
-    let renewed = identity(&cluster, "user", "carol", &[]);
+    let renewed = cluster.identity("user", "carol", &[]);
     let new_serial = quotient_common::certs::certificate_facts(&certs.join("carol.pem"))
         .expect("carol's new certificate")
         .serial;
     assert_ne!(new_serial, serial);
     ok_as(&renewed, &["share", "list"]);
     for (id, _, address) in coordinators(&cluster) {
-        let config = identity(&cluster, "user", "carol", &[address]);
+        let config = cluster.identity("user", "carol", &[address]);
         let submitted = run_as(
             &config,
             &[

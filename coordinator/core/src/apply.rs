@@ -5,6 +5,7 @@
 //! change goes through [`State::update_job`], which keeps the derived index in step and notes
 //! the change for [`apply_noting`] ([`Changes`]).
 
+use quotient_common::event::EventKind;
 use quotient_common::job::{bounded_launch_message, LaunchFault};
 use quotient_common::{
     GpuClass, JobId, JobSpec, JobState, NodeInventory, NodeState, ShareSpec, ShareState,
@@ -47,6 +48,7 @@ pub fn apply_noting(
 }
 
 fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome {
+    state.applying_ms = ctx.time_ms;
     if let Command::CheckDigest { .. } = command {
         // Read by the coordinator around apply. It leaves the state exactly as it was, its
         // last applied index included, so that a check never makes two equal states differ.
@@ -133,10 +135,11 @@ impl State {
         change(job);
         let new = job.clone();
         self.index.add_job(&new, &self.data);
-        if let Some(changes) = self.changes.as_mut() {
-            if old != new {
+        if old != new {
+            if let Some(changes) = self.changes.as_mut() {
                 changes.job_changed(&old, &new);
             }
+            self.job_changed_events(&old, &new);
         }
         if new.state.is_terminal() && !old.state.is_terminal() {
             if let Some(finished) = self.finished.as_mut() {
@@ -168,7 +171,24 @@ impl State {
         );
         self.index.recompute_reserved(&self.data);
         self.note_share(&spec_name);
+        self.share_event(&spec_name, "created");
         Outcome::Done
+    }
+
+    fn share_event(&mut self, share: &str, change: &str) {
+        self.record_event(EventKind::Share {
+            share: share.to_string(),
+            change: change.to_string(),
+            by: self.acting(),
+        });
+    }
+
+    fn node_event(&mut self, node: &str, state: &str) {
+        self.record_event(EventKind::Node {
+            node: node.to_string(),
+            state: state.to_string(),
+            by: self.acting(),
+        });
     }
 
     fn update_share(&mut self, name: &str, update: &ShareUpdate) -> Outcome {
@@ -185,6 +205,7 @@ impl State {
         self.data.shares.get_mut(name).expect("checked").spec = next;
         self.index.recompute_reserved(&self.data);
         self.note_share(name);
+        self.share_event(name, "updated");
         Outcome::Done
     }
 
@@ -214,6 +235,7 @@ impl State {
         self.data.shares.remove(name);
         self.index.recompute_reserved(&self.data);
         self.note_share(name);
+        self.share_event(name, "deleted");
         Outcome::Done
     }
 
@@ -290,6 +312,12 @@ impl State {
         if let Some(changes) = self.changes.as_mut() {
             changes.job_added(&job);
         }
+        self.record_event(EventKind::JobSubmitted {
+            job: id,
+            name: job.spec.name.clone().unwrap_or_default(),
+            share: job.spec.share.clone(),
+            by: self.acting().or_else(|| job.spec.owner.clone()),
+        });
         self.data.jobs.push(job.clone());
         self.index.add_job(&job, &self.data);
         Outcome::JobSubmitted {
@@ -347,6 +375,7 @@ impl State {
         if let Err(e) = inventory.validate() {
             return rejected(Rejection::Invalid(e));
         }
+        let new_node = !self.data.node_ids.contains_key(&inventory.name);
         let id = match self.data.node_ids.get(&inventory.name) {
             Some(id) => *id,
             None => {
@@ -404,7 +433,8 @@ impl State {
         node.gpus = inventory.gpus;
         node.gpus.sort_by_key(|g| g.index);
         node.host = inventory.host;
-        if node.state == NodeState::Lost {
+        let back = node.state == NodeState::Lost;
+        if back {
             node.state = NodeState::Ready;
         }
         node.incarnation += 1;
@@ -412,6 +442,11 @@ impl State {
         let record = node.clone();
         self.index.refresh_node(&record);
         self.note_node(id);
+        if new_node {
+            self.node_event(&record.name, "registered");
+        } else if back {
+            self.node_event(&record.name, "ready");
+        }
         Outcome::NodeRegistered {
             node: id,
             incarnation,
@@ -438,6 +473,9 @@ impl State {
         self.data.nodes[id.0 as usize].state = to;
         if !to.schedulable() {
             self.clear_nominations_on(id);
+        }
+        if from != to {
+            self.node_event(name, to.as_str());
         }
         let record = self.data.nodes[id.0 as usize].clone();
         self.index.refresh_node(&record);
@@ -501,6 +539,7 @@ impl State {
             self.data.nodes.pop();
         }
         self.note_node(id);
+        self.node_event(name, "removed");
         Outcome::Done
     }
 

@@ -24,6 +24,7 @@ pub mod accounting;
 pub mod apply;
 pub mod changes;
 pub mod command;
+pub mod events;
 pub mod explain;
 pub mod index;
 pub mod job_table;
@@ -40,6 +41,7 @@ pub mod usage;
 pub mod v1;
 pub mod v2;
 pub mod v3;
+pub mod v4;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};

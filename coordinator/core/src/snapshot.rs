@@ -71,8 +71,11 @@ pub struct SnapshotCapture {
     audit: imbl::Vector<crate::state::AuditEntry>,
     key_expiry: imbl::OrdSet<(u64, String)>,
     usage: imbl::OrdMap<u64, crate::usage::UsageHour>,
-    /// The fields after `usage`, encoded.
+    /// The fields between `usage` and `events`, encoded.
     end: Vec<u8>,
+    events: imbl::Vector<quotient_common::event::Event>,
+    /// The fields after `events`, encoded.
+    last: Vec<u8>,
 }
 
 impl SnapshotCapture {
@@ -89,6 +92,8 @@ impl SnapshotCapture {
         encode(&self.key_expiry, &mut bytes);
         encode(&self.usage, &mut bytes);
         bytes.extend_from_slice(&self.end);
+        encode(&self.events, &mut bytes);
+        bytes.extend_from_slice(&self.last);
         bytes
     }
 }
@@ -115,6 +120,8 @@ impl State {
             key_expiry,
             usage,
             usage_clock_ms,
+            events,
+            events_issued,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -139,6 +146,12 @@ impl State {
                 let mut end = Vec::new();
                 encode(usage_clock_ms, &mut end);
                 end
+            },
+            events: events.clone(),
+            last: {
+                let mut last = Vec::new();
+                encode(events_issued, &mut last);
+                last
             },
         }
     }
@@ -172,6 +185,7 @@ impl State {
             1 => decode_data::<crate::v1::StateDataV1>(body)?.into(),
             2 => decode_data::<crate::v2::StateDataV2>(body)?.into(),
             3 => decode_data::<crate::v3::StateDataV3>(body)?.into(),
+            4 => decode_data::<crate::v4::StateDataV4>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
         // What building the index relies on, checked first (the rest after, by `validate`):
@@ -190,6 +204,8 @@ impl State {
             changes: None,
             rates: None,
             finished: None,
+            acting: None,
+            applying_ms: 0,
         };
         state
             .validate()
@@ -353,6 +369,57 @@ mod tests {
         assert!(!state.is_revoked("bob", Some("a1c")));
         assert!(state.is_revoked("ops", None));
         assert_eq!(state.data.revoked["bob"].at_ms, 5);
+    }
+
+    #[test]
+    fn a_version_4_state_reads_back_without_events_and_events_round_trip() {
+        // Version 5 added the events at the end; version 4 is every field before them. A
+        // state with events reads back with them, numbered as they were.
+        use crate::command::{ApplyCtx, Command};
+        let mut state = crate::State::new();
+        let spec = quotient_common::ShareSpec {
+            name: "qs1".into(),
+            limits: BTreeMap::from([(
+                quotient_common::GpuClass::parse("a10g").expect("a class"),
+                1,
+            )]),
+            strategy: quotient_common::Strategy::Lend,
+            borrow_limit_percent: None,
+            in_share_preemption: false,
+            state: quotient_common::ShareState::Enabled,
+            members: Vec::new(),
+            max_jobs_per_user: None,
+        };
+        let ctx = ApplyCtx {
+            log_index: 1,
+            time_ms: 7_000,
+        };
+        let outcome = crate::apply(&mut state, Command::CreateShare(spec), ctx);
+        assert!(!outcome.is_rejected(), "{outcome:?}");
+        let bytes = state.to_snapshot_bytes();
+        let back = crate::State::from_snapshot_bytes(&bytes).expect("reads back");
+        assert_eq!(back.data.events, state.data.events);
+        assert_eq!(back.data.events_issued, 1);
+        assert_eq!(back.data.events[0].at_ms, 7_000);
+
+        let mut body = Vec::new();
+        let data = &state.data;
+        encode(&data.shares, &mut body);
+        encode(&data.jobs, &mut body);
+        encode(&data.node_ids, &mut body);
+        encode(&data.nodes, &mut body);
+        encode(&data.idempotency, &mut body);
+        encode(&data.last_applied_index, &mut body);
+        encode(&data.groups, &mut body);
+        encode(&data.revoked, &mut body);
+        encode(&data.audit, &mut body);
+        encode(&data.key_expiry, &mut body);
+        encode(&data.usage, &mut body);
+        encode(&data.usage_clock_ms, &mut body);
+        let v4 = crate::State::from_snapshot_version(4, &body).expect("version 4 reads");
+        assert!(v4.share("qs1").is_some());
+        assert!(v4.data.events.is_empty());
+        assert_eq!(v4.data.events_issued, 0);
     }
 
     #[test]

@@ -397,6 +397,21 @@ pub struct StateData {
     pub usage: imbl::OrdMap<u64, crate::usage::UsageHour>,
     /// The time of the last command that advanced `usage`.
     pub usage_clock_ms: u64,
+    /// What happened lately, oldest first, at most [`crate::events::EVENTS_MAX`]
+    /// (`crate::events`). A persistent vector, like the audit log.
+    #[serde(deserialize_with = "deserialize_events")]
+    pub events: imbl::Vector<quotient_common::event::Event>,
+    /// How many events were ever made: the number of the newest.
+    pub events_issued: u64,
+}
+
+/// The events read as a `Vec` (the same encoding), then made persistent: see
+/// [`deserialize_idempotency`].
+fn deserialize_events<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<imbl::Vector<quotient_common::event::Event>, D::Error> {
+    let events = Vec::<quotient_common::event::Event>::deserialize(deserializer)?;
+    Ok(events.into_iter().collect())
 }
 
 /// The usage buckets read as a `BTreeMap` (the same encoding), then made persistent: see
@@ -478,6 +493,11 @@ pub struct State {
     /// The jobs that ended since the last [`State::take_finished`], while someone collects
     /// them ([`State::collect_finished`]): the coordinator writes their history records.
     pub(crate) finished: Option<Vec<JobId>>,
+    /// While a command of a caller (`Command::As`) applies: the caller's name, which the
+    /// events it makes record as `by`.
+    pub(crate) acting: Option<String>,
+    /// The leader's time of the command being applied, which the events it makes carry.
+    pub(crate) applying_ms: u64,
 }
 
 impl State {

@@ -22,7 +22,12 @@ impl State {
     pub(crate) fn apply_as(&mut self, caller: Caller, command: Command, ctx: ApplyCtx) -> Outcome {
         let action = self.describe(&command);
         let outcome = match self.check_rights(&caller, command) {
-            Ok(command) => crate::apply::apply_inner(self, command, ctx),
+            Ok(command) => {
+                self.acting = Some(caller.name.clone());
+                let outcome = crate::apply::apply_inner(self, command, ctx);
+                self.acting = None;
+                outcome
+            }
             Err(rejection) => Outcome::Rejected(rejection),
         };
         let refused = matches!(&outcome, Outcome::Rejected(Rejection::Forbidden(_)));

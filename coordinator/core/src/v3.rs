@@ -77,9 +77,7 @@ impl From<StateDataV3> for StateData {
                 .map(|(name, revocation)| (name, revocation.into()))
                 .collect(),
             audit: v3.audit.into_iter().collect(),
-            key_expiry: imbl::OrdSet::new(),
-            usage: imbl::OrdMap::new(),
-            usage_clock_ms: 0,
+            ..StateData::default()
         }
     }
 }
