@@ -153,7 +153,7 @@ for name, labels in HISTOGRAMS.items():
 VALUES = {
     ("quotient_share_gpus", "kind"): {"limit", "used", "borrowed", "lent"},
     ("quotient_jobs", "state"): JOB_STATES,
-    ("quotient_preemptions_total", "cause"): {"reclaim", "in_share", "drain", "other"},
+    ("quotient_preemptions_total", "cause"): {"reclaim", "in_share", "drain", "node_lost", "agent_stopped", "start_timeout"},
     ("quotient_nodes", "state"): {"ready", "cordoned", "draining", "unreachable", "lost"},
     ("up", "job"): {"quotient-coordinator", "quotient-agent"},
 }
