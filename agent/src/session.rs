@@ -22,11 +22,13 @@
 //!
 //! A `NotLeader` answer, a closed connection (QUIC close or idle timeout) or a single heartbeat
 //! without an answer within [`heartbeat_deadline`] end the connection, and the session finds
-//! the leader again at once. Reconnecting early is cheap and never extends the lease: the lease
+//! the leader again: at once after a `NotLeader` naming it, else after its backoff and, when
+//! the leader was lost, up to [`RECONNECT_SPREAD_MS`] more at random, so that a whole fleet
+//! does not come back in one burst. Reconnecting early is cheap and never extends the lease: the lease
 //! runs from the send time of the last *acknowledged* heartbeat whatever the connection does.
 //! So a leader killed outright is left within a heartbeat interval + its deadline (about 2 s
 //! with the coordinators' defaults), and the new one (elected in 1-2 s) is found by the next
-//! retry, well inside the lease. None of this touches a running job: only the executor loop
+//! retry, about a second later, well inside the lease. None of this touches a running job: only the executor loop
 //! does, from the desired state and the lease.
 //!
 //! # Self-fencing timing contract
@@ -100,6 +102,12 @@ pub const HEARTBEATS_PER_LEASE_MIN: u64 = 3;
 /// Backoff between rounds over all coordinators, and between retries of a failed report.
 pub const BACKOFF_MIN_MS: u64 = 100;
 pub const BACKOFF_MAX_MS: u64 = 2_000;
+/// After losing its leader an agent waits its backoff and up to this long more, at random,
+/// before it looks for the new one: a fleet of thousands that lost its leader at once comes
+/// back spread over a second instead of in one burst of TLS handshakes (BENCHMARKS.md, "A
+/// fleet of simulated agents": the burst of 5,000 at once collapsed the new leader). Well
+/// inside the lease, so no job is stopped for it.
+pub const RECONNECT_SPREAD_MS: u64 = 1_000;
 /// Addresses learnt from `NotLeader` answers that one leader search adds to the configured ones.
 pub const REDIRECTS_MAX: usize = 8;
 /// How often a leader search that has found nothing says so.
@@ -193,6 +201,16 @@ impl Shared {
         }
         self.reports_ready.notify_one();
     }
+}
+
+/// A pause of up to `max_ms`, at random (a hash of `node` with a per-process random key and
+/// the time), so that agents that lost their leader together come back apart.
+fn spread(node: &str, max_ms: u64) -> Duration {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    node.hash(&mut hasher);
+    Instant::now().hash(&mut hasher);
+    Duration::from_millis(hasher.finish() % (max_ms + 1))
 }
 
 /// Why a connection to a leader ended.
@@ -298,6 +316,7 @@ impl LeaderSession {
                 backoff_ms = BACKOFF_MIN_MS;
             }
             let follow = matches!(&ended, Ended::NotLeader(Some(_)));
+            let lost = matches!(&ended, Ended::Lost(_));
             match ended {
                 Ended::NotLeader(hint) => {
                     tracing::info!(coordinator = %address, leader = ?hint, "no longer the leader; finding the new one");
@@ -314,8 +333,14 @@ impl LeaderSession {
                 }
             }
             if !follow {
+                let pause = Duration::from_millis(backoff_ms)
+                    + if lost {
+                        spread(&self.shared.node, RECONNECT_SPREAD_MS)
+                    } else {
+                        Duration::ZERO
+                    };
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
+                    _ = tokio::time::sleep(pause) => {}
                     _ = shutdown.wait_for(|stop| *stop) => break,
                 }
                 backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
@@ -936,6 +961,18 @@ pub fn desired_allocation(allocation: WireAllocation) -> DesiredAllocation {
 mod tests {
     use super::*;
     use quotient_common::{JobId, JobSpec};
+
+    #[test]
+    fn reconnects_after_a_lost_leader_are_spread_and_bounded() {
+        // Proves the spread: never past its bound, and not one value for a fleet.
+        let pauses: BTreeSet<Duration> = (0..200)
+            .map(|i| spread(&format!("node-{i}"), RECONNECT_SPREAD_MS))
+            .collect();
+        assert!(pauses
+            .iter()
+            .all(|pause| *pause <= Duration::from_millis(RECONNECT_SPREAD_MS)));
+        assert!(pauses.len() > 100, "{} distinct pauses", pauses.len());
+    }
 
     fn allocation(indices: Vec<u32>, uuids: Vec<&str>) -> WireAllocation {
         WireAllocation {

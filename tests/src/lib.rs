@@ -13,6 +13,7 @@
 
 pub mod fleet;
 pub mod prometheus;
+pub mod walkthrough;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

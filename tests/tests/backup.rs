@@ -7,11 +7,20 @@ use std::process::Command;
 use quotient_tests::{binaries, DevCluster};
 use serde_json::Value;
 
-/// `quotient-coordinator restore ...`; its output.
-fn restore(arguments: &[&str]) -> std::process::Output {
+/// `quotient-coordinator restore --from BACKUP --data-dir DATA_DIR --id ID --peers PEERS`;
+/// its output.
+fn restore(backup: &str, data_dir: &str, id: &str, peers: &str) -> std::process::Output {
     Command::new(binaries().join("quotient-coordinator"))
-        .arg("restore")
-        .args(arguments)
+        .args([
+            "restore",
+            "--from",
+            backup,
+            "--data-dir",
+            data_dir,
+            "--id",
+            id,
+        ])
+        .args(["--peers", peers])
         .output()
         .expect("quotient-coordinator runs")
 }
@@ -82,16 +91,7 @@ fn a_cluster_restored_from_a_backup_serves_the_backups_state() {
         .join(",");
     let data_dir = |entry: &Value| entry["data_dir"].as_str().expect("a data dir").to_string();
 
-    let in_use = restore(&[
-        "--from",
-        &backup_text,
-        "--data-dir",
-        &data_dir(&members[0]),
-        "--id",
-        "1",
-        "--peers",
-        &peers,
-    ]);
+    let in_use = restore(&backup_text, &data_dir(&members[0]), "1", &peers);
     assert!(!in_use.status.success());
     let said = String::from_utf8_lossy(&in_use.stderr);
     assert!(
@@ -107,32 +107,15 @@ fn a_cluster_restored_from_a_backup_serves_the_backups_state() {
     }
     let not_a_backup = cluster.root.path().join("nothing");
     std::fs::write(&not_a_backup, b"QSNAP002 is not a backup").expect("a file");
-    let refused = restore(&[
-        "--from",
-        &not_a_backup.display().to_string(),
-        "--data-dir",
-        &data_dir(&members[0]),
-        "--id",
-        "1",
-        "--peers",
-        &peers,
-    ]);
+    let not_a_backup = not_a_backup.display().to_string();
+    let refused = restore(&not_a_backup, &data_dir(&members[0]), "1", &peers);
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("not a Quotient backup"), "{said}");
 
     for entry in &members {
         let id = entry["id"].to_string();
-        let output = restore(&[
-            "--from",
-            &backup_text,
-            "--data-dir",
-            &data_dir(entry),
-            "--id",
-            &id,
-            "--peers",
-            &peers,
-        ]);
+        let output = restore(&backup_text, &data_dir(entry), &id, &peers);
         assert!(
             output.status.success(),
             "restore of member {id}: {}",

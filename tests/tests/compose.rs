@@ -15,13 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use quotient_tests::walkthrough::{Walkthrough, WalkthroughCluster, STEP};
 use quotient_tests::{binaries, poll_until};
 use serde_json::Value;
 
 /// The image the test builds and the project runs.
 const IMAGE: &str = "quotient:compose-test";
-/// How long a step may take to settle (placement, signal, exit, report, placement).
-const STEP: Duration = Duration::from_secs(60);
 /// How long the containers may take to become healthy.
 const HEALTHY: Duration = Duration::from_secs(120);
 /// The services that keep running, and have health checks.
@@ -300,106 +299,20 @@ impl Drop for Project {
     }
 }
 
-/// The walkthrough's jobs, by name, and how to reach their checkpoint dirs.
-struct Walkthrough<'a> {
-    project: &'a Project,
-    ids: BTreeMap<&'static str, String>,
-}
-
-impl Walkthrough<'_> {
-    fn submit(&mut self, name: &'static str, share: &str, priority: u32) {
-        let priority = priority.to_string();
-        let id = self
-            .project
-            .ok(&[
-                "job",
-                "submit",
-                "--share",
-                share,
-                "--priority",
-                &priority,
-                "--gpus",
-                "1",
-                "--name",
-                name,
-                "--grace-period",
-                "10s",
-                "--",
-                "/bin/sh",
-                "-c",
-                JOB_SCRIPT,
-            ])
-            .trim()
-            .to_string();
-        self.ids.insert(name, id);
+impl WalkthroughCluster for Project {
+    fn ok(&self, arguments: &[&str]) -> String {
+        Project::ok(self, arguments)
     }
 
-    /// Every job, by name.
-    fn jobs(&self) -> BTreeMap<String, Value> {
-        let page = self.project.json(&["job", "list", "--all", "-o", "json"]);
-        page["jobs"]
-            .as_array()
-            .unwrap_or_else(|| panic!("a page of jobs: {page}"))
-            .iter()
-            .map(|job| {
-                (
-                    job["name"].as_str().unwrap_or_default().to_string(),
-                    job.clone(),
-                )
-            })
-            .collect()
+    fn job_arguments(&self, _name: &str) -> Vec<String> {
+        ["--", "/bin/sh", "-c", JOB_SCRIPT]
+            .map(String::from)
+            .to_vec()
     }
 
-    /// Waits until every named job is in its expected state; the jobs by name.
-    fn expect_states(&self, step: &str, expected: &[(&str, &str)]) -> BTreeMap<String, Value> {
-        poll_until(step, STEP, || {
-            let jobs = self.jobs();
-            let states: Vec<(String, String)> = expected
-                .iter()
-                .map(|(name, _)| {
-                    let state = jobs
-                        .get(*name)
-                        .and_then(|job| job["state"].as_str())
-                        .unwrap_or("missing");
-                    (name.to_string(), state.to_string())
-                })
-                .collect();
-            let wanted: Vec<(String, String)> = expected
-                .iter()
-                .map(|(name, state)| (name.to_string(), state.to_string()))
-                .collect();
-            if states == wanted {
-                Ok(jobs)
-            } else {
-                Err(format!("{states:?}"))
-            }
-        })
-    }
-
-    fn share(&self, name: &str) -> Value {
-        self.project.json(&["share", "get", name, "-o", "json"])
-    }
-
-    /// The nodes running no job.
-    fn idle_nodes(&self) -> usize {
-        let nodes = self.project.json(&["node", "list", "-o", "json"]);
-        nodes
-            .as_array()
-            .expect("a node array")
-            .iter()
-            .filter(|node| {
-                node["gpus"]
-                    .as_array()
-                    .is_some_and(|gpus| gpus.iter().all(|gpu| gpu["job"].is_null()))
-            })
-            .count()
-    }
-
-    /// A file of the named job's checkpoint dir, read in an agent's container (the dir is on
-    /// the volume every agent shares).
-    fn read(&self, name: &str, file: &str) -> String {
-        let path = format!("{CHECKPOINT_ROOT}/{}/{file}", self.ids[name]);
-        self.project.read_in("agent-1", &path)
+    /// Read in an agent's container: the dir is on the volume every agent shares.
+    fn checkpoint_file(&self, _name: &str, id: &str, file: &str) -> String {
+        self.read_in("agent-1", &format!("{CHECKPOINT_ROOT}/{id}/{file}"))
     }
 }
 
@@ -507,104 +420,11 @@ fn the_compose_cluster_runs_the_walkthrough_and_survives_losing_its_leader() {
     assert_eq!(ready, ["node-1", "node-2", "node-3"], "{nodes}");
 
     eprintln!("--- the walkthrough's shares");
-    project.ok(&[
-        "share",
-        "create",
-        "qs1",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend-and-borrow",
-        "--borrow-limit",
-        "200",
-        "--in-share-preemption",
-    ]);
-    project.ok(&[
-        "share",
-        "create",
-        "qs2",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend",
-    ]);
-    project.ok(&[
-        "share",
-        "create",
-        "qs3",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "reserve",
-    ]);
-    let mut walk = Walkthrough {
-        project: &project,
-        ids: BTreeMap::new(),
-    };
-
-    eprintln!("--- step 1: high, med, low to QS1");
-    walk.submit("high", "qs1", 3);
-    walk.submit("med", "qs1", 2);
-    walk.submit("low", "qs1", 1);
-    let jobs = walk.expect_states(
-        "step 1: high and med RUNNING, low RUNNABLE",
-        &[("high", "RUNNING"), ("med", "RUNNING"), ("low", "RUNNABLE")],
-    );
-    assert_ne!(jobs["high"]["node"], jobs["med"]["node"]);
-    assert_eq!(walk.idle_nodes(), 1, "QS3's GPU stays idle");
-    let qs1 = walk.share("qs1");
-    assert_eq!(qs1["usage"]["a10g"], 2, "{qs1}");
-    assert_eq!(qs1["borrowed"]["a10g"], 1, "{qs1}");
-    let qs2 = walk.share("qs2");
-    assert_eq!(qs2["lent"]["a10g"], 1, "{qs2}");
-
-    eprintln!("--- step 2: a job to QS2 reclaims the GPU lent to med");
-    walk.submit("q2", "qs2", 1);
-    let jobs = walk.expect_states(
-        "step 2: med RUNNABLE, q2 RUNNING",
-        &[
-            ("high", "RUNNING"),
-            ("med", "RUNNABLE"),
-            ("low", "RUNNABLE"),
-            ("q2", "RUNNING"),
-        ],
-    );
-    let med = &jobs["med"];
-    assert_eq!(med["preemptions"], 1, "{med}");
-    assert_eq!(med["last_preemption"], "reclaim", "{med}");
-    assert!(
-        med["preempted_for"]
-            .as_str()
-            .is_some_and(|text| text.starts_with(&walk.ids["q2"])),
-        "{med}"
-    );
-    assert_eq!(jobs["high"]["preemptions"], 0, "{}", jobs["high"]);
-    assert_eq!(walk.read("med", "checkpoint").trim(), "attempt 1");
-    assert_eq!(walk.idle_nodes(), 1, "QS3 untouched");
-    let qs1 = walk.share("qs1");
-    assert_eq!(qs1["usage"]["a10g"], 1, "{qs1}");
-
-    eprintln!("--- step 3: low's priority 1 -> 4 preempts high inside QS1");
-    project.ok(&["job", "update", &walk.ids["low"], "--priority", "4"]);
-    let jobs = walk.expect_states(
-        "step 3: high RUNNABLE, low RUNNING",
-        &[
-            ("high", "RUNNABLE"),
-            ("med", "RUNNABLE"),
-            ("low", "RUNNING"),
-            ("q2", "RUNNING"),
-        ],
-    );
-    let high = &jobs["high"];
-    assert_eq!(high["preemptions"], 1, "{high}");
-    assert_eq!(high["last_preemption"], "in-share", "{high}");
-    assert_eq!(walk.read("high", "checkpoint").trim(), "attempt 1");
-    assert_eq!(jobs["q2"]["preemptions"], 0);
-    assert_eq!(walk.idle_nodes(), 1, "QS3's GPU is still idle");
-    for name in ["high", "med", "low", "q2"] {
-        let starts = walk.read(name, "starts");
-        assert_eq!(starts.lines().count(), 1, "{name} started once: {starts}");
-    }
+    let mut walk = Walkthrough::start(&project);
+    walk.step_1();
+    walk.step_2();
+    walk.step_3();
+    walk.assert_started_once(&["high", "med", "low", "q2"]);
     let logs = project.ok(&["job", "logs", &walk.ids["q2"]]);
     assert!(logs.contains("attempt 1 of"), "q2's log: {logs}");
     eprintln!(

@@ -2,120 +2,51 @@
 //! and three agents with one simulated GPU each (`quotient dev up`), real job scripts that
 //! trap the checkpoint signal and write a checkpoint, and the exact states after each step.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::path::PathBuf;
 
 use quotient_tests::prometheus::{http_get, Prometheus};
+use quotient_tests::walkthrough::{Walkthrough, WalkthroughCluster, STEP};
 use quotient_tests::{poll_until, write_job_script as write_script, DevCluster};
 use serde_json::Value;
 
-/// How long a step may take to settle (placement, signal, exit, report, placement).
-const STEP: Duration = Duration::from_secs(60);
-
-struct Walkthrough {
+/// A local cluster of 3 coordinators and 3 one-GPU agents, with the job script written in its
+/// folder and the checkpoints it writes there.
+struct Local {
     cluster: DevCluster,
     script: String,
-    checkpoints: std::path::PathBuf,
-    ids: BTreeMap<&'static str, String>,
+    checkpoints: PathBuf,
 }
 
-impl Walkthrough {
-    fn submit(&mut self, name: &'static str, share: &str, priority: u32) {
-        let priority = priority.to_string();
-        let name_env = format!("NAME={name}");
-        let checkpoints_env = format!("CHECKPOINTS={}", self.checkpoints.display());
-        let id = self
-            .cluster
-            .ok(&[
-                "job",
-                "submit",
-                "--share",
-                share,
-                "--priority",
-                &priority,
-                "--gpus",
-                "1",
-                "--name",
-                name,
-                "--grace-period",
-                "10s",
-                "--env",
-                &name_env,
-                "--env",
-                &checkpoints_env,
-                "--",
-                &self.script,
-            ])
-            .trim()
-            .to_string();
-        self.ids.insert(name, id);
+impl std::ops::Deref for Local {
+    type Target = DevCluster;
+
+    fn deref(&self) -> &DevCluster {
+        &self.cluster
+    }
+}
+
+impl WalkthroughCluster for Local {
+    fn ok(&self, arguments: &[&str]) -> String {
+        self.cluster.ok(arguments)
     }
 
-    fn jobs(&self) -> BTreeMap<String, Value> {
-        self.cluster
-            .jobs(&[])
-            .iter()
-            .map(|job| {
-                (
-                    job["name"].as_str().unwrap_or_default().to_string(),
-                    job.clone(),
-                )
-            })
-            .collect()
+    fn job_arguments(&self, name: &str) -> Vec<String> {
+        vec![
+            "--env".into(),
+            format!("NAME={name}"),
+            "--env".into(),
+            format!("CHECKPOINTS={}", self.checkpoints.display()),
+            "--".into(),
+            self.script.clone(),
+        ]
     }
 
-    /// Waits until every named job is in its expected state; the jobs by name.
-    fn expect_states(&self, step: &str, expected: &[(&str, &str)]) -> BTreeMap<String, Value> {
-        poll_until(step, STEP, || {
-            let jobs = self.jobs();
-            let states: Vec<(String, String)> = expected
-                .iter()
-                .map(|(name, _)| {
-                    let state = jobs
-                        .get(*name)
-                        .and_then(|job| job["state"].as_str())
-                        .unwrap_or("missing");
-                    (name.to_string(), state.to_string())
-                })
-                .collect();
-            let wanted: Vec<(String, String)> = expected
-                .iter()
-                .map(|(name, state)| (name.to_string(), state.to_string()))
-                .collect();
-            if states == wanted {
-                Ok(jobs)
-            } else {
-                Err(format!("{states:?}"))
-            }
-        })
-    }
-
-    fn share(&self, name: &str) -> Value {
-        self.cluster.json(&["share", "get", name, "-o", "json"])
-    }
-
-    /// The nodes running no job.
-    fn idle_nodes(&self) -> usize {
-        let nodes = self.cluster.json(&["node", "list", "-o", "json"]);
-        nodes
-            .as_array()
-            .expect("a node array")
-            .iter()
-            .filter(|node| {
-                node["gpus"]
-                    .as_array()
-                    .is_some_and(|gpus| gpus.iter().all(|gpu| gpu["job"].is_null()))
-            })
-            .count()
-    }
-
-    fn read(&self, name: &str, file: &str) -> String {
+    fn checkpoint_file(&self, name: &str, _id: &str, file: &str) -> String {
         std::fs::read_to_string(self.checkpoints.join(name).join(file)).unwrap_or_default()
     }
 }
 
-/// A fresh cluster of 3 coordinators and 3 one-GPU agents, with the walkthrough's shares.
-fn set_up() -> Walkthrough {
+fn set_up() -> Local {
     let cluster = DevCluster::up(&[
         "--nodes",
         "3",
@@ -126,120 +57,10 @@ fn set_up() -> Walkthrough {
     ]);
     let script = write_script(cluster.root.path());
     let checkpoints = cluster.root.path().join("checkpoints");
-    let walk = Walkthrough {
+    Local {
         cluster,
         script,
         checkpoints,
-        ids: BTreeMap::new(),
-    };
-    let cluster = &walk.cluster;
-    cluster.ok(&[
-        "share",
-        "create",
-        "qs1",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend-and-borrow",
-        "--borrow-limit",
-        "200",
-        "--in-share-preemption",
-    ]);
-    cluster.ok(&[
-        "share",
-        "create",
-        "qs2",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "lend",
-    ]);
-    cluster.ok(&[
-        "share",
-        "create",
-        "qs3",
-        "--limit",
-        "a10g=1",
-        "--strategy",
-        "reserve",
-    ]);
-    walk
-}
-
-fn step_1(walk: &mut Walkthrough) {
-    eprintln!("--- step 1: high, med, low to QS1");
-    walk.submit("high", "qs1", 3);
-    walk.submit("med", "qs1", 2);
-    walk.submit("low", "qs1", 1);
-    let jobs = walk.expect_states(
-        "step 1: high and med RUNNING, low RUNNABLE",
-        &[("high", "RUNNING"), ("med", "RUNNING"), ("low", "RUNNABLE")],
-    );
-    assert_ne!(jobs["high"]["node"], jobs["med"]["node"]);
-    assert_eq!(walk.idle_nodes(), 1, "QS3's GPU stays idle");
-    let qs1 = walk.share("qs1");
-    assert_eq!(qs1["usage"]["a10g"], 2, "{qs1}");
-    assert_eq!(qs1["borrowed"]["a10g"], 1, "{qs1}");
-    let qs2 = walk.share("qs2");
-    assert_eq!(qs2["lent"]["a10g"], 1, "{qs2}");
-    assert!(walk.read("low", "starts").is_empty(), "low never started");
-}
-
-fn step_2(walk: &mut Walkthrough) {
-    eprintln!("--- step 2: a job to QS2 reclaims the GPU lent to med");
-    walk.submit("q2", "qs2", 1);
-    let jobs = walk.expect_states(
-        "step 2: med RUNNABLE, q2 RUNNING",
-        &[
-            ("high", "RUNNING"),
-            ("med", "RUNNABLE"),
-            ("low", "RUNNABLE"),
-            ("q2", "RUNNING"),
-        ],
-    );
-    let med = &jobs["med"];
-    assert_eq!(med["preemptions"], 1, "{med}");
-    assert_eq!(med["last_preemption"], "reclaim", "{med}");
-    let q2_id = walk.ids["q2"].clone();
-    assert!(
-        med["preempted_for"]
-            .as_str()
-            .is_some_and(|text| text.starts_with(&q2_id)),
-        "{med}"
-    );
-    assert_eq!(jobs["high"]["preemptions"], 0, "{}", jobs["high"]);
-    assert_eq!(walk.read("med", "checkpoint").trim(), "attempt 1");
-    assert_eq!(walk.idle_nodes(), 1, "QS3 untouched");
-    let qs1 = walk.share("qs1");
-    assert_eq!(qs1["usage"]["a10g"], 1, "{qs1}");
-}
-
-fn step_3(walk: &mut Walkthrough) {
-    eprintln!("--- step 3: low's priority 1 -> 4 preempts high inside QS1");
-    walk.cluster
-        .ok(&["job", "update", &walk.ids["low"], "--priority", "4"]);
-    let jobs = walk.expect_states(
-        "step 3: high RUNNABLE, low RUNNING",
-        &[
-            ("high", "RUNNABLE"),
-            ("med", "RUNNABLE"),
-            ("low", "RUNNING"),
-            ("q2", "RUNNING"),
-        ],
-    );
-    let high = &jobs["high"];
-    assert_eq!(high["preemptions"], 1, "{high}");
-    assert_eq!(high["last_preemption"], "in-share", "{high}");
-    assert_eq!(walk.read("high", "checkpoint").trim(), "attempt 1");
-    assert_eq!(jobs["q2"]["preemptions"], 0);
-    assert_eq!(walk.idle_nodes(), 1, "QS3's GPU is still idle");
-}
-
-/// Every named job's process started exactly once so far.
-fn assert_started_once(walk: &Walkthrough, names: &[&str]) {
-    for name in names {
-        let starts = walk.read(name, "starts");
-        assert_eq!(starts.lines().count(), 1, "{name} started once: {starts}");
     }
 }
 
@@ -248,11 +69,12 @@ fn the_seeds_walkthrough_through_real_agents_and_jobs() {
     // Proves the three steps of docs/quota-shares.md's walkthrough, state by state, with real
     // coordinators, agents and job processes, and that a preempted job's checkpoint is written
     // and resumed from by its next attempt.
-    let mut walk = set_up();
-    step_1(&mut walk);
-    step_2(&mut walk);
-    step_3(&mut walk);
-    assert_started_once(&walk, &["high", "med", "low", "q2"]);
+    let local = set_up();
+    let mut walk = Walkthrough::start(&local);
+    walk.step_1();
+    walk.step_2();
+    walk.step_3();
+    walk.assert_started_once(&["high", "med", "low", "q2"]);
 
     eprintln!(
         "--- after the walkthrough: cancelling low gives its GPU back to high, which resumes"
@@ -300,8 +122,9 @@ fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
     // Proves that killing the leading coordinator after step 1 loses nothing: the new leader
     // resumes from the replicated state, the agents follow it, the walkthrough's end state is
     // reached, and the failover starts no job a second time.
-    let mut walk = set_up();
-    step_1(&mut walk);
+    let local = set_up();
+    let mut walk = Walkthrough::start(&local);
+    walk.step_1();
 
     let killed_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -330,11 +153,11 @@ fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
     );
     assert_eq!(jobs["high"]["attempts"], 1);
     assert_eq!(jobs["med"]["attempts"], 1);
-    assert_started_once(&walk, &["high", "med"]);
+    walk.assert_started_once(&["high", "med"]);
 
-    step_2(&mut walk);
-    step_3(&mut walk);
-    assert_started_once(&walk, &["high", "med", "low", "q2"]);
+    walk.step_2();
+    walk.step_3();
+    walk.assert_started_once(&["high", "med", "low", "q2"]);
     for (agent, log) in agent_logs(&walk) {
         for line in log.lines().filter(|line| {
             line.contains("lost the leader") || line.contains("registered with the leader")
@@ -349,7 +172,7 @@ fn the_walkthrough_reaches_its_end_state_when_the_leader_is_killed() {
 }
 
 /// Every agent's log, by its folder's name.
-fn agent_logs(walk: &Walkthrough) -> Vec<(String, String)> {
+fn agent_logs(walk: &Walkthrough<Local>) -> Vec<(String, String)> {
     let Ok(entries) = std::fs::read_dir(&walk.cluster.dir) else {
         return Vec::new();
     };
@@ -372,8 +195,9 @@ fn prometheus_sees_the_walkthroughs_first_two_steps() {
     if !Prometheus::available() {
         return;
     }
-    let mut walk = set_up();
-    step_1(&mut walk);
+    let local = set_up();
+    let mut walk = Walkthrough::start(&local);
+    walk.step_1();
     let coordinators = walk.cluster.metrics_addresses("coordinators");
     let agents = walk.cluster.metrics_addresses("agents");
     assert_eq!((coordinators.len(), agents.len()), (3, 3));
@@ -422,7 +246,7 @@ fn prometheus_sees_the_walkthroughs_first_two_steps() {
             Err(wrong.join("; "))
         }
     });
-    step_2(&mut walk);
+    walk.step_2();
     let reclaim = r#"sum(quotient_preemptions_total{share="qs1",cause="reclaim"})"#;
     poll_until("prometheus counts step 2's reclaim", STEP, || {
         let count = prometheus.scalar(reclaim);

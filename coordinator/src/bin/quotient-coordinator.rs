@@ -153,6 +153,14 @@ struct RestoreFlags {
     peers: String,
 }
 
+/// The async runtime, or exit saying why there is none.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().unwrap_or_else(|error| {
+        eprintln!("error: cannot start the async runtime: {error}");
+        std::process::exit(FAILURE_EXIT_CODE);
+    })
+}
+
 /// `quotient-coordinator restore`.
 fn restore(flags: RestoreFlags) -> ! {
     let peers = match parse_peers(&flags.peers) {
@@ -162,14 +170,7 @@ fn restore(flags: RestoreFlags) -> ! {
             std::process::exit(USAGE_EXIT_CODE);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            std::process::exit(FAILURE_EXIT_CODE);
-        }
-    };
-    let restored = runtime.block_on(quotient_coordinator::backup::restore(
+    let restored = runtime().block_on(quotient_coordinator::backup::restore(
         &flags.from,
         &flags.data_dir,
         flags.id,
@@ -353,15 +354,8 @@ fn main() {
             std::process::exit(USAGE_EXIT_CODE);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            std::process::exit(FAILURE_EXIT_CODE);
-        }
-    };
     let id = config.id;
-    if let Err(error) = runtime.block_on(quotient_coordinator::run(config, shutdown_signal())) {
+    if let Err(error) = runtime().block_on(quotient_coordinator::run(config, shutdown_signal())) {
         eprintln!("error: coordinator {id} failed: {error}");
         eprintln!("hint: {}", hint(&error));
         std::process::exit(FAILURE_EXIT_CODE);
