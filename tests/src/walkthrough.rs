@@ -228,6 +228,29 @@ impl<'a, C: WalkthroughCluster> Walkthrough<'a, C> {
         assert_eq!(self.idle_nodes(), 1, "QS3's GPU is still idle");
     }
 
+    /// `high`, preempted in step 3, started exactly twice: the second time from the checkpoint
+    /// its first attempt wrote.
+    pub fn assert_high_resumed_from_its_checkpoint(&self) {
+        let starts = poll_until("high's second start recorded", STEP, || {
+            let starts = self.read("high", "starts");
+            if starts.lines().count() >= 2 {
+                Ok(starts)
+            } else {
+                Err(starts)
+            }
+        });
+        let lines: Vec<&str> = starts.lines().collect();
+        assert_eq!(lines.len(), 2, "high started exactly twice: {starts}");
+        assert!(
+            lines[0].contains("attempt=1") && lines[0].ends_with("resume="),
+            "{starts}"
+        );
+        assert!(
+            lines[1].contains("attempt=2") && lines[1].ends_with("resume=attempt 1"),
+            "{starts}"
+        );
+    }
+
     /// Every named job's process started exactly once so far.
     pub fn assert_started_once(&self, names: &[&str]) {
         for name in names {

@@ -549,24 +549,7 @@ fn the_compose_cluster_runs_the_walkthrough_and_survives_losing_its_leader() {
         ],
     );
     assert_eq!(jobs["high"]["attempts"], 2, "{}", jobs["high"]);
-    let starts = poll_until("high's second start recorded", STEP, || {
-        let starts = walk.read("high", "starts");
-        if starts.lines().count() >= 2 {
-            Ok(starts)
-        } else {
-            Err(starts)
-        }
-    });
-    let lines: Vec<&str> = starts.lines().collect();
-    assert_eq!(lines.len(), 2, "high started exactly twice: {starts}");
-    assert!(
-        lines[0].contains("attempt=1") && lines[0].ends_with("resume="),
-        "{starts}"
-    );
-    assert!(
-        lines[1].contains("attempt=2") && lines[1].ends_with("resume=attempt 1"),
-        "{starts}"
-    );
+    walk.assert_high_resumed_from_its_checkpoint();
     let agent_logs = project.compose_ok(&["logs", "--no-color", "agent-1", "agent-2", "agent-3"]);
     assert!(
         !agent_logs.contains("self-fencing"),

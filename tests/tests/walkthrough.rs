@@ -90,24 +90,7 @@ fn the_seeds_walkthrough_through_real_agents_and_jobs() {
         ],
     );
     assert_eq!(jobs["high"]["attempts"], 2, "{}", jobs["high"]);
-    let starts = poll_until("high's second start recorded", STEP, || {
-        let starts = walk.read("high", "starts");
-        if starts.lines().count() >= 2 {
-            Ok(starts)
-        } else {
-            Err(starts)
-        }
-    });
-    let lines: Vec<&str> = starts.lines().collect();
-    assert_eq!(lines.len(), 2, "high started exactly twice: {starts}");
-    assert!(
-        lines[0].contains("attempt=1") && lines[0].ends_with("resume="),
-        "{starts}"
-    );
-    assert!(
-        lines[1].contains("attempt=2") && lines[1].ends_with("resume=attempt 1"),
-        "{starts}"
-    );
+    walk.assert_high_resumed_from_its_checkpoint();
     for name in ["med", "low", "q2"] {
         assert_eq!(
             walk.read(name, "starts").lines().count(),
