@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use quotient_client::{ApiClient, ClientError, RetryPolicy};
-use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
+use quotient_common::api::{ApiError, ApiRequest, ApiResponse, JobPage};
 use quotient_common::tls::TlsIdentity;
 use quotient_common::{ErrorCode, Rejection};
 
@@ -73,6 +73,12 @@ impl Session {
     pub fn call(&mut self, request: ApiRequest) -> anyhow::Result<ApiResponse> {
         let answer = self.runtime.block_on(self.client.call(request.clone()));
         answer.map_err(|error| failed(&request, &error))
+    }
+
+    /// One page of jobs as full as its limit asks ([`quotient_client::ApiClient::job_page`]).
+    pub fn job_page(&mut self, first: ApiRequest) -> anyhow::Result<JobPage> {
+        let answer = self.runtime.block_on(self.client.job_page(first.clone()));
+        answer.map_err(|error| failed(&first, &error))
     }
 
     /// Every job `first` and the pages after it list, newest first.

@@ -5,10 +5,10 @@
 //! a share that does not exist is an error (NotFound, with "did you mean" when a share's name
 //! is near), not an empty list.
 
-use quotient_common::api::{ApiRequest, ApiResponse, JobPage, JOB_PAGE_MAX};
+use quotient_common::api::{ApiRequest, JobPage, JOB_PAGE_MAX};
 use quotient_common::JobState;
 
-use crate::client::{unexpected, Session};
+use crate::client::Session;
 use crate::output::{self, OutputFormat};
 use crate::parse::parse_share_name;
 use crate::GlobalArgs;
@@ -54,14 +54,6 @@ impl JobListArgs {
     }
 }
 
-/// Asks for one page.
-fn page(session: &mut Session, request: ApiRequest) -> anyhow::Result<JobPage> {
-    match session.call(request.clone())? {
-        ApiResponse::Jobs(page) => Ok(page),
-        other => Err(unexpected(&request, &other)),
-    }
-}
-
 pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
     let mut session = Session::open(global.config.as_deref())?;
     let listed = if args.all {
@@ -70,7 +62,7 @@ pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
             next_page_token: None,
         }
     } else {
-        page(&mut session, args.request(args.page_token.clone()))?
+        session.job_page(args.request(args.page_token.clone()))?
     };
     if let (Some(share), true) = (&args.share, listed.jobs.is_empty()) {
         // The coordinators answer an empty list for a share that does not exist.

@@ -190,6 +190,59 @@ impl<E: Exchange> ApiClient<E> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// One page of `first` (an [`ApiRequest::ListJobs`]) as full as its limit asks: a
+    /// coordinator looks at no more than `JOB_SCAN_MAX` jobs per answer, so a filter that
+    /// matches few jobs of a large state comes back short with a token; this asks on from the
+    /// token until the page is full or the list ends. The page's token is where it ends.
+    pub async fn job_page(
+        &self,
+        first: ApiRequest,
+    ) -> Result<quotient_common::api::JobPage, ClientError> {
+        let mut request = first;
+        let mut jobs = Vec::new();
+        loop {
+            let page = self.list_jobs(&request).await?;
+            jobs.extend(page.jobs);
+            let (
+                ApiRequest::ListJobs {
+                    limit, page_token, ..
+                },
+                Some(token),
+            ) = (&mut request, page.next_page_token)
+            else {
+                return Ok(quotient_common::api::JobPage {
+                    jobs,
+                    next_page_token: None,
+                });
+            };
+            let wanted = match *limit {
+                0 => quotient_common::api::JOB_PAGE_DEFAULT,
+                limit => limit,
+            };
+            if jobs.len() >= wanted as usize {
+                return Ok(quotient_common::api::JobPage {
+                    jobs,
+                    next_page_token: Some(token),
+                });
+            }
+            *limit = wanted - jobs.len() as u32;
+            *page_token = Some(token);
+        }
+    }
+
+    /// One answer to a `ListJobs`.
+    async fn list_jobs(
+        &self,
+        request: &ApiRequest,
+    ) -> Result<quotient_common::api::JobPage, ClientError> {
+        match self.call(request.clone()).await? {
+            ApiResponse::Jobs(page) => Ok(page),
+            other => Err(ClientError::Api(ApiError::Internal(format!(
+                "a coordinator answered a job list with {other:?}"
+            )))),
+        }
+    }
+
     /// Every job that `first` (an [`ApiRequest::ListJobs`]) and the pages after it list,
     /// newest first: each page asked for with the token of the one before.
     pub async fn every_job(
@@ -199,14 +252,7 @@ impl<E: Exchange> ApiClient<E> {
         let mut jobs = Vec::new();
         let mut request = first;
         loop {
-            let page = match self.call(request.clone()).await? {
-                ApiResponse::Jobs(page) => page,
-                other => {
-                    return Err(ClientError::Api(ApiError::Internal(format!(
-                        "a coordinator answered a job list with {other:?}"
-                    ))))
-                }
-            };
+            let page = self.list_jobs(&request).await?;
             jobs.extend(page.jobs);
             let Some(token) = page.next_page_token else {
                 return Ok(jobs);

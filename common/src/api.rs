@@ -564,6 +564,11 @@ pub struct ShareView {
 pub const JOB_PAGE_DEFAULT: u32 = 100;
 /// The most jobs on one page: a page of the largest jobs stays far under the frame limit.
 pub const JOB_PAGE_MAX: u32 = 1_000;
+/// The most jobs one answer to `ListJobs` looks at: a filter that matches few jobs of a large
+/// state gets a page with fewer jobs than asked for (even none) and a token to go on from
+/// where it stopped, so that no answer holds the state for longer than this many jobs take
+/// (a few milliseconds). Clients ask again until the page is full or the list ends.
+pub const JOB_SCAN_MAX: usize = 250_000;
 
 /// One page of `job list`, as `quotient job list -o json` prints it: the jobs, newest first,
 /// and the token that asks for the next page (`None` on the last one).

@@ -9,7 +9,7 @@ use quotient_common::agent_api::DiskUsage;
 use quotient_common::api::{
     job_page_token, node_page_token, AttemptView, AuditView, ClusterView, GpuView, GroupView,
     HistoryRecord, JobPage, JobView, MemberView, NodePage, NodeView, PlacementView, RevokedView,
-    ShareView, UsageRow,
+    ShareView, UsageRow, JOB_SCAN_MAX,
 };
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{
@@ -293,42 +293,69 @@ pub fn job_page(
     before: Option<JobId>,
     limit: usize,
 ) -> JobPage {
+    job_page_looking_at(state, filter, before, limit, JOB_SCAN_MAX)
+}
+
+/// [`job_page`], looking at no more than `scan_max` jobs.
+fn job_page_looking_at(
+    state: &State,
+    filter: JobFilter<'_>,
+    before: Option<JobId>,
+    limit: usize,
+    scan_max: usize,
+) -> JobPage {
     let mut visible: BTreeMap<&str, bool> = BTreeMap::new();
-    let mut matching = state
-        .jobs_newest_first(before)
-        .filter(|job| filter.share.is_none_or(|s| job.spec.share == s))
-        .filter(|job| filter.state.is_none_or(|s| job.state == s))
-        .filter(|job| {
-            filter.name_prefix.is_none_or(|prefix| {
-                job.spec
-                    .name
-                    .as_deref()
-                    .is_some_and(|name| name.starts_with(prefix))
-            })
-        })
-        .filter(|job| {
-            filter
-                .owner
-                .is_none_or(|o| job.spec.owner.as_deref() == Some(o))
-        })
-        .filter(|job| {
-            filter.user.is_none_or(|user| {
-                job.spec.owner.as_deref() == Some(user)
-                    || *visible
-                        .entry(job.spec.share.as_str())
-                        .or_insert_with(|| state.user_may_use(user, &job.spec.share))
-            })
-        });
-    let page: Vec<&JobRecord> = matching.by_ref().take(limit).collect();
-    let more = page.len() == limit && matching.next().is_some();
-    let next_page_token = page
-        .last()
-        .filter(|_| more)
-        .map(|job| job_page_token(job.id));
+    let mut page: Vec<&JobRecord> = Vec::new();
+    // Where the next page starts (before this job), if there may be more.
+    let mut next: Option<JobId> = None;
+    let mut last_looked_at: Option<JobId> = None;
+    for (looked_at, job) in state.jobs_newest_first(before).enumerate() {
+        if looked_at == scan_max {
+            // As many as one answer looks at: the next request goes on from here.
+            next = last_looked_at;
+            break;
+        }
+        last_looked_at = Some(job.id);
+        if !job_matches(state, &filter, &mut visible, job) {
+            continue;
+        }
+        if page.len() == limit {
+            // One more matches: there is a next page.
+            next = page.last().map(|job| job.id);
+            break;
+        }
+        page.push(job);
+    }
     JobPage {
         jobs: page.into_iter().map(|job| job_view(state, job)).collect(),
-        next_page_token,
+        next_page_token: next.map(job_page_token),
     }
+}
+
+/// Whether `job` passes `filter`; `visible` remembers which shares the filter's user may use.
+fn job_matches<'s>(
+    state: &'s State,
+    filter: &JobFilter<'_>,
+    visible: &mut BTreeMap<&'s str, bool>,
+    job: &'s JobRecord,
+) -> bool {
+    filter.share.is_none_or(|s| job.spec.share == s)
+        && filter.state.is_none_or(|s| job.state == s)
+        && filter.name_prefix.is_none_or(|prefix| {
+            job.spec
+                .name
+                .as_deref()
+                .is_some_and(|name| name.starts_with(prefix))
+        })
+        && filter
+            .owner
+            .is_none_or(|o| job.spec.owner.as_deref() == Some(o))
+        && filter.user.is_none_or(|user| {
+            job.spec.owner.as_deref() == Some(user)
+                || *visible
+                    .entry(job.spec.share.as_str())
+                    .or_insert_with(|| state.user_may_use(user, &job.spec.share))
+        })
 }
 
 /// Every group, by name.
@@ -532,7 +559,8 @@ pub fn digest_of_bytes(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use quotient_common::api::parse_node_page_token;
+    use quotient_common::api::{parse_job_page_token, parse_node_page_token};
+    use quotient_core::Command;
 
     use super::*;
     use crate::test_log::Log;
@@ -559,5 +587,46 @@ mod tests {
         let whole = node_page(&log.state, None, 5);
         assert_eq!(whole.nodes.len(), 5);
         assert_eq!(whole.next_page_token, None, "no page after the last");
+    }
+
+    #[test]
+    fn an_answer_looks_at_a_bounded_number_of_jobs_and_the_pages_still_list_each_once() {
+        // Proves the scan bound: with 3 jobs looked at per answer, a filter that matches 2 of
+        // 10 jobs is answered in pieces (some empty, each with a token), and walking the
+        // tokens lists exactly the matching jobs, newest first, ending with no token.
+        let mut log = Log::new();
+        log.create_share("a", 1);
+        log.create_share("b", 1);
+        for i in 1..=10 {
+            let share = if i == 2 || i == 7 { "b" } else { "a" };
+            log.apply(Command::SubmitJob(quotient_common::JobSpec::new(
+                share,
+                1,
+                1,
+                vec!["true".into()],
+            )));
+        }
+        let filter = JobFilter {
+            share: Some("b"),
+            ..JobFilter::default()
+        };
+        let mut seen = Vec::new();
+        let mut answers = 0;
+        let mut before = None;
+        loop {
+            let page = job_page_looking_at(&log.state, filter, before, 100, 3);
+            answers += 1;
+            seen.extend(page.jobs.iter().map(|job| job.id.clone()));
+            match page.next_page_token {
+                Some(token) => before = parse_job_page_token(&token),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["j-7", "j-2"]);
+        assert_eq!(answers, 4, "10 jobs, 3 looked at per answer");
+        // A full page with more matching beyond it still says so.
+        let first = job_page_looking_at(&log.state, JobFilter::default(), None, 2, 100);
+        assert_eq!(first.jobs.len(), 2);
+        assert!(first.next_page_token.is_some());
     }
 }
