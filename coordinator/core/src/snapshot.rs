@@ -207,8 +207,9 @@ impl State {
             acting: None,
             applying_ms: 0,
         };
+        // The index was just built from the records: only the records need checking.
         state
-            .validate()
+            .validate_records()
             .map_err(|e| SnapshotError::Invalid(e.to_string()))?;
         Ok(state)
     }
