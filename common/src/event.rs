@@ -82,6 +82,17 @@ impl EventKind {
         }
     }
 
+    /// The share of the job it is about, if it is about a job.
+    pub fn job_share(&self) -> Option<&str> {
+        match self {
+            EventKind::JobSubmitted { share, .. }
+            | EventKind::JobState { share, .. }
+            | EventKind::Preempted { share, .. }
+            | EventKind::PriorityChanged { share, .. } => Some(share),
+            EventKind::Node { .. } | EventKind::Share { .. } => None,
+        }
+    }
+
     /// Whether it is about share `name`: a job of it, a preemption for it, or the share.
     pub fn concerns_share(&self, name: &str) -> bool {
         match self {

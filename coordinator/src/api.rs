@@ -42,7 +42,6 @@ use quotient_common::api::{
     JOB_PAGE_DEFAULT, JOB_PAGE_MAX, NODE_PAGE_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
-use quotient_common::event::EventKind;
 use quotient_common::frame::{self, FrameError, HEADER_BYTES};
 use quotient_common::job::validate_priority;
 use quotient_common::job_name::generated_job_name;
@@ -683,29 +682,19 @@ impl ApiService {
                     0 => EVENT_PAGE_MAX,
                     limit => limit.min(EVENT_PAGE_MAX),
                 } as usize;
+                // A user reads the events of the shares they may use (and of nodes and
+                // shares); an admin every event.
                 let filter = quotient_core::events::EventFilter {
                     after,
                     since_ms,
                     job,
                     share,
                     node,
+                    user: user.map(str::to_string),
                 };
                 Ok(ApiResponse::Events(self.inner.ctx.state_machine.read(
                     |state| {
-                        // A user reads the events of the shares they may use (and of nodes
-                        // and shares); an admin every event.
-                        let (mut events, newest) = state.events(&filter, limit);
-                        if let Some(user) = user {
-                            events.retain(|event| match &event.what {
-                                EventKind::Node { .. } | EventKind::Share { .. } => true,
-                                EventKind::JobSubmitted { share, .. }
-                                | EventKind::JobState { share, .. }
-                                | EventKind::Preempted { share, .. }
-                                | EventKind::PriorityChanged { share, .. } => {
-                                    state.user_may_use(user, share)
-                                }
-                            });
-                        }
+                        let (events, newest) = state.events(&filter, limit);
                         EventPage {
                             events,
                             newest,

@@ -7,6 +7,8 @@
 //! removal; a share's from its creation, update and deletion. `by` is the caller of the
 //! command ([`crate::Command::As`]) when there is one.
 
+use std::collections::BTreeMap;
+
 use quotient_common::event::{Event, EventKind};
 use quotient_common::JobId;
 
@@ -25,6 +27,9 @@ pub struct EventFilter {
     pub job: Option<JobId>,
     pub share: Option<String>,
     pub node: Option<String>,
+    /// The events `user` may read: of the jobs of the shares they may use, and every node's
+    /// and share's. `None`: every event (an admin).
+    pub user: Option<String>,
 }
 
 impl EventFilter {
@@ -64,6 +69,8 @@ impl State {
 
     /// The events `filter` admits, oldest first, at most `limit`; and the number of the newest
     /// event there is (a reader that follows asks for those after it once it saw them all).
+    /// A user's events count toward `limit` only if the user may read them, so a page shorter
+    /// than `limit` means every event up to the newest was looked at.
     pub fn events(&self, filter: &EventFilter, limit: usize) -> (Vec<Event>, u64) {
         let events = &self.data.events;
         // Numbers are consecutive, so the first after `filter.after` is found by position.
@@ -71,10 +78,20 @@ impl State {
         let skip = usize::try_from(filter.after.saturating_sub(oldest.saturating_sub(1)))
             .unwrap_or(usize::MAX)
             .min(events.len());
+        // Whether the filter's user may use each share met, asked once per share.
+        let mut usable: BTreeMap<&str, bool> = BTreeMap::new();
         let found = events
             .iter()
             .skip(skip)
             .filter(|event| filter.admits(event))
+            .filter(
+                |event| match (filter.user.as_deref(), event.what.job_share()) {
+                    (Some(user), Some(share)) => *usable
+                        .entry(share)
+                        .or_insert_with(|| self.user_may_use(user, share)),
+                    _ => true,
+                },
+            )
             .take(limit)
             .cloned()
             .collect();

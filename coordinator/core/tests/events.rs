@@ -179,3 +179,49 @@ fn the_state_keeps_the_newest_events_numbered_on() {
         })
     ));
 }
+
+#[test]
+fn a_users_page_holds_only_what_they_may_read_and_is_full_when_more_is_there() {
+    // Proves the visibility filter counts toward the limit: with a private share's events
+    // between the open one's, a user who may not use it gets full pages of the open share's
+    // job events (so a short page still means "nothing more"), and never a private one.
+    let mut sim = Sim::new();
+    sim.ok(Command::CreateShare(share("open", Strategy::Lend, 1)));
+    let mut private = share("private", Strategy::Lend, 1);
+    private.members = vec!["carol".into()];
+    sim.ok(Command::CreateShare(private));
+    for _ in 0..5 {
+        sim.submit(job("private", "p", 1, 1));
+        sim.submit(job("open", "o", 1, 1));
+    }
+    let filter = EventFilter {
+        user: Some("dave".into()),
+        ..EventFilter::default()
+    };
+    let (page, _) = sim.state.events(&filter, 4);
+    assert_eq!(page.len(), 4);
+    assert!(
+        page.iter()
+            .all(|event| event.what.job_share() != Some("private")),
+        "{page:#?}"
+    );
+    let (all, _) = sim.state.events(&filter, usize::MAX);
+    let open_submits = all
+        .iter()
+        .filter(
+            |event| matches!(&event.what, EventKind::JobSubmitted { share, .. } if share == "open"),
+        )
+        .count();
+    assert_eq!(open_submits, 5);
+    assert!(all
+        .iter()
+        .all(|event| event.what.job_share() != Some("private")));
+    let carol = EventFilter {
+        user: Some("carol".into()),
+        ..EventFilter::default()
+    };
+    let (hers, _) = sim.state.events(&carol, usize::MAX);
+    assert!(hers
+        .iter()
+        .any(|event| event.what.job_share() == Some("private")));
+}
