@@ -32,7 +32,7 @@ use crate::identity::{ClusterIdentity, IDENTITY_FILE_NAME};
 use crate::store::state_machine::{
     snapshot_piece, write_restored_snapshot, MAX_SNAPSHOT_FILE_BYTES, SNAPSHOT_FILE_NAME,
 };
-use crate::store::{self, MemberId};
+use crate::store::{LogStore, MemberId};
 
 /// How long a backup waits for its snapshot to be built.
 pub const BACKUP_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
@@ -197,7 +197,8 @@ pub async fn restore(
         .map_err(|error| invalid(format!("not a state this build can restore: {error}")))?;
     // The members start voting after the backup's term: a vote below the term of the last
     // entry would let a leader write entries that sort before the ones it holds.
-    let (mut log, _) = store::open(data_dir).map_err(|error| write(error.to_string()))?;
+    // The log store alone: the state machine would decode the snapshot again.
+    let mut log = LogStore::open(data_dir).map_err(|error| write(error.to_string()))?;
     log.save_vote(&Vote::new(last.leader_id.term, id))
         .await
         .map_err(|error| write(error.to_string()))?;
