@@ -416,12 +416,17 @@ impl CoordinatorMetrics {
                 })
                 .set(count);
         }
-        let mut nodes: BTreeMap<&'static str, i64> =
-            [("ready", 0), ("cordoned", 0), ("draining", 0), ("lost", 0)]
-                .into_iter()
-                .collect();
+        let mut nodes: BTreeMap<&'static str, i64> = [
+            NodeState::Ready,
+            NodeState::Cordoned,
+            NodeState::Draining,
+            NodeState::Lost,
+        ]
+        .into_iter()
+        .map(|state| (state.as_str(), 0))
+        .collect();
         for node in state.nodes() {
-            *nodes.entry(node_label(node.state)).or_default() += 1;
+            *nodes.entry(node.state.as_str()).or_default() += 1;
         }
         nodes.insert("unreachable", clamp(unreachable as u64));
         for (label, count) in nodes {
@@ -455,15 +460,6 @@ fn state_label(state: JobState) -> &'static str {
         JobState::Succeeded => "succeeded",
         JobState::Failed => "failed",
         JobState::Cancelled => "cancelled",
-    }
-}
-
-fn node_label(state: NodeState) -> &'static str {
-    match state {
-        NodeState::Ready => "ready",
-        NodeState::Cordoned => "cordoned",
-        NodeState::Draining => "draining",
-        NodeState::Lost => "lost",
     }
 }
 
