@@ -56,6 +56,10 @@ pub struct CoordinatorEntry {
     /// `127.0.0.1:41234`; picked at its first start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// Where it serves the AWS Batch–compatible API (`--aws-listen`), as a URL for AWS
+    /// clients' endpoint: `https://127.0.0.1:41235`; picked at its first start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_endpoint: Option<String>,
 }
 
 /// One agent in `cluster.json`.
@@ -220,6 +224,7 @@ mod tests {
                 data_dir: "/d/coord-1/data".into(),
                 log: "/d/coord-1/coordinator.log".into(),
                 metrics: Some("127.0.0.1:9400".into()),
+                aws_endpoint: Some("https://127.0.0.1:9443".into()),
             }],
             agents: vec![AgentEntry {
                 name: "node-1".into(),

@@ -154,6 +154,18 @@ fn metrics_address(recorded: &mut Option<String>) -> anyhow::Result<String> {
     Ok(address)
 }
 
+/// A coordinator's AWS endpoint address: the one its recorded URL names, else a free TCP
+/// port on 127.0.0.1, recorded as `https://ADDRESS`.
+fn aws_address(recorded: &mut Option<String>) -> anyhow::Result<String> {
+    let mut address = recorded
+        .as_deref()
+        .and_then(|url| url.strip_prefix("https://"))
+        .map(str::to_string);
+    let address = metrics_address(&mut address)?;
+    *recorded = Some(format!("https://{address}"));
+    Ok(address)
+}
+
 /// The CA, one certificate per coordinator and the admin certificate; existing ones are kept.
 fn make_certificates(certs_dir: &Path, ids: &[u64]) -> anyhow::Result<()> {
     if !certs::ca_files(certs_dir).cert.exists() {
@@ -189,6 +201,7 @@ fn new_cluster(dir: &Path, count: u64) -> anyhow::Result<ClusterFile> {
                 data_dir: home.join("data"),
                 log: home.join("coordinator.log"),
                 metrics: None,
+                aws_endpoint: None,
             }
         })
         .collect();
@@ -324,7 +337,9 @@ fn start_coordinator(
         .arg(peers)
         .args(tls.flags())
         .arg("--metrics-listen")
-        .arg(metrics_address(&mut entry.metrics)?);
+        .arg(metrics_address(&mut entry.metrics)?)
+        .arg("--aws-listen")
+        .arg(aws_address(&mut entry.aws_endpoint)?);
     if let Some(ms) = retain_finished_ms {
         command.arg("--retain-finished").arg(format!("{ms}ms"));
     }

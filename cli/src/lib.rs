@@ -27,6 +27,7 @@
 
 use std::path::PathBuf;
 
+pub mod access_key;
 pub mod accounting;
 pub mod certs_init;
 pub mod certs_issue;

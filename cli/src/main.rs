@@ -50,6 +50,19 @@ enum Command {
     Audit(tenancy::AuditArgs),
     /// What happened, oldest first: jobs' state changes, preemptions, nodes, shares.
     Events(events::EventsArgs),
+    /// Access keys for the AWS Batch–compatible endpoint (admin).
+    #[command(subcommand)]
+    AccessKey(AccessKeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AccessKeyCommand {
+    /// Issue a key for a user; its secret is printed this once (admin).
+    Create(access_key::AccessKeyCreateArgs),
+    /// The keys, without their secrets (admin).
+    List(access_key::AccessKeyListArgs),
+    /// Delete a key: requests signed with it are refused from then on (admin).
+    Delete(access_key::AccessKeyDeleteArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -188,6 +201,9 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Dev(DevCommand::Up(args)) => dev_up::run(global, &args),
         Command::Dev(DevCommand::Down(args)) => dev_down::run(global, &args),
         Command::Demo(args) => demo::run(&args),
+        Command::AccessKey(AccessKeyCommand::Create(args)) => access_key::create(global, &args),
+        Command::AccessKey(AccessKeyCommand::List(args)) => access_key::list(global, &args),
+        Command::AccessKey(AccessKeyCommand::Delete(args)) => access_key::delete(global, &args),
         Command::Group(GroupCommand::Create(args)) => tenancy::group_create(global, &args),
         Command::Group(GroupCommand::Update(args)) => tenancy::group_update(global, &args),
         Command::Group(GroupCommand::Delete(args)) => tenancy::group_delete(global, &args),

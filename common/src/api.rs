@@ -201,6 +201,37 @@ pub enum ApiRequest {
         node: Option<String>,
         limit: u32,
     },
+    /// Issues an access key for the AWS endpoint to `user` (admin): the answer carries its
+    /// secret, the only time it is ever shown.
+    CreateAccessKey {
+        user: String,
+        /// Whether the key signs as an admin (else as a user).
+        admin: bool,
+    },
+    /// Every access key, without secrets (admin).
+    ListAccessKeys,
+    DeleteAccessKey {
+        id: String,
+    },
+    /// Sets (`Some`) or deletes (`None`) an object of the AWS endpoint, `KIND/NAME` (admin):
+    /// a job queue, a service environment, a scheduling policy, as JSON.
+    PutAwsObject {
+        key: String,
+        value: Option<String>,
+    },
+    /// The AWS endpoint's objects whose key starts with `prefix`, in key order.
+    ListAwsObjects {
+        prefix: String,
+    },
+    /// A job submitted through the AWS endpoint, with the request it came in (JSON).
+    SubmitServiceJob {
+        spec: JobSpec,
+        request: String,
+    },
+    /// A job with the AWS endpoint's request for it, if it came through it.
+    GetServiceJob {
+        job: JobId,
+    },
 }
 
 impl ApiRequest {
@@ -255,6 +286,9 @@ impl ApiRequest {
                 | ApiRequest::ShareUsage { .. }
                 | ApiRequest::Backup { .. }
                 | ApiRequest::Events { .. }
+                | ApiRequest::ListAccessKeys
+                | ApiRequest::ListAwsObjects { .. }
+                | ApiRequest::GetServiceJob { .. }
         )
     }
 
@@ -299,6 +333,13 @@ impl ApiRequest {
             ApiRequest::ShareUsage { .. } => "ShareUsage",
             ApiRequest::Backup { .. } => "Backup",
             ApiRequest::Events { .. } => "Events",
+            ApiRequest::CreateAccessKey { .. } => "CreateAccessKey",
+            ApiRequest::ListAccessKeys => "ListAccessKeys",
+            ApiRequest::DeleteAccessKey { .. } => "DeleteAccessKey",
+            ApiRequest::PutAwsObject { .. } => "PutAwsObject",
+            ApiRequest::ListAwsObjects { .. } => "ListAwsObjects",
+            ApiRequest::SubmitServiceJob { .. } => "SubmitServiceJob",
+            ApiRequest::GetServiceJob { .. } => "GetServiceJob",
         }
     }
 
@@ -324,6 +365,10 @@ impl ApiRequest {
                 | ApiRequest::Unrevoke { .. }
                 | ApiRequest::ListRevoked
                 | ApiRequest::Backup { .. }
+                | ApiRequest::CreateAccessKey { .. }
+                | ApiRequest::ListAccessKeys
+                | ApiRequest::DeleteAccessKey { .. }
+                | ApiRequest::PutAwsObject { .. }
         )
     }
 }
@@ -379,6 +424,27 @@ pub enum ApiResponse {
         total_bytes: u64,
         data: Vec<u8>,
     },
+    AccessKey(AccessKeyView),
+    AccessKeys(Vec<AccessKeyView>),
+    /// `(key, JSON)` pairs, in key order.
+    AwsObjects(Vec<(String, String)>),
+    ServiceJob {
+        job: Box<JobView>,
+        /// The SubmitServiceJob request, when it came through the AWS endpoint.
+        request: Option<String>,
+    },
+}
+
+/// An access key of the AWS endpoint, as `quotient access-key list -o json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessKeyView {
+    pub access_key_id: String,
+    pub user: String,
+    /// `admin` or `user`.
+    pub role: String,
+    pub created_ms: u64,
+    /// Only in the answer to `CreateAccessKey`.
+    pub secret_access_key: Option<String>,
 }
 
 /// The most bytes of a backup in one answer: well under the frame limit.

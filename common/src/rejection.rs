@@ -91,6 +91,10 @@ pub enum Rejection {
     NotRevoked(String),
     #[error("{0} finished and was removed from the live state when its retention ended")]
     JobRemoved(JobId),
+    #[error("no access key {0}")]
+    UnknownAccessKey(String),
+    #[error("no {0}")]
+    UnknownAwsObject(String),
 }
 
 impl Rejection {
@@ -115,9 +119,11 @@ impl Rejection {
             | Rejection::NodeHasJobs { .. } => ErrorCode::FailedPrecondition,
             Rejection::TooMany { .. } | Rejection::UserJobLimit { .. } => ErrorCode::LimitExceeded,
             Rejection::Forbidden(_) => ErrorCode::Forbidden,
-            Rejection::UnknownGroup(_) | Rejection::NotRevoked(_) | Rejection::JobRemoved(_) => {
-                ErrorCode::NotFound
-            }
+            Rejection::UnknownGroup(_)
+            | Rejection::NotRevoked(_)
+            | Rejection::JobRemoved(_)
+            | Rejection::UnknownAccessKey(_)
+            | Rejection::UnknownAwsObject(_) => ErrorCode::NotFound,
             Rejection::DuplicateGroup(_) => ErrorCode::Conflict,
         }
     }

@@ -58,4 +58,7 @@ pub enum SpecError {
     },
     #[error("--same: {0}")]
     Same(String),
+    /// Any other field's problem, in words that say what to change (the AWS endpoint's).
+    #[error("{0}")]
+    Field(String),
 }

@@ -255,6 +255,20 @@ impl TlsIdentity {
         Ok(config)
     }
 
+    /// A server config for HTTPS (the AWS endpoint): this identity's certificate, HTTP/1.1,
+    /// and no client certificate asked for, since requests prove who sent them otherwise
+    /// (SigV4). TLS 1.2 as well as 1.3, as HTTP clients may offer either.
+    pub fn https_server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let mut config = rustls::ServerConfig::builder_with_provider(crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|error| TlsError::Config(error.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|error| self.key_mismatch(error))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
     /// A client config that offers `alpn`, presents this identity's certificate and trusts
     /// only servers whose certificate the CA signed.
     pub fn client_config(&self, alpn: &[u8]) -> Result<rustls::ClientConfig, TlsError> {

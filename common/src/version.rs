@@ -49,10 +49,11 @@ pub struct Encoding {
 /// header of every frame. Version 4: `job list` in pages (`ListJobs` and `JobPage`), job
 /// history and share usage, a removed job's rejection; the CLI and the coordinators of this
 /// release go together. Version 5: backups (`Backup`) and events (`Events`); again together.
+/// Version 6: access keys for the AWS endpoint (`CreateAccessKey`...); again together.
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
-    current: 5,
-    oldest: 5,
+    current: 6,
+    oldest: 6,
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
@@ -69,11 +70,12 @@ pub const AGENT_WIRE: Encoding = Encoding {
 /// Version 4 carries [`RAFT_LOG`] 4 and [`SNAPSHOT_STATE`] 4; a job table with removed jobs
 /// has no version 3 form, so coordinators of 3 and 4 do not replicate to each other: upgrade
 /// them together (docs/operations.md). Version 5 carries [`SNAPSHOT_STATE`] 5 (the events),
-/// which version 4 cannot read: upgrade them together again.
+/// which version 4 cannot read: upgrade them together again. Version 6 carries [`RAFT_LOG`] 5
+/// and [`SNAPSHOT_STATE`] 6 (the AWS endpoint's state): together again.
 pub const RAFT_WIRE: Encoding = Encoding {
     name: "the Raft protocol",
-    current: 5,
-    oldest: 5,
+    current: 6,
+    oldest: 6,
 };
 
 /// The Raft log on disk: every log entry (the coordinator's `Request`: a batch of
@@ -85,9 +87,11 @@ pub const RAFT_WIRE: Encoding = Encoding {
 /// `nodes` and `same`, an allocation per member), GPUs' NVLink peers (`quotient_core::v2`
 /// reads version 2). Version 4: the leader's `ExpireFinished`, which removes finished jobs
 /// once their retention is over and prunes old usage (version 3's entries read as they are).
+/// Version 5: the AWS endpoint's commands (`CreateAccessKey`, `DeleteAccessKey`,
+/// `PutAwsObject`, `SubmitServiceJob`), added at the end (version 4's entries read as they are).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
-    current: 4,
+    current: 5,
     oldest: 1,
 };
 
@@ -107,10 +111,12 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 /// holds the ids issued; idempotency keys of removed jobs waiting to expire), every revoked
 /// serial of a name, and the shares' GPU time by the hour (`quotient_core::usage`)
 /// (`quotient_core::v3` reads version 3). Version 5: the recent events
-/// (`quotient_core::events`; `quotient_core::v4` reads version 4).
+/// (`quotient_core::events`; `quotient_core::v4` reads version 4). Version 6: the AWS
+/// endpoint's access keys, objects and service jobs (`quotient_core::aws`; `quotient_core::v5`
+/// reads version 5).
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
-    current: 5,
+    current: 6,
     oldest: 1,
 };
 

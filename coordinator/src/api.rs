@@ -530,6 +530,51 @@ impl ApiService {
             ApiRequest::Unrevoke { name } => {
                 self.write_done_as(caller, Command::Unrevoke { name }).await
             }
+            ApiRequest::CreateAccessKey { user, admin } => {
+                let (id, secret) = crate::access_keys::new_key().map_err(|_| {
+                    ApiError::Internal("the system's random source failed".to_string())
+                })?;
+                let command = Command::CreateAccessKey {
+                    id: id.clone(),
+                    user: user.clone(),
+                    admin,
+                    secret: secret.clone(),
+                };
+                self.write(as_caller(caller, command)).await?;
+                let key = quotient_core::aws::AccessKey {
+                    user,
+                    admin,
+                    secret,
+                    created_ms: self.inner.ctx.state_machine.read(|state| {
+                        state.access_key(&id).map_or(0, |key| key.created_ms)
+                    }),
+                };
+                Ok(ApiResponse::AccessKey(crate::access_keys::view(
+                    &id, &key, true,
+                )))
+            }
+            ApiRequest::DeleteAccessKey { id } => {
+                self.write_done_as(caller, Command::DeleteAccessKey { id })
+                    .await
+            }
+            ApiRequest::PutAwsObject { key, value } => {
+                self.write_done_as(caller, Command::PutAwsObject { key, value })
+                    .await
+            }
+            ApiRequest::SubmitServiceJob { spec, request } => {
+                spec.validate().map_err(invalid)?;
+                match self
+                    .write(as_caller(caller, Command::SubmitServiceJob { spec, request }))
+                    .await?
+                {
+                    Outcome::JobSubmitted { job, duplicate } => {
+                        Ok(ApiResponse::JobSubmitted { job, duplicate })
+                    }
+                    other => Err(ApiError::Internal(format!(
+                        "unexpected outcome of a submit: {other:?}"
+                    ))),
+                }
+            }
             read_or_membership => {
                 Box::pin(self.answer_read_or_membership(caller, read_or_membership)).await
             }
@@ -727,6 +772,43 @@ impl ApiService {
                 Ok(ApiResponse::Revoked(
                     self.inner.ctx.state_machine.read(views::revoked_views),
                 ))
+            }
+            ApiRequest::ListAccessKeys => {
+                self.linearizable().await?;
+                Ok(ApiResponse::AccessKeys(self.inner.ctx.state_machine.read(
+                    |state| {
+                        state
+                            .access_keys()
+                            .map(|(id, key)| crate::access_keys::view(id, key, false))
+                            .collect()
+                    },
+                )))
+            }
+            ApiRequest::ListAwsObjects { prefix } => {
+                self.linearizable().await?;
+                Ok(ApiResponse::AwsObjects(self.inner.ctx.state_machine.read(
+                    |state| {
+                        state
+                            .aws_objects(&prefix)
+                            .map(|(key, value)| (key.to_string(), value.to_string()))
+                            .collect()
+                    },
+                )))
+            }
+            ApiRequest::GetServiceJob { job } => {
+                self.linearizable().await?;
+                self.check_job_visible(caller, user, job, "job get")?;
+                self.inner
+                    .ctx
+                    .state_machine
+                    .read(|state| {
+                        let view = views::job_view_by_id(state, job)?;
+                        Some(ApiResponse::ServiceJob {
+                            job: Box::new(view),
+                            request: state.service_job(job).map(str::to_string),
+                        })
+                    })
+                    .ok_or_else(|| self.missing_job(job))
             }
             ApiRequest::ExplainJob { job } => {
                 self.linearizable().await?;

@@ -207,6 +207,34 @@ pub struct CoordinatorConfig {
     /// (`crate::metrics`); `None` serves nothing.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// The AWS Batch–compatible endpoint (`crate::aws`).
+    #[serde(default)]
+    pub aws: AwsTuning,
+}
+
+/// The AWS Batch–compatible endpoint's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AwsTuning {
+    /// Where to serve it over HTTPS; `None` serves nothing.
+    pub listen: Option<SocketAddr>,
+    /// The region signatures must be scoped to.
+    pub region: String,
+    /// Instance types added to or replacing the defaults: `NAME=CLASS:GPUS`.
+    pub instance_types: Vec<String>,
+}
+
+/// The region the AWS endpoint answers as when none is configured: the AWS SDKs' usual one.
+pub const AWS_REGION_DEFAULT: &str = "us-east-1";
+
+impl Default for AwsTuning {
+    fn default() -> Self {
+        AwsTuning {
+            listen: None,
+            region: AWS_REGION_DEFAULT.to_string(),
+            instance_types: Vec::new(),
+        }
+    }
 }
 
 /// Default retention of finished jobs in the live state: a week, long enough for `job list`

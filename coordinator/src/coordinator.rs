@@ -62,6 +62,10 @@ pub enum CoordinatorError {
     /// was reported durable; the data directory holds everything synced before.
     #[error("raft stopped: {0}")]
     RaftStopped(String),
+    #[error("cannot serve the AWS endpoint on {0}: {1}; pick a free address for --aws-listen")]
+    Aws(SocketAddr, std::io::Error),
+    #[error("--aws-instance-type: {0}")]
+    AwsSettings(String),
     #[error("cannot serve metrics on {0}: {1}; pick a free address for --metrics-listen")]
     Metrics(SocketAddr, std::io::Error),
 }
@@ -79,6 +83,8 @@ pub struct Coordinator {
     loops: Vec<JoinHandle<()>>,
     /// `/metrics` and health, when `metrics_listen` is set.
     metrics_server: Option<MetricsServer>,
+    /// The AWS Batch–compatible endpoint, when `aws.listen` is set.
+    aws_server: Option<crate::aws::AwsServer>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -163,6 +169,23 @@ impl Coordinator {
             ),
             None => None,
         };
+        let aws_server = match config.aws.listen {
+            Some(addr) => {
+                let instance_types =
+                    crate::aws::InstanceTypes::with_overrides(&config.aws.instance_types)
+                        .map_err(CoordinatorError::AwsSettings)?;
+                let settings = crate::aws::AwsSettings {
+                    region: config.aws.region.clone(),
+                    instance_types,
+                };
+                Some(
+                    crate::aws::AwsServer::start(addr, tls.https_server_config()?, ctx.clone(), settings)
+                        .await
+                        .map_err(|error| CoordinatorError::Aws(addr, error))?,
+                )
+            }
+            None => None,
+        };
         let loops = vec![
             tokio::spawn(scheduler_loop::run(ctx.clone())),
             tokio::spawn(node_leases::run(ctx.clone())),
@@ -194,6 +217,7 @@ impl Coordinator {
             accept_task,
             loops,
             metrics_server,
+            aws_server,
         })
     }
 
@@ -205,6 +229,11 @@ impl Coordinator {
     /// The address the endpoint is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address the AWS endpoint is served on, when it is.
+    pub fn aws_addr(&self) -> Option<SocketAddr> {
+        self.aws_server.as_ref().map(crate::aws::AwsServer::local_addr)
     }
 
     /// The address `/metrics` is served on, when it is.
@@ -251,6 +280,9 @@ impl Coordinator {
         .await;
         self.accept_task.abort();
         if let Some(server) = &self.metrics_server {
+            server.stop();
+        }
+        if let Some(server) = &self.aws_server {
             server.stop();
         }
         for task in self.loops {

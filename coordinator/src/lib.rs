@@ -29,9 +29,11 @@
 //! - [`views`]: the API's views of shares, jobs, nodes and the cluster.
 //! - [`coordinator`]: one coordinator wired up: `Coordinator::start` and `run`.
 
+pub mod access_keys;
 pub mod agent_links;
 pub mod agent_service;
 pub mod api;
+pub mod aws;
 pub mod applied;
 pub mod backup;
 pub mod cluster_init;

@@ -119,6 +119,17 @@ pub(crate) fn apply_inner(state: &mut State, command: Command, ctx: ApplyCtx) ->
         Command::Revoke { name, serial } => state.revoke(name, serial, ctx),
         Command::Unrevoke { name } => state.unrevoke(&name),
         Command::ExpireFinished(rule) => state.expire_finished(rule, ctx),
+        Command::CreateAccessKey {
+            id,
+            user,
+            admin,
+            secret,
+        } => state.create_access_key(id, user, admin, secret, ctx),
+        Command::DeleteAccessKey { id } => state.delete_access_key(&id),
+        Command::PutAwsObject { key, value } => state.put_aws_object(key, value),
+        Command::SubmitServiceJob { spec, request } => {
+            state.submit_service_job(spec, request, ctx)
+        }
     }
 }
 

@@ -136,6 +136,27 @@ pub enum Command {
     /// Removes the finished jobs whose retention is over, and the idempotency keys whose
     /// window is over, as of the entry's time (`crate::retention`). Proposed by the leader.
     ExpireFinished(crate::retention::RetentionRule),
+    /// Issues an access key for the AWS endpoint (`crate::aws`); the coordinator that took
+    /// the request made its id and secret.
+    CreateAccessKey {
+        id: String,
+        user: String,
+        admin: bool,
+        secret: String,
+    },
+    DeleteAccessKey {
+        id: String,
+    },
+    /// Sets (`Some`) or deletes (`None`) an object of the AWS endpoint (`KIND/NAME`).
+    PutAwsObject {
+        key: String,
+        value: Option<String>,
+    },
+    /// Submits a job through the AWS endpoint, keeping the request it came in (JSON).
+    SubmitServiceJob {
+        spec: JobSpec,
+        request: String,
+    },
 }
 
 /// Who asked for a command through the API: the identity of their certificate.

@@ -22,6 +22,7 @@
 
 pub mod accounting;
 pub mod apply;
+pub mod aws;
 pub mod changes;
 pub mod command;
 pub mod events;
@@ -42,6 +43,7 @@ pub mod v1;
 pub mod v2;
 pub mod v3;
 pub mod v4;
+pub mod v5;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};

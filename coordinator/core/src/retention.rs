@@ -121,6 +121,7 @@ impl State {
         self.index.remove_job(&job, &self.data);
         let slot = usize::try_from(id.0 - 1).expect("a slot");
         self.data.jobs.remove(slot);
+        self.forget_service_job(id);
         if let Some(key) = &job.spec.idempotency_key {
             if self.data.idempotency.get(key) == Some(&id) {
                 self.data.key_expiry.insert((now, key.clone()));

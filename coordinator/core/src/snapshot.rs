@@ -122,6 +122,7 @@ impl State {
             usage_clock_ms,
             events,
             events_issued,
+            aws,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -151,6 +152,7 @@ impl State {
             last: {
                 let mut last = Vec::new();
                 encode(events_issued, &mut last);
+                encode(aws, &mut last);
                 last
             },
         }
@@ -186,6 +188,7 @@ impl State {
             2 => decode_data::<crate::v2::StateDataV2>(body)?.into(),
             3 => decode_data::<crate::v3::StateDataV3>(body)?.into(),
             4 => decode_data::<crate::v4::StateDataV4>(body)?.into(),
+            5 => decode_data::<crate::v5::StateDataV5>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
         // What building the index relies on, checked first (the rest after, by `validate`):

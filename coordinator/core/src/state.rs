@@ -403,6 +403,8 @@ pub struct StateData {
     pub events: imbl::Vector<quotient_common::event::Event>,
     /// How many events were ever made: the number of the newest.
     pub events_issued: u64,
+    /// The AWS endpoint's access keys, objects and service jobs (`crate::aws`).
+    pub aws: crate::aws::AwsState,
 }
 
 /// The events read as a `Vec` (the same encoding), then made persistent: see

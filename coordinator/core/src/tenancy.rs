@@ -4,7 +4,7 @@
 //! and the audit log of admin actions and refusals.
 
 use quotient_common::name::validate_name;
-use quotient_common::{NodeState, ShareState};
+use quotient_common::{JobSpec, NodeState, ShareState};
 
 use crate::command::{ApplyCtx, Caller, Command, Outcome, Rejection};
 use crate::state::{AuditEntry, Revocation, State, AUDIT_ENTRIES_MAX};
@@ -69,35 +69,11 @@ impl State {
     /// `command` as `caller` may have it applied (a submit gets its owner), or why not.
     fn check_rights(&self, caller: &Caller, command: Command) -> Result<Command, Rejection> {
         match command {
-            Command::SubmitJob(mut spec) => {
-                spec.owner = Some(caller.name.clone());
-                if let Some(share) = self.share(&spec.share) {
-                    let groups = self.groups_of(&caller.name);
-                    if !caller.admin && !share.spec.admits_user(&caller.name, &groups) {
-                        return Err(Rejection::Forbidden(format!(
-                            "user {} is not a member of share {}: ask an admin to add them \
-                             (quotient share update {} --add-member {})",
-                            caller.name, share.spec.name, share.spec.name, caller.name
-                        )));
-                    }
-                    if let Some(max) = share.spec.max_jobs_per_user {
-                        let jobs = self.active_jobs_of(&spec.share, &caller.name);
-                        // A resent submit (same idempotency key) is answered, not counted.
-                        let resent = spec
-                            .idempotency_key
-                            .as_ref()
-                            .is_some_and(|key| self.data.idempotency.contains_key(key));
-                        if jobs >= max && !resent {
-                            return Err(Rejection::UserJobLimit {
-                                user: caller.name.clone(),
-                                share: spec.share.clone(),
-                                jobs,
-                            });
-                        }
-                    }
-                }
-                Ok(Command::SubmitJob(spec))
-            }
+            Command::SubmitJob(spec) => Ok(Command::SubmitJob(self.check_submit(caller, spec)?)),
+            Command::SubmitServiceJob { spec, request } => Ok(Command::SubmitServiceJob {
+                spec: self.check_submit(caller, spec)?,
+                request,
+            }),
             Command::UpdateJobPriority { job, .. } | Command::CancelJob { job } => {
                 if !caller.admin {
                     if let Some(owner) = self.job(job).and_then(|j| j.spec.owner.as_deref()) {
@@ -119,6 +95,37 @@ impl State {
                 caller.name
             ))),
         }
+    }
+
+    /// A submit's spec as `caller` may submit it (with its owner), or why not.
+    fn check_submit(&self, caller: &Caller, mut spec: JobSpec) -> Result<JobSpec, Rejection> {
+        spec.owner = Some(caller.name.clone());
+        if let Some(share) = self.share(&spec.share) {
+            let groups = self.groups_of(&caller.name);
+            if !caller.admin && !share.spec.admits_user(&caller.name, &groups) {
+                return Err(Rejection::Forbidden(format!(
+                    "user {} is not a member of share {}: ask an admin to add them \
+                     (quotient share update {} --add-member {})",
+                    caller.name, share.spec.name, share.spec.name, caller.name
+                )));
+            }
+            if let Some(max) = share.spec.max_jobs_per_user {
+                let jobs = self.active_jobs_of(&spec.share, &caller.name);
+                // A resent submit (same idempotency key) is answered, not counted.
+                let resent = spec
+                    .idempotency_key
+                    .as_ref()
+                    .is_some_and(|key| self.data.idempotency.contains_key(key));
+                if jobs >= max && !resent {
+                    return Err(Rejection::UserJobLimit {
+                        user: caller.name.clone(),
+                        share: spec.share.clone(),
+                        jobs,
+                    });
+                }
+            }
+        }
+        Ok(spec)
     }
 
     /// The groups naming `user`.
@@ -319,6 +326,16 @@ impl State {
                 serial: Some(serial),
             } => format!("certs revoke {name} --serial {serial}"),
             Command::Unrevoke { name } => format!("certs unrevoke {name}"),
+            // Never formatted whole: it holds the secret.
+            Command::CreateAccessKey { id, user, .. } => {
+                format!("access-key create {id} --user {user}")
+            }
+            Command::DeleteAccessKey { id } => format!("access-key delete {id}"),
+            Command::PutAwsObject { key, value: Some(_) } => format!("aws put {key}"),
+            Command::PutAwsObject { key, value: None } => format!("aws delete {key}"),
+            Command::SubmitServiceJob { spec, .. } => {
+                format!("service job submit to share {}", spec.share)
+            }
             other => {
                 let text = format!("{other:?}");
                 text.split([' ', '(', '{'])

@@ -47,6 +47,7 @@ impl From<StateDataV4> for StateData {
             usage_clock_ms: v4.usage_clock_ms,
             events: imbl::Vector::new(),
             events_issued: 0,
+            aws: Default::default(),
         }
     }
 }

@@ -121,6 +121,17 @@ struct Flags {
     /// HTTP on this address, e.g. 0.0.0.0:9400.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
+    /// Serve the AWS Batch–compatible API over HTTPS (the coordinator's certificate) on
+    /// this address, e.g. 0.0.0.0:9443.
+    #[arg(long, value_name = "ADDR")]
+    aws_listen: Option<SocketAddr>,
+    /// The region AWS clients' signatures must be scoped to (default us-east-1).
+    #[arg(long, value_name = "REGION")]
+    aws_region: Option<String>,
+    /// An instance type for quota shares and training jobs, NAME=CLASS:GPUS (e.g.
+    /// ml.g5.xlarge=a10g:1); adds to or replaces the defaults. Repeatable.
+    #[arg(long, value_name = "NAME=CLASS:GPUS")]
+    aws_instance_type: Vec<String>,
     /// How to write logs: text, or json (one JSON object per line).
     #[arg(long, value_name = "FORMAT", env = "QUOTIENT_LOG_FORMAT")]
     log_format: Option<LogFormat>,
@@ -217,6 +228,7 @@ impl Flags {
                     scheduling: SchedulingTuning::default(),
                     retention: RetentionTuning::default(),
                     metrics_listen: None,
+                    aws: Default::default(),
                 }
             }
         };
@@ -226,6 +238,16 @@ impl Flags {
         if self.metrics_listen.is_some() {
             config.metrics_listen = self.metrics_listen;
         }
+        if self.aws_listen.is_some() {
+            config.aws.listen = self.aws_listen;
+        }
+        if let Some(region) = &self.aws_region {
+            config.aws.region = region.clone();
+        }
+        config
+            .aws
+            .instance_types
+            .extend(self.aws_instance_type.iter().cloned());
         let tuning = &mut config.raft;
         if let Some(value) = self.digest_check_interval_ms {
             tuning.digest_check_interval_ms = value;

@@ -52,8 +52,8 @@ openraft::declare_raft_types!(
 );
 
 /// Entries of earlier versions of the Raft log encoding are read with their commands of that
-/// version (`quotient_core::v1`, `quotient_core::v2`) and converted; version 3's commands are a
-/// subset of today's.
+/// version (`quotient_core::v1`, `quotient_core::v2`) and converted; versions 3's and 4's
+/// commands are a subset of today's.
 impl super::codec::VersionedEntries for TypeConfig {
     fn decode_entry(version: u16, bytes: &[u8]) -> Result<Entry, super::codec::CodecError> {
         match version {
@@ -63,9 +63,9 @@ impl super::codec::VersionedEntries for TypeConfig {
             2 => Ok(
                 super::codec::decode_value::<OldEntry<quotient_core::v2::CommandV2>>(bytes)?.into(),
             ),
-            // Version 4 only added a command (`ExpireFinished`): version 3's bytes are this
-            // build's commands.
-            3 => super::codec::decode_value(bytes),
+            // Versions 4 and 5 only added commands (`ExpireFinished`; the AWS endpoint's):
+            // version 3's and 4's bytes are this build's commands.
+            3 | 4 => super::codec::decode_value(bytes),
             _ => super::codec::decode_current(version, bytes),
         }
     }
