@@ -513,6 +513,17 @@ impl<R: Runtime> Executor<R> {
                 ) {
                     self.remember_finished(job, attempt);
                 }
+                // A failed SageMaker job may have said why (`/opt/ml/output/failure`).
+                let event = match event {
+                    JobEvent::Exited { code } if code != 0 => {
+                        let work = work_dir(&self.state_dir, job, attempt);
+                        match crate::runtime::sagemaker::failure_reason(&work) {
+                            Some(reason) => JobEvent::ExitedWithReason { code, reason },
+                            None => JobEvent::Exited { code },
+                        }
+                    }
+                    event => event,
+                };
                 self.report(reports, job, attempt, event);
             }
             Action::Forget { job, attempt } => {

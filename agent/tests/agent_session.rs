@@ -604,10 +604,11 @@ async fn agent_killed_outright_leaves_no_container_running_past_its_lease() {
         docker::unavailable(why);
         return;
     }
-    let container = format!("quotient-{NODE}-j-{JOB}-1");
-    let _containers = docker::RemoveContainers(vec![format!("name={container}")]);
-    drop(docker::RemoveContainers(vec![format!("name={container}")]));
     let node = Node::new();
+    // The agent names its containers with its instance id, made here in its state dir first.
+    let instance = quotient_agent::runtime::docker::instance_id(&node.state).unwrap();
+    let container = format!("quotient-{NODE}-{instance}-j-{JOB}-1");
+    let _containers = docker::RemoveContainers(vec![format!("name={container}")]);
     let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
     let mut stubborn = allocation(NODE, JOB, vec![0], WireIntent::Run);
     stubborn.spec = job_spec(Some(docker::IMAGE), shell(STUBBORN_JOB));

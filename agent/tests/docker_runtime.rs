@@ -562,7 +562,13 @@ async fn docker_log_is_kept_whole_after_the_container_is_removed() {
     executor.step(&run).await;
     assert!(executor.runtime().list_own().await.unwrap().is_empty());
     let inspect = Command::new("docker")
-        .args(["inspect", &format!("quotient-{node}-j-71-1")])
+        .args([
+            "inspect",
+            &format!(
+                "quotient-{node}-{}-j-71-1",
+                quotient_agent::runtime::docker::instance_id(state.path()).unwrap()
+            ),
+        ])
         .output()
         .unwrap();
     assert!(!inspect.status.success(), "the container is gone");

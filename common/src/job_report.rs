@@ -35,7 +35,18 @@ pub enum JobEvent {
         tries: u32,
         message: String,
     },
+    /// It exited on its own with a code other than 0 and said why: the text a SageMaker
+    /// training image wrote to `/opt/ml/output/failure`, at most [`EXIT_REASON_BYTES_MAX`]
+    /// bytes. Otherwise as [`JobEvent::Exited`].
+    ExitedWithReason {
+        code: i32,
+        reason: String,
+    },
 }
+
+/// The most bytes of a job's own failure reason that a report carries (and that the
+/// coordinators keep): as much as of a launch failure's message.
+pub const EXIT_REASON_BYTES_MAX: usize = crate::job::LAUNCH_MESSAGE_BYTES_MAX;
 
 impl JobEvent {
     /// Whether the attempt is over: it exited, or was never launched.
@@ -45,13 +56,14 @@ impl JobEvent {
             JobEvent::Exited { .. }
                 | JobEvent::ExitedAfterSignal { .. }
                 | JobEvent::LaunchFailed { .. }
+                | JobEvent::ExitedWithReason { .. }
         )
     }
 
     /// The exit code an end carries (`None`: none, or not an end).
     pub fn exit_code(&self) -> Option<i32> {
         match self {
-            JobEvent::Exited { code } => Some(*code),
+            JobEvent::Exited { code } | JobEvent::ExitedWithReason { code, .. } => Some(*code),
             JobEvent::ExitedAfterSignal { code } => *code,
             _ => None,
         }

@@ -57,11 +57,13 @@ pub const API_WIRE: Encoding = Encoding {
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
-/// `LeaderRequest` and `LeaderResponse`, in the header of every frame.
+/// `LeaderRequest` and `LeaderResponse`, in the header of every frame. Version 4: a job's own
+/// failure reason in its exit report (`JobEvent::ExitedWithReason`); agents and coordinators
+/// of this release go together (docs/operations.md).
 pub const AGENT_WIRE: Encoding = Encoding {
     name: "the agent protocol",
-    current: 3,
-    oldest: 3,
+    current: 4,
+    oldest: 4,
 };
 
 /// Raft between coordinators (ALPN `quotient-raft/1`): the coordinator's `RaftEnvelope` and

@@ -545,9 +545,11 @@ impl ApiService {
                     user,
                     admin,
                     secret,
-                    created_ms: self.inner.ctx.state_machine.read(|state| {
-                        state.access_key(&id).map_or(0, |key| key.created_ms)
-                    }),
+                    created_ms: self
+                        .inner
+                        .ctx
+                        .state_machine
+                        .read(|state| state.access_key(&id).map_or(0, |key| key.created_ms)),
                 };
                 Ok(ApiResponse::AccessKey(crate::access_keys::view(
                     &id, &key, true,
@@ -564,7 +566,10 @@ impl ApiService {
             ApiRequest::SubmitServiceJob { spec, request } => {
                 spec.validate().map_err(invalid)?;
                 match self
-                    .write(as_caller(caller, Command::SubmitServiceJob { spec, request }))
+                    .write(as_caller(
+                        caller,
+                        Command::SubmitServiceJob { spec, request },
+                    ))
                     .await?
                 {
                     Outcome::JobSubmitted { job, duplicate } => {

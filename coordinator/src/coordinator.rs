@@ -179,9 +179,14 @@ impl Coordinator {
                     instance_types,
                 };
                 Some(
-                    crate::aws::AwsServer::start(addr, tls.https_server_config()?, ctx.clone(), settings)
-                        .await
-                        .map_err(|error| CoordinatorError::Aws(addr, error))?,
+                    crate::aws::AwsServer::start(
+                        addr,
+                        tls.https_server_config()?,
+                        ctx.clone(),
+                        settings,
+                    )
+                    .await
+                    .map_err(|error| CoordinatorError::Aws(addr, error))?,
                 )
             }
             None => None,
@@ -233,7 +238,9 @@ impl Coordinator {
 
     /// The address the AWS endpoint is served on, when it is.
     pub fn aws_addr(&self) -> Option<SocketAddr> {
-        self.aws_server.as_ref().map(crate::aws::AwsServer::local_addr)
+        self.aws_server
+            .as_ref()
+            .map(crate::aws::AwsServer::local_addr)
     }
 
     /// The address `/metrics` is served on, when it is.

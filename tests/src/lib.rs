@@ -49,6 +49,40 @@ pub fn binaries() -> PathBuf {
     folder
 }
 
+/// `docker ARGS`, its output; panics when the docker CLI cannot run.
+pub fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|error| panic!("docker {args:?} could not run: {error}"))
+}
+
+/// Whether this host's Docker engine answers, with `image` in it. Under `CI=true` a test
+/// that needs Docker must not skip: this panics there when the engine does not answer, and
+/// anywhere when the image is missing (it says how to build it).
+pub fn docker_ready(image: &str) -> bool {
+    let reachable = Command::new("docker")
+        .arg("info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !reachable {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "Docker is not reachable, and CI must run the container tests: start the Docker engine"
+        );
+        eprintln!("SKIPPED: Docker is not reachable; this test needs it (CI runs it)");
+        return false;
+    }
+    assert!(
+        docker(&["image", "inspect", image]).status.success(),
+        "the image {image} is missing: build it with `bash agent/tests/docker/build-test-image.sh`"
+    );
+    true
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

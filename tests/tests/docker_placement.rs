@@ -27,35 +27,13 @@ const IMAGE: &str = "quotient-test-busybox:latest";
 const WATCH: Duration = Duration::from_secs(4);
 
 fn docker(args: &[&str]) -> std::process::Output {
-    Command::new("docker")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|error| panic!("docker {args:?} could not run: {error}"))
+    quotient_tests::docker(args)
 }
 
-/// Whether this host's Docker engine answers, with the test image; panics under CI when it
-/// does not, or when the image is missing.
+/// Whether this host's Docker engine answers, with the test image (see
+/// [`quotient_tests::docker_ready`]).
 fn docker_ready() -> bool {
-    let reachable = Command::new("docker")
-        .arg("info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if !reachable {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "Docker is not reachable, and CI must run the container tests: start the Docker engine"
-        );
-        eprintln!("SKIPPED: Docker is not reachable; this test needs it (CI runs it)");
-        return false;
-    }
-    assert!(
-        docker(&["image", "inspect", IMAGE]).status.success(),
-        "the image {IMAGE} is missing: build it with `bash agent/tests/docker/build-test-image.sh`"
-    );
-    true
+    quotient_tests::docker_ready(IMAGE)
 }
 
 /// An agent with the Docker runtime started by this test, on the dev cluster's
@@ -251,9 +229,13 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
     );
     let view = wait_running_on(&cluster, &id, &name);
     assert_eq!(view["attempts"], 1, "{view}");
-    let container = format!("quotient-{name}-{id}-1");
+    // quotient-NODE-INSTANCE-JOB-ATTEMPT: the instance is the agent's own id.
+    let container = format!("-{id}-1");
     assert!(
-        agent.containers(false).contains(&container),
+        agent
+            .containers(false)
+            .iter()
+            .any(|name| name.ends_with(&container)),
         "{container} runs: {:?}",
         agent.containers(true)
     );

@@ -103,6 +103,39 @@ pub const LABEL_ATTEMPT: &str = "quotient.attempt";
 pub const LABEL_NODE: &str = "quotient.node";
 pub const LABEL_CHECKPOINT_SIGNAL: &str = "quotient.checkpoint-signal";
 pub const LABEL_GRACE_PERIOD_MS: &str = "quotient.grace-period-ms";
+/// Which agent installation started the container ([`instance_id`]): an agent adopts only
+/// its own, so that containers another cluster's agent of the same node name left on the host
+/// (a dev cluster torn down and made again, tests side by side) are never taken for its own.
+pub const LABEL_INSTANCE: &str = "quotient.agent-instance";
+/// The file in the state dir that holds the agent's instance id.
+pub const INSTANCE_FILE: &str = "agent-instance";
+/// The instance id's length in hexadecimal digits.
+const INSTANCE_ID_CHARS: usize = 12;
+
+/// This state dir's agent instance id, made at its first use: a new state dir is a new agent.
+pub fn instance_id(state_dir: &Path) -> Result<String, RuntimeError> {
+    let path = state_dir.join(INSTANCE_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim();
+            if id.len() == INSTANCE_ID_CHARS && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Ok(id.to_string());
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(RuntimeError::io("read", &path, error)),
+    }
+    let mut bytes = [0u8; INSTANCE_ID_CHARS / 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bytes))
+        .map_err(|error| RuntimeError::io("read", Path::new("/dev/urandom"), error))?;
+    let id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    std::fs::create_dir_all(state_dir)
+        .map_err(|error| RuntimeError::io("create", state_dir, error))?;
+    std::fs::write(&path, format!("{id}\n"))
+        .map_err(|error| RuntimeError::io("write", &path, error))?;
+    Ok(id)
+}
 
 /// Logging drivers whose rotation options (`max-size`, `max-file`) the log cap sets.
 pub const ROTATING_LOG_DRIVERS: [&str; 2] = ["json-file", "local"];
@@ -129,6 +162,8 @@ pub struct DockerRuntime {
     state_dir: PathBuf,
     /// Who containers run as.
     user: JobUser,
+    /// This agent's [`instance_id`], on every container it starts.
+    instance: String,
     /// The log follower of each container this runtime follows, by container id.
     followers: Mutex<HashMap<String, Follower>>,
 }
@@ -186,6 +221,7 @@ impl DockerRuntime {
             state_dir: state_dir.to_path_buf(),
             user: JobUser::current(),
             followers: Mutex::new(HashMap::new()),
+            instance: instance_id(state_dir)?,
         })
     }
 
@@ -347,7 +383,7 @@ impl DockerRuntime {
 
     /// The container name of one attempt on this node.
     pub fn container_name(&self, job: JobId, attempt: u32) -> String {
-        format!("quotient-{}-{job}-{attempt}", self.node)
+        format!("quotient-{}-{}-{job}-{attempt}", self.node, self.instance)
     }
 
     fn labels(&self, spec: &LaunchSpec) -> HashMap<String, String> {
@@ -355,6 +391,7 @@ impl DockerRuntime {
             (LABEL_JOB.to_string(), spec.job.to_string()),
             (LABEL_ATTEMPT.to_string(), spec.attempt.to_string()),
             (LABEL_NODE.to_string(), self.node.clone()),
+            (LABEL_INSTANCE.to_string(), self.instance.clone()),
             (
                 LABEL_CHECKPOINT_SIGNAL.to_string(),
                 spec.checkpoint_signal.name().to_string(),
@@ -409,7 +446,21 @@ impl Runtime for DockerRuntime {
         };
         create_checkpoint_dir(&spec.checkpoint_dir, &self.user)?;
         let checkpoint_dir = spec.checkpoint_dir.display().to_string();
-        let env: Vec<String> = job_environment(spec, GpuNumbering::ContainerLocal)
+        // A SageMaker training job also gets SageMaker's files, dirs and variables.
+        let sagemaker = match super::sagemaker::contract(spec).map_err(invalid)? {
+            Some(contract) => {
+                super::create_work_dir(&spec.work_dir, &self.user)?;
+                Some(super::sagemaker::prepare(spec, &contract, &self.user)?)
+            }
+            None => None,
+        };
+        let mut env = job_environment(spec, GpuNumbering::ContainerLocal);
+        let mut binds = vec![format!("{checkpoint_dir}:{checkpoint_dir}")];
+        if let Some(prepared) = &sagemaker {
+            env.extend(prepared.env.clone());
+            binds.extend(prepared.binds.iter().cloned());
+        }
+        let env: Vec<String> = env
             .into_iter()
             .map(|(key, value)| format!("{key}={value}"))
             .collect();
@@ -424,11 +475,21 @@ impl Runtime for DockerRuntime {
         let config = Config {
             image: Some(image.clone()),
             cmd: (!spec.payload.command.is_empty()).then(|| spec.payload.command.clone()),
+            entrypoint: sagemaker
+                .as_ref()
+                .and_then(|prepared| prepared.entrypoint.clone()),
+            hostname: sagemaker
+                .as_ref()
+                .and_then(|prepared| prepared.hostname.clone()),
             env: Some(env),
             user: (!self.user.is_root()).then(|| format!("{}:{}", self.user.uid, self.user.gid)),
             labels: Some(self.labels(spec)),
             host_config: Some(HostConfig {
-                binds: Some(vec![format!("{checkpoint_dir}:{checkpoint_dir}")]),
+                binds: Some(binds),
+                extra_hosts: sagemaker
+                    .as_ref()
+                    .map(|prepared| prepared.extra_hosts.clone())
+                    .filter(|hosts| !hosts.is_empty()),
                 device_requests,
                 log_config: self.log_config.clone(),
                 nano_cpus: spec.limits.nano_cpus(),
@@ -593,6 +654,13 @@ impl Runtime for DockerRuntime {
                 continue;
             };
             if labels.get(LABEL_NODE) != Some(&self.node) {
+                continue;
+            }
+            // Another agent's of the same node name; one without the label predates it.
+            if labels
+                .get(LABEL_INSTANCE)
+                .is_some_and(|instance| *instance != self.instance)
+            {
                 continue;
             }
             let handle = JobHandle { job, attempt, id };

@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod docker;
 pub mod host;
 pub mod process;
+pub mod sagemaker;
 
 use std::collections::BTreeMap;
 use std::future::Future;

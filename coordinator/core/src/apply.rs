@@ -127,9 +127,7 @@ pub(crate) fn apply_inner(state: &mut State, command: Command, ctx: ApplyCtx) ->
         } => state.create_access_key(id, user, admin, secret, ctx),
         Command::DeleteAccessKey { id } => state.delete_access_key(&id),
         Command::PutAwsObject { key, value } => state.put_aws_object(key, value),
-        Command::SubmitServiceJob { spec, request } => {
-            state.submit_service_job(spec, request, ctx)
-        }
+        Command::SubmitServiceJob { spec, request } => state.submit_service_job(spec, request, ctx),
     }
 }
 
@@ -841,20 +839,10 @@ impl State {
             JobEvent::Started | JobEvent::Running => {
                 unreachable!("attempt_ended is given an end")
             }
-            JobEvent::Exited { code } => self.update_job(id, |job| {
-                let now = job.stamp(ctx.time_ms);
-                let outcome = format!("exited with code {code}");
-                job.placement.clear();
-                job.exit_code = Some(code);
-                end_attempt(job, now, Some(code), outcome.clone());
-                if code == 0 {
-                    job.state = JobState::Succeeded;
-                    job.reason = Some(WaitReason::Ended(outcome));
-                    job.ended_ms = Some(now);
-                } else {
-                    fail_or_retry(job, now, Some(code), &outcome, outcome.clone());
-                }
-            }),
+            JobEvent::Exited { code } => self.exited(id, code, None, ctx),
+            JobEvent::ExitedWithReason { code, reason } => {
+                self.exited(id, code, Some(&reason), ctx)
+            }
             JobEvent::ExitedAfterSignal { code } => {
                 // The agent stopped it on its own (its lease ran out, a GPU failed).
                 self.update_job(id, |job| {
@@ -874,6 +862,31 @@ impl State {
                 message,
             } => self.launch_failed(id, node, fault, tries, message, ctx),
         }
+    }
+
+    /// The current attempt exited on its own with `code`, saying `reason` (a job's own
+    /// failure reason) or not.
+    fn exited(&mut self, id: JobId, code: i32, reason: Option<&str>, ctx: ApplyCtx) {
+        self.update_job(id, |job| {
+            let now = job.stamp(ctx.time_ms);
+            let outcome = match reason {
+                Some(reason) => format!(
+                    "exited with code {code}: {}",
+                    quotient_common::job::bounded_launch_message(reason)
+                ),
+                None => format!("exited with code {code}"),
+            };
+            job.placement.clear();
+            job.exit_code = Some(code);
+            end_attempt(job, now, Some(code), outcome.clone());
+            if code == 0 {
+                job.state = JobState::Succeeded;
+                job.reason = Some(WaitReason::Ended(outcome));
+                job.ended_ms = Some(now);
+            } else {
+                fail_or_retry(job, now, Some(code), &outcome, outcome.clone());
+            }
+        });
     }
 
     /// An attempt that the agent could not launch. A fault of the job fails it; a fault of

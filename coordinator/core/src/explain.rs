@@ -82,7 +82,10 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             ),
             Some(StopCause::MemberEnded { rank, node, event }) => {
                 let what = match event {
-                    crate::command::JobEvent::Exited { code } => format!("exited with code {code}"),
+                    crate::command::JobEvent::Exited { code }
+                    | crate::command::JobEvent::ExitedWithReason { code, .. } => {
+                        format!("exited with code {code}")
+                    }
                     crate::command::JobEvent::LaunchFailed { .. } => "could not be launched".into(),
                     _ => "was stopped by its agent".into(),
                 };

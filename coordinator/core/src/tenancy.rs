@@ -331,7 +331,10 @@ impl State {
                 format!("access-key create {id} --user {user}")
             }
             Command::DeleteAccessKey { id } => format!("access-key delete {id}"),
-            Command::PutAwsObject { key, value: Some(_) } => format!("aws put {key}"),
+            Command::PutAwsObject {
+                key,
+                value: Some(_),
+            } => format!("aws put {key}"),
             Command::PutAwsObject { key, value: None } => format!("aws delete {key}"),
             Command::SubmitServiceJob { spec, .. } => {
                 format!("service job submit to share {}", spec.share)

@@ -23,7 +23,14 @@ const DEFAULTS: &[(&str, &str, &[(&str, u32)])] = &[
     (
         "ml.g4dn",
         "t4",
-        &[("xlarge", 1), ("2xlarge", 1), ("4xlarge", 1), ("8xlarge", 1), ("16xlarge", 1), ("12xlarge", 4)],
+        &[
+            ("xlarge", 1),
+            ("2xlarge", 1),
+            ("4xlarge", 1),
+            ("8xlarge", 1),
+            ("16xlarge", 1),
+            ("12xlarge", 4),
+        ],
     ),
     (
         "ml.g5",
@@ -67,7 +74,11 @@ const DEFAULTS: &[(&str, &str, &[(&str, u32)])] = &[
             ("48xlarge", 8),
         ],
     ),
-    ("ml.p3", "v100", &[("2xlarge", 1), ("8xlarge", 4), ("16xlarge", 8)]),
+    (
+        "ml.p3",
+        "v100",
+        &[("2xlarge", 1), ("8xlarge", 4), ("16xlarge", 8)],
+    ),
     ("ml.p3dn", "v100", &[("24xlarge", 8)]),
     ("ml.p4d", "a100", &[("24xlarge", 8)]),
     ("ml.p4de", "a100-80gb", &[("24xlarge", 8)]),
@@ -102,10 +113,14 @@ impl InstanceTypes {
         let mut types = InstanceTypes::default();
         for text in overrides {
             let (name, rest) = text.split_once('=').ok_or_else(|| {
-                format!("instance type {text:?} must read NAME=CLASS:GPUS, e.g. ml.g5.xlarge=a10g:1")
+                format!(
+                    "instance type {text:?} must read NAME=CLASS:GPUS, e.g. ml.g5.xlarge=a10g:1"
+                )
             })?;
             let (class, gpus) = rest.split_once(':').ok_or_else(|| {
-                format!("instance type {text:?} must read NAME=CLASS:GPUS, e.g. ml.g5.xlarge=a10g:1")
+                format!(
+                    "instance type {text:?} must read NAME=CLASS:GPUS, e.g. ml.g5.xlarge=a10g:1"
+                )
             })?;
             let class = GpuClass::parse(class).map_err(|error| error.to_string())?;
             let max = quotient_common::node::GPUS_PER_NODE_MAX;
@@ -115,9 +130,13 @@ impl InstanceTypes {
                 .filter(|gpus| (1..=max).contains(&(*gpus as usize)))
                 .ok_or_else(|| format!("instance type {text:?}: GPUS must be 1 to {max}"))?;
             if name.is_empty() || name.len() > 64 {
-                return Err(format!("instance type name {name:?} must be 1 to 64 characters"));
+                return Err(format!(
+                    "instance type name {name:?} must be 1 to 64 characters"
+                ));
             }
-            types.0.insert(name.to_string(), InstanceType { class, gpus });
+            types
+                .0
+                .insert(name.to_string(), InstanceType { class, gpus });
         }
         Ok(types)
     }
@@ -150,11 +169,18 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let types = InstanceTypes::with_overrides(&["ml.x.large=h100:2".into(), "ml.g5.xlarge=l4:1".into()]).unwrap();
+        let types = InstanceTypes::with_overrides(&[
+            "ml.x.large=h100:2".into(),
+            "ml.g5.xlarge=l4:1".into(),
+        ])
+        .unwrap();
         assert_eq!(types.get("ml.p4d.24xlarge").unwrap().gpus, 8);
         assert_eq!(types.get("ml.x.large").unwrap().gpus, 2);
         assert_eq!(types.get("ml.g5.xlarge").unwrap().class.as_str(), "l4");
-        assert!(types.get("ml.m5.large").unwrap_err().contains("--aws-instance-type"));
+        assert!(types
+            .get("ml.m5.large")
+            .unwrap_err()
+            .contains("--aws-instance-type"));
         let a10g = GpuClass::parse("a10g").unwrap();
         assert_eq!(types.smallest_of(&a10g).unwrap().0, "ml.g5.2xlarge");
         assert!(InstanceTypes::with_overrides(&["bad".into()]).is_err());

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use quotient_common::api::{ApiRequest, ApiResponse, AttemptView, JobView};
 use quotient_common::certs::PeerIdentity;
-use quotient_common::retry::{RetryAction, RetryPolicy, RetryRule};
 use quotient_common::job::PRIORITY_MAX;
+use quotient_common::retry::{RetryAction, RetryPolicy, RetryRule};
 use quotient_common::{JobId, JobSpec, JobState};
 use serde_json::{json, Map, Value};
 
@@ -53,7 +53,9 @@ fn strings(value: &Value, name: &str) -> Result<Option<Vec<String>>, AwsError> {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some),
-        Some(_) => Err(AwsError::client(format!("{name} must be a list of strings"))),
+        Some(_) => Err(AwsError::client(format!(
+            "{name} must be a list of strings"
+        ))),
     }
 }
 
@@ -80,7 +82,10 @@ fn spec_of(door: &Door, input: &Value) -> Result<JobSpec, AwsError> {
             "serviceJobType {kind:?} must be SAGEMAKER_TRAINING"
         )));
     }
-    let share = match (string(input, "quotaShareName")?, string(input, "shareIdentifier")?) {
+    let share = match (
+        string(input, "quotaShareName")?,
+        string(input, "shareIdentifier")?,
+    ) {
         (Some(share), _) | (None, Some(share)) => share,
         (None, None) => {
             return Err(AwsError::client(
@@ -88,8 +93,8 @@ fn spec_of(door: &Door, input: &Value) -> Result<JobSpec, AwsError> {
             ))
         }
     };
-    let payload: Value = serde_json::from_str(required(input, "serviceRequestPayload")?)
-        .map_err(|error| {
+    let payload: Value =
+        serde_json::from_str(required(input, "serviceRequestPayload")?).map_err(|error| {
             AwsError::client(format!(
                 "serviceRequestPayload is not a JSON CreateTrainingJob request: {error}"
             ))
@@ -246,7 +251,8 @@ fn spec_of(door: &Door, input: &Value) -> Result<JobSpec, AwsError> {
         "input_data_config": channels,
         "checkpoint_path": checkpoint,
     });
-    spec.env.insert(SAGEMAKER_ENV.to_string(), contract.to_string());
+    spec.env
+        .insert(SAGEMAKER_ENV.to_string(), contract.to_string());
     spec.validate()
         .map_err(|error| AwsError::client(error.to_string()))?;
     Ok(spec)
@@ -475,12 +481,16 @@ fn filters(input: &Value) -> Result<Vec<Filter>, AwsError> {
         let name = required(filter, "name")?;
         let values = strings(filter, "values")?.unwrap_or_default();
         let [value] = &values[..] else {
-            return Err(AwsError::client(format!("filter {name} needs exactly one value")));
+            return Err(AwsError::client(format!(
+                "filter {name} needs exactly one value"
+            )));
         };
         let time = |value: &str| {
-            value
-                .parse::<u64>()
-                .map_err(|_| AwsError::client(format!("filter {name}: {value:?} is not milliseconds since the epoch")))
+            value.parse::<u64>().map_err(|_| {
+                AwsError::client(format!(
+                    "filter {name}: {value:?} is not milliseconds since the epoch"
+                ))
+            })
         };
         found.push(match name {
             "JOB_NAME" => match value.strip_suffix('*') {
@@ -571,7 +581,10 @@ pub(super) async fn list(
             let name = view.name.as_deref().unwrap_or_default().to_lowercase();
             let kept = filters.iter().all(|filter| match filter {
                 Filter::Name { prefix: true, text } => name.starts_with(text.as_str()),
-                Filter::Name { prefix: false, text } => name == *text,
+                Filter::Name {
+                    prefix: false,
+                    text,
+                } => name == *text,
                 Filter::Before(ms) => view.submitted_ms < *ms,
                 Filter::After(ms) => view.submitted_ms > *ms,
                 Filter::Share(_) => true,
@@ -601,7 +614,9 @@ pub(super) async fn update(
     let priority = integer(input, "schedulingPriority")?
         .and_then(|p| u32::try_from(p).ok())
         .filter(|p| *p <= PRIORITY_MAX)
-        .ok_or_else(|| AwsError::client(format!("schedulingPriority must be 0 to {PRIORITY_MAX}")))?;
+        .ok_or_else(|| {
+            AwsError::client(format!("schedulingPriority must be 0 to {PRIORITY_MAX}"))
+        })?;
     let (view, _) = service_job(door, caller, job).await?;
     door.call(caller, ApiRequest::UpdateJobPriority { job, priority })
         .await?;
@@ -640,7 +655,9 @@ pub(super) async fn terminate_many(
         let one = json!({ "jobId": text, "reason": reason });
         match terminate(door, caller, &one).await {
             Ok(_) => successful.push(json!(text)),
-            Err(error) => errors.push(json!({ "job": text, "code": error.code, "message": error.message })),
+            Err(error) => {
+                errors.push(json!({ "job": text, "code": error.code, "message": error.message }))
+            }
         }
     }
     Ok(json!({ "successful": successful, "errors": errors }))

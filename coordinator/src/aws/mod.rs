@@ -61,7 +61,11 @@ pub(crate) struct Door {
 
 impl Door {
     /// `request` answered for `caller`, through the leader when this is a follower.
-    async fn call(&self, caller: &PeerIdentity, request: ApiRequest) -> Result<ApiResponse, AwsError> {
+    async fn call(
+        &self,
+        caller: &PeerIdentity,
+        request: ApiRequest,
+    ) -> Result<ApiResponse, AwsError> {
         match self
             .api
             .handle(caller, None, ApiRequest::ViaLeader(Box::new(request)))

@@ -95,16 +95,17 @@ async fn describe(
     names_field: &str,
     name_field: &str,
 ) -> Result<(Vec<Value>, Option<String>), AwsError> {
-    let wanted: Option<Vec<String>> = input
-        .get(names_field)
-        .and_then(Value::as_array)
-        .map(|names| {
-            names
-                .iter()
-                .filter_map(Value::as_str)
-                .map(|name| name_of(name).to_string())
-                .collect()
-        });
+    let wanted: Option<Vec<String>> =
+        input
+            .get(names_field)
+            .and_then(Value::as_array)
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|name| name_of(name).to_string())
+                    .collect()
+            });
     let limit = match integer(input, "maxResults")? {
         None => 100,
         Some(n) if (1..=1000).contains(&n) => n as usize,
@@ -116,7 +117,10 @@ async fn describe(
     let mut next = None;
     for (key, value) in list(door, caller, &prefix).await? {
         let name = key[prefix.len()..].to_string();
-        if wanted.as_ref().is_some_and(|wanted| !wanted.contains(&name)) {
+        if wanted
+            .as_ref()
+            .is_some_and(|wanted| !wanted.contains(&name))
+        {
             continue;
         }
         if after.as_ref().is_some_and(|after| name <= *after) {
@@ -162,8 +166,8 @@ pub(super) async fn create_queue(
     input: &Value,
 ) -> Result<Value, AwsError> {
     let name = required(input, "jobQueueName")?;
-    let priority = integer(input, "priority")?
-        .ok_or_else(|| AwsError::client("priority is required"))?;
+    let priority =
+        integer(input, "priority")?.ok_or_else(|| AwsError::client("priority is required"))?;
     let arn = door.arn("job-queue", name);
     let detail = json!({
         "jobQueueName": name,
@@ -187,8 +191,7 @@ pub(super) async fn describe_queues(
     caller: &PeerIdentity,
     input: &Value,
 ) -> Result<Value, AwsError> {
-    let (found, next) =
-        describe(door, caller, "queue", input, "jobQueues", "jobQueueName").await?;
+    let (found, next) = describe(door, caller, "queue", input, "jobQueues", "jobQueueName").await?;
     Ok(with_next(json!({ "jobQueues": found }), next))
 }
 
@@ -226,7 +229,15 @@ pub(super) async fn create_environment(
         "capacityLimits": limits,
         "tags": tags(input),
     });
-    put_new(door, caller, "environment", name, "service environment", &detail).await?;
+    put_new(
+        door,
+        caller,
+        "environment",
+        name,
+        "service environment",
+        &detail,
+    )
+    .await?;
     Ok(json!({ "serviceEnvironmentName": name, "serviceEnvironmentArn": arn }))
 }
 

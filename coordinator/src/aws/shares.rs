@@ -33,7 +33,11 @@ fn limits(door: &Door, input: &Value) -> Result<BTreeMap<GpuClass, u32>, AwsErro
         let unit = required(limit, "capacityUnit")?;
         let count = integer(limit, "maxCapacity")?
             .ok_or_else(|| AwsError::client("maxCapacity is required"))?;
-        let instance = door.settings.instance_types.get(unit).map_err(AwsError::client)?;
+        let instance = door
+            .settings
+            .instance_types
+            .get(unit)
+            .map_err(AwsError::client)?;
         let count = u32::try_from(count)
             .ok()
             .filter(|count| *count >= 1)
@@ -102,7 +106,10 @@ pub(super) async fn create(
     let preemption = input
         .get("preemptionConfiguration")
         .ok_or_else(|| AwsError::client("preemptionConfiguration is required"))?;
-    let in_share_preemption = enabled("inSharePreemption", required(preemption, "inSharePreemption")?)?;
+    let in_share_preemption = enabled(
+        "inSharePreemption",
+        required(preemption, "inSharePreemption")?,
+    )?;
     let state = match string(input, "state")? {
         None => ShareState::Enabled,
         Some(text) if enabled("state", text)? => ShareState::Enabled,
@@ -177,7 +184,9 @@ pub(super) async fn update(
     )
     .await?;
     if let Some(limits) = input.get("capacityLimits") {
-        let mut kept = kept(door, caller, &name).await?.unwrap_or_else(|| json!({}));
+        let mut kept = kept(door, caller, &name)
+            .await?
+            .unwrap_or_else(|| json!({}));
         kept["capacityLimits"] = limits.clone();
         door.call(
             caller,
@@ -238,9 +247,11 @@ fn detail(door: &Door, share: &ShareView, kept: Option<&Value>, with_tags: bool)
             capacity.extend(from_given);
             continue;
         }
-        let unit = GpuClass::parse(class)
-            .ok()
-            .and_then(|class| types.smallest_of(&class).map(|(n, t)| (n.to_string(), t.gpus)));
+        let unit = GpuClass::parse(class).ok().and_then(|class| {
+            types
+                .smallest_of(&class)
+                .map(|(n, t)| (n.to_string(), t.gpus))
+        });
         capacity.push(match unit {
             Some((unit, per)) => json!({ "capacityUnit": unit, "maxCapacity": gpus / per }),
             None => json!({ "capacityUnit": format!("gpu.{class}"), "maxCapacity": gpus }),
@@ -325,10 +336,11 @@ pub(super) async fn list(
         .collect();
     let mut page = Vec::new();
     let mut next = None;
-    for share in shares
-        .iter()
-        .filter(|share| after.as_deref().is_none_or(|after| share.name.as_str() > after))
-    {
+    for share in shares.iter().filter(|share| {
+        after
+            .as_deref()
+            .is_none_or(|after| share.name.as_str() > after)
+    }) {
         let kept = kept.get(&share.name);
         let in_queue = kept
             .and_then(|kept| kept.get("jobQueue"))

@@ -114,7 +114,11 @@ pub fn parse_amz_date(text: &str) -> Option<SystemTime> {
     };
     let (year, month, day) = (digits(0..4)?, digits(4..6)?, digits(6..8)?);
     let (hour, minute, second) = (digits(9..11)?, digits(11..13)?, digits(13..15)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
     {
         return None;
     }
@@ -286,7 +290,10 @@ mod tests {
             .build()
             .unwrap()
             .into();
-        let headers = [("host", "127.0.0.1:9443"), ("content-type", "application/json")];
+        let headers = [
+            ("host", "127.0.0.1:9443"),
+            ("content-type", "application/json"),
+        ];
         let request = SignableRequest::new(
             "POST",
             "https://127.0.0.1:9443/v1/listquotashares",
@@ -329,24 +336,39 @@ mod tests {
     fn a_wrong_secret_a_changed_body_an_old_date_and_another_region_are_refused() {
         let now = SystemTime::now();
         let wrong = signed("x".repeat(40).as_str(), "us-east-1", now, b"{}");
-        assert_eq!(check(&wrong, b"{}", now).unwrap_err().code, "InvalidSignatureException");
+        assert_eq!(
+            check(&wrong, b"{}", now).unwrap_err().code,
+            "InvalidSignatureException"
+        );
         let good = signed(SECRET, "us-east-1", now, b"{}");
         let changed = check(&good, b"{\"a\":1}", now).unwrap_err();
         assert_eq!(changed.code, "InvalidSignatureException");
         let later = now + Duration::from_secs(16 * 60);
         let expired = check(&good, b"{}", later).unwrap_err();
-        assert!(expired.message.starts_with("Signature expired"), "{expired:?}");
+        assert!(
+            expired.message.starts_with("Signature expired"),
+            "{expired:?}"
+        );
         let elsewhere = signed(SECRET, "eu-west-1", now, b"{}");
-        assert!(check(&elsewhere, b"{}", now).unwrap_err().message.contains("region"));
+        assert!(check(&elsewhere, b"{}", now)
+            .unwrap_err()
+            .message
+            .contains("region"));
     }
 
     #[test]
     fn an_unknown_key_and_a_missing_header_are_refused() {
         let now = SystemTime::now();
         let mut headers = signed(SECRET, "us-east-1", now, b"{}");
-        let auth = headers["authorization"].to_str().unwrap().replace("AKQTEXAMPLE", "AKQTOTHER");
+        let auth = headers["authorization"]
+            .to_str()
+            .unwrap()
+            .replace("AKQTEXAMPLE", "AKQTOTHER");
         headers.insert("authorization", HeaderValue::from_str(&auth).unwrap());
-        assert_eq!(check(&headers, b"{}", now).unwrap_err().code, "UnrecognizedClientException");
+        assert_eq!(
+            check(&headers, b"{}", now).unwrap_err().code,
+            "UnrecognizedClientException"
+        );
         headers.remove("authorization");
         assert_eq!(
             check(&headers, b"{}", now).unwrap_err().code,
@@ -359,7 +381,10 @@ mod tests {
         let at = parse_amz_date("19700102T000001Z").unwrap();
         assert_eq!(at, UNIX_EPOCH + Duration::from_secs(86_401));
         let at = parse_amz_date("20261205T090000Z").unwrap();
-        assert_eq!(at.duration_since(UNIX_EPOCH).unwrap().as_secs(), 1_796_461_200);
+        assert_eq!(
+            at.duration_since(UNIX_EPOCH).unwrap().as_secs(),
+            1_796_461_200
+        );
         assert!(parse_amz_date("2026-12-05T09:00:00Z").is_none());
         assert!(parse_amz_date("20261305T090000Z").is_none());
     }

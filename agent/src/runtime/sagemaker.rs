@@ -1,0 +1,295 @@
+//! SageMaker's training contract, for a job submitted through the AWS Batch–compatible
+//! endpoint (docs/aws-batch.md): the coordinators put what the container needs in the job's
+//! `QUOTIENT_SAGEMAKER` variable ([`Contract`]); the Docker runtime gives the container the
+//! files and variables an unmodified SageMaker training image reads, as the public
+//! sagemaker-training-toolkit does:
+//!
+//! - `/opt/ml/input/config/hyperparameters.json`, `resourceconfig.json` (`current_host`,
+//!   `hosts`, `network_interface_name`...), `inputdataconfig.json`, and one empty
+//!   `/opt/ml/input/data/CHANNEL` per channel (the data itself is the job's to fetch: an on-prem
+//!   fleet has no S3 to copy it from);
+//! - `/opt/ml/model`, `/opt/ml/output` (and `output/data`), and the checkpoint dir at
+//!   `CheckpointConfig.LocalPath` (`/opt/ml/checkpoints` by default);
+//! - `SM_*` variables: `SM_HOSTS`, `SM_CURRENT_HOST`, `SM_NUM_GPUS`, `SM_MODEL_DIR`, `SM_HPS`,
+//!   `SM_HP_*`, `SM_CHANNELS`, `SM_CHANNEL_*`, `SM_MASTER_ADDR`, `SM_MASTER_PORT`...;
+//! - hosts named `algo-1`, `algo-2`... in rank order, resolvable in the container.
+//!
+//! On the host, the input and output dirs are in the attempt's work dir; the model dir and the
+//! checkpoints are in the job's checkpoint dir (`model/`, `checkpoints/`), which outlives
+//! attempts and is shared between nodes where the checkpoint root is. When the container
+//! exits with a failure and wrote `/opt/ml/output/failure`, its text is the attempt's reason
+//! ([`failure_reason`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use quotient_common::job_report::EXIT_REASON_BYTES_MAX;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{give_to, JobUser, LaunchSpec, RuntimeError};
+
+/// The job variable that makes a job a SageMaker training job.
+pub const CONTRACT_ENV: &str = "QUOTIENT_SAGEMAKER";
+/// Where SageMaker's files live in the container.
+pub const OPT_ML: &str = "/opt/ml";
+/// The network interface name `resourceconfig.json` gives, as SageMaker's.
+pub const NETWORK_INTERFACE: &str = "eth0";
+
+/// What the coordinators passed in [`CONTRACT_ENV`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Contract {
+    pub job_name: String,
+    pub instance_type: String,
+    /// `ContainerEntrypoint`; `None`: the image's own.
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default)]
+    pub hyperparameters: BTreeMap<String, String>,
+    /// `inputdataconfig.json`'s content: channel name to its settings.
+    #[serde(default)]
+    pub input_data_config: Map<String, Value>,
+    /// Where the checkpoint dir is mounted.
+    pub checkpoint_path: String,
+}
+
+/// What the runtime adds to the container for the contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub env: BTreeMap<String, String>,
+    /// `HOST:CONTAINER` binds.
+    pub binds: Vec<String>,
+    pub entrypoint: Option<Vec<String>>,
+    /// `algo-N:ADDRESS` entries for the container's `/etc/hosts`.
+    pub extra_hosts: Vec<String>,
+    /// The container's host name (`algo-N`), unless it shares the host's network.
+    pub hostname: Option<String>,
+}
+
+/// The contract of `spec`, if it is a SageMaker job.
+pub fn contract(spec: &LaunchSpec) -> Result<Option<Contract>, String> {
+    let Some(text) = spec.env.get(CONTRACT_ENV) else {
+        return Ok(None);
+    };
+    let contract: Contract = serde_json::from_str(text)
+        .map_err(|error| format!("{CONTRACT_ENV} is not a SageMaker training contract: {error}"))?;
+    if !contract.checkpoint_path.starts_with('/') || contract.checkpoint_path.contains("..") {
+        return Err(format!(
+            "CheckpointConfig.LocalPath {:?} must be an absolute path",
+            contract.checkpoint_path
+        ));
+    }
+    for channel in contract.input_data_config.keys() {
+        if channel.is_empty()
+            || !channel
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "channel name {channel:?} must be letters, digits, '-' and '_'"
+            ));
+        }
+    }
+    Ok(Some(contract))
+}
+
+/// The host dir of the attempt's `/opt/ml/input` and `/opt/ml/output`.
+pub fn attempt_dir(work_dir: &Path) -> PathBuf {
+    work_dir.join("sagemaker")
+}
+
+fn host_name(rank: usize) -> String {
+    format!("algo-{}", rank + 1)
+}
+
+fn create(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(path).map_err(|error| RuntimeError::io("create", path, error))?;
+    give_to(path, user)
+}
+
+fn write_json(path: &Path, value: &Value, user: &JobUser) -> Result<(), RuntimeError> {
+    let text = serde_json::to_string_pretty(value).expect("JSON values encode");
+    std::fs::write(path, text).map_err(|error| RuntimeError::io("write", path, error))?;
+    give_to(path, user)
+}
+
+/// Writes the contract's files for `spec` (whose work dir the caller made) and says what to
+/// give the container.
+pub fn prepare(
+    spec: &LaunchSpec,
+    contract: &Contract,
+    user: &JobUser,
+) -> Result<Prepared, RuntimeError> {
+    let meet = &spec.rendezvous;
+    let hosts: Vec<String> = (0..meet.hosts.len().max(1)).map(host_name).collect();
+    let current = host_name(meet.rank as usize);
+    let root = attempt_dir(&spec.work_dir);
+    let (input, output) = (root.join("input"), root.join("output"));
+    let config = input.join("config");
+    create(&config, user)?;
+    create(&output.join("data"), user)?;
+    for dir in [&root, &input, &output] {
+        give_to(dir, user)?;
+    }
+    for channel in contract.input_data_config.keys() {
+        create(&input.join("data").join(channel), user)?;
+    }
+    let model = spec.checkpoint_dir.join("model");
+    let checkpoints = spec.checkpoint_dir.join("checkpoints");
+    create(&model, user)?;
+    create(&checkpoints, user)?;
+    let resource_config = json!({
+        "current_host": current,
+        "current_instance_type": contract.instance_type,
+        "current_group_name": "homogeneousCluster",
+        "hosts": hosts,
+        "instance_groups": [{
+            "instance_group_name": "homogeneousCluster",
+            "instance_type": contract.instance_type,
+            "hosts": hosts,
+        }],
+        "network_interface_name": NETWORK_INTERFACE,
+    });
+    let hyperparameters = json!(contract.hyperparameters);
+    let input_data_config = Value::Object(contract.input_data_config.clone());
+    write_json(&config.join("hyperparameters.json"), &hyperparameters, user)?;
+    write_json(&config.join("resourceconfig.json"), &resource_config, user)?;
+    write_json(
+        &config.join("inputdataconfig.json"),
+        &input_data_config,
+        user,
+    )?;
+
+    let channels: Vec<&String> = contract.input_data_config.keys().collect();
+    let mut env = BTreeMap::from([
+        ("SM_HOSTS".to_string(), json!(hosts).to_string()),
+        ("SM_CURRENT_HOST".to_string(), current.clone()),
+        (
+            "SM_CURRENT_INSTANCE_TYPE".to_string(),
+            contract.instance_type.clone(),
+        ),
+        (
+            "SM_NETWORK_INTERFACE_NAME".to_string(),
+            NETWORK_INTERFACE.to_string(),
+        ),
+        (
+            "SM_NUM_GPUS".to_string(),
+            spec.gpu_indices.len().to_string(),
+        ),
+        ("SM_NUM_CPUS".to_string(), cpus(spec).to_string()),
+        ("SM_HPS".to_string(), hyperparameters.to_string()),
+        ("SM_CHANNELS".to_string(), json!(channels).to_string()),
+        (
+            "SM_INPUT_DATA_CONFIG".to_string(),
+            input_data_config.to_string(),
+        ),
+        (
+            "SM_RESOURCE_CONFIG".to_string(),
+            resource_config.to_string(),
+        ),
+        ("SM_MODEL_DIR".to_string(), format!("{OPT_ML}/model")),
+        ("SM_INPUT_DIR".to_string(), format!("{OPT_ML}/input")),
+        (
+            "SM_INPUT_CONFIG_DIR".to_string(),
+            format!("{OPT_ML}/input/config"),
+        ),
+        ("SM_OUTPUT_DIR".to_string(), format!("{OPT_ML}/output")),
+        (
+            "SM_OUTPUT_DATA_DIR".to_string(),
+            format!("{OPT_ML}/output/data"),
+        ),
+        (
+            "SM_CHECKPOINT_DIR".to_string(),
+            contract.checkpoint_path.clone(),
+        ),
+        ("SM_MASTER_ADDR".to_string(), host_name(0)),
+        ("SM_MASTER_PORT".to_string(), meet.master_port.to_string()),
+        (
+            "SM_TRAINING_JOB_NAME".to_string(),
+            contract.job_name.clone(),
+        ),
+        ("TRAINING_JOB_NAME".to_string(), contract.job_name.clone()),
+        ("SM_LOG_LEVEL".to_string(), "20".to_string()),
+    ]);
+    for channel in &channels {
+        env.insert(
+            format!("SM_CHANNEL_{}", channel.to_uppercase().replace('-', "_")),
+            format!("{OPT_ML}/input/data/{channel}"),
+        );
+    }
+    for (name, value) in &contract.hyperparameters {
+        let key = format!("SM_HP_{}", name.to_uppercase());
+        if key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            env.insert(key, value.clone());
+        }
+    }
+    let training_env = json!({
+        "job_name": contract.job_name,
+        "hosts": hosts,
+        "current_host": current,
+        "num_gpus": spec.gpu_indices.len(),
+        "hyperparameters": hyperparameters,
+        "channel_input_dirs": channels.iter().map(|c| (c.to_string(), json!(format!("{OPT_ML}/input/data/{c}")))).collect::<Map<_, _>>(),
+        "model_dir": format!("{OPT_ML}/model"),
+        "output_dir": format!("{OPT_ML}/output"),
+        "output_data_dir": format!("{OPT_ML}/output/data"),
+        "input_dir": format!("{OPT_ML}/input"),
+        "input_config_dir": format!("{OPT_ML}/input/config"),
+        "master_hostname": host_name(0),
+        "network_interface_name": NETWORK_INTERFACE,
+    });
+    env.insert("SM_TRAINING_ENV".to_string(), training_env.to_string());
+
+    let binds = vec![
+        format!("{}:{OPT_ML}/input", input.display()),
+        format!("{}:{OPT_ML}/output", output.display()),
+        format!("{}:{OPT_ML}/model", model.display()),
+        format!("{}:{}", checkpoints.display(), contract.checkpoint_path),
+    ];
+    // Every member by its SageMaker name; on the host's network (several nodes) the names
+    // point at the hosts, else the container itself is algo-1.
+    let extra_hosts = if meet.is_gang() {
+        meet.hosts
+            .iter()
+            .enumerate()
+            .map(|(rank, address)| format!("{}:{address}", host_name(rank)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Prepared {
+        env,
+        binds,
+        entrypoint: contract.entrypoint.clone(),
+        extra_hosts,
+        hostname: (!meet.is_gang()).then_some(current),
+    })
+}
+
+/// The CPUs the attempt may use, rounded up; 1 when it has no limit of its own.
+fn cpus(spec: &LaunchSpec) -> u64 {
+    spec.limits
+        .nano_cpus()
+        .map_or(1, |nano| (nano as u64).div_ceil(1_000_000_000).max(1))
+}
+
+/// The text the attempt in `work_dir` left in `/opt/ml/output/failure`, at most
+/// [`EXIT_REASON_BYTES_MAX`] bytes of it, if it left any.
+pub fn failure_reason(work_dir: &Path) -> Option<String> {
+    use std::io::Read;
+    let path = attempt_dir(work_dir).join("output").join("failure");
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    file.take(EXIT_REASON_BYTES_MAX as u64 * 4)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let mut cut = text.len().min(EXIT_REASON_BYTES_MAX);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Some(text[..cut].to_string())
+}
