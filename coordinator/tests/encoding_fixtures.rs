@@ -180,7 +180,23 @@ fn fixture_log(version: u16) -> Vec<Entry> {
             job: JobId(2),
             priority: 3,
         }],
-        vec![Command::CheckDigest { leader: None }],
+        [
+            Command::CheckDigest { leader: None },
+            // The AWS endpoint's state (Raft log 5, snapshot state 6), in the snapshot.
+            Command::CreateAccessKey {
+                id: "AKQTFIXTURE".into(),
+                user: "alice".into(),
+                admin: false,
+                secret: "s".repeat(quotient_core::aws::SECRET_CHARS),
+            },
+            Command::PutAwsObject {
+                key: "queue/q1".into(),
+                value: Some("{\"jobQueueName\":\"q1\"}".into()),
+            },
+        ]
+        .into_iter()
+        .take(if version >= 5 { 3 } else { 1 })
+        .collect(),
         // The snapshot covers everything up to here (entry 12).
         vec![Command::CancelJob { job: JobId(2) }],
         vec![Command::UpdateShare {
@@ -432,7 +448,17 @@ async fn a_data_directory_of_every_version_reads_back() {
     assert!(names.contains(&current_fixture()), "{names:?}");
     for name in names {
         eprintln!("--- {name}");
-        check_state(&open_fixture(&name).await);
+        let state = open_fixture(&name).await;
+        check_state(&state);
+        if name == current_fixture() {
+            // What the AWS endpoint keeps came back from the snapshot.
+            let key = state.access_key("AKQTFIXTURE").expect("the access key");
+            assert_eq!(key.user, "alice");
+            assert_eq!(
+                state.aws_object("queue/q1"),
+                Some("{\"jobQueueName\":\"q1\"}")
+            );
+        }
     }
 }
 

@@ -293,3 +293,143 @@ pub fn failure_reason(work_dir: &Path) -> Option<String> {
     }
     Some(text[..cut].to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{JobLimits, Rendezvous};
+    use quotient_common::{JobId, JobPayload, Signal};
+
+    fn spec(dir: &Path, contract: &str, rendezvous: Rendezvous) -> LaunchSpec {
+        LaunchSpec {
+            job: JobId(9),
+            attempt: 1,
+            payload: JobPayload {
+                image: Some("img:1".into()),
+                command: vec!["train".into()],
+            },
+            env: BTreeMap::from([(CONTRACT_ENV.to_string(), contract.to_string())]),
+            gpu_indices: vec![0, 1],
+            gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            checkpoint_dir: dir.join("checkpoints/j-9"),
+            work_dir: dir.join("work/j-9-1"),
+            log_path: dir.join("logs/j-9-1.log"),
+            checkpoint_signal: Signal::Sigterm,
+            grace_period_ms: 1_000,
+            limits: JobLimits::NONE,
+            rendezvous,
+        }
+    }
+
+    const CONTRACT: &str = r#"{"job_name": "t", "instance_type": "ml.g5.12xlarge",
+        "entrypoint": ["python", "train.py"], "hyperparameters": {"epochs": "3", "lr": "0.1"},
+        "input_data_config": {"train": {"TrainingInputMode": "File"}},
+        "checkpoint_path": "/opt/ml/checkpoints"}"#;
+
+    fn read(path: PathBuf) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_member_of_two_nodes_gets_the_files_variables_and_hosts() {
+        let dir = tempfile::tempdir().unwrap();
+        let meet = Rendezvous {
+            rank: 1,
+            hosts: vec!["10.0.0.1".into(), "10.0.0.2".into()],
+            master_addr: "10.0.0.1".into(),
+            master_port: 29_700,
+        };
+        let spec = spec(dir.path(), CONTRACT, meet);
+        let contract = contract(&spec).unwrap().unwrap();
+        std::fs::create_dir_all(&spec.work_dir).unwrap();
+        let prepared = prepare(&spec, &contract, &JobUser::current()).unwrap();
+        let config = attempt_dir(&spec.work_dir).join("input/config");
+        assert_eq!(
+            read(config.join("hyperparameters.json")),
+            json!({"epochs": "3", "lr": "0.1"})
+        );
+        let resources = read(config.join("resourceconfig.json"));
+        assert_eq!(resources["current_host"], "algo-2");
+        assert_eq!(resources["hosts"], json!(["algo-1", "algo-2"]));
+        assert_eq!(resources["network_interface_name"], "eth0");
+        assert_eq!(
+            read(config.join("inputdataconfig.json")),
+            json!({"train": {"TrainingInputMode": "File"}})
+        );
+        assert!(attempt_dir(&spec.work_dir)
+            .join("input/data/train")
+            .is_dir());
+        assert!(spec.checkpoint_dir.join("model").is_dir());
+        let env = &prepared.env;
+        assert_eq!(env["SM_CURRENT_HOST"], "algo-2");
+        assert_eq!(env["SM_HOSTS"], r#"["algo-1","algo-2"]"#);
+        assert_eq!(env["SM_NUM_GPUS"], "2");
+        assert_eq!(env["SM_HP_EPOCHS"], "3");
+        assert_eq!(env["SM_CHANNEL_TRAIN"], "/opt/ml/input/data/train");
+        assert_eq!(env["SM_MASTER_ADDR"], "algo-1");
+        assert_eq!(env["SM_MASTER_PORT"], "29700");
+        assert_eq!(env["SM_MODEL_DIR"], "/opt/ml/model");
+        assert_eq!(
+            prepared.extra_hosts,
+            vec!["algo-1:10.0.0.1".to_string(), "algo-2:10.0.0.2".to_string()]
+        );
+        // On the hosts' network the container keeps the host's name.
+        assert_eq!(prepared.hostname, None);
+        assert_eq!(
+            prepared.entrypoint,
+            Some(vec!["python".to_string(), "train.py".to_string()])
+        );
+        let model = spec.checkpoint_dir.join("model");
+        assert!(prepared
+            .binds
+            .contains(&format!("{}:/opt/ml/model", model.display())));
+        let checkpoints = spec.checkpoint_dir.join("checkpoints");
+        assert!(prepared
+            .binds
+            .contains(&format!("{}:/opt/ml/checkpoints", checkpoints.display())));
+    }
+
+    #[test]
+    fn a_job_of_one_node_is_algo_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path(), CONTRACT, Rendezvous::single(None, 29_500));
+        let contract = contract(&spec).unwrap().unwrap();
+        std::fs::create_dir_all(&spec.work_dir).unwrap();
+        let prepared = prepare(&spec, &contract, &JobUser::current()).unwrap();
+        assert_eq!(prepared.hostname.as_deref(), Some("algo-1"));
+        assert!(prepared.extra_hosts.is_empty());
+    }
+
+    #[test]
+    fn bad_contracts_are_refused_and_other_jobs_have_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = LaunchSpec {
+            env: BTreeMap::new(),
+            ..spec(dir.path(), CONTRACT, Rendezvous::default())
+        };
+        assert_eq!(contract(&plain).unwrap(), None);
+        let relative = CONTRACT.replace("/opt/ml/checkpoints", "ckpt");
+        let refused = contract(&spec(dir.path(), &relative, Rendezvous::default()));
+        assert!(refused.unwrap_err().contains("absolute"));
+        let channel = CONTRACT.replace("\"train\"", "\"../x\"");
+        let refused = contract(&spec(dir.path(), &channel, Rendezvous::default()));
+        assert!(refused.unwrap_err().contains("channel name"));
+        assert!(contract(&spec(dir.path(), "{", Rendezvous::default())).is_err());
+    }
+
+    #[test]
+    fn the_failure_file_is_the_reason_cut_to_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        assert_eq!(failure_reason(&work), None);
+        let output = attempt_dir(&work).join("output");
+        std::fs::create_dir_all(&output).unwrap();
+        std::fs::write(output.join("failure"), "  out of memory\n").unwrap();
+        assert_eq!(failure_reason(&work).as_deref(), Some("out of memory"));
+        std::fs::write(output.join("failure"), "é".repeat(EXIT_REASON_BYTES_MAX)).unwrap();
+        let cut = failure_reason(&work).unwrap();
+        assert!(cut.len() <= EXIT_REASON_BYTES_MAX && cut.starts_with('é'));
+        std::fs::write(output.join("failure"), "\n").unwrap();
+        assert_eq!(failure_reason(&work), None);
+    }
+}

@@ -13,7 +13,9 @@ use quotient_common::retry::{RetryAction, RetryPolicy, RetryRule};
 use quotient_common::{JobId, JobSpec, JobState};
 use serde_json::{json, Map, Value};
 
-use super::{integer, millis, name_of, required, string, AwsError, Door, ACCOUNT_ID};
+use super::{
+    integer, millis, name_of, required, string, AwsError, Door, InstanceTypes, ACCOUNT_ID,
+};
 
 /// The variable that carries the SageMaker training contract to the agent.
 pub const SAGEMAKER_ENV: &str = "QUOTIENT_SAGEMAKER";
@@ -74,7 +76,7 @@ fn string_map(value: &Value, name: &str) -> Result<BTreeMap<String, String>, Aws
 }
 
 /// The job a SubmitServiceJob request asks for.
-fn spec_of(door: &Door, input: &Value) -> Result<JobSpec, AwsError> {
+fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
     let job_name = required(input, "jobName")?;
     let kind = required(input, "serviceJobType")?;
     if kind != "SAGEMAKER_TRAINING" {
@@ -109,11 +111,7 @@ fn spec_of(door: &Door, input: &Value) -> Result<JobSpec, AwsError> {
         .get("ResourceConfig")
         .ok_or_else(|| AwsError::client("serviceRequestPayload needs ResourceConfig"))?;
     let instance_type = required(resources, "InstanceType")?;
-    let instance = door
-        .settings
-        .instance_types
-        .get(instance_type)
-        .map_err(AwsError::client)?;
+    let instance = types.get(instance_type).map_err(AwsError::client)?;
     let count = integer(resources, "InstanceCount")?.unwrap_or(1);
     let nodes = u32::try_from(count)
         .ok()
@@ -265,7 +263,7 @@ pub(super) async fn submit(
 ) -> Result<Value, AwsError> {
     let queue = name_of(required(input, "jobQueue")?).to_string();
     super::objects::require_queue(door, caller, &queue).await?;
-    let spec = spec_of(door, input)?;
+    let spec = spec_of(&door.settings.instance_types, input)?;
     let name = spec.name.clone().unwrap_or_default();
     let response = door
         .call(
@@ -661,4 +659,131 @@ pub(super) async fn terminate_many(
         }
     }
     Ok(json!({ "successful": successful, "errors": errors }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submit(payload: Value, extra: Value) -> Value {
+        let mut input = json!({
+            "jobName": "train-1",
+            "jobQueue": "q1",
+            "serviceJobType": "SAGEMAKER_TRAINING",
+            "quotaShareName": "QS1",
+            "serviceRequestPayload": payload.to_string(),
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            input[key] = value.clone();
+        }
+        input
+    }
+
+    #[test]
+    fn a_training_request_becomes_a_job() {
+        let payload = json!({
+            "AlgorithmSpecification": {"TrainingImage": "repo/train:1"},
+            "ResourceConfig": {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2},
+            "Environment": {"MODE": "fast"},
+            "HyperParameters": {"epochs": "3"},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
+            "CheckpointConfig": {"LocalPath": "/ckpt"},
+        });
+        let extra = json!({
+            "schedulingPriority": 7,
+            "retryStrategy": {"attempts": 3, "evaluateOnExit": [
+                {"action": "EXIT", "onStatusReason": "*OutOfMemory*"},
+                {"action": "retry", "onStatusReason": "*"}]},
+            "timeoutConfig": {"attemptDurationSeconds": 3600},
+            "preemptionConfiguration": {"preemptionRetriesBeforeTermination": 2},
+            "clientToken": "t-1",
+        });
+        let spec = spec_of(&InstanceTypes::default(), &submit(payload, extra)).unwrap();
+        assert_eq!(spec.name.as_deref(), Some("train-1"));
+        assert_eq!(spec.share, "QS1");
+        assert_eq!(spec.priority, 7);
+        assert_eq!(spec.payload.image.as_deref(), Some("repo/train:1"));
+        // No entrypoint given: the image's own, with the argument `train`.
+        assert_eq!(spec.payload.command, vec!["train".to_string()]);
+        assert_eq!(spec.gpu_class.as_ref().map(|c| c.as_str()), Some("a100"));
+        assert_eq!((spec.gpus, spec.nodes), (8, 2));
+        assert_eq!(spec.env["MODE"], "fast");
+        // The smaller of the two limits.
+        assert_eq!(spec.time_limit_ms, Some(3_600_000));
+        assert_eq!(spec.retry.retries, 2);
+        assert_eq!(spec.retry.rules.len(), 2);
+        assert_eq!(spec.retry.rules[0].action, RetryAction::Exit);
+        assert_eq!(
+            spec.retry.rules[0].on_reason.as_deref(),
+            Some("*OutOfMemory*")
+        );
+        assert_eq!(spec.max_preemptions, Some(2));
+        assert_eq!(spec.idempotency_key.as_deref(), Some("aws:t-1"));
+        let contract: Value = serde_json::from_str(&spec.env[SAGEMAKER_ENV]).unwrap();
+        assert_eq!(contract["checkpoint_path"], "/ckpt");
+        assert_eq!(contract["hyperparameters"], json!({"epochs": "3"}));
+        assert_eq!(contract["instance_type"], "ml.p4d.24xlarge");
+        assert_eq!(contract["entrypoint"], Value::Null);
+    }
+
+    #[test]
+    fn an_entrypoint_and_arguments_replace_the_images() {
+        let payload = json!({
+            "AlgorithmSpecification": {"TrainingImage": "img:1",
+                "ContainerEntrypoint": ["python", "-m"], "ContainerArguments": ["trainer"]},
+            "ResourceConfig": {"InstanceType": "ml.g5.xlarge"},
+        });
+        let spec = spec_of(&InstanceTypes::default(), &submit(payload, json!({}))).unwrap();
+        assert_eq!(spec.payload.command, vec!["trainer".to_string()]);
+        let contract: Value = serde_json::from_str(&spec.env[SAGEMAKER_ENV]).unwrap();
+        assert_eq!(contract["entrypoint"], json!(["python", "-m"]));
+        assert_eq!(contract["checkpoint_path"], CHECKPOINT_PATH_DEFAULT);
+        assert_eq!((spec.gpus, spec.nodes), (1, 1));
+    }
+
+    #[test]
+    fn bad_requests_are_refused_saying_what_to_fix() {
+        let types = InstanceTypes::default();
+        let good = json!({
+            "AlgorithmSpecification": {"TrainingImage": "img:1"},
+            "ResourceConfig": {"InstanceType": "ml.g5.xlarge"},
+        });
+        let refused = |input: Value| spec_of(&types, &input).unwrap_err().message;
+        let unknown = json!({
+            "AlgorithmSpecification": {"TrainingImage": "img:1"},
+            "ResourceConfig": {"InstanceType": "ml.m5.large"},
+        });
+        assert!(refused(submit(unknown, json!({}))).contains("--aws-instance-type"));
+        assert!(
+            refused(submit(good.clone(), json!({"schedulingPriority": 10_000})))
+                .contains("0 to 9999")
+        );
+        assert!(refused(submit(
+            good.clone(),
+            json!({"retryStrategy": {"attempts": 11}})
+        ))
+        .contains("1 to 10"));
+        assert!(
+            refused(submit(good.clone(), json!({"serviceJobType": "OTHER"})))
+                .contains("SAGEMAKER_TRAINING")
+        );
+        let mut no_share = submit(good, json!({}));
+        no_share.as_object_mut().unwrap().remove("quotaShareName");
+        assert!(refused(no_share).contains("quotaShareName"));
+        let mut not_json = submit(json!({}), json!({}));
+        not_json["serviceRequestPayload"] = json!("{not json");
+        assert!(refused(not_json).contains("not a JSON"));
+    }
+
+    #[test]
+    fn statuses_map_both_ways() {
+        for state in JobState::ALL {
+            let status = status(state.as_str());
+            assert!(
+                states_of(status).unwrap().contains(&state),
+                "{state:?} shows as {status}, which lists it"
+            );
+        }
+        assert!(states_of("DONE").is_err());
+    }
 }
