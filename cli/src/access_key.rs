@@ -32,7 +32,7 @@ pub struct AccessKeyListArgs {}
 
 fn call(global: &GlobalArgs, request: ApiRequest) -> anyhow::Result<ApiResponse> {
     let mut session = Session::open(global.config.as_deref())?;
-    Ok(session.call(request)?)
+    session.call(request)
 }
 
 pub fn create(global: &GlobalArgs, args: &AccessKeyCreateArgs) -> anyhow::Result<()> {

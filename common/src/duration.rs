@@ -30,3 +30,16 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     }
     Ok(number * unit_ms)
 }
+
+/// Days since 1970-01-01 of a date in the proleptic Gregorian calendar (Howard Hinnant's
+/// `days_from_civil`): for the timestamps read from outside (Docker's log stamps, SigV4's
+/// `X-Amz-Date`).
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month_index = (month + 9) % 12;
+    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}

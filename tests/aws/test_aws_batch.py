@@ -381,6 +381,48 @@ class AwsBatch(unittest.TestCase):
         self.assertEqual(done["status"], "SUCCEEDED", done)
         self.assertIn("stoppedAt", done)
 
+    def test_9b_a_quota_share_is_updated_disabled_and_deleted(self):
+        self.admin.create_quota_share(
+            quotaShareName="QS4",
+            jobQueue="q1",
+            capacityLimits=[{"maxCapacity": 1, "capacityUnit": "ml.g5.12xlarge"}],
+            resourceSharingConfiguration={"strategy": "RESERVE"},
+            preemptionConfiguration={"inSharePreemption": "DISABLED"},
+        )
+        self.assertEqual(json.loads(quotient("share", "get", "QS4", "-o", "json"))["limits"], {"a10g": 4})
+        self.admin.update_quota_share(
+            quotaShareArn="arn:aws:batch:us-east-1:000000000000:quota-share/QS4",
+            capacityLimits=[{"maxCapacity": 2, "capacityUnit": "ml.g5.xlarge"}],
+            resourceSharingConfiguration={"strategy": "LEND_AND_BORROW", "borrowLimit": 50},
+            preemptionConfiguration={"inSharePreemption": "ENABLED"},
+        )
+        qs4 = self.admin.describe_quota_share(quotaShareArn="QS4")
+        self.assertEqual(qs4["capacityLimits"], [{"maxCapacity": 2, "capacityUnit": "ml.g5.xlarge"}])
+        self.assertEqual(qs4["resourceSharingConfiguration"], {"strategy": "LEND_AND_BORROW", "borrowLimit": 50})
+        self.assertEqual(qs4["preemptionConfiguration"], {"inSharePreemption": "ENABLED"})
+        # As on the command line, an enabled share is not deleted.
+        with self.assertRaises(botocore.exceptions.ClientError) as caught:
+            self.admin.delete_quota_share(quotaShareArn="QS4")
+        self.assertIn("disable it", caught.exception.response["Error"]["Message"])
+        self.admin.update_quota_share(quotaShareArn="QS4", state="DISABLED")
+        self.assertEqual(self.admin.describe_quota_share(quotaShareArn="QS4")["state"], "DISABLED")
+        self.admin.delete_quota_share(quotaShareArn="QS4")
+        listed = self.admin.list_quota_shares(jobQueue="q1")["quotaShares"]
+        self.assertEqual(sorted(share["quotaShareName"] for share in listed), ["QS1", "QS2", "QS3"])
+        pages = self.admin.get_paginator("list_quota_shares").paginate(jobQueue="q1", PaginationConfig={"PageSize": 1})
+        self.assertEqual([s["quotaShareName"] for page in pages for s in page["quotaShares"]], ["QS1", "QS2", "QS3"])
+        policies = self.admin.describe_scheduling_policies(arns=["qsp"])["schedulingPolicies"]
+        self.assertEqual(policies[0]["quotaSharePolicy"], {"idleResourceAssignmentStrategy": "FIFO"})
+
+    def test_9c_terminate_several_jobs(self):
+        jobs = self.jobs
+        answer = self.admin.terminate_service_jobs(jobs=[jobs["high"], jobs["med"], "j-999999"], reason="the end")
+        self.assertEqual(sorted(answer["successful"]), sorted([jobs["high"], jobs["med"]]))
+        self.assertEqual([error["job"] for error in answer["errors"]], ["j-999999"])
+        for name in ("high", "med"):
+            ended = wait_status(self.admin, jobs[name], ["FAILED"])
+            self.assertTrue(ended["isTerminated"])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

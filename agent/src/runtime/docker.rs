@@ -851,8 +851,10 @@ impl LogStamp {
         if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
             return None;
         }
-        let seconds =
-            days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second;
+        let seconds = quotient_common::duration::days_from_civil(year, month, day) * 86_400
+            + hour * 3_600
+            + minute * 60
+            + second;
         Some(LogStamp { seconds, nanos })
     }
 
@@ -872,18 +874,6 @@ impl LogStamp {
         let written = words.next().and_then(|word| word.parse().ok()).unwrap_or(1);
         Some((stamp, written))
     }
-}
-
-/// Days since 1970-01-01 of a date in the proleptic Gregorian calendar (Howard Hinnant's
-/// `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month_index = (month + 9) % 12;
-    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
 }
 
 /// Splits one message of a log read with timestamps into its stamp and its bytes.

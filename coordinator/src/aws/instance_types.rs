@@ -18,8 +18,23 @@ pub struct InstanceType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceTypes(BTreeMap<String, InstanceType>);
 
-/// (family, class, [(size, GPUs)]) of SageMaker's GPU instance families.
-const DEFAULTS: &[(&str, &str, &[(&str, u32)])] = &[
+/// Sizes of an instance family and their GPUs.
+type Sizes = &'static [(&'static str, u32)];
+
+/// The sizes of the g5, g6 and g6e families.
+const G_SIZES: Sizes = &[
+    ("xlarge", 1),
+    ("2xlarge", 1),
+    ("4xlarge", 1),
+    ("8xlarge", 1),
+    ("16xlarge", 1),
+    ("12xlarge", 4),
+    ("24xlarge", 4),
+    ("48xlarge", 8),
+];
+
+/// (family, class, sizes) of SageMaker's GPU instance families.
+const DEFAULTS: &[(&str, &str, Sizes)] = &[
     (
         "ml.g4dn",
         "t4",
@@ -32,48 +47,9 @@ const DEFAULTS: &[(&str, &str, &[(&str, u32)])] = &[
             ("12xlarge", 4),
         ],
     ),
-    (
-        "ml.g5",
-        "a10g",
-        &[
-            ("xlarge", 1),
-            ("2xlarge", 1),
-            ("4xlarge", 1),
-            ("8xlarge", 1),
-            ("16xlarge", 1),
-            ("12xlarge", 4),
-            ("24xlarge", 4),
-            ("48xlarge", 8),
-        ],
-    ),
-    (
-        "ml.g6",
-        "l4",
-        &[
-            ("xlarge", 1),
-            ("2xlarge", 1),
-            ("4xlarge", 1),
-            ("8xlarge", 1),
-            ("16xlarge", 1),
-            ("12xlarge", 4),
-            ("24xlarge", 4),
-            ("48xlarge", 8),
-        ],
-    ),
-    (
-        "ml.g6e",
-        "l40s",
-        &[
-            ("xlarge", 1),
-            ("2xlarge", 1),
-            ("4xlarge", 1),
-            ("8xlarge", 1),
-            ("16xlarge", 1),
-            ("12xlarge", 4),
-            ("24xlarge", 4),
-            ("48xlarge", 8),
-        ],
-    ),
+    ("ml.g5", "a10g", G_SIZES),
+    ("ml.g6", "l4", G_SIZES),
+    ("ml.g6e", "l40s", G_SIZES),
     (
         "ml.p3",
         "v100",

@@ -88,17 +88,6 @@ fn parse_authorization(header: &str) -> Result<Authorization<'_>, AwsError> {
     })
 }
 
-/// Days from 1970-01-01 to the civil date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month_index = (month + 9) % 12;
-    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
-
 /// `20261205T090000Z` as a time.
 pub fn parse_amz_date(text: &str) -> Option<SystemTime> {
     let bytes = text.as_bytes();
@@ -122,7 +111,10 @@ pub fn parse_amz_date(text: &str) -> Option<SystemTime> {
     {
         return None;
     }
-    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second;
+    let seconds = quotient_common::duration::days_from_civil(year, month, day) * 86_400
+        + hour * 3_600
+        + minute * 60
+        + second;
     u64::try_from(seconds)
         .ok()
         .map(|seconds| UNIX_EPOCH + Duration::from_secs(seconds))
