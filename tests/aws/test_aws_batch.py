@@ -176,10 +176,13 @@ class AwsBatch(unittest.TestCase):
 
     def test_2_walkthrough_three_jobs_into_qs1(self):
         jobs = self.jobs
-        jobs["high"] = self.submit(self.alice, "high", "QS1", 3)
+        jobs["high"] = self.submit(self.alice, "high", "QS1", 3, tags={"project": "llm"})
         jobs["med"] = self.submit(self.alice, "med", "QS1", 2)
         jobs["low"] = self.submit(self.alice, "low", "QS1", 1)
-        wait_status(self.alice, jobs["high"], ["RUNNING"])
+        high = wait_status(self.alice, jobs["high"], ["RUNNING"])
+        self.assertEqual(high["tags"], {"project": "llm"})
+        self.assertEqual(high["capacityUsage"], [{"capacityUnit": "ml.g5.xlarge", "quantity": 1.0}])
+        self.assertIn("startedAt", high)
         wait_status(self.alice, jobs["med"], ["RUNNING"])
         low = wait_status(self.alice, jobs["low"], ["RUNNABLE"])
         self.assertEqual(low["quotaShareName"], "QS1")

@@ -40,6 +40,11 @@ pub use instance_types::{InstanceType, InstanceTypes};
 pub const AWS_BODY_BYTES_MAX: usize = 256 * 1024;
 /// How long a client has to finish its TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// How long a follower waits for an access key it does not know yet to be replicated to it,
+/// before it answers that the key is unknown.
+pub const KEY_CATCH_UP_MS: u64 = 2_000;
+/// How often it looks again meanwhile.
+const KEY_CATCH_UP_POLL_MS: u64 = 50;
 /// The account id in the ARNs the endpoint makes: one cluster is one account.
 pub const ACCOUNT_ID: &str = "000000000000";
 
@@ -74,6 +79,11 @@ impl Door {
             ApiResponse::Error(error) => Err(AwsError::from_api(error)),
             response => Ok(response),
         }
+    }
+
+    /// Whether this coordinator leads now.
+    fn is_leader(&self) -> bool {
+        self.ctx.raft.metrics().borrow().current_leader == Some(self.ctx.id())
     }
 
     fn arn(&self, kind: &str, name: &str) -> String {
@@ -196,13 +206,14 @@ async fn answer(
     body: &[u8],
     operation: &str,
 ) -> Result<Value, AwsError> {
-    let caller = {
+    let started = tokio::time::Instant::now();
+    let caller = loop {
         let keys = |id: &str| {
             door.ctx
                 .state_machine
                 .read(|state| state.access_key(id).cloned())
         };
-        sigv4::verify(
+        let verified = sigv4::verify(
             method,
             uri,
             headers,
@@ -210,7 +221,19 @@ async fn answer(
             &door.settings.region,
             std::time::SystemTime::now(),
             keys,
-        )?
+        );
+        match verified {
+            // A key just issued may not have reached this follower yet (the leader answered
+            // its creation once a majority had it): give replication a moment.
+            Err(error)
+                if error.code == sigv4::UNKNOWN_KEY
+                    && !door.is_leader()
+                    && started.elapsed() < Duration::from_millis(KEY_CATCH_UP_MS) =>
+            {
+                tokio::time::sleep(Duration::from_millis(KEY_CATCH_UP_POLL_MS)).await;
+            }
+            verified => break verified?,
+        }
     };
     if method != Method::POST {
         return Err(AwsError::unknown_operation(method.as_str(), uri.path()));

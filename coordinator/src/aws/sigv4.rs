@@ -19,6 +19,8 @@ pub const SERVICE: &str = "batch";
 /// How far a request's time may be from this coordinator's clock, either way: AWS's own
 /// 15 minutes.
 pub const SKEW_MAX: Duration = Duration::from_secs(15 * 60);
+/// The error code of a request signed with a key this coordinator does not know.
+pub const UNKNOWN_KEY: &str = "UnrecognizedClientException";
 /// The longest `Authorization` header read.
 const AUTHORIZATION_BYTES_MAX: usize = 4_096;
 
@@ -184,7 +186,7 @@ pub fn verify(
     let Some(key) = keys(auth.key_id) else {
         return Err(AwsError {
             status: 403,
-            code: "UnrecognizedClientException",
+            code: UNKNOWN_KEY,
             message: format!(
                 "The security token included in the request is invalid: no access key {} \
                  (ask an admin for one: quotient access-key create)",
