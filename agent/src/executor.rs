@@ -419,7 +419,7 @@ impl<R: Runtime> Executor<R> {
                     job,
                     attempt,
                     payload: spec.payload.clone(),
-                    env: spec.env.clone(),
+                    env: spec.env.to_map(),
                     gpu_indices,
                     gpu_uuids,
                     checkpoint_dir: checkpoint_dir(&self.checkpoint_root, job),

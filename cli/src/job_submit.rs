@@ -130,7 +130,7 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
             image: args.image.clone(),
             command: args.command.clone(),
         },
-        env,
+        env: env.into(),
         checkpoint_signal: args.checkpoint_signal,
         grace_period_ms: args.grace_period.unwrap_or(GRACE_PERIOD_DEFAULT_MS),
         max_preemptions: args.max_preemptions,

@@ -5,7 +5,6 @@
 //! the class is one of its limits).
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::name::validate_name;
@@ -164,7 +163,7 @@ pub struct JobSpec {
     /// Optional when the share has one class.
     pub gpu_class: Option<GpuClass>,
     pub payload: JobPayload,
-    pub env: BTreeMap<String, String>,
+    pub env: crate::EnvVars,
     pub checkpoint_signal: Signal,
     pub grace_period_ms: u64,
     /// `None` = requeue without limit; `Some(0)` = FAILED on first preemption.
@@ -205,7 +204,7 @@ impl JobSpec {
                 image: None,
                 command,
             },
-            env: BTreeMap::new(),
+            env: crate::EnvVars::new(),
             checkpoint_signal: Signal::Sigterm,
             grace_period_ms: GRACE_PERIOD_DEFAULT_MS,
             max_preemptions: None,

@@ -35,6 +35,7 @@ pub mod backup;
 pub mod certs;
 pub mod cluster_id;
 pub mod duration;
+pub mod env_vars;
 pub mod error_code;
 pub mod event;
 #[cfg(feature = "net")]
@@ -59,6 +60,7 @@ pub mod transport;
 pub mod version;
 
 pub use cluster_id::ClusterId;
+pub use env_vars::EnvVars;
 pub use error_code::ErrorCode;
 pub use gpu_class::GpuClass;
 pub use job::{JobId, JobPayload, JobSpec, JobState, Signal};

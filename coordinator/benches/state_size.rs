@@ -113,7 +113,7 @@ fn main() {
         );
         spec.name = Some(format!("train-{n}"));
         spec.gpu_class = Some(class.clone());
-        spec.env = BTreeMap::from([
+        spec.env = quotient_common::EnvVars::from([
             ("WANDB_PROJECT".to_string(), "vision".to_string()),
             ("SEED".to_string(), n.to_string()),
         ]);

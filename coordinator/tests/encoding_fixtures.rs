@@ -143,7 +143,7 @@ fn fixture_log(version: u16) -> Vec<Entry> {
             Command::SubmitJob({
                 let mut spec = job("research", "train-1", 5, 2);
                 spec.idempotency_key = Some("run-1".into());
-                spec.env = BTreeMap::from([("SEED".into(), "7".into())]);
+                spec.env = quotient_common::EnvVars::from([("SEED".into(), "7".into())]);
                 spec
             }),
             Command::SubmitJob(job("research", "train-2", 1, 1)),

@@ -118,7 +118,7 @@ impl From<JobSpecV2> for JobSpec {
             gpus: v2.gpus,
             gpu_class: v2.gpu_class,
             payload: v2.payload,
-            env: v2.env,
+            env: v2.env.into(),
             checkpoint_signal: v2.checkpoint_signal,
             grace_period_ms: v2.grace_period_ms,
             max_preemptions: v2.max_preemptions,

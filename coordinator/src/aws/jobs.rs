@@ -145,7 +145,7 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
                 AwsError::client(format!("schedulingPriority must be 0 to {PRIORITY_MAX}"))
             })?;
     }
-    spec.env = string_map(&payload, "Environment")?;
+    spec.env = string_map(&payload, "Environment")?.into();
     let mut limit_s: Option<i64> = None;
     if let Some(stopping) = payload.get("StoppingCondition") {
         limit_s = integer(stopping, "MaxRuntimeInSeconds")?;
