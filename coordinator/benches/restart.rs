@@ -26,17 +26,17 @@ use quotient_client::ApiClient;
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::certs::{self, Role};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
-use quotient_common::{ClusterId, GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
+use quotient_common::ClusterId;
 use quotient_coordinator::config::SNAPSHOT_LOGS_DEFAULT;
 use quotient_coordinator::identity::ClusterIdentity;
 use quotient_coordinator::store::type_config::Entry;
 use quotient_coordinator::store::{self, Request};
-use quotient_core::{Caller, Command};
+use quotient_core::Command;
+
+mod support;
 
 /// Jobs in one entry before the snapshot, as a busy leader batches submits.
 const JOBS_PER_ENTRY: usize = 1_000;
-/// Shares the jobs are spread over.
-const SHARES: usize = 100;
 /// How long the coordinator may take to serve before the bench gives up.
 const SERVE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -58,50 +58,8 @@ fn entry(index: u64, commands: Vec<Command>) -> Entry {
     }
 }
 
-/// Submit `n` as the state_size bench makes it: a name, a command with arguments, two
-/// variables, an idempotency key and an owner.
-fn submit(n: usize, class: &GpuClass) -> Command {
-    let mut spec = JobSpec::new(
-        &format!("team-{:03}", n % SHARES),
-        (n % 100) as u32,
-        1,
-        vec![
-            "python".into(),
-            "train.py".into(),
-            "--config".into(),
-            format!("configs/run-{n}.yaml"),
-        ],
-    );
-    spec.name = Some(format!("train-{n}"));
-    spec.gpu_class = Some(class.clone());
-    spec.env = quotient_common::EnvVars::from([
-        ("WANDB_PROJECT".to_string(), "vision".to_string()),
-        ("SEED".to_string(), n.to_string()),
-    ]);
-    spec.idempotency_key = Some(format!("quotient-cli-{n:012}-{:08x}", n * 7919));
-    Command::As {
-        caller: Caller {
-            name: format!("user-{}", n % 500),
-            admin: false,
-        },
-        command: Box::new(Command::SubmitJob(spec)),
-    }
-}
-
-/// The process's resident memory in bytes.
-fn rss_bytes(pid: u32) -> u64 {
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).expect("statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|field| field.parse().ok())
-        .expect("the resident pages");
-    pages * 4096
-}
-
 /// Writes the data directory; the index of its last entry.
 async fn write_data_dir(dir: &Path, address: &str, jobs: usize, tail: usize) -> u64 {
-    let class = GpuClass::parse("a10g").expect("a class");
     let cluster = ClusterId::from_bytes(*b"restart-bench-01");
     std::fs::create_dir_all(dir).expect("the data directory");
     ClusterIdentity::open(dir, 1, false, None)
@@ -122,21 +80,7 @@ async fn write_data_dir(dir: &Path, address: &str, jobs: usize, tail: usize) -> 
             payload: EntryPayload::Blank,
         },
     ];
-    let shares = (0..SHARES)
-        .map(|share| {
-            Command::CreateShare(ShareSpec {
-                name: format!("team-{share:03}"),
-                limits: BTreeMap::from([(class.clone(), 8)]),
-                strategy: Strategy::LendAndBorrow,
-                borrow_limit_percent: None,
-                in_share_preemption: false,
-                state: ShareState::Enabled,
-                members: Vec::new(),
-                max_jobs_per_user: None,
-            })
-        })
-        .collect();
-    head.push(entry(3, shares));
+    head.push(entry(3, support::create_shares()));
     log.blocking_append(head.clone()).await.expect("append");
     state_machine.apply(head).await.expect("apply");
     let mut index = 3;
@@ -144,7 +88,7 @@ async fn write_data_dir(dir: &Path, address: &str, jobs: usize, tail: usize) -> 
     for first in (0..jobs).step_by(JOBS_PER_ENTRY) {
         index += 1;
         let batch = (first..(first + JOBS_PER_ENTRY).min(jobs))
-            .map(|n| submit(n, &class))
+            .map(support::submit)
             .collect();
         let entry = entry(index, batch);
         log.blocking_append(vec![entry.clone()])
@@ -169,7 +113,7 @@ async fn write_data_dir(dir: &Path, address: &str, jobs: usize, tail: usize) -> 
     let tail: Vec<Entry> = (0..tail)
         .map(|n| {
             index += 1;
-            entry(index, vec![submit(jobs + n, &class)])
+            entry(index, vec![support::submit(jobs + n)])
         })
         .collect();
     for chunk in tail.chunks(1_000) {
@@ -252,7 +196,7 @@ fn main() {
             }
         }
     });
-    let rss = rss_bytes(pid);
+    let rss = support::rss_bytes(&pid.to_string());
     let _ = child.kill();
     let _ = child.wait();
     let total_jobs = jobs + tail;

@@ -13,33 +13,21 @@
 //!
 //! `BENCH_JOBS` changes the job count. The last line printed is one JSON object.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use quotient_common::{GpuClass, JobId, JobSpec, JobState, ShareSpec, ShareState, Strategy};
+use quotient_common::{JobId, JobState};
 use quotient_coordinator::views::{job_page, JobFilter};
-use quotient_core::{apply, ApplyCtx, Caller, Command, Outcome, State};
+use quotient_core::{apply, ApplyCtx, Command, Outcome, State};
+
+mod support;
+
+use support::{rss_bytes, SHARES};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Shares the jobs are spread over.
-const SHARES: usize = 100;
 /// Pages of each kind timed.
 const PAGES: usize = 50;
-
-/// The process's resident memory in bytes, from /proc/self/statm.
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|field| field.parse().ok())
-        .expect("the resident pages");
-    // SAFETY: sysconf has no preconditions.
-    let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page_size).unwrap_or(4096)
-}
 
 fn median_ms(mut samples: Vec<Duration>) -> f64 {
     samples.sort();
@@ -68,7 +56,6 @@ fn main() {
     let jobs: usize = std::env::var("BENCH_JOBS")
         .map(|v| v.parse().expect("BENCH_JOBS is a count"))
         .unwrap_or(1_000_000);
-    let class = GpuClass::parse("a10g").expect("a class name");
     let mut state = State::default();
     let mut index = 0;
     let mut run = |state: &mut State, command: Command| -> Outcome {
@@ -82,49 +69,13 @@ fn main() {
             },
         )
     };
-    for share in 0..SHARES {
-        run(
-            &mut state,
-            Command::CreateShare(ShareSpec {
-                name: format!("team-{share:03}"),
-                limits: BTreeMap::from([(class.clone(), 8)]),
-                strategy: Strategy::LendAndBorrow,
-                borrow_limit_percent: None,
-                in_share_preemption: false,
-                state: ShareState::Enabled,
-                members: Vec::new(),
-                max_jobs_per_user: None,
-            }),
-        );
+    for command in support::create_shares() {
+        run(&mut state, command);
     }
-    let rss_empty = rss_bytes();
+    let rss_empty = rss_bytes("self");
     let began = Instant::now();
     for n in 0..jobs {
-        let mut spec = JobSpec::new(
-            &format!("team-{:03}", n % SHARES),
-            (n % 100) as u32,
-            1,
-            vec![
-                "python".into(),
-                "train.py".into(),
-                "--config".into(),
-                format!("configs/run-{n}.yaml"),
-            ],
-        );
-        spec.name = Some(format!("train-{n}"));
-        spec.gpu_class = Some(class.clone());
-        spec.env = quotient_common::EnvVars::from([
-            ("WANDB_PROJECT".to_string(), "vision".to_string()),
-            ("SEED".to_string(), n.to_string()),
-        ]);
-        spec.idempotency_key = Some(format!("quotient-cli-{n:012}-{:08x}", n * 7919));
-        let command = Command::As {
-            caller: Caller {
-                name: format!("user-{}", n % 500),
-                admin: false,
-            },
-            command: Box::new(Command::SubmitJob(spec)),
-        };
+        let command = support::submit(n);
         let outcome = run(&mut state, command);
         assert!(
             matches!(outcome, Outcome::JobSubmitted { .. }),
@@ -132,7 +83,7 @@ fn main() {
         );
     }
     let submit_s = began.elapsed().as_secs_f64();
-    let rss_queued = rss_bytes();
+    let rss_queued = rss_bytes("self");
     let per_queued = rss_queued.saturating_sub(rss_empty) as f64 / jobs as f64;
     eprintln!("{jobs} queued jobs: {per_queued:.0} bytes each ({submit_s:.1} s to submit)");
 
@@ -174,7 +125,7 @@ fn main() {
     drop(bytes);
 
     eprintln!("--- every job ends");
-    let rss_before_end = rss_bytes();
+    let rss_before_end = rss_bytes("self");
     for n in 0..jobs {
         run(
             &mut state,
@@ -184,7 +135,7 @@ fn main() {
         );
     }
     assert!(state.jobs().all(|job| job.state == JobState::Cancelled));
-    let rss_finished = rss_bytes();
+    let rss_finished = rss_bytes("self");
     let per_finished = rss_finished.saturating_sub(rss_empty) as f64 / jobs as f64;
     let by_state = timed(
         &state,
