@@ -33,7 +33,7 @@ pub(super) async fn list(
 }
 
 /// The object `kind/name`, parsed.
-async fn get(
+pub(super) async fn get(
     door: &Door,
     caller: &PeerIdentity,
     kind: &str,

@@ -18,7 +18,7 @@ use super::{integer, name_of, required, string, AwsError, Door};
 /// Quota shares on one page of `ListQuotaShares` when `maxResults` is not given.
 const PAGE_DEFAULT: usize = 100;
 
-/// What the endpoint keeps beside a share.
+/// What the endpoint keeps beside a share (`objects::get(door, caller, "share", NAME)` reads it).
 fn object_key(share: &str) -> String {
     format!("share/{share}")
 }
@@ -202,12 +202,7 @@ pub(super) async fn update(
 
 /// What the endpoint kept beside share `name`, if anything.
 async fn kept(door: &Door, caller: &PeerIdentity, name: &str) -> Result<Option<Value>, AwsError> {
-    let key = object_key(name);
-    let objects = super::objects::list(door, caller, &key).await?;
-    Ok(objects
-        .into_iter()
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, value)| serde_json::from_str(&value).ok()))
+    super::objects::get(door, caller, "share", name).await
 }
 
 /// A share as AWS shows it: its limits in the units they were given in where they still add
