@@ -24,6 +24,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quotient_common::job::bounded_launch_message;
@@ -69,6 +71,34 @@ pub fn launch_backoff_ms(tries: u32) -> u64 {
     LAUNCH_BACKOFF_FIRST_MS.saturating_mul(1 << tries.saturating_sub(1).min(16))
 }
 
+/// A clock in milliseconds that only its owner moves (never backwards): the virtual time of a
+/// simulation. Clones share the reading.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    pub fn new(now_ms: u64) -> ManualClock {
+        ManualClock(Arc::new(AtomicU64::new(now_ms)))
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Moves the clock to `now_ms`; an earlier reading is ignored.
+    pub fn advance_to(&self, now_ms: u64) {
+        self.0.fetch_max(now_ms, Ordering::SeqCst);
+    }
+}
+
+/// Where the executor's milliseconds come from.
+#[derive(Debug, Clone)]
+enum ExecutorClock {
+    /// The host's monotonic clock, counted from the executor's creation.
+    Monotonic(Instant),
+    Manual(ManualClock),
+}
+
 /// Carries out reconcile's actions on one node.
 pub struct Executor<R: Runtime> {
     runtime: R,
@@ -83,7 +113,7 @@ pub struct Executor<R: Runtime> {
     /// Attempts whose launch failed and will be tried again.
     launch_retries: BTreeMap<(JobId, u32), LaunchRetry>,
     fence: Option<u64>,
-    clock_origin: Instant,
+    clock: ExecutorClock,
     /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
     /// when the caller says so.
     deferred_removals: Option<Vec<JobHandle>>,
@@ -122,7 +152,7 @@ impl<R: Runtime> Executor<R> {
             finished: BTreeSet::new(),
             launch_retries: BTreeMap::new(),
             fence: None,
-            clock_origin: Instant::now(),
+            clock: ExecutorClock::Monotonic(Instant::now()),
             deferred_removals: None,
             advertise_address: None,
         }
@@ -176,9 +206,19 @@ impl<R: Runtime> Executor<R> {
         self.gpu_uuids = gpu_uuids;
     }
 
-    /// Milliseconds since this executor was made.
+    /// Reads its milliseconds from `clock`, which the caller moves, instead of the host's
+    /// monotonic clock: a simulation's virtual time (the `quotient-sim` crate).
+    pub fn with_manual_clock(mut self, clock: ManualClock) -> Executor<R> {
+        self.clock = ExecutorClock::Manual(clock);
+        self
+    }
+
+    /// Milliseconds since this executor was made (on a manual clock: its reading).
     pub fn now_ms(&self) -> u64 {
-        self.clock_origin.elapsed().as_millis() as u64
+        match &self.clock {
+            ExecutorClock::Monotonic(origin) => origin.elapsed().as_millis() as u64,
+            ExecutorClock::Manual(clock) => clock.now_ms(),
+        }
     }
 
     /// How long until the next grace period runs out or the next launch is tried again, if

@@ -55,6 +55,25 @@ impl LeaseClock {
         }
     }
 
+    /// The lease of an agent (re)starting at `now` (`now_unix_ms` on the wall clock) whose
+    /// journal last recorded an acknowledgement at `last_ack_unix_ms` (wall clock): counted
+    /// from that acknowledgement, so that a restart does not extend the lease, and never from
+    /// further back than the lease itself (expired is expired); from `now` on a first start.
+    pub fn resumed(
+        last_ack_unix_ms: Option<u64>,
+        lease_ms: u64,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> LeaseClock {
+        let basis = last_ack_unix_ms
+            .and_then(|last_ack| {
+                let since = now_unix_ms.saturating_sub(last_ack);
+                now.checked_sub(Duration::from_millis(since.min(lease_ms + 1)))
+            })
+            .unwrap_or(now);
+        LeaseClock::new(basis, lease_ms)
+    }
+
     /// A leader acknowledged a heartbeat sent at `sent_at`. An older send time (a slow answer
     /// that overtook nothing) never moves the basis back.
     pub fn renew(&mut self, sent_at: Instant) {
@@ -169,6 +188,24 @@ pub fn write_lease_file(path: &Path, clock: &LeaseClock, fencing: bool) -> std::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A restart counts the lease from the journal's last acknowledgement: never from later
+    /// than now (a wall clock set back since cannot lengthen it past a fresh lease), never from
+    /// further back than the lease (expired is expired), and from now on a first start.
+    #[test]
+    fn a_resumed_lease_counts_from_the_last_acknowledgement() {
+        let now = Instant::now() + Duration::from_secs(3_600);
+        let lease = LeaseClock::resumed(Some(1_000_000), 10_000, now, 1_004_000);
+        assert_eq!(lease.since_ack(now), Duration::from_millis(4_000));
+        assert!(!lease.acknowledged());
+        let long_ago = LeaseClock::resumed(Some(1_000_000), 10_000, now, 9_000_000);
+        assert!(long_ago.expired(now));
+        assert_eq!(long_ago.since_ack(now), Duration::from_millis(10_001));
+        let set_back = LeaseClock::resumed(Some(1_000_000), 10_000, now, 900_000);
+        assert_eq!(set_back.since_ack(now), Duration::ZERO);
+        let first = LeaseClock::resumed(None, 10_000, now, 900_000);
+        assert_eq!(first.since_ack(now), Duration::ZERO);
+    }
 
     /// The file names the expiry on the boot clock, counted from the last acknowledged send.
     #[test]

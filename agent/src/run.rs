@@ -379,17 +379,15 @@ fn log_source(config: &AgentConfig) -> LogSource {
 /// The lease clock at start: counted from the last acknowledgement in the journal (so a
 /// restart does not extend the lease), or from now on a first start.
 fn initial_lease(journal: &Journal, lease_ms: u64) -> LeaseClock {
-    let now = Instant::now();
-    let basis = journal
-        .last_ack_unix_ms()
-        .and_then(|last_ack| {
-            let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
-            let since = now_unix.saturating_sub(Duration::from_millis(last_ack));
-            // Never further back than the lease itself: expired is expired.
-            now.checked_sub(since.min(Duration::from_millis(lease_ms + 1)))
-        })
-        .unwrap_or(now);
-    LeaseClock::new(basis, lease_ms)
+    let now_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    LeaseClock::resumed(
+        journal.last_ack_unix_ms(),
+        lease_ms,
+        Instant::now(),
+        now_unix_ms,
+    )
 }
 
 /// The attempts running here, as the protocol reports them.

@@ -67,9 +67,15 @@ impl NodeLeases {
 
     /// Records that `node` was heard from now.
     pub fn heard_from(&self, node: &str) {
+        self.heard_from_at(node, Instant::now(), wall_ms());
+    }
+
+    /// Records that `node` was heard from at `at` (`wall_ms` on the wall clock): a
+    /// simulation's virtual time (the `quotient-sim` crate).
+    pub fn heard_from_at(&self, node: &str, at: Instant, wall_ms: u64) {
         let seen = Seen {
-            at: Instant::now(),
-            wall_ms: Some(wall_ms()),
+            at,
+            wall_ms: Some(wall_ms),
         };
         self.lock().insert(node.to_string(), seen);
     }
