@@ -11,6 +11,7 @@
 //! (`dev down`, then SIGKILL of whatever is left), whose leader a test can kill
 //! ([`DevCluster::kill_leader_then`]); [`poll_until`] waits with a deadline.
 
+pub mod chaos;
 pub mod fleet;
 pub mod prometheus;
 pub mod walkthrough;
