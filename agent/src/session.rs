@@ -231,6 +231,17 @@ struct Timing {
     lease_ms: u64,
 }
 
+/// The lease and heartbeat interval an agent takes from a leader's `Registered`: the lease
+/// no shorter than `lease_min_ms`, and at least [`HEARTBEATS_PER_LEASE_MIN`] heartbeats per
+/// lease, none more often than [`HEARTBEAT_MIN_MS`]. Returns `(lease_ms, heartbeat_ms)`.
+pub fn agreed_timing(agent_lease_ms: u64, heartbeat_ms: u64, lease_min_ms: u64) -> (u64, u64) {
+    let lease_ms = agent_lease_ms.max(lease_min_ms);
+    let heartbeat_ms = heartbeat_ms
+        .min(lease_ms / HEARTBEATS_PER_LEASE_MIN)
+        .max(HEARTBEAT_MIN_MS);
+    (lease_ms, heartbeat_ms)
+}
+
 /// The deadline of one heartbeat under a lease of `lease_ms`.
 pub fn heartbeat_deadline(lease_ms: u64) -> Duration {
     Duration::from_millis(
@@ -515,10 +526,8 @@ impl LeaderSession {
                     );
                     return Err(Ended::Lost(error.to_string()));
                 }
-                let lease_ms = agent_lease_ms.max(self.lease_min_ms);
-                let heartbeat_ms = heartbeat_ms
-                    .min(lease_ms / HEARTBEATS_PER_LEASE_MIN)
-                    .max(HEARTBEAT_MIN_MS);
+                let (lease_ms, heartbeat_ms) =
+                    agreed_timing(agent_lease_ms, heartbeat_ms, self.lease_min_ms);
                 self.shared.renew_lease(sent_at, Some(lease_ms));
                 self.record_ack(sent_at);
                 *self

@@ -58,6 +58,13 @@ pub const AGENT_HEARTBEAT_DEFAULT_MS: u64 = 1_000;
 /// Default margin the leader adds to the agent lease and the jobs' grace periods before it
 /// marks a silent node lost (milliseconds).
 pub const NODE_LEASE_MARGIN_DEFAULT_MS: u64 = 5_000;
+/// The smallest margin a coordinator accepts (milliseconds). A dead or frozen agent cannot
+/// stop its jobs; each job's orphan watchdog does, up to 2.5 s after the agent's lease ran
+/// out (0.5 s of slack, a 1 s poll before the checkpoint signal and one after the grace
+/// period: the agent's `runtime::process`). The other 0.5 s cover the executor's tick and
+/// the clocks' rate drift. With less, the seeded simulator (`quotient-sim --random-timing`,
+/// docs/simulation.md) finds jobs requeued while they still run.
+pub const NODE_LEASE_MARGIN_MIN_MS: u64 = 3_000;
 /// Default interval between two checks that every replica holds the leader's state
 /// (`digest_check`), in milliseconds. Each costs every replica one encoding of its state, off
 /// the apply path; once a minute finds a divergence long before an operator would.
@@ -133,6 +140,25 @@ pub struct AgentTuning {
     pub agent_lease_ms: u64,
     pub agent_heartbeat_ms: u64,
     pub node_lease_margin_ms: u64,
+}
+
+/// Checks the agent timing a coordinator may be given; the error says what to change.
+pub fn check_agent_tuning(agents: &AgentTuning) -> Result<(), String> {
+    if agents.agent_heartbeat_ms == 0 || agents.agent_lease_ms < 2 * agents.agent_heartbeat_ms {
+        return Err(format!(
+            "agent timing must satisfy 0 < heartbeat ({}) and lease ({}) >= 2 x heartbeat ms",
+            agents.agent_heartbeat_ms, agents.agent_lease_ms
+        ));
+    }
+    if agents.node_lease_margin_ms < NODE_LEASE_MARGIN_MIN_MS {
+        return Err(format!(
+            "node-lease-margin-ms must be at least {NODE_LEASE_MARGIN_MIN_MS}, not {}: a dead \
+             agent's jobs are stopped by their watchdogs up to 2.5 s after its lease ran out, \
+             and a node must not be declared lost (its jobs requeued) before that",
+            agents.node_lease_margin_ms
+        ));
+    }
+    Ok(())
 }
 
 impl Default for AgentTuning {
@@ -384,13 +410,7 @@ impl CoordinatorConfig {
         if tuning.snapshot_logs == 0 {
             return invalid("snapshot_logs must be at least 1".into());
         }
-        let agents = &self.agents;
-        if agents.agent_heartbeat_ms == 0 || agents.agent_lease_ms < 2 * agents.agent_heartbeat_ms {
-            return invalid(format!(
-                "agent timing must satisfy 0 < heartbeat ({}) and lease ({}) >= 2 x heartbeat ms",
-                agents.agent_heartbeat_ms, agents.agent_lease_ms
-            ));
-        }
+        check_agent_tuning(&self.agents).map_err(ConfigError::Invalid)?;
         let retention = &self.retention;
         if retention.finished_ms < RETAIN_FINISHED_MIN_MS {
             return invalid(format!(
@@ -511,6 +531,27 @@ mod tests {
         assert!(error.to_string().contains("no port"), "{error}");
         let error = parse_peers("x=127.0.0.1:1").expect_err("bad id");
         assert!(error.to_string().contains("not a number"), "{error}");
+    }
+
+    #[test]
+    fn agent_timing_that_could_run_a_job_twice_is_refused() {
+        // Proves the margin's floor: below it a dead agent's jobs may still run when their node
+        // is declared lost (the simulator's finding, docs/simulation.md); the refusal says why.
+        let mut tuning = AgentTuning::default();
+        check_agent_tuning(&tuning).expect("the defaults are safe");
+        tuning.node_lease_margin_ms = NODE_LEASE_MARGIN_MIN_MS;
+        check_agent_tuning(&tuning).expect("the minimum is accepted");
+        tuning.node_lease_margin_ms = NODE_LEASE_MARGIN_MIN_MS - 1;
+        let error = check_agent_tuning(&tuning).expect_err("below the minimum");
+        assert!(
+            error.contains("node-lease-margin-ms must be at least 3000"),
+            "{error}"
+        );
+        assert!(error.contains("watchdogs"), "{error}");
+        tuning.node_lease_margin_ms = NODE_LEASE_MARGIN_DEFAULT_MS;
+        tuning.agent_lease_ms = tuning.agent_heartbeat_ms;
+        let error = check_agent_tuning(&tuning).expect_err("one heartbeat per lease");
+        assert!(error.contains("2 x heartbeat"), "{error}");
     }
 
     #[test]

@@ -627,7 +627,7 @@ async fn a_silent_node_is_lost_only_after_agent_lease_grace_and_margin() {
     // agent lease + its jobs' largest grace period + the margin, and its job is requeued.
     const LEASE_MS: u64 = 1_000;
     const HEARTBEAT_MS: u64 = 200;
-    const MARGIN_MS: u64 = 500;
+    const MARGIN_MS: u64 = quotient_coordinator::config::NODE_LEASE_MARGIN_MIN_MS;
     const GRACE_MS: u64 = 1_500;
     let cluster = Cluster::start(
         1,

@@ -267,14 +267,14 @@ async fn is_ready(client: &quotient_client::ApiClient, name: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_host_unplugged_stops_its_job_before_it_runs_again_on_another_host() {
     // Short leases: the agent stops its jobs 2 s after it last heard a leader; the leader
-    // marks its node lost after 2 s + the job's 1 s grace + 1 s.
+    // marks its node lost after 2 s + the job's 1 s grace + 3 s (the smallest margin).
     let timing = [
         "--agent-lease-ms",
         "2000",
         "--agent-heartbeat-ms",
         "250",
         "--node-lease-margin-ms",
-        "1000",
+        "3000",
     ];
     let Some(cluster) = Cluster::start_in_docker(3, &timing) else {
         return;

@@ -39,7 +39,7 @@ use quotient_common::{
     GpuClass, GpuDevice, HostInfo, JobId, JobReport, JobSpec, JobState, NodeInventory, NodeState,
     ShareSpec, ShareState, ShareUpdate, Strategy,
 };
-use quotient_coordinator::config::AgentTuning;
+use quotient_coordinator::config::{AgentTuning, NODE_LEASE_MARGIN_MIN_MS};
 use quotient_coordinator::desired::desired_allocations;
 use quotient_coordinator::node_leases::{past_time_limit, NodeLeases};
 use quotient_coordinator::views::state_digest;
@@ -90,6 +90,12 @@ pub struct Config {
     /// agent lease, the jobs' grace periods and the margin (so it may requeue jobs that
     /// still run). `None` for the real rule.
     pub broken_node_lease_ms: Option<u64>,
+    /// Draw the agent timing (heartbeat, lease, margin) from the seed, over the range the
+    /// coordinator's configuration accepts, instead of the defaults.
+    pub random_timing: bool,
+    /// With `random_timing`: the smallest node-lease margin drawn; below the coordinators'
+    /// own minimum only to show why that minimum is there.
+    pub margin_min_ms: u64,
 }
 
 impl Config {
@@ -100,6 +106,8 @@ impl Config {
             settle_ms: (history_ms / 2).clamp(60_000, 300_000),
             faults: true,
             broken_node_lease_ms: None,
+            random_timing: false,
+            margin_min_ms: NODE_LEASE_MARGIN_MIN_MS,
         }
     }
 }
@@ -109,6 +117,10 @@ impl Config {
 pub struct Stats {
     pub coordinators: usize,
     pub nodes: usize,
+    /// The agent timing of the history: lease, heartbeat interval, node-lease margin (ms).
+    pub agent_lease_ms: u64,
+    pub heartbeat_ms: u64,
+    pub margin_ms: u64,
     pub events: u64,
     pub commits: u64,
     pub operations: u64,
@@ -266,6 +278,10 @@ struct Coordinator {
     state: State,
     applied: usize,
     clock: Clock,
+    /// The connection each node registered on with this coordinator: its long poll, which
+    /// outlives a change of leader when this coordinator leads again (the new term's
+    /// desired state answers it). Gone when the coordinator dies.
+    sessions: BTreeMap<usize, u64>,
 }
 
 /// What identifies a node's desired allocations for its agent (as the coordinator's
@@ -277,8 +293,6 @@ struct Leadership {
     coord: usize,
     term: u64,
     leases: NodeLeases,
-    /// The connection each node registered on with this leader.
-    sessions: BTreeMap<usize, u64>,
     /// Per node: the desired state last computed (its signature and fence).
     sent: BTreeMap<usize, (Signature, Fence)>,
     plan_in_flight: bool,
@@ -451,6 +465,7 @@ impl World {
                 alive: true,
                 state: State::new(),
                 applied: 0,
+                sessions: BTreeMap::new(),
                 clock: Clock {
                     base_ms: rng.range(0, 1_000_000),
                     ppm: rng.range(0, 400) as i64 - 200,
@@ -492,6 +507,21 @@ impl World {
                 }
             })
             .collect();
+        let tuning = if config.random_timing {
+            let heartbeat = *rng.pick(&[200u64, 500, 1_000, 2_000]);
+            let lease = rng.range((2 * heartbeat).max(1_000), 20_000);
+            AgentTuning {
+                agent_lease_ms: lease,
+                agent_heartbeat_ms: heartbeat,
+                node_lease_margin_ms: rng.range(config.margin_min_ms, 6_000),
+            }
+        } else {
+            AgentTuning::default()
+        };
+        let refused = quotient_coordinator::config::check_agent_tuning(&tuning);
+        if let (Err(error), true) = (refused, config.margin_min_ms >= NODE_LEASE_MARGIN_MIN_MS) {
+            panic!("the simulation drew agent timing the coordinators refuse: {error}");
+        }
         let capacity = nodes as u32 * gpus_per_node;
         let quarter = (capacity / 4).max(1);
         let shares = vec![
@@ -502,6 +532,9 @@ impl World {
         let stats = Stats {
             coordinators,
             nodes,
+            agent_lease_ms: tuning.agent_lease_ms,
+            heartbeat_ms: tuning.agent_heartbeat_ms,
+            margin_ms: tuning.node_lease_margin_ms,
             ..Stats::default()
         };
         World {
@@ -528,7 +561,7 @@ impl World {
             next_request: 0,
             ops: Vec::new(),
             shares,
-            tuning: AgentTuning::default(),
+            tuning,
             stats,
             violations: Vec::new(),
             healed: false,
@@ -739,7 +772,6 @@ impl World {
                 },
                 None => self.tuning.clone(),
             }),
-            sessions: BTreeMap::new(),
             sent: BTreeMap::new(),
             plan_in_flight: false,
             round_scheduled: false,
@@ -842,7 +874,7 @@ impl World {
                 leadership
                     .leases
                     .heard_from_at(&name, at, clock.wall(self.now));
-                leadership.sessions.insert(node, conn);
+                self.coords[coord].sessions.insert(node, conn);
                 leadership.sent.remove(&node);
                 let down = Down::Registered {
                     sent_local,
@@ -991,7 +1023,7 @@ impl World {
             if changed {
                 let fence = Fence { term, index };
                 leadership.sent.insert(node, (signature, fence));
-                if let Some(conn) = leadership.sessions.get(&node) {
+                if let Some(conn) = self.coords[coord].sessions.get(&node) {
                     pushes.push((node, *conn, fence, allocations));
                 }
             }
@@ -1376,6 +1408,11 @@ impl World {
                 if session.register_request != request || session.registered {
                     return;
                 }
+                let (lease_ms, heartbeat_ms) = quotient_agent::session::agreed_timing(
+                    lease_ms,
+                    heartbeat_ms,
+                    quotient_agent::config::LEASE_MIN_MS,
+                );
                 session.registered = true;
                 session.heartbeat_ms = heartbeat_ms;
                 proc.backoff_ms = BACKOFF_MIN_MS;
@@ -1727,6 +1764,7 @@ impl World {
             return "coordinator-crash";
         }
         self.coords[coord].alive = false;
+        self.coords[coord].sessions.clear();
         if self.leader.as_ref().is_some_and(|l| l.coord == coord) {
             self.depose();
         }
@@ -2010,6 +2048,36 @@ impl World {
                     ));
                 }
             }
+        }
+        if let Some(agent) = job
+            .last_node
+            .as_ref()
+            .and_then(|name| self.agents.iter().position(|a| a.name == *name))
+        {
+            let a = &self.agents[agent];
+            let leader = self.leader.as_ref().map(|l| {
+                (
+                    l.coord,
+                    l.term,
+                    self.coords[l.coord].sessions.get(&agent).copied(),
+                    l.sent.get(&agent).map(|(_, fence)| *fence),
+                )
+            });
+            let proc = a.proc.as_ref().map(|p| {
+                (
+                    p.session
+                        .as_ref()
+                        .map(|s| (s.coord, s.conn, s.registered, s.heartbeat_pending)),
+                    p.fenced,
+                    p.desired.as_ref().map(|d| d.fence),
+                    p.executor.fence(),
+                    p.latest.is_some(),
+                )
+            });
+            parts.push(format!(
+                "its node {}: agent (session (coord, conn, registered, heartbeat pending), fenced, desired fence, executor fence, newer waiting) {proc:?}; leader (coord, term, session, sent fence) {leader:?}; links up_loss {} down_loss {}",
+                a.name, a.up_loss, a.down_loss
+            ));
         }
         parts.join("; ")
     }

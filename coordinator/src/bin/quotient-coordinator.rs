@@ -89,7 +89,8 @@ struct Flags {
     #[arg(long)]
     agent_heartbeat_ms: Option<u64>,
     /// What the leader adds to the agent lease and the largest grace period of a node's jobs
-    /// before it marks a silent node lost, in milliseconds.
+    /// before it marks a silent node lost, in milliseconds (default 5000, at least 3000: a
+    /// dead agent's jobs are stopped by their watchdogs up to 2.5 s after its lease ran out).
     #[arg(long)]
     node_lease_margin_ms: Option<u64>,
     /// The node label a job of several nodes is placed in as few values of as fit it

@@ -25,6 +25,10 @@ struct Args {
     /// Run without the nemesis (no faults).
     #[arg(long)]
     no_faults: bool,
+    /// Draw each history's agent timing (heartbeat, lease, node-lease margin) from its seed,
+    /// over what the coordinators' configuration accepts, instead of the defaults.
+    #[arg(long)]
+    random_timing: bool,
     /// Print each history's report as a JSON line.
     #[arg(long)]
     verbose: bool,
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         let seed = args.seed.wrapping_add(index);
         let mut config = Config::new(seed, args.minutes * 60_000);
         config.faults = !args.no_faults;
+        config.random_timing = args.random_timing;
         let report = run(&config);
         virtual_ms += report.virtual_ms;
         for (kind, count) in &report.stats.faults {
