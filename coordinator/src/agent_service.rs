@@ -322,6 +322,10 @@ impl AgentService {
                     .map_err(|error| bad_request(error.to_string()))?;
                 let node = inventory.name.clone();
                 let gpus = inventory.gpus.len();
+                // A registration is news from the node: its lease clock is fresh before the
+                // state shows it registered, so the lease check never sees it registered and
+                // silent and marks it lost just after (the race docs/simulation.md tells).
+                self.inner.ctx.leases.heard_from(&node);
                 match self.write(Command::RegisterNode(inventory)).await? {
                     Outcome::NodeRegistered { incarnation, .. } => {
                         self.inner.ctx.leases.heard_from(&node);

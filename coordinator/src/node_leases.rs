@@ -221,6 +221,13 @@ impl NodeLeases {
             }
             let expired = state_machine.read(|state| self.expired(state, Instant::now()));
             for node in expired {
+                // Committing the one before may have taken a while: the node may have been
+                // heard from (or registered) since this check began.
+                let still =
+                    state_machine.read(|state| self.expired(state, Instant::now()).contains(&node));
+                if !still {
+                    continue;
+                }
                 tracing::warn!(%node, "node missed its lease; marking it lost and requeueing its jobs");
                 let proposal = proposer.propose(Command::MarkNodeLost { node: node.clone() });
                 let Ok(committed) =

@@ -41,7 +41,7 @@ use quotient_common::{
 };
 use quotient_coordinator::config::{AgentTuning, NODE_LEASE_MARGIN_MIN_MS};
 use quotient_coordinator::desired::desired_allocations;
-use quotient_coordinator::node_leases::{past_time_limit, NodeLeases};
+use quotient_coordinator::node_leases::{gangs_not_started, past_time_limit, NodeLeases};
 use quotient_coordinator::views::state_digest;
 use quotient_core::{apply, ApplyCtx, Command, Outcome, State, DEFAULT_TOPOLOGY_KEY};
 use serde::Serialize;
@@ -72,6 +72,10 @@ const RECONNECT_SPREAD_MS: u64 = quotient_agent::session::RECONNECT_SPREAD_MS;
 const REPORTS_PER_REQUEST: usize = quotient_common::agent_api::REPORTS_PER_REQUEST_MAX;
 /// The lease an agent counts before its first registration (`--lease-ms`'s default).
 const AGENT_LEASE_FLAG_MS: u64 = quotient_agent::config::LEASE_DEFAULT_MS;
+/// How long the members of a job of several nodes have to all run before the attempt is
+/// stopped and requeued (`--gang-start-timeout-ms`; shorter than its 5 min default, so that
+/// histories of minutes see it).
+const GANG_START_TIMEOUT_MS: u64 = 60_000;
 /// Violations kept per history; the first one usually tells the story.
 const VIOLATIONS_MAX: usize = 8;
 
@@ -128,6 +132,8 @@ pub struct Stats {
     pub unknown: u64,
     pub jobs: u64,
     pub jobs_finished: u64,
+    /// Jobs of several nodes that ran at least once.
+    pub gangs_run: u64,
     pub preemptions: u64,
     pub nodes_lost: u64,
     pub leader_changes: u64,
@@ -278,10 +284,13 @@ struct Coordinator {
     state: State,
     applied: usize,
     clock: Clock,
-    /// The connection each node registered on with this coordinator: its long poll, which
-    /// outlives a change of leader when this coordinator leads again (the new term's
-    /// desired state answers it). Gone when the coordinator dies.
-    sessions: BTreeMap<usize, u64>,
+    /// The connections each node registered on with this coordinator, each with its long
+    /// poll, which outlives a change of leader when this coordinator leads again (the new
+    /// term's desired state answers it). Gone when the coordinator dies.
+    sessions: BTreeMap<usize, BTreeSet<u64>>,
+    /// The connections open to this coordinator's process (opened by a `Register`): a
+    /// request on any other (one opened before the process died) gets no answer.
+    conns: BTreeSet<u64>,
 }
 
 /// What identifies a node's desired allocations for its agent (as the coordinator's
@@ -345,6 +354,8 @@ struct Session {
     heartbeat_ms: u64,
     register_request: u64,
     heartbeat_pending: Option<u64>,
+    /// A heartbeat tick came while one was unanswered: the next goes with the answer.
+    tick_missed: bool,
     report_pending: Option<u64>,
 }
 
@@ -423,6 +434,8 @@ struct World {
     election_pending: bool,
     proposals: BTreeMap<u64, Proposal>,
     next_proposal: u64,
+    /// When the last proposal is due to commit: later ones commit after it.
+    last_commit_at: u64,
     agents: Vec<Agent>,
     next_conn: u64,
     next_request: u64,
@@ -466,6 +479,7 @@ impl World {
                 state: State::new(),
                 applied: 0,
                 sessions: BTreeMap::new(),
+                conns: BTreeSet::new(),
                 clock: Clock {
                     base_ms: rng.range(0, 1_000_000),
                     ppm: rng.range(0, 400) as i64 - 200,
@@ -556,6 +570,7 @@ impl World {
             election_pending: false,
             proposals: BTreeMap::new(),
             next_proposal: 0,
+            last_commit_at: 0,
             agents,
             next_conn: 0,
             next_request: 0,
@@ -834,11 +849,16 @@ impl World {
                 time_ms,
             },
         );
+        // Raft commits one leader's entries in the order it proposed them.
         let delay = self.net.range(1, 6);
-        self.after(delay, Event::Commit(id));
+        let at = (self.now + delay).max(self.last_commit_at);
+        self.last_commit_at = at;
+        self.at(at, Event::Commit(id));
         true
     }
 
+    /// Proposal `id` reaches a majority: it commits, after every earlier proposal of its
+    /// leader that has not yet (one held back while the majority was down).
     fn commit(&mut self, id: u64) {
         let Some(proposal) = self.proposals.get(&id) else {
             return;
@@ -851,6 +871,21 @@ impl World {
             self.after(100, Event::Commit(id));
             return;
         }
+        let term = proposal.term;
+        let due: Vec<u64> = self
+            .proposals
+            .range(..=id)
+            .filter(|(_, p)| p.term == term)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            if self.leader.as_ref().map(|l| l.term) == Some(term) {
+                self.commit_one(id);
+            }
+        }
+    }
+
+    fn commit_one(&mut self, id: u64) {
         let proposal = self.proposals.remove(&id).expect("present");
         let outcomes: Vec<Outcome> = proposal
             .commands
@@ -874,7 +909,11 @@ impl World {
                 leadership
                     .leases
                     .heard_from_at(&name, at, clock.wall(self.now));
-                self.coords[coord].sessions.insert(node, conn);
+                self.coords[coord]
+                    .sessions
+                    .entry(node)
+                    .or_default()
+                    .insert(conn);
                 leadership.sent.remove(&node);
                 let down = Down::Registered {
                     sent_local,
@@ -961,7 +1000,14 @@ impl World {
         let expired = leadership.leases.expired(state, at);
         let time_limits = self.now >= leadership.last_time_limit_check + TIME_LIMIT_CHECK_MS;
         let over = if time_limits {
-            past_time_limit(state, clock.wall(self.now))
+            let now_ms = clock.wall(self.now);
+            let over = past_time_limit(state, now_ms)
+                .into_iter()
+                .map(|(job, attempt)| Command::StopAtTimeLimit { job, attempt });
+            let unstarted = gangs_not_started(state, now_ms, GANG_START_TIMEOUT_MS)
+                .into_iter()
+                .map(|(job, attempt)| Command::StopUnstarted { job, attempt });
+            over.chain(unstarted).collect()
         } else {
             Vec::new()
         };
@@ -975,11 +1021,8 @@ impl World {
         }
         if time_limits {
             self.leader.as_mut().expect("leading").last_time_limit_check = self.now;
-            for (job, attempt) in over {
-                self.propose(
-                    vec![Command::StopAtTimeLimit { job, attempt }],
-                    Origin::Internal,
-                );
+            for command in over {
+                self.propose(vec![command], Origin::Internal);
             }
         }
         if safety_round {
@@ -1023,8 +1066,10 @@ impl World {
             if changed {
                 let fence = Fence { term, index };
                 leadership.sent.insert(node, (signature, fence));
-                if let Some(conn) = self.coords[coord].sessions.get(&node) {
-                    pushes.push((node, *conn, fence, allocations));
+                // Every long poll of the node's on this coordinator is answered; those of
+                // connections the agent has dropped go nowhere.
+                for conn in self.coords[coord].sessions.get(&node).into_iter().flatten() {
+                    pushes.push((node, *conn, fence, allocations.clone()));
                 }
             }
         }
@@ -1047,6 +1092,12 @@ impl World {
 
     fn at_coordinator(&mut self, coord: usize, node: usize, conn: u64, msg: Up) {
         if !self.coords[coord].alive {
+            return;
+        }
+        if matches!(msg, Up::Register { .. }) {
+            self.coords[coord].conns.insert(conn);
+        } else if !self.coords[coord].conns.contains(&conn) {
+            // A connection to the process before this one: closed, nothing answers on it.
             return;
         }
         let leading = self.leader.as_ref().is_some_and(|l| l.coord == coord);
@@ -1078,6 +1129,13 @@ impl World {
                     request,
                     sent_local,
                 };
+                // As the agent service: a registration is news from the node.
+                let clock = self.coords[coord].clock;
+                let at = self.instant(clock.local(self.now));
+                let leadership = self.leader.as_mut().expect("leading");
+                leadership
+                    .leases
+                    .heard_from_at(&name, at, clock.wall(self.now));
                 self.propose(vec![Command::RegisterNode(inventory)], origin);
             }
             Up::Heartbeat {
@@ -1260,6 +1318,7 @@ impl World {
             heartbeat_ms: self.tuning.agent_heartbeat_ms,
             register_request: request,
             heartbeat_pending: None,
+            tick_missed: false,
             report_pending: None,
         });
         self.send_up(
@@ -1312,26 +1371,44 @@ impl World {
             .map(|s| s.conn)
     }
 
+    /// A tick of the agent's heartbeat loop (`tokio::time::interval`, delayed when missed):
+    /// one heartbeat at a time, each awaited up to its deadline; a tick that comes while one
+    /// is unanswered sends the next as soon as the answer comes.
     fn heartbeat(&mut self, node: usize, conn: u64) {
         if self.session_conn(node) != Some(conn) {
             return;
         }
+        let proc = self.agents[node].proc.as_mut().expect("running");
+        let deadline = quotient_agent::session::heartbeat_deadline(proc.lease.lease_ms());
+        let deadline = deadline.as_millis() as u64;
+        let session = proc.session.as_mut().expect("connected");
+        let interval = session.heartbeat_ms;
+        let clock = self.agents[node].clock;
+        self.after(clock.true_span(interval), Event::Heartbeat { node, conn });
+        let proc = self.agents[node].proc.as_mut().expect("running");
+        let session = proc.session.as_mut().expect("connected");
+        if session.heartbeat_pending.is_some() {
+            if deadline == interval {
+                // Its deadline, one interval, has passed unanswered (checked at the tick
+                // rather than by an event of its own: there are many heartbeats).
+                self.lose_session(node, false);
+            } else {
+                session.tick_missed = true;
+            }
+            return;
+        }
+        self.send_heartbeat(node, deadline, interval);
+    }
+
+    fn send_heartbeat(&mut self, node: usize, deadline: u64, interval: u64) {
         self.next_request += 1;
         let request = self.next_request;
         let sent_local = self.agent_local(node);
         let proc = self.agents[node].proc.as_mut().expect("running");
-        let deadline = quotient_agent::session::heartbeat_deadline(proc.lease.lease_ms());
         let session = proc.session.as_mut().expect("connected");
-        let interval = session.heartbeat_ms;
-        let deadline = deadline.as_millis() as u64;
-        if deadline == interval && session.heartbeat_pending.is_some() {
-            // The last heartbeat's deadline, one interval, has passed unanswered (checked
-            // here rather than by an event of its own: there are many heartbeats).
-            self.lose_session(node, false);
-            return;
-        }
         session.heartbeat_pending = Some(request);
-        let coord = session.coord;
+        session.tick_missed = false;
+        let (coord, conn) = (session.coord, session.conn);
         self.send_up(
             node,
             coord,
@@ -1341,8 +1418,8 @@ impl World {
                 request,
             },
         );
-        let clock = self.agents[node].clock;
         if deadline != interval {
+            let clock = self.agents[node].clock;
             self.after(
                 clock.true_span(deadline),
                 Event::Deadline {
@@ -1352,7 +1429,6 @@ impl World {
                 },
             );
         }
-        self.after(clock.true_span(interval), Event::Heartbeat { node, conn });
     }
 
     fn deadline(&mut self, node: usize, conn: u64, request: u64) {
@@ -1429,11 +1505,19 @@ impl World {
                 request,
             } => {
                 let proc = self.agents[node].proc.as_mut().expect("running");
+                let deadline = quotient_agent::session::heartbeat_deadline(proc.lease.lease_ms());
                 let session = proc.session.as_mut().expect("connected");
+                let mut send_next = None;
                 if session.heartbeat_pending == Some(request) {
                     session.heartbeat_pending = None;
+                    if session.tick_missed {
+                        send_next = Some((deadline.as_millis() as u64, session.heartbeat_ms));
+                    }
                 }
                 self.renew(node, sent_local, None);
+                if let Some((deadline, interval)) = send_next {
+                    self.send_heartbeat(node, deadline, interval);
+                }
             }
             Down::Reported { seqs, request } => {
                 let agent = &mut self.agents[node];
@@ -1651,6 +1735,10 @@ impl World {
             code: if w.chance(1, 10) { 1 } else { 0 },
         };
         let mut spec = JobSpec::new(&share, w.range(0, 99) as u32, gpus, behaviour.command());
+        if w.chance(1, 8) {
+            // A job of several nodes: one member per node, all placed or none.
+            spec.nodes = w.range(2, 3) as u32;
+        }
         spec.grace_period_ms = *w.pick(&[0, 1_000, 5_000, 10_000, 30_000]);
         spec.idempotency_key = Some(format!("key-{}", self.ops.len()));
         if w.chance(1, 10) {
@@ -1765,6 +1853,7 @@ impl World {
         }
         self.coords[coord].alive = false;
         self.coords[coord].sessions.clear();
+        self.coords[coord].conns.clear();
         if self.leader.as_ref().is_some_and(|l| l.coord == coord) {
             self.depose();
         }
@@ -1881,8 +1970,16 @@ impl World {
                     .push((agent.name.clone(), proc.handle.attempt));
             }
         }
+        // A job of several nodes runs one process per member, each on its own node, all of
+        // one attempt; anything else is a job running twice.
         for (job, runs) in running {
-            if runs.len() > 1 {
+            let members = self
+                .committed
+                .job(job)
+                .map_or(1, |record| record.spec.nodes) as usize;
+            let attempts: BTreeSet<u32> = runs.iter().map(|(_, attempt)| *attempt).collect();
+            let nodes: BTreeSet<&String> = runs.iter().map(|(node, _)| node).collect();
+            if attempts.len() > 1 || nodes.len() < runs.len() || runs.len() > members {
                 self.violation(format!("{job} runs more than once at a time: {runs:?}"));
             }
         }
@@ -1977,8 +2074,19 @@ impl World {
         }
         for node in self.committed.nodes() {
             if node.state != NodeState::Ready {
+                let agent = self.agents.iter().find(|a| a.name == node.name);
+                let status = agent.and_then(|a| a.proc.as_ref()).map(|p| {
+                    (
+                        p.session
+                            .as_ref()
+                            .map(|s| (s.coord, s.conn, s.registered, s.heartbeat_pending)),
+                        p.fenced,
+                        p.backoff_ms,
+                    )
+                });
+                let leader = self.leader.as_ref().map(|l| l.coord);
                 findings.push(format!(
-                    "{} is {:?} after the cluster settled",
+                    "{} is {:?} after the cluster settled (its agent's (session (coord, conn, registered, heartbeat pending), fenced, backoff): {status:?}; leader {leader:?})",
                     node.name, node.state
                 ));
             }
@@ -2059,7 +2167,7 @@ impl World {
                 (
                     l.coord,
                     l.term,
-                    self.coords[l.coord].sessions.get(&agent).copied(),
+                    self.coords[l.coord].sessions.get(&agent).cloned(),
                     l.sent.get(&agent).map(|(_, fence)| *fence),
                 )
             });
@@ -2089,6 +2197,11 @@ impl World {
             .committed
             .jobs()
             .filter(|job| job.state.is_terminal())
+            .count() as u64;
+        stats.gangs_run = self
+            .committed
+            .jobs()
+            .filter(|job| job.spec.nodes > 1 && job.first_started_ms.is_some())
             .count() as u64;
         stats.preemptions = self
             .committed

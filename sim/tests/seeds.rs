@@ -60,9 +60,14 @@ fn thousands_of_faulty_histories_break_no_invariant() {
     let leaders = sum(|r| r.stats.leader_changes);
     let preemptions = sum(|r| r.stats.preemptions);
     let jobs = sum(|r| r.stats.jobs);
-    eprintln!("{SEEDS} seeds: {faults} faults, {lost} nodes lost, {fences} self-fences, {leaders} leaders, {preemptions} preemptions, {jobs} jobs");
+    let gangs = sum(|r| r.stats.gangs_run);
+    eprintln!("{SEEDS} seeds: {faults} faults, {lost} nodes lost, {fences} self-fences, {leaders} leaders, {preemptions} preemptions, {jobs} jobs, {gangs} gangs run");
     assert!(faults > SEEDS && lost > 0 && fences > 0 && leaders > SEEDS && preemptions > 0);
     assert!(jobs > SEEDS * 5, "{jobs} jobs in {SEEDS} histories");
+    assert!(
+        gangs > SEEDS / 10,
+        "{gangs} jobs of several nodes ran in {SEEDS} histories"
+    );
 }
 
 #[test]

@@ -62,6 +62,7 @@ fn main() -> ExitCode {
             ("operations", stats.operations),
             ("acknowledged", stats.acknowledged),
             ("jobs", stats.jobs),
+            ("gangs_run", stats.gangs_run),
             ("preemptions", stats.preemptions),
             ("nodes_lost", stats.nodes_lost),
             ("leader_changes", stats.leader_changes),
