@@ -1,6 +1,8 @@
 //! `quotient-chaos` end to end: two short episodes of a fixed seed against clusters of Docker
 //! containers (coordinators and agents each in a container of its own), with faults injected
 //! while clients run; the checker must find no violation, and faults must have been injected.
+//! The seed's two episodes include a full disk and a one-way loss (carried out where the host
+//! allows: root, loop devices, nsenter and iptables).
 //! Also: bad flags are refused with a clear message.
 //!
 //! Needs Docker: without it the episodes' test fails when `CI=true` and is skipped, with the
@@ -35,10 +37,11 @@ fn docker_reachable() -> Result<(), String> {
 
 #[test]
 fn two_episodes_with_faults_find_no_violation() {
-    // Proves that under kills, pauses, stops, disconnects and partitions of coordinators and
-    // agents, no acknowledged write is lost, no job is duplicated or runs twice at once, no
-    // GPU is given twice, the replicas agree, the state passes the core's checks and nothing
-    // is stuck once healed; and that faults were really injected.
+    // Proves that under kills, pauses, stops, disconnects, partitions and one-way losses of
+    // coordinators and agents, and a coordinator's full disk, no acknowledged write is lost,
+    // no job is duplicated or runs twice at once, no GPU is given twice, the replicas agree,
+    // the state passes the core's checks and nothing is stuck once healed; and that faults
+    // were really injected.
     if let Err(reason) = docker_reachable() {
         if std::env::var("CI").is_ok_and(|value| value == "true") {
             panic!("CI=true, and this test needs Docker: {reason}");

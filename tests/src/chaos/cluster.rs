@@ -16,6 +16,13 @@
 //!   episode's shared folder at `/chaos` (where the job scripts record what they do).
 //! - Certificates come from the host's `quotient certs init`/`certs issue`, as compose's
 //!   certs.sh makes them, in a folder mounted read-only at `/certs`.
+//! - Each coordinator's data directory is on a disk of its own: a fixed-size ext4 file system
+//!   in a file of the episode's folder (`disks/coord-N.img`), loop-mounted on the host at
+//!   `disks/coord-N` and bind-mounted into the container, so that the `disk-full` fault can
+//!   fill it from the host and free it again, and it keeps its data across container restarts
+//!   (a tmpfs mount or tmpfs volume would not: its contents go when the container stops).
+//!   Without loop devices (not root, or none here), the data directories stay in the
+//!   containers' own file systems and `disk-full` faults are skipped.
 //!
 //! [`DockerCluster`] removes its containers and its network when dropped, however the
 //! episode ended.
@@ -40,6 +47,14 @@ pub const NODE_LEASE_MARGIN_MS: u64 = 3_000;
 pub const DIGEST_CHECK_INTERVAL_MS: u64 = 2_000;
 /// Where the shared folder is mounted in every agent's container.
 pub const SHARED_MOUNT: &str = "/chaos";
+/// Where a coordinator's data directory is inside its container.
+pub const COORDINATOR_DATA_DIR: &str = "/var/lib/quotient-coordinator";
+/// The size of each coordinator's data disk: far more than an episode writes (a few MiB of
+/// log), so that only the `disk-full` fault ever fills it.
+pub const DATA_DISK_BYTES: u64 = 256 * 1024 * 1024;
+/// The file the `disk-full` fault fills a data disk with, at the disk's root (beside the data
+/// directory, not in it).
+pub const FILL_FILE: &str = "chaos-fill";
 
 /// What a container runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +103,11 @@ pub struct DockerCluster {
     /// Whether partitions can use iptables in the containers' network namespaces (nsenter
     /// and iptables on this host, as root); otherwise they disconnect the minority instead.
     pub iptables: bool,
+    /// Whether every coordinator's data directory is on a data disk of its own (a loop-mounted
+    /// file system under `dir/disks`); otherwise `disk-full` faults cannot be carried out.
+    pub data_disks: bool,
+    /// Why there are no data disks, when there are none.
+    pub data_disks_missing: Option<String>,
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -131,6 +151,90 @@ pub fn docker(args: &[&str]) -> anyhow::Result<String> {
             text(&output.stderr).trim()
         )
     }
+}
+
+/// `program ARGS` on the host, which must succeed within a minute.
+fn host(program: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> anyhow::Result<()> {
+    let mut command = Command::new(program);
+    for arg in args {
+        command.arg(arg);
+    }
+    let output = run_with_deadline(&mut command, Duration::from_secs(60))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}): {}",
+            output.status,
+            text(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The bytes an unprivileged writer may still allocate on the file system of `path`.
+fn free_bytes(path: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: `name` is a NUL-terminated path and `stats` a zeroed statvfs for the call to fill.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; both outlive the call.
+    if unsafe { libc::statvfs(name.as_ptr(), &mut stats) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statvfs {}", path.display()));
+    }
+    // Both are narrower than u64 on some targets.
+    #[allow(clippy::useless_conversion)]
+    let bytes = u64::from(stats.f_bavail) * u64::from(stats.f_frsize);
+    Ok(bytes)
+}
+
+/// The mount points under `dir`, deepest first, as this process's mount table lists them.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    // Spaces and the like are written as octal escapes (`\040`).
+    fn unescape(field: &str) -> PathBuf {
+        use std::os::unix::ffi::OsStringExt;
+        let bytes = field.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'\\' && i + 3 < bytes.len() {
+                let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
+                if let Ok(value) = u8::from_str_radix(digits, 8) {
+                    out.push(value);
+                    i += 4;
+                    continue;
+                }
+            }
+            out.push(bytes[i]);
+            i += 1;
+        }
+        PathBuf::from(std::ffi::OsString::from_vec(out))
+    }
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let table = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut found: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(1))
+        .map(unescape)
+        .filter(|point| point.starts_with(&dir) && *point != dir)
+        .collect();
+    found.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    found.dedup();
+    found
+}
+
+/// Unmounts every file system mounted under `dir` (the data disks of a cluster, or those a
+/// run killed from outside left); what could not be unmounted.
+pub fn unmount_under(dir: &Path) -> Vec<String> {
+    let mut errors = Vec::new();
+    for point in mounts_under(dir) {
+        if let Err(error) = host("umount", &[&point]) {
+            // Busy (a container not yet gone): detach it now, free it when unused.
+            if let Err(lazy) = host("umount", &[&"-l", &point]) {
+                errors.push(format!("{error:#}; {lazy:#}"));
+            }
+        }
+    }
+    errors
 }
 
 /// Whether this host's Docker engine answers.
@@ -209,6 +313,8 @@ impl DockerCluster {
             coordinators: Vec::new(),
             agents: Vec::new(),
             iptables: false,
+            data_disks: false,
+            data_disks_missing: None,
         };
         let prefix = cluster.create_network(salt)?;
         cluster.make_certificates(shape)?;
@@ -238,6 +344,17 @@ impl DockerCluster {
             });
         }
         cluster.write_client_config()?;
+        match cluster.make_data_disks() {
+            Ok(()) => cluster.data_disks = true,
+            Err(error) => {
+                let why = format!("{error:#}");
+                eprintln!(
+                    "chaos: disk-full faults are skipped: no data disk of a fixed size for the coordinators ({why})"
+                );
+                cluster.remove_data_disks();
+                cluster.data_disks_missing = Some(why);
+            }
+        }
         for member in cluster.coordinators.clone() {
             cluster.run_coordinator(&member)?;
         }
@@ -369,6 +486,15 @@ impl DockerCluster {
 
     fn run_coordinator(&self, member: &Member) -> anyhow::Result<()> {
         let mut args = self.common_run_args(member);
+        if self.data_disks {
+            args.extend([
+                "-v".into(),
+                format!(
+                    "{}:{COORDINATOR_DATA_DIR}",
+                    self.disk_mount(member).join("data").display()
+                ),
+            ]);
+        }
         args.extend([
             "-p".into(),
             format!("127.0.0.1:{}:{COORDINATOR_PORT}/udp", member.port),
@@ -379,7 +505,7 @@ impl DockerCluster {
             "--listen".into(),
             format!("0.0.0.0:{COORDINATOR_PORT}"),
             "--data-dir".into(),
-            "/var/lib/quotient-coordinator".into(),
+            COORDINATOR_DATA_DIR.into(),
             "--peers".into(),
             self.peers(),
             "--ca".into(),
@@ -672,16 +798,245 @@ impl DockerCluster {
         Ok(())
     }
 
+    /// Drops the packets of one direction only between `member` and the addresses `others`:
+    /// with `inbound`, what comes from them (`member` sends but does not hear), else what goes
+    /// to them (`member` hears but cannot answer). Rules added before a failure are removed.
+    pub fn block_one_way(
+        &self,
+        member: &Member,
+        others: &[String],
+        inbound: bool,
+    ) -> anyhow::Result<()> {
+        let result = others.iter().try_for_each(|ip| {
+            if inbound {
+                self.iptables_in(member, &["-A", "INPUT", "-s", ip, "-j", "DROP"])
+            } else {
+                self.iptables_in(member, &["-A", "OUTPUT", "-d", ip, "-j", "DROP"])
+            }
+        });
+        if result.is_err() {
+            let _ = self.unblock(member);
+        }
+        result
+    }
+
     /// Removes every rule `block` added to `member`.
     pub fn unblock(&self, member: &Member) -> anyhow::Result<()> {
         self.iptables_in(member, &["-F", "INPUT"])?;
         self.iptables_in(member, &["-F", "OUTPUT"])
     }
 
-    /// Undoes every fault on every container: running, unpaused, connected, no partition
-    /// rules, agent processes continued. Errors are collected, not fatal: each step is tried.
+    /// The folder of the coordinators' data disks (their images and mount points).
+    fn disks_dir(&self) -> PathBuf {
+        self.dir.join("disks")
+    }
+
+    /// Where `member`'s data disk is mounted on the host; its data directory is `data` in it.
+    pub fn disk_mount(&self, member: &Member) -> PathBuf {
+        self.disks_dir().join(&member.name)
+    }
+
+    /// Makes every coordinator a data disk: a sparse file of [`DATA_DISK_BYTES`], an ext4 file
+    /// system in it (no blocks reserved for root), loop-mounted on the host.
+    fn make_data_disks(&self) -> anyhow::Result<()> {
+        for member in &self.coordinators {
+            let mount = self.disk_mount(member);
+            let image = self.disks_dir().join(format!("{}.img", member.name));
+            std::fs::create_dir_all(&mount)
+                .with_context(|| format!("cannot create {}", mount.display()))?;
+            std::fs::File::create(&image)
+                .and_then(|file| file.set_len(DATA_DISK_BYTES))
+                .with_context(|| format!("cannot create {}", image.display()))?;
+            host("mkfs.ext4", &[&"-q", &"-F", &"-m", &"0", &image])?;
+            host("mount", &[&"-o", &"loop", &image, &mount])?;
+            let data = mount.join("data");
+            std::fs::create_dir_all(&data)
+                .with_context(|| format!("cannot create {}", data.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Unmounts the data disks and removes their images (when unmounted).
+    fn remove_data_disks(&self) {
+        let disks = self.disks_dir();
+        if !disks.exists() {
+            return;
+        }
+        for error in unmount_under(&disks) {
+            eprintln!("chaos: {error}");
+        }
+        if mounts_under(&disks).is_empty() {
+            if let Err(error) = std::fs::remove_dir_all(&disks) {
+                eprintln!("chaos: cannot remove {}: {error}", disks.display());
+            }
+        }
+    }
+
+    /// Fills `member`'s data disk (a coordinator's) from the host, with a file beside its data
+    /// directory, until not one more block can be allocated there; the bytes it took.
+    pub fn fill_disk(&self, member: &Member) -> anyhow::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        use std::os::unix::io::AsRawFd;
+        if !self.data_disks {
+            bail!(
+                "no data disk of a fixed size for the coordinators ({})",
+                self.data_disks_missing.as_deref().unwrap_or("not made")
+            );
+        }
+        let mount = self.disk_mount(member);
+        let path = mount.join(FILL_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let free = free_bytes(&mount)?;
+        let start = file.metadata()?.len();
+        // Allocates what it can: on ext4 it keeps what it got when it runs out (ENOSPC).
+        // SAFETY: a valid descriptor of a file open for writing; the range is in bounds.
+        unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                0,
+                start as libc::off_t,
+                free.max(1) as libc::off_t,
+            );
+        }
+        // The blocks fallocate could not take (its extents' own): written until none is left.
+        let mut end = file.metadata()?.len();
+        let zeros = [0u8; 1024];
+        for _ in 0..65_536 {
+            match file.write_at(&zeros, end) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => end += n as u64,
+            }
+        }
+        let _ = file.sync_all();
+        let left = free_bytes(&mount)?;
+        if left > 0 {
+            bail!(
+                "{} still has {left} bytes free after filling",
+                mount.display()
+            );
+        }
+        Ok(file.metadata()?.len())
+    }
+
+    /// Gives the blocks of the zeros at the end of every Raft log segment in `member`'s data
+    /// directory back to its disk (holes punched in them; what the files read is unchanged):
+    /// the segments are filled with zeros ahead of the log's writes (coordinator/src/store/
+    /// wal.rs), so on a full disk the next write that needs a block comes only after up to a
+    /// MiB of log, which an episode rarely writes. Without those blocks the next log write
+    /// needs one, as on a file system that does not keep preallocated space (copy-on-write
+    /// ones). Only whole 4 KiB blocks past the last byte that is not zero are punched; the
+    /// container must be paused, so that no write is under way. The bytes given back.
+    pub fn release_log_tail(&self, member: &Member) -> anyhow::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let wal = self.disk_mount(member).join("data").join("raft-wal");
+        let mut released = 0;
+        let Ok(entries) = std::fs::read_dir(&wal) else {
+            return Ok(0);
+        };
+        for entry in entries {
+            let path = entry?.path();
+            if path.extension().is_none_or(|ext| ext != "wal") {
+                continue;
+            }
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            // The file system's block: a hole is made of whole ones.
+            let block = file.metadata()?.blksize().max(512);
+            let used = bytes.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1) as u64;
+            let from = used.div_ceil(block) * block;
+            let size = bytes.len() as u64;
+            if from >= size {
+                continue;
+            }
+            // SAFETY: a valid descriptor of a file open for writing; the range is in the file.
+            let punched = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    from as libc::off_t,
+                    (size - from) as libc::off_t,
+                )
+            };
+            if punched != 0 {
+                return Err(std::io::Error::last_os_error())
+                    .with_context(|| format!("cannot punch a hole in {}", path.display()));
+            }
+            released += size - from;
+        }
+        Ok(released)
+    }
+
+    /// Removes what [`fill_disk`](Self::fill_disk) wrote (nothing when it wrote nothing).
+    pub fn free_disk(&self, member: &Member) -> anyhow::Result<()> {
+        if !self.data_disks {
+            return Ok(());
+        }
+        let path = self.disk_mount(member).join(FILL_FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(error).with_context(|| format!("cannot remove {}", path.display())),
+        }
+    }
+
+    /// Whether `member`'s container runs (`None`), or its exit status.
+    pub fn exit_status(&self, member: &Member) -> anyhow::Result<Option<i64>> {
+        let state = docker(&[
+            "inspect",
+            "-f",
+            "{{.State.Running}} {{.State.ExitCode}}",
+            &member.container,
+        ])?;
+        let mut fields = state.split_whitespace();
+        match (
+            fields.next(),
+            fields.next().and_then(|code| code.parse().ok()),
+        ) {
+            (Some("true"), _) => Ok(None),
+            (Some(_), Some(code)) => Ok(Some(code)),
+            _ => bail!("docker inspect of {}: {state}", member.container),
+        }
+    }
+
+    /// The lines of `member`'s log since `since_us` (µs since the epoch) that hold any of
+    /// `needles`.
+    pub fn log_lines(&self, member: &Member, since_us: u64, needles: &[&str]) -> Vec<String> {
+        let since = format!("{}.{:06}", since_us / 1_000_000, since_us % 1_000_000);
+        let Ok(output) = Command::new("docker")
+            .args(["logs", "--since", &since, &member.container])
+            .output()
+        else {
+            return Vec::new();
+        };
+        let mut all = text(&output.stdout);
+        all.push_str(&text(&output.stderr));
+        all.lines()
+            .filter(|line| needles.iter().any(|needle| line.contains(needle)))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Undoes every fault on every container: data disks freed, running, unpaused, connected,
+    /// no partition rules, agent processes continued. Errors are collected, not fatal: each
+    /// step is tried.
     pub fn heal(&self) -> Vec<String> {
         let mut errors = Vec::new();
+        // Before any coordinator starts again: one that exited on a full disk must find room.
+        for member in &self.coordinators {
+            if let Err(error) = self.free_disk(member) {
+                errors.push(format!("{error:#}"));
+            }
+        }
         for member in self.members() {
             let state = docker(&[
                 "inspect",
@@ -765,6 +1120,8 @@ impl DockerCluster {
                 eprintln!("chaos: {error:#}");
             }
         }
+        // The containers are gone: nothing holds the data disks any more.
+        self.remove_data_disks();
     }
 }
 

@@ -297,6 +297,10 @@ pub fn run_episode(
 
     let dir = out.join(format!("episode-{episode}"));
     if dir.exists() {
+        // A run killed from outside may have left its coordinators' data disks mounted there.
+        for error in cluster::unmount_under(&dir) {
+            eprintln!("chaos: {error}");
+        }
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot empty {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
@@ -324,12 +328,22 @@ pub fn run_episode(
     let mut cluster = DockerCluster::start(&network, image, bin_dir, &dir, &shape, episode_seed)
         .context("the episode's cluster did not start")?;
     eprintln!(
-        "chaos: cluster up in {:.1?} (partitions by {})",
+        "chaos: cluster up in {:.1?} (partitions by {}; one-way loss {}; coordinators' data on {})",
         started.elapsed(),
         if cluster.iptables {
             "iptables"
         } else {
             "network disconnect"
+        },
+        if cluster.iptables {
+            "by iptables"
+        } else {
+            "skipped"
+        },
+        if cluster.data_disks {
+            "disks of their own"
+        } else {
+            "their containers' file systems (disk-full skipped)"
         }
     );
 

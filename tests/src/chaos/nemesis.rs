@@ -34,6 +34,15 @@ pub enum FaultKind {
     /// The members split into two groups that cannot reach each other (iptables in every
     /// container's network namespace, or a disconnect of the minority without iptables).
     Partition,
+    /// One container (a coordinator or an agent) loses the packets of one direction only
+    /// between itself and the (other) coordinators: iptables in its network namespace drops
+    /// what comes from them (it sends but does not hear) or what goes to them (it hears but
+    /// cannot answer). Not carried out without iptables.
+    OneWayLoss,
+    /// A coordinator's data disk is filled from the host until no block is left, so that its
+    /// next log write that needs one fails (it exits with status 1 and the reason); freed, and
+    /// the coordinator started again if it exited, when the fault ends.
+    DiskFull,
 }
 
 impl FaultKind {
@@ -46,6 +55,8 @@ impl FaultKind {
             FaultKind::StopAgentProcess => "stop-agent-process",
             FaultKind::Disconnect => "disconnect",
             FaultKind::Partition => "partition",
+            FaultKind::OneWayLoss => "one-way-loss",
+            FaultKind::DiskFull => "disk-full",
         }
     }
 }
@@ -64,6 +75,16 @@ pub enum Target {
     Split(Vec<bool>),
 }
 
+/// Which packets a one-way loss drops, seen from its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Direction {
+    /// What comes from the coordinators: the target sends but does not hear.
+    Inbound,
+    /// What goes to the coordinators: the target hears but cannot answer.
+    Outbound,
+}
+
 /// One fault of the schedule.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlannedFault {
@@ -73,17 +94,24 @@ pub struct PlannedFault {
     pub duration_ms: u64,
     pub kind: FaultKind,
     pub target: Target,
+    /// A one-way loss's direction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direction: Option<Direction>,
+    /// A disk-full's: whether the zeros the log keeps ahead of its writes also lose their
+    /// blocks (so its next write needs one), or stay (so it needs one only a MiB later).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_log_tail: Option<bool>,
 }
 
 /// The nemesis' mixes: which fault kinds an episode draws from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mix {
-    /// Kills of coordinators and agents (containers and processes).
+    /// Kills of coordinators and agents (containers and processes), and full disks.
     Crashes,
     /// Pauses and stops.
     Freezes,
-    /// Disconnects and partitions.
+    /// Disconnects, partitions and one-way losses.
     Network,
     /// Everything, often several at once.
     Everything,
@@ -93,9 +121,9 @@ impl Mix {
     fn kinds(self) -> &'static [FaultKind] {
         use FaultKind::*;
         match self {
-            Mix::Crashes => &[KillCoordinator, KillAgentHost, KillAgentProcess],
+            Mix::Crashes => &[KillCoordinator, KillAgentHost, KillAgentProcess, DiskFull],
             Mix::Freezes => &[PauseCoordinator, StopAgentProcess, KillAgentProcess],
-            Mix::Network => &[Disconnect, Partition, KillCoordinator],
+            Mix::Network => &[Disconnect, Partition, OneWayLoss, KillCoordinator],
             Mix::Everything => &[
                 KillCoordinator,
                 KillAgentHost,
@@ -104,6 +132,8 @@ impl Mix {
                 StopAgentProcess,
                 Disconnect,
                 Partition,
+                OneWayLoss,
+                DiskFull,
             ],
         }
     }
@@ -141,8 +171,13 @@ pub fn plan(
                 _ => 1_000 + rng.below(6_000),
             }
             .min(end.saturating_sub(at) + 2_000);
+            let mut direction = None;
+            let mut release_log_tail = None;
+            if kind == FaultKind::DiskFull {
+                release_log_tail = Some(rng.chance(0.75));
+            }
             let target = match kind {
-                FaultKind::KillCoordinator | FaultKind::PauseCoordinator => {
+                FaultKind::KillCoordinator | FaultKind::PauseCoordinator | FaultKind::DiskFull => {
                     let fallback = rng.below(coordinators as u64) as usize;
                     if rng.chance(0.6) {
                         Target::Leader { fallback }
@@ -153,7 +188,14 @@ pub fn plan(
                 FaultKind::KillAgentHost
                 | FaultKind::KillAgentProcess
                 | FaultKind::StopAgentProcess => Target::Agent(rng.below(agents as u64) as usize),
-                FaultKind::Disconnect => {
+                FaultKind::Disconnect | FaultKind::OneWayLoss => {
+                    if kind == FaultKind::OneWayLoss {
+                        direction = Some(if rng.chance(0.5) {
+                            Direction::Inbound
+                        } else {
+                            Direction::Outbound
+                        });
+                    }
                     if rng.chance(0.5) {
                         let fallback = rng.below(coordinators as u64) as usize;
                         if rng.chance(0.5) {
@@ -189,6 +231,8 @@ pub fn plan(
                 duration_ms,
                 kind,
                 target,
+                direction,
+                release_log_tail,
             });
         }
         at += 1_000 + rng.below(3_000) + faults.last().map_or(0, |f| f.duration_ms / 2);
@@ -206,6 +250,10 @@ pub struct AppliedFault {
     pub end_us: u64,
     /// Why it could not be carried out (it is then not counted).
     pub error: Option<String>,
+    /// What it did beyond its kind: a one-way loss's direction, how much a disk-full wrote
+    /// and whether its coordinator exited (with the status and the reason it logged).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// What the nemesis did: every fault, and when each agent's container was killed (the end of
@@ -248,6 +296,8 @@ impl NemesisLog {
 /// A fault in effect: how to undo it.
 struct Active {
     ends: Instant,
+    /// When it started (µs since the epoch).
+    start_us: u64,
     index: usize,
     kind: FaultKind,
     members: Vec<Member>,
@@ -263,6 +313,7 @@ pub fn run(
     let started = Instant::now();
     let mut log = NemesisLog::default();
     let mut active: Vec<Active> = Vec::new();
+    let mut awaiting: Vec<AwaitingExit> = Vec::new();
     let mut next = 0usize;
     loop {
         let stopping = stop.load(std::sync::atomic::Ordering::SeqCst);
@@ -272,12 +323,27 @@ pub fn run(
         while index < active.len() {
             if stopping || active[index].ends <= now {
                 let fault = active.remove(index);
-                undo(cluster, &fault, &mut log);
+                awaiting.extend(undo(cluster, &fault, &mut log));
             } else {
                 index += 1;
             }
         }
-        if stopping || (next >= schedule.len() && active.is_empty()) {
+        // Coordinators whose disk was full: started again once they exited. When stopping,
+        // waits for each (everything else is undone by then).
+        awaiting.retain_mut(|waiting| {
+            if stopping {
+                while !waiting.check(cluster, &mut log) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                return false;
+            }
+            if waiting.next_check > now {
+                return true;
+            }
+            waiting.next_check = now + Duration::from_millis(250);
+            !waiting.check(cluster, &mut log)
+        });
+        if stopping || (next >= schedule.len() && active.is_empty() && awaiting.is_empty()) {
             return log;
         }
         if next < schedule.len() && started + Duration::from_millis(schedule[next].at_ms) <= now {
@@ -286,6 +352,7 @@ pub fn run(
             let busy: Vec<String> = active
                 .iter()
                 .flat_map(|a| a.members.iter().map(|m| m.container.clone()))
+                .chain(awaiting.iter().map(|w| w.member.container.clone()))
                 .collect();
             if let Some(applied) = apply(cluster, fault, &busy, &mut log) {
                 active.push(applied);
@@ -333,6 +400,7 @@ fn apply(
     }
     let start_us = now_us();
     let mut hit = members.clone();
+    let mut notes = Vec::new();
     let result: anyhow::Result<()> = match fault.kind {
         FaultKind::KillCoordinator | FaultKind::KillAgentHost => {
             let result = cluster.kill(&members[0]);
@@ -354,6 +422,26 @@ fn apply(
             };
             partition(cluster, side, &mut hit)
         }
+        FaultKind::OneWayLoss => {
+            let direction = fault.direction.unwrap_or(Direction::Inbound);
+            notes.push(match direction {
+                Direction::Inbound => "inbound: drops what the coordinators send it".to_string(),
+                Direction::Outbound => "outbound: drops what it sends the coordinators".to_string(),
+            });
+            one_way_loss(cluster, &members[0], direction)
+        }
+        FaultKind::DiskFull => {
+            match disk_full(cluster, &members[0], fault.release_log_tail.unwrap_or(true)) {
+                Ok(note) => {
+                    notes.push(note);
+                    Ok(())
+                }
+                Err(error) => {
+                    let _ = cluster.free_disk(&members[0]);
+                    Err(error)
+                }
+            }
+        }
     };
     let names: Vec<String> = hit.iter().map(|m| m.name.clone()).collect();
     let index = log.applied.len();
@@ -362,9 +450,13 @@ fn apply(
         eprintln!("chaos: {} of {names:?} failed: {error}", fault.kind.name());
     } else {
         eprintln!(
-            "chaos: {} {names:?} for {} ms",
+            "chaos: {} {names:?} for {} ms{}",
             fault.kind.name(),
-            fault.duration_ms
+            fault.duration_ms,
+            notes
+                .iter()
+                .map(|note| format!(" ({note})"))
+                .collect::<String>()
         );
     }
     log.applied.push(AppliedFault {
@@ -373,12 +465,14 @@ fn apply(
         start_us,
         end_us: start_us,
         error: error.clone(),
+        notes,
     });
     if fault.duration_ms == 0 || (error.is_some() && fault.kind != FaultKind::Partition) {
         return None;
     }
     Some(Active {
         ends: Instant::now() + Duration::from_millis(fault.duration_ms),
+        start_us,
         index,
         kind: fault.kind,
         members: hit,
@@ -430,8 +524,149 @@ fn partition(cluster: &DockerCluster, side: &[bool], hit: &mut Vec<Member>) -> a
     }
 }
 
-fn undo(cluster: &DockerCluster, fault: &Active, log: &mut NemesisLog) {
+/// Drops the packets of one `direction` between `member` and the coordinators (the others,
+/// when it is one), with iptables in its network namespace.
+fn one_way_loss(
+    cluster: &DockerCluster,
+    member: &Member,
+    direction: Direction,
+) -> anyhow::Result<()> {
+    if !cluster.iptables {
+        anyhow::bail!(
+            "one-way loss needs iptables in the containers' network namespaces (nsenter and iptables, as root, on this host); not carried out"
+        );
+    }
+    let coordinators: Vec<String> = cluster
+        .coordinators
+        .iter()
+        .filter(|other| other.container != member.container)
+        .map(|other| other.ip.clone())
+        .collect();
+    cluster.block_one_way(member, &coordinators, direction == Direction::Inbound)
+}
+
+/// Fills `member`'s data disk; first, with `release_log_tail`, while its container is paused,
+/// takes the blocks of the zeros its log keeps ahead of its writes. What it did.
+fn disk_full(
+    cluster: &DockerCluster,
+    member: &Member,
+    release_log_tail: bool,
+) -> anyhow::Result<String> {
+    if !release_log_tail {
+        let filled = cluster.fill_disk(member)?;
+        return Ok(format!(
+            "filled its data disk with {} MiB; the log's preallocated zeros kept",
+            filled / (1024 * 1024)
+        ));
+    }
+    cluster.pause(member)?;
+    let done = cluster
+        .release_log_tail(member)
+        .and_then(|released| Ok((released, cluster.fill_disk(member)?)));
+    let unpaused = cluster.unpause(member);
+    let (released, filled) = done?;
+    unpaused?;
+    Ok(format!(
+        "filled its data disk with {} MiB, with the {} KiB of the log's preallocated zeros",
+        filled / (1024 * 1024),
+        released / 1024
+    ))
+}
+
+/// How long a coordinator whose log write failed may take to exit (as
+/// coordinator/tests/cluster_storage_faults.rs allows).
+const EXIT_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long a coordinator whose disk was freed may take to show that no write of it failed
+/// (a failed write is logged at once).
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// A coordinator whose disk-full ended (its disk freed) while it still ran: watched until it
+/// exits, to start it again, or until it is clear that no write of it failed.
+struct AwaitingExit {
+    member: Member,
+    /// The disk-full's entry in the log.
+    index: usize,
+    /// When the disk-full began (µs since the epoch): its log is read from then on.
+    since_us: u64,
+    freed: Instant,
+    next_check: Instant,
+}
+
+impl AwaitingExit {
+    /// Whether it is settled: exited and started again, ran on, or failed to exit in time.
+    fn check(&self, cluster: &DockerCluster, log: &mut NemesisLog) -> bool {
+        let name = &self.member.name;
+        let outcome = match cluster.exit_status(&self.member) {
+            Err(error) => format!("{error:#}"),
+            Ok(Some(code)) => {
+                let reasons =
+                    cluster.log_lines(&self.member, self.since_us, &["error: ", "raft stopped"]);
+                let reason = reasons
+                    .iter()
+                    .rev()
+                    .find(|line| line.starts_with("error: "))
+                    .or(reasons.last())
+                    .map_or("(nothing in its log)", String::as_str)
+                    .trim()
+                    .to_string();
+                match cluster.start_again(&self.member) {
+                    Ok(()) => format!(
+                        "{name} exited with status {code} and was started again; it said: {reason}"
+                    ),
+                    Err(error) => format!(
+                        "{name} exited with status {code} ({reason}) and could not be started again: {error:#}"
+                    ),
+                }
+            }
+            Ok(None) => {
+                let failed = cluster.log_lines(
+                    &self.member,
+                    self.since_us,
+                    &["raft log write failed", "raft stopped"],
+                );
+                if failed.is_empty() {
+                    if self.freed.elapsed() < SETTLE {
+                        return false;
+                    }
+                    // Writes other than the log's (the job history's) may have failed.
+                    let other = cluster.log_lines(&self.member, self.since_us, &["No space left"]);
+                    match other.last() {
+                        None => format!(
+                            "{name} ran on: no write of it needed a new block while its disk was full"
+                        ),
+                        Some(line) => format!(
+                            "{name} ran on: no log write of it failed; it logged: {}",
+                            line.trim()
+                        ),
+                    }
+                } else if self.freed.elapsed() < EXIT_WITHIN {
+                    return false;
+                } else {
+                    // Documented: it exits. Started again so that the checks see a whole cluster.
+                    let restarted = cluster
+                        .kill(&self.member)
+                        .and_then(|()| cluster.start_again(&self.member));
+                    format!(
+                        "{name} logged a failed write but had not exited {:.0?} after its disk was freed (killed and started again: {restarted:?}): {}",
+                        self.freed.elapsed(),
+                        failed[0].trim()
+                    )
+                }
+            }
+        };
+        eprintln!("chaos: disk-full of {name} ends: {outcome}");
+        if let Some(applied) = log.applied.get_mut(self.index) {
+            applied.notes.push(outcome);
+        }
+        true
+    }
+}
+
+/// Undoes `fault`; a coordinator whose full disk it freed is to be watched until it exits.
+fn undo(cluster: &DockerCluster, fault: &Active, log: &mut NemesisLog) -> Option<AwaitingExit> {
     let mut errors = Vec::new();
+    let mut awaiting = None;
     for member in &fault.members {
         let result = match fault.kind {
             FaultKind::KillCoordinator | FaultKind::KillAgentHost => cluster.start_again(member),
@@ -441,6 +676,16 @@ fn undo(cluster: &DockerCluster, fault: &Active, log: &mut NemesisLog) {
             FaultKind::Disconnect => cluster.connect(member),
             FaultKind::Partition if cluster.iptables => cluster.unblock(member),
             FaultKind::Partition => cluster.connect(member),
+            FaultKind::OneWayLoss => cluster.unblock(member),
+            FaultKind::DiskFull => cluster.free_disk(member).map(|()| {
+                awaiting = Some(AwaitingExit {
+                    member: member.clone(),
+                    index: fault.index,
+                    since_us: fault.start_us,
+                    freed: Instant::now(),
+                    next_check: Instant::now(),
+                });
+            }),
         };
         if let Err(error) = result {
             errors.push(format!("{error:#}"));
@@ -456,6 +701,7 @@ fn undo(cluster: &DockerCluster, fault: &Active, log: &mut NemesisLog) {
     if let Some(applied) = log.applied.get_mut(fault.index) {
         applied.end_us = now_us();
     }
+    awaiting
 }
 
 #[cfg(test)]
@@ -477,5 +723,42 @@ mod tests {
         let (_, faults) = schedule(42, 1);
         assert!(!faults.is_empty());
         assert!(faults.iter().all(|f| f.at_ms < 20_000));
+    }
+
+    #[test]
+    fn every_kind_is_drawn_with_what_it_needs() {
+        // Proves that the new kinds are drawn at all, a one-way loss always with a direction
+        // (both occur) and a disk-full always with a coordinator target and its log-tail
+        // choice (both occur), and no other kind with either.
+        let mut kinds = std::collections::BTreeSet::new();
+        let mut directions = std::collections::BTreeSet::new();
+        let mut tails = std::collections::BTreeSet::new();
+        for episode in 1..=200 {
+            for fault in schedule(7, episode).1 {
+                kinds.insert(fault.kind);
+                match fault.kind {
+                    FaultKind::OneWayLoss => {
+                        directions.insert(format!("{:?}", fault.direction.expect("a direction")));
+                        assert!(matches!(
+                            fault.target,
+                            Target::Leader { .. } | Target::Coordinator(_) | Target::Agent(_)
+                        ));
+                    }
+                    FaultKind::DiskFull => {
+                        tails.insert(fault.release_log_tail.expect("a log-tail choice"));
+                        assert!(matches!(
+                            fault.target,
+                            Target::Leader { .. } | Target::Coordinator(_)
+                        ));
+                    }
+                    _ => {
+                        assert!(fault.direction.is_none() && fault.release_log_tail.is_none());
+                    }
+                }
+            }
+        }
+        assert_eq!(kinds.len(), 9, "{kinds:?}");
+        assert_eq!(directions.len(), 2, "{directions:?}");
+        assert_eq!(tails.len(), 2, "{tails:?}");
     }
 }
