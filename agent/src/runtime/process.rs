@@ -41,6 +41,7 @@
 //! pid reused by an unrelated process is never touched.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -79,8 +80,18 @@ pub const WATCHDOG_KILLED_EXIT_CODE: i32 = 128 + libc::SIGKILL;
 /// `$1` is the exit file, `$2` the lease file (empty: no watchdog), `$3` the checkpoint signal
 /// (a name without `SIG`), `$4` the grace period in ms, `$5` the watchdog's slack in ms, `$6`
 /// its poll in seconds, `$7` the exit code it records; the rest is the job's command.
+///
+/// The shim first reads one line from its stdin, a pipe from the agent: the agent writes `go`
+/// once the attempt's pid file is written. An agent killed before that closes the pipe
+/// unwritten, and the shim exits without running the job (leaving the exit file empty), so a
+/// job never runs without a pid file, where a restarted agent could not find it and would
+/// start the attempt again beside it (found by `quotient-chaos`). The job's stdin is
+/// `/dev/null`.
 const SHIM_SCRIPT: &str = r#"exit_file="$1"; lease_file="$2"; signal="$3"; grace_ms="$4"
 slack_ms="$5"; poll_s="$6"; killed_code="$7"; shift 7
+IFS= read -r go || go=
+[ "$go" = go ] || exit 0
+exec </dev/null
 trap 'true' HUP INT QUIT TERM USR1 USR2
 watchdog=
 if [ -n "$lease_file" ]; then
@@ -344,7 +355,8 @@ impl Runtime for ProcessRuntime {
             .arg(WATCHDOG_POLL_S.to_string())
             .arg(WATCHDOG_KILLED_EXIT_CODE.to_string())
             .args(&spec.payload.command)
-            .stdin(Stdio::null())
+            // The start gate (see `SHIM_SCRIPT`); the job itself reads /dev/null.
+            .stdin(Stdio::piped())
             .stdout(log)
             .stderr(log_err)
             .current_dir(&spec.work_dir)
@@ -397,9 +409,24 @@ impl Runtime for ProcessRuntime {
             grace_period_ms: spec.grace_period_ms,
             log_path: spec.log_path.clone(),
         };
-        if let Err(error) = write_pid_file(&self.pid_file(spec.job, spec.attempt), &record) {
+        let mut child = child;
+        let pid_file = self.pid_file(spec.job, spec.attempt);
+        let written = write_pid_file(&pid_file, &record).and_then(|()| {
+            // The pid file is there: the shim may run the job (see `SHIM_SCRIPT`).
+            let mut gate = child.stdin.take().ok_or_else(|| {
+                RuntimeError::io(
+                    "open the start gate of",
+                    Path::new(SHIM_SHELL),
+                    std::io::Error::other("no stdin pipe"),
+                )
+            })?;
+            gate.write_all(b"go\n").map_err(|error| {
+                RuntimeError::io("open the start gate of", Path::new(SHIM_SHELL), error)
+            })
+        });
+        if let Err(error) = written {
             // Without its pid file the job could be started twice or never found again: undo.
-            let mut child = child;
+            let _ = std::fs::remove_file(&pid_file);
             // SAFETY: kill(2) on the group this call just created and still owns.
             unsafe {
                 libc::kill(-pid, libc::SIGKILL);
@@ -559,5 +586,48 @@ fn reap(pid: i32) {
     // SAFETY: waitpid with WNOHANG only reads and reaps; ECHILD for a non-child is ignored.
     unsafe {
         libc::waitpid(pid, &mut status, libc::WNOHANG);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the shim with `touch MARKER` as the job; `gate` is what the agent writes on its
+    /// stdin before closing it. Whether the job ran, and the exit file's text.
+    fn shim_with_gate(gate: &[u8]) -> (bool, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let exit_file = dir.path().join("exit");
+        std::fs::File::create(&exit_file).unwrap();
+        let marker = dir.path().join("ran");
+        let mut child = Command::new(SHIM_SHELL)
+            .arg("-c")
+            .arg(SHIM_SCRIPT)
+            .arg("quotient-job")
+            .arg(&exit_file)
+            .args(["", "TERM", "1000", "500", "1", "137", "touch"])
+            .arg(&marker)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(gate).unwrap();
+        drop(stdin);
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{status}");
+        (
+            marker.exists(),
+            std::fs::read_to_string(&exit_file).unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_job_runs_only_once_the_agent_opens_the_gate() {
+        // Proves the start gate: an agent killed between spawning the shim and writing the pid
+        // file closes the pipe unwritten, and the job never runs (an orphan the restarted
+        // agent could not find); with `go` it runs and its exit code is recorded.
+        assert_eq!(shim_with_gate(b"go\n"), (true, "0\n".to_string()));
+        assert_eq!(shim_with_gate(b""), (false, String::new()));
+        assert_eq!(shim_with_gate(b"gone\n"), (false, String::new()));
     }
 }
