@@ -81,6 +81,8 @@ pub struct Coordinator {
     accept_task: JoinHandle<()>,
     /// The leader's loops (scheduling, node leases, desired-state refresh).
     loops: Vec<JoinHandle<()>>,
+    /// What of the Raft log is durable, and whether a write of it failed.
+    durability: crate::store::LogDurability<MemberId>,
     /// `/metrics` and health, when `metrics_listen` is set.
     metrics_server: Option<MetricsServer>,
     /// The AWS Batch–compatible endpoint, when `aws.listen` is set.
@@ -127,6 +129,7 @@ impl Coordinator {
         .map_err(|error| CoordinatorError::Storage(error.to_string()))??;
         let raft_config = config.raft_config()?;
         let durability = log_store.durability();
+        let ctx_durability = durability.clone();
         let client = Arc::new(Client::new(tls.clone()));
         let peers = PeerConnections::new(client.clone(), durability.clone(), identity.clone());
         let raft = Raft::new(
@@ -221,6 +224,7 @@ impl Coordinator {
             local_addr,
             accept_task,
             loops,
+            durability: ctx_durability,
             metrics_server,
             aws_server,
         })
@@ -265,7 +269,16 @@ impl Coordinator {
         // write as the full metrics do, and their channel closes when Raft's core ends,
         // after it has put the reason in the full metrics.
         let mut server = self.raft.server_metrics();
-        while server.changed().await.is_ok() {}
+        let core_ended = async { while server.changed().await.is_ok() {} };
+        tokio::select! {
+            () = core_ended => {}
+            // A failed log write ends this member at once, not at Raft's next write, which
+            // may be long in coming (found by `quotient-chaos`: an idle member with a full
+            // disk stayed up 37 s answering nothing).
+            reason = self.durability.failed() => {
+                return format!("when writing the raft log: {reason}");
+            }
+        }
         match &self.raft.metrics().borrow().running_state {
             Err(fatal) => fatal.to_string(),
             Ok(()) => "raft stopped without saying why".to_string(),

@@ -231,6 +231,26 @@ impl<NID: NodeId> LogDurability<NID> {
         self.durable.borrow().clone()
     }
 
+    /// Completes with the reason once a write has failed (the writer is poisoned); never
+    /// while writes succeed. Raft itself stops only at its next call into the store, which
+    /// an idle cluster or one without a quorum may not make for a long while.
+    pub async fn failed(&self) -> Arc<str> {
+        let mut receiver = self.durable.clone();
+        let mut reason = None;
+        let waited = receiver
+            .wait_for(|durable| {
+                reason = durable.failed.clone();
+                reason.is_some()
+            })
+            .await
+            .is_ok();
+        match reason.filter(|_| waited) {
+            Some(reason) => reason,
+            // The writer is gone (the store closed): nothing will ever fail; wait forever.
+            None => std::future::pending().await,
+        }
+    }
+
     /// The commit index a leader may tell its followers: `commit`, or the newest committed id
     /// whose entries are durable here when that is older, so that no follower applies an
     /// entry before the leader's own copy of it is durable.
