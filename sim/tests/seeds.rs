@@ -8,8 +8,8 @@ use std::thread;
 use quotient_sim::{run, Config, Report};
 
 /// Seeds per CI run, and the virtual length of each history.
-const SEEDS: u64 = 3_000;
-const HISTORY_MS: u64 = 5 * 60_000;
+const SEEDS: u64 = 2_000;
+const HISTORY_MS: u64 = 3 * 60_000;
 
 fn runs(first: u64, count: u64, config: impl Fn(u64) -> Config + Sync) -> Vec<Report> {
     let threads = thread::available_parallelism()
@@ -43,7 +43,7 @@ fn thousands_of_faulty_histories_break_no_invariant() {
         .collect();
     for report in &failing {
         eprintln!(
-            "seed {} (replay: quotient-sim --seed {} --seeds 1 --minutes 5): {:#?}",
+            "seed {} (replay: quotient-sim --seed {} --seeds 1 --minutes 3): {:#?}",
             report.seed, report.seed, report.violations
         );
     }
@@ -89,7 +89,7 @@ fn a_seed_replays_exactly() {
 fn a_coordinator_that_requeues_too_early_is_caught() {
     let reports = runs(1, 40, |seed| Config {
         broken_node_lease_ms: Some(2_000),
-        ..Config::new(seed, 10 * 60_000)
+        ..Config::new(seed, 5 * 60_000)
     });
     let caught: Vec<&String> = reports
         .iter()
@@ -121,9 +121,9 @@ fn a_history_without_faults_is_quiet() {
 /// lease up to 20 s, margin from the minimum to 6 s): no invariant breaks.
 #[test]
 fn any_accepted_agent_timing_breaks_no_invariant() {
-    let reports = runs(1, 300, |seed| Config {
+    let reports = runs(1, 150, |seed| Config {
         random_timing: true,
-        ..Config::new(seed, 10 * 60_000)
+        ..Config::new(seed, 5 * 60_000)
     });
     let failing: Vec<(u64, &Vec<String>)> = reports
         .iter()
@@ -141,7 +141,7 @@ fn a_margin_below_the_minimum_lets_a_job_run_twice() {
     let reports = runs(1, 100, |seed| Config {
         random_timing: true,
         margin_min_ms: 0,
-        ..Config::new(seed, 10 * 60_000)
+        ..Config::new(seed, 5 * 60_000)
     });
     let caught: Vec<(u64, u64)> = reports
         .iter()
