@@ -139,21 +139,41 @@ impl NodeLeases {
             // A node was removed: its clock goes with it.
             last_seen.retain(|name, _| state.node_by_name(name).is_some());
         }
-        let mut expired = Vec::new();
-        for node in state.nodes() {
-            if node.state == NodeState::Lost {
-                last_seen.remove(&node.name);
-                continue;
-            }
-            let seen = last_seen.entry(node.name.clone()).or_insert(Seen {
-                at: now,
-                wall_ms: None,
-            });
-            if now.saturating_duration_since(seen.at) > self.lease_of(state, node) {
-                expired.push(node.name.clone());
-            }
+        state
+            .nodes()
+            .filter(|node| self.lease_ran_out(&mut last_seen, state, node, now))
+            .map(|node| node.name.clone())
+            .collect()
+    }
+
+    /// Whether the lease of the node named `name` has run out as of `now`, as
+    /// [`NodeLeases::expired`] reckons it for every node: the check made again just before
+    /// a node is marked lost, looking at that node alone.
+    pub fn still_expired(&self, state: &State, name: &str, now: Instant) -> bool {
+        let mut last_seen = self.lock();
+        state
+            .node_by_name(name)
+            .is_some_and(|node| self.lease_ran_out(&mut last_seen, state, node, now))
+    }
+
+    /// One node's lease check: a lost node's clock is dropped (it is not checked), a node not
+    /// seen yet starts its clock at `now`.
+    fn lease_ran_out(
+        &self,
+        last_seen: &mut BTreeMap<String, Seen>,
+        state: &State,
+        node: &quotient_core::NodeRecord,
+        now: Instant,
+    ) -> bool {
+        if node.state == NodeState::Lost {
+            last_seen.remove(&node.name);
+            return false;
         }
-        expired
+        let seen = last_seen.entry(node.name.clone()).or_insert(Seen {
+            at: now,
+            wall_ms: None,
+        });
+        now.saturating_duration_since(seen.at) > self.lease_of(state, node)
     }
 
     /// Checks the leases while this coordinator leads, marking expired nodes lost. Runs until
@@ -224,7 +244,7 @@ impl NodeLeases {
                 // Committing the one before may have taken a while: the node may have been
                 // heard from (or registered) since this check began.
                 let still =
-                    state_machine.read(|state| self.expired(state, Instant::now()).contains(&node));
+                    state_machine.read(|state| self.still_expired(state, &node, Instant::now()));
                 if !still {
                     continue;
                 }
@@ -380,8 +400,14 @@ mod tests {
         leases.heard_from("node-1");
         let early = heard + Duration::from_millis(3_400);
         assert!(leases.expired(&state, early).is_empty());
+        assert!(!leases.still_expired(&state, "node-1", early));
         let late = heard + Duration::from_millis(3_600);
         assert_eq!(leases.expired(&state, late), vec!["node-1".to_string()]);
+        assert!(leases.still_expired(&state, "node-1", late));
+        assert!(
+            !leases.still_expired(&state, "node-9", late),
+            "an unknown node"
+        );
     }
 
     #[test]
