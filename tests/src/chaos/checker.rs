@@ -418,53 +418,55 @@ fn describe(interval: &Interval) -> String {
     )
 }
 
-/// Check 2: no two runs of one job (two attempts, or one attempt twice) overlapped by more
-/// than [`OVERLAP_SLACK_US`].
-pub fn check_runs(runs: &[Interval], found: &mut Violations) {
-    let mut by_job: BTreeMap<&str, Vec<&Interval>> = BTreeMap::new();
-    for run in runs {
-        by_job.entry(run.job.as_str()).or_default().push(run);
+/// Every pair of `intervals` with the same `key` that overlap by more than
+/// [`OVERLAP_SLACK_US`]: (key, one, the other, overlap in µs).
+fn overlapping<'a>(
+    intervals: &'a [Interval],
+    key: impl Fn(&'a Interval) -> &'a str,
+) -> Vec<(&'a str, &'a Interval, &'a Interval, u64)> {
+    let mut by_key: BTreeMap<&str, Vec<&Interval>> = BTreeMap::new();
+    for interval in intervals {
+        by_key.entry(key(interval)).or_default().push(interval);
     }
-    for (job, runs) in by_job {
-        for (i, a) in runs.iter().enumerate() {
-            for b in &runs[i + 1..] {
+    let mut found = Vec::new();
+    for (key, group) in by_key {
+        for (i, a) in group.iter().enumerate() {
+            for b in &group[i + 1..] {
                 let overlap = overlap(a, b);
                 if overlap > OVERLAP_SLACK_US {
-                    found.double_runs.push(format!(
-                        "{job} ran twice at once for {} ms: {} and {}",
-                        overlap / 1_000,
-                        describe(a),
-                        describe(b)
-                    ));
+                    found.push((key, *a, *b, overlap));
                 }
             }
         }
+    }
+    found
+}
+
+/// Check 2: no two runs of one job (two attempts, or one attempt twice) overlapped by more
+/// than [`OVERLAP_SLACK_US`].
+pub fn check_runs(runs: &[Interval], found: &mut Violations) {
+    for (job, a, b, overlap) in overlapping(runs, |run| run.job.as_str()) {
+        found.double_runs.push(format!(
+            "{job} ran twice at once for {} ms: {} and {}",
+            overlap / 1_000,
+            describe(a),
+            describe(b)
+        ));
     }
 }
 
 /// Check 3: no GPU was held by two attempts (of one job or of two) at once for more than
 /// [`OVERLAP_SLACK_US`].
 pub fn check_holds(holds: &[Interval], found: &mut Violations) {
-    let mut by_gpu: BTreeMap<&str, Vec<&Interval>> = BTreeMap::new();
-    for hold in holds {
-        by_gpu.entry(hold.gpu.as_str()).or_default().push(hold);
-    }
-    for (gpu, holds) in by_gpu {
-        for (i, a) in holds.iter().enumerate() {
-            for b in &holds[i + 1..] {
-                let overlap = overlap(a, b);
-                if overlap > OVERLAP_SLACK_US {
-                    found.gpu_overcommits.push(format!(
-                        "GPU {gpu} was held twice at once for {} ms: {} {} and {} {}",
-                        overlap / 1_000,
-                        a.job,
-                        describe(a),
-                        b.job,
-                        describe(b)
-                    ));
-                }
-            }
-        }
+    for (gpu, a, b, overlap) in overlapping(holds, |hold| hold.gpu.as_str()) {
+        found.gpu_overcommits.push(format!(
+            "GPU {gpu} was held twice at once for {} ms: {} {} and {} {}",
+            overlap / 1_000,
+            a.job,
+            describe(a),
+            b.job,
+            describe(b)
+        ));
     }
 }
 
