@@ -154,6 +154,7 @@ fn bad_flags_are_refused_with_a_clear_message() {
         (&["--agents", "2"][..], "3 to 16 agents"),
         (&["--episode", "0"][..], "numbered from 1"),
         (&["--length-s", "x"][..], "5 to 3600 seconds"),
+        (&["--parallel", "17"][..], "1 to 16 episodes at once"),
     ] {
         let output = Command::new(CHAOS)
             .args(arguments)

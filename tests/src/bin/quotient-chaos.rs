@@ -5,7 +5,8 @@
 //!
 //! The last line on stdout is one JSON object with the counts; every violation is printed to
 //! stderr before it, with the seed and episode that replay it. Exit status: 0 when no check
-//! found a violation, 1 when one did, 2 for bad flags, 3 when an episode could not be run.
+//! found a violation, 1 when one did, 2 for bad flags, 3 when an episode could not be run
+//! (the others still run; `episodes_not_run` lists it).
 
 use clap::Parser;
 use quotient_tests::chaos::{self, Options};
@@ -19,11 +20,17 @@ fn main() {
             .unwrap_or(1)
     });
     match chaos::run(&options, seed) {
-        Ok(reports) => {
-            let summary = chaos::summary(seed, &reports);
-            let violations: usize = reports.iter().map(|r| r.violations.total()).sum();
+        Ok(outcome) => {
+            let summary = chaos::summary(seed, &outcome);
+            let violations: usize = outcome.reports.iter().map(|r| r.violations.total()).sum();
             println!("{summary}");
-            std::process::exit(if violations == 0 { 0 } else { 1 });
+            std::process::exit(if violations > 0 {
+                1
+            } else if !outcome.not_run.is_empty() {
+                3
+            } else {
+                0
+            });
         }
         Err(error) => {
             eprintln!("quotient-chaos: error: {error:#}");

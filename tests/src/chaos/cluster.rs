@@ -348,8 +348,7 @@ impl DockerCluster {
             Ok(()) => cluster.data_disks = true,
             Err(error) => {
                 let why = format!("{error:#}");
-                eprintln!(
-                    "chaos: disk-full faults are skipped: no data disk of a fixed size for the coordinators ({why})"
+                say!("disk-full faults are skipped: no data disk of a fixed size for the coordinators ({why})"
                 );
                 cluster.remove_data_disks();
                 cluster.data_disks_missing = Some(why);
@@ -781,8 +780,7 @@ impl DockerCluster {
         match self.iptables_in(member, &["-L", "INPUT", "-n"]) {
             Ok(()) => true,
             Err(error) => {
-                eprintln!(
-                    "chaos: partitions fall back to network disconnect (iptables in a container's network namespace: {error:#})"
+                say!("partitions fall back to network disconnect (iptables in a container's network namespace: {error:#})"
                 );
                 false
             }
@@ -863,11 +861,11 @@ impl DockerCluster {
             return;
         }
         for error in unmount_under(&disks) {
-            eprintln!("chaos: {error}");
+            say!("{error}");
         }
         if mounts_under(&disks).is_empty() {
             if let Err(error) = std::fs::remove_dir_all(&disks) {
-                eprintln!("chaos: cannot remove {}: {error}", disks.display());
+                say!("cannot remove {}: {error}", disks.display());
             }
         }
     }
@@ -1102,6 +1100,35 @@ impl DockerCluster {
         saved
     }
 
+    /// Copies every coordinator's data directory (its Raft log, vote, snapshots and job
+    /// history) into `data/coord-N` of the episode's folder, for a look after a violation:
+    /// from its data disk, or out of its container without one. The folders it wrote.
+    pub fn save_data(&self) -> Vec<PathBuf> {
+        let saved_dir = self.dir.join("data");
+        let _ = std::fs::create_dir_all(&saved_dir);
+        let mut saved = Vec::new();
+        for member in &self.coordinators {
+            let to = saved_dir.join(&member.name);
+            let _ = std::fs::remove_dir_all(&to);
+            let copied = if self.data_disks {
+                let from = self.disk_mount(member).join("data");
+                host("cp", &[&"-a", &from, &to])
+            } else {
+                docker(&[
+                    "cp",
+                    &format!("{}:{COORDINATOR_DATA_DIR}", member.container),
+                    &to.display().to_string(),
+                ])
+                .map(|_| ())
+            };
+            match copied {
+                Ok(()) => saved.push(to),
+                Err(error) => say!("cannot save {}'s data: {error:#}", member.name),
+            }
+        }
+        saved
+    }
+
     /// Removes every container and the network (also done when dropped).
     pub fn teardown(&mut self) {
         let filter = format!("label=quotient-chaos={}", self.network);
@@ -1111,13 +1138,13 @@ impl DockerCluster {
                 let mut args = vec!["rm", "-f", "-v"];
                 args.extend(ids);
                 if let Err(error) = docker(&args) {
-                    eprintln!("chaos: {error:#}");
+                    say!("{error:#}");
                 }
             }
         }
         if docker(&["network", "inspect", &self.network]).is_ok() {
             if let Err(error) = docker(&["network", "rm", &self.network]) {
-                eprintln!("chaos: {error:#}");
+                say!("{error:#}");
             }
         }
         // The containers are gone: nothing holds the data disks any more.

@@ -11,6 +11,14 @@
 //!    scripts' records and the coordinators' state ([`checker`] and [`settle_and_check`]);
 //! 5. removes the containers and the network, whatever happened.
 
+/// A progress line on stderr, `chaos: ...`, or `chaos: [episode E] ...` on a thread that runs
+/// an episode (so that episodes run side by side, `--parallel`, can be told apart).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::chaos::say(format_args!($($arg)*))
+    };
+}
+
 pub mod checker;
 pub mod client;
 pub mod cluster;
@@ -18,10 +26,11 @@ pub mod history;
 pub mod nemesis;
 pub mod rng;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -47,6 +56,29 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(10);
 pub const STUCK_WINDOW: Duration = Duration::from_secs(12);
 /// How long the replicas may take to be seen at one applied index.
 pub const CONVERGE_S: u64 = 30;
+
+thread_local! {
+    /// The episode this thread works for (0: none).
+    static EPISODE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Tags this thread's progress lines with `episode` (0: untagged).
+pub fn tag_thread(episode: u32) {
+    EPISODE.set(episode);
+}
+
+/// The episode this thread's progress lines are tagged with (0: none).
+pub fn thread_episode() -> u32 {
+    EPISODE.get()
+}
+
+/// Prints one progress line to stderr (the `say!` macro).
+pub fn say(line: std::fmt::Arguments) {
+    match EPISODE.get() {
+        0 => eprintln!("chaos: {line}"),
+        episode => eprintln!("chaos: [episode {episode}] {line}"),
+    }
+}
 
 fn parse_episodes(text: &str) -> Result<u32, String> {
     match text.parse::<u32>() {
@@ -88,6 +120,13 @@ fn parse_length(text: &str) -> Result<u64, String> {
     }
 }
 
+fn parse_parallel(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(n) if (1..=16).contains(&n) => Ok(n),
+        _ => Err(format!("run 1 to 16 episodes at once, not {text:?}")),
+    }
+}
+
 fn parse_clients(text: &str) -> Result<u32, String> {
     match text.parse::<u32>() {
         Ok(n) if (1..=16).contains(&n) => Ok(n),
@@ -126,6 +165,10 @@ pub struct Options {
     /// Concurrent clients (1-16).
     #[arg(long, value_name = "N", default_value = "3", value_parser = parse_clients)]
     pub clients: u32,
+    /// Run up to N episodes at once, each with a cluster and a network of its own (1-16).
+    /// What an episode draws does not depend on it; the host's load does (docs/chaos.md).
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_parallel)]
+    pub parallel: u32,
     /// Where each episode's folder goes (history.jsonl, faults.json, the shared folder,
     /// logs) [default: a new folder under the system's temporary folder].
     #[arg(long, value_name = "DIR")]
@@ -166,8 +209,18 @@ pub fn replay_command(options: &Options, seed: u64, report: &EpisodeReport) -> S
     )
 }
 
+/// What a run did: a report per episode that ran, and the episodes that could not be run.
+#[derive(Debug, Default)]
+pub struct RunOutcome {
+    /// In the order of the episodes' numbers.
+    pub reports: Vec<EpisodeReport>,
+    /// Episodes that could not be run (their cluster did not start, Docker failed), with why.
+    pub not_run: Vec<(u32, String)>,
+}
+
 /// The last line: counts over every episode.
-pub fn summary(seed: u64, reports: &[EpisodeReport]) -> Value {
+pub fn summary(seed: u64, outcome: &RunOutcome) -> Value {
+    let reports = &outcome.reports;
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     for report in reports {
         for (kind, count) in &report.faults {
@@ -191,6 +244,7 @@ pub fn summary(seed: u64, reports: &[EpisodeReport]) -> Value {
         "phantom_writes": count(|v| v.phantom_writes.len()),
         "invariant_violations": count(|v| v.invariant_violations.len()),
         "faults": faults,
+        "episodes_not_run": outcome.not_run.iter().map(|(episode, _)| *episode).collect::<Vec<u32>>(),
     })
 }
 
@@ -208,9 +262,10 @@ fn workspace_root(bin_dir: &Path) -> PathBuf {
         .unwrap_or(built_here)
 }
 
-/// Runs every episode the options ask for; one report per episode. An error means an
-/// episode could not be run (not that a check failed).
-pub fn run(options: &Options, seed: u64) -> anyhow::Result<Vec<EpisodeReport>> {
+/// Runs every episode the options ask for; one report per episode that ran. An episode that
+/// cannot be run (its cluster does not start) is noted in `not_run` and the others run on;
+/// an error means nothing could be run (no Docker, a missing binary, no image).
+pub fn run(options: &Options, seed: u64) -> anyhow::Result<RunOutcome> {
     if !cluster::docker_reachable() {
         bail!("Docker is not reachable (`docker info` fails): quotient-chaos runs every coordinator and agent in a container");
     }
@@ -233,7 +288,7 @@ pub fn run(options: &Options, seed: u64) -> anyhow::Result<Vec<EpisodeReport>> {
     let image = match &options.image {
         Some(image) => image.clone(),
         None => {
-            eprintln!("chaos: building {IMAGE_DEFAULT} from {}", bin_dir.display());
+            say!("building {IMAGE_DEFAULT} from {}", bin_dir.display());
             cluster::build_image(&workspace_root(&bin_dir), &bin_dir, IMAGE_DEFAULT)?;
             IMAGE_DEFAULT.to_string()
         }
@@ -243,25 +298,50 @@ pub fn run(options: &Options, seed: u64) -> anyhow::Result<Vec<EpisodeReport>> {
         None => std::env::temp_dir().join(format!("quotient-chaos-{seed}-{}", std::process::id())),
     };
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("chaos: seed {seed}; episodes' folders in {}", out.display());
+    say!("seed {seed}; episodes' folders in {}", out.display());
     let episodes: Vec<u32> = match options.episode {
         Some(episode) => vec![episode],
         None => (1..=options.episodes).collect(),
     };
-    let mut reports = Vec::new();
-    for episode in episodes {
-        let report = run_episode(options, seed, episode, &image, &bin_dir, &out)?;
-        for (kind, found) in report.violations.kinds() {
-            for description in found {
-                eprintln!(
-                    "chaos: VIOLATION {kind} in episode {episode} of seed {seed} (replay: {}): {description}",
-                    replay_command(options, seed, &report)
-                );
-            }
+    let next = AtomicU32::new(0);
+    let outcome = Mutex::new(RunOutcome::default());
+    let workers = (options.parallel as usize).min(episodes.len()).max(1);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                while let Some(&episode) =
+                    episodes.get(next.fetch_add(1, Ordering::SeqCst) as usize)
+                {
+                    tag_thread(if workers > 1 { episode } else { 0 });
+                    let result = run_episode(options, seed, episode, &image, &bin_dir, &out);
+                    let mut outcome = outcome.lock().unwrap_or_else(|p| p.into_inner());
+                    match result {
+                        Ok(report) => {
+                            for (kind, found) in report.violations.kinds() {
+                                for description in found {
+                                    eprintln!(
+                                        "chaos: VIOLATION {kind} in episode {episode} of seed {seed} (replay: {}): {description}",
+                                        replay_command(options, seed, &report)
+                                    );
+                                }
+                            }
+                            outcome.reports.push(report);
+                        }
+                        Err(error) => {
+                            eprintln!(
+                                "chaos: episode {episode} of seed {seed} could not be run (replay: quotient-chaos --seed {seed} --episode {episode}): {error:#}"
+                            );
+                            outcome.not_run.push((episode, format!("{error:#}")));
+                        }
+                    }
+                }
+            });
         }
-        reports.push(report);
-    }
-    Ok(reports)
+    });
+    let mut outcome = outcome.into_inner().unwrap_or_else(|p| p.into_inner());
+    outcome.reports.sort_by_key(|report| report.episode);
+    outcome.not_run.sort_by_key(|(episode, _)| *episode);
+    Ok(outcome)
 }
 
 /// One episode, start to teardown.
@@ -299,7 +379,7 @@ pub fn run_episode(
     if dir.exists() {
         // A run killed from outside may have left its coordinators' data disks mounted there.
         for error in cluster::unmount_under(&dir) {
-            eprintln!("chaos: {error}");
+            say!("{error}");
         }
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot empty {}", dir.display()))?;
     }
@@ -312,8 +392,7 @@ pub fn run_episode(
             "faults": schedule,
         }))?,
     )?;
-    eprintln!(
-        "chaos: episode {episode}: {coordinators} coordinators, agents with {agent_gpus:?} GPUs, nemesis {mix:?} ({} faults planned) in {}",
+    say!("episode {episode}: {coordinators} coordinators, agents with {agent_gpus:?} GPUs, nemesis {mix:?} ({} faults planned) in {}",
         schedule.len(),
         dir.display()
     );
@@ -327,8 +406,8 @@ pub fn run_episode(
     };
     let mut cluster = DockerCluster::start(&network, image, bin_dir, &dir, &shape, episode_seed)
         .context("the episode's cluster did not start")?;
-    eprintln!(
-        "chaos: cluster up in {:.1?} (partitions by {}; one-way loss {}; coordinators' data on {})",
+    say!(
+        "cluster up in {:.1?} (partitions by {}; one-way loss {}; coordinators' data on {})",
         started.elapsed(),
         if cluster.iptables {
             "iptables"
@@ -375,7 +454,12 @@ pub fn run_episode(
     // The workload and the nemesis, together.
     let stop = AtomicBool::new(false);
     let nemesis_log = std::thread::scope(|scope| -> anyhow::Result<nemesis::NemesisLog> {
-        let nemesis = scope.spawn(|| nemesis::run(&cluster, &schedule, &stop));
+        let episode_tag = thread_episode();
+        let (cluster, schedule, stop) = (&cluster, &schedule, &stop);
+        let nemesis = scope.spawn(move || {
+            tag_thread(episode_tag);
+            nemesis::run(cluster, schedule, stop)
+        });
         let workload = runtime.block_on(async {
             let until = tokio::time::Instant::now() + length;
             let mut tasks = Vec::new();
@@ -397,7 +481,7 @@ pub fn run_episode(
             }
             anyhow::Ok(())
         });
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stop.store(true, Ordering::SeqCst);
         let log = nemesis
             .join()
             .map_err(|_| anyhow!("the nemesis panicked"))?;
@@ -409,9 +493,9 @@ pub fn run_episode(
         serde_json::to_string_pretty(&nemesis_log)?,
     )?;
 
-    eprintln!("chaos: healing everything");
+    say!("healing everything");
     for error in cluster.heal() {
-        eprintln!("chaos: while healing: {error}");
+        say!("while healing: {error}");
     }
     let ops = history.ops();
     let mut violations = Violations::default();
@@ -424,14 +508,12 @@ pub fn run_episode(
         &mut violations,
     );
     if violations.total() > 0 {
-        let saved = cluster.save_logs();
-        eprintln!(
-            "chaos: containers' logs saved in {}",
-            saved
-                .first()
-                .and_then(|p| p.parent())
-                .unwrap_or(&dir)
-                .display()
+        cluster.save_data();
+        cluster.save_logs();
+        say!(
+            "containers' logs saved in {}, coordinators' data directories in {}",
+            dir.join("logs").display(),
+            dir.join("data").display()
         );
     }
     std::fs::write(
@@ -440,8 +522,8 @@ pub fn run_episode(
     )?;
     cluster.teardown();
     drop(cluster);
-    eprintln!(
-        "chaos: episode {episode} done in {:.1?}: {} operations, {} violations",
+    say!(
+        "episode {episode} done in {:.1?}: {} operations, {} violations",
         started.elapsed(),
         ops.len(),
         violations.total()
@@ -561,8 +643,8 @@ pub fn settle_and_check(
             checker::close(&mut holds, &nemesis_log.host_kills, &jobs, now);
             checker::check_holds(&holds, found);
             let started: usize = runs.len();
-            eprintln!(
-                "chaos: {} jobs, {started} attempts recorded by the job scripts, {} GPU holds",
+            say!(
+                "{} jobs, {started} attempts recorded by the job scripts, {} GPU holds",
                 jobs.len(),
                 holds.len()
             );

@@ -447,10 +447,10 @@ fn apply(
     let index = log.applied.len();
     let error = result.err().map(|error| format!("{error:#}"));
     if let Some(error) = &error {
-        eprintln!("chaos: {} of {names:?} failed: {error}", fault.kind.name());
+        say!("{} of {names:?} failed: {error}", fault.kind.name());
     } else {
-        eprintln!(
-            "chaos: {} {names:?} for {} ms{}",
+        say!(
+            "{} {names:?} for {} ms{}",
             fault.kind.name(),
             fault.duration_ms,
             notes
@@ -494,7 +494,7 @@ fn partition(cluster: &DockerCluster, side: &[bool], hit: &mut Vec<Member>) -> a
         }
     }
     let names = |side: &[&Member]| side.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
-    eprintln!("chaos: partition sides {:?} | {:?}", names(&a), names(&b));
+    say!("partition sides {:?} | {:?}", names(&a), names(&b));
     if cluster.iptables {
         hit.clear();
         let mut result = Ok(());
@@ -655,7 +655,7 @@ impl AwaitingExit {
                 }
             }
         };
-        eprintln!("chaos: disk-full of {name} ends: {outcome}");
+        say!("disk-full of {name} ends: {outcome}");
         if let Some(applied) = log.applied.get_mut(self.index) {
             applied.notes.push(outcome);
         }
@@ -692,11 +692,7 @@ fn undo(cluster: &DockerCluster, fault: &Active, log: &mut NemesisLog) -> Option
         }
     }
     if !errors.is_empty() {
-        eprintln!(
-            "chaos: undoing {}: {}",
-            fault.kind.name(),
-            errors.join("; ")
-        );
+        say!("undoing {}: {}", fault.kind.name(), errors.join("; "));
     }
     if let Some(applied) = log.applied.get_mut(fault.index) {
         applied.end_us = now_us();
