@@ -169,6 +169,10 @@ pub struct Options {
     /// What an episode draws does not depend on it; the host's load does (docs/chaos.md).
     #[arg(long, value_name = "N", default_value = "1", value_parser = parse_parallel)]
     pub parallel: u32,
+    /// Start no episode after this many seconds from the run's start (those begun finish);
+    /// the last line counts the episodes that ran [no limit].
+    #[arg(long = "budget-s", value_name = "SECS")]
+    pub budget_s: Option<u64>,
     /// Where each episode's folder goes (history.jsonl, faults.json, the shared folder,
     /// logs) [default: a new folder under the system's temporary folder].
     #[arg(long, value_name = "DIR")]
@@ -304,6 +308,8 @@ pub fn run(options: &Options, seed: u64) -> anyhow::Result<RunOutcome> {
         None => (1..=options.episodes).collect(),
     };
     let next = AtomicU32::new(0);
+    let run_started = Instant::now();
+    let budget = options.budget_s.map(Duration::from_secs);
     let outcome = Mutex::new(RunOutcome::default());
     let workers = (options.parallel as usize).min(episodes.len()).max(1);
     std::thread::scope(|scope| {
@@ -312,6 +318,9 @@ pub fn run(options: &Options, seed: u64) -> anyhow::Result<RunOutcome> {
                 while let Some(&episode) =
                     episodes.get(next.fetch_add(1, Ordering::SeqCst) as usize)
                 {
+                    if budget.is_some_and(|budget| run_started.elapsed() >= budget) {
+                        return;
+                    }
                     tag_thread(if workers > 1 { episode } else { 0 });
                     let result = run_episode(options, seed, episode, &image, &bin_dir, &out);
                     let mut outcome = outcome.lock().unwrap_or_else(|p| p.into_inner());
