@@ -121,6 +121,15 @@ impl Coordinator {
         .map_err(CoordinatorError::Storage)?;
         state_machine.attach_history(Arc::new(history));
         let raft_state_present = has_raft_state(&mut log_store, &state_machine).await?;
+        if store::resume_as_follower(&mut log_store, config.id)
+            .await
+            .map_err(|error| CoordinatorError::Storage(error.to_string()))?
+        {
+            tracing::info!(
+                id = config.id,
+                "this member led the cluster when it stopped; it starts as a follower and campaigns in a new term"
+            );
+        }
         let (data_dir, id, configured) = (config.data_dir.clone(), config.id, config.cluster_id);
         let identity = tokio::task::spawn_blocking(move || {
             ClusterIdentity::open(&data_dir, id, raft_state_present, configured)

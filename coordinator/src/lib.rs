@@ -44,6 +44,7 @@ pub mod desired;
 pub mod digest_check;
 pub mod history;
 pub mod identity;
+pub mod inspect;
 pub mod job_logs;
 pub mod metrics;
 pub mod network;

@@ -8,14 +8,18 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::{CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote};
+use openraft::{
+    BasicNode, CommittedLeaderId, Config, Entry, EntryPayload, LogId, RaftLogReader, Vote,
+};
 use quotient_coordinator::raft_service;
 use quotient_coordinator::store::log_writer::NotDurable;
-use quotient_coordinator::store::{self, LogStore, MemberId, TypeConfig};
+use quotient_coordinator::store::{self, LogStore, MemberId, Request, TypeConfig};
+use quotient_core::Command;
 use support::no_network::NoNetwork;
 
 /// How long a stalled wait is watched to make sure it does not end.
@@ -331,4 +335,132 @@ async fn a_committed_id_waits_for_its_entries_not_for_a_sync_of_its_own() {
         after_restart(store, dir.path()).await,
         (vec![0, 1, 2, 3, 4], Some(log_id(1, 3)))
     );
+}
+
+/// Copies the directory `from` into `to` (made), files and folders.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("create");
+    for item in std::fs::read_dir(from).expect("read the directory") {
+        let item = item.expect("an item");
+        let target = to.join(item.file_name());
+        if item.file_type().expect("a type").is_dir() {
+            copy_dir(&item.path(), &target);
+        } else {
+            std::fs::copy(item.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// A single-member Raft on the real stores of `dir`, with no network.
+async fn start_raft(dir: &std::path::Path) -> (store::type_config::Raft, LogStore) {
+    let (log, state_machine) = store::open(dir).expect("open the stores");
+    let config = Config {
+        cluster_name: "quotient-test".to_string(),
+        ..Config::default()
+    }
+    .validate()
+    .expect("config");
+    let raft = openraft::Raft::new(1, config.into(), NoNetwork, log.clone(), state_machine)
+        .await
+        .expect("raft");
+    (raft, log)
+}
+
+fn check() -> Request {
+    Request::one(Command::CheckDigest { leader: None }, 1_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_lost_unsynced_entries_comes_back_in_a_new_term() {
+    // Proves that a leader whose last entries never reached its disk (a crash, or a full
+    // disk, while it sent them) does not lead the same term again when it restarts: the
+    // next entry at the index it lost gets a log id of a new term, never the lost entry's
+    // log id with other contents, which a follower holding the lost entry would take for the
+    // same entry (quotient-chaos found replicas that parted this way).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = tempfile::tempdir().expect("tempdir");
+    let (raft, log) = start_raft(dir.path()).await;
+    raft.initialize(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:0"))]))
+        .await
+        .expect("initialize");
+    raft.wait(Some(RELEASE))
+        .current_leader(1, "leader elected")
+        .await
+        .expect("leader");
+    let durable = raft.client_write(check()).await.expect("a durable write");
+    let term = durable.log_id.leader_id.term;
+
+    tracing::info!("--- the disk stalls while the leader appends its next entry");
+    let stall = log.wal().stall();
+    let lost_index = durable.log_id.index + 1;
+    let pending = tokio::spawn({
+        let raft = raft.clone();
+        async move { raft.client_write(check()).await }
+    });
+    // The entry reaches the log's in-memory tail (the store's readers see it); a lone
+    // member's core then waits in `save_committed` for the disk, so its metrics lag.
+    let mut reader = log.clone();
+    let appended = tokio::time::timeout(RELEASE, async {
+        while read_indexes(&mut reader).await.last() != Some(&lost_index) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    appended.await.expect("the entry is in the leader's log");
+    // What the disk holds at this moment: the leader crashing now would come back to this.
+    copy_dir(dir.path(), image.path());
+    drop(stall);
+    tokio::time::timeout(RELEASE, pending)
+        .await
+        .expect("the write ends once the disk is back")
+        .expect("joined")
+        .expect("written");
+    raft.shutdown().await.expect("shutdown");
+    drop(log);
+
+    tracing::info!("--- restarted on the crash image, it campaigns in a new term");
+    let (raft, mut log) = {
+        let (log, state_machine) = store::open(image.path()).expect("open the image");
+        let mut log = log;
+        assert!(
+            store::resume_as_follower(&mut log, 1)
+                .await
+                .expect("vote saved"),
+            "the member led when it stopped"
+        );
+        let vote = log.read_vote().await.expect("vote").expect("a vote");
+        assert!(!vote.is_committed(), "{vote}");
+        let config = Config {
+            cluster_name: "quotient-test".to_string(),
+            ..Config::default()
+        }
+        .validate()
+        .expect("config");
+        let raft = openraft::Raft::new(1, config.into(), NoNetwork, log.clone(), state_machine)
+            .await
+            .expect("raft");
+        (raft, log)
+    };
+    assert_eq!(
+        read_indexes(&mut log).await.last(),
+        Some(&durable.log_id.index),
+        "the image lacks the entry the disk never got"
+    );
+    raft.wait(Some(RELEASE))
+        .current_leader(1, "leader again")
+        .await
+        .expect("leader");
+    let next = raft.client_write(check()).await.expect("a write");
+    assert!(next.log_id.index >= lost_index, "{next:?}");
+    let at_lost = log
+        .try_get_log_entries(lost_index..=lost_index)
+        .await
+        .expect("read")
+        .pop()
+        .expect("the lost index holds an entry again");
+    assert!(
+        at_lost.log_id.leader_id.term > term,
+        "the entry at the lost index has the log id {} of the old term {term}",
+        at_lost.log_id
+    );
+    raft.shutdown().await.expect("shutdown");
 }

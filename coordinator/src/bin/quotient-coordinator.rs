@@ -147,6 +147,47 @@ enum Subcommand {
     /// as member ID of a new cluster of --peers: run it for every member with the same
     /// backup and --peers, then start them; they elect a leader without `cluster init`.
     Restore(RestoreFlags),
+    /// Print what a data directory's Raft log holds: the vote, the committed id, and one
+    /// line per entry with its commands; with --digests, the state's digest after every
+    /// digest check, replayed from the first entry. Run it on a stopped member's data
+    /// directory or a copy (opening the log cuts off a write torn by a crash, as a start does).
+    Log(LogFlags),
+}
+
+#[derive(Debug, clap::Args)]
+struct LogFlags {
+    /// The data directory whose log to print.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Print the entries from this index on.
+    #[arg(long, default_value = "0")]
+    from: u64,
+    /// Print the entries up to this index.
+    #[arg(long)]
+    to: Option<u64>,
+    /// Replay the entries from the first and print the state's digest after every digest
+    /// check, to compare members.
+    #[arg(long)]
+    digests: bool,
+}
+
+/// `quotient-coordinator log`.
+fn print_log(flags: LogFlags) -> ! {
+    let mut out = std::io::stdout().lock();
+    let printed = runtime().block_on(quotient_coordinator::inspect::print_log(
+        &flags.data_dir,
+        flags.from,
+        flags.to,
+        flags.digests,
+        &mut out,
+    ));
+    match printed {
+        Ok(()) => std::process::exit(0),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::exit(FAILURE_EXIT_CODE);
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -366,8 +407,10 @@ fn hint(error: &CoordinatorError) -> &'static str {
 fn main() {
     let mut flags = Flags::parse();
     init_tracing(LogFormat::chosen(flags.log_format, flags.log_json));
-    if let Some(Subcommand::Restore(restore_flags)) = flags.command.take() {
-        restore(restore_flags);
+    match flags.command.take() {
+        Some(Subcommand::Restore(restore_flags)) => restore(restore_flags),
+        Some(Subcommand::Log(log_flags)) => print_log(log_flags),
+        None => {}
     }
     let config = match flags.into_config() {
         Ok(config) => config,

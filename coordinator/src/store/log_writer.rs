@@ -39,6 +39,12 @@
 //! as if they had never arrived, and nobody saw them committed. Its vote itself is synced
 //! before it is given.
 //!
+//! A leader that crashes before its own write lands may have sent those entries: a follower
+//! holds them, and the leader's log, when it comes back, does not. So it must never lead
+//! that term again (openraft 0.9 would restore it as the leader of its committed vote's
+//! term, and its next entries would reuse the lost entries' log ids with other contents):
+//! the coordinator uncommits its vote before Raft starts ([`super::resume_as_follower`]).
+//!
 //! A *generation* counts the log's truncations: an index is durable "in generation g" when it
 //! reached the disk with no truncation queued since g, so an answer for entries that a later
 //! truncation replaced is never sent.

@@ -32,6 +32,36 @@ pub use log_store::{LogDurability, RaftLogStore};
 pub use state_machine::QuotientStateMachine;
 pub use type_config::{LogStore, MemberId, Outcomes, Request, TypeConfig};
 
+/// Makes a member that was the leader when it stopped start as a follower, by saving its vote
+/// for itself again as not committed; whether it did. Call it before Raft starts on the store.
+///
+/// openraft 0.9 restarts a node whose saved vote is a committed one for itself as the leader
+/// of that same term, on the assumption that every entry it sent is in its own log. This
+/// store breaks that assumption on purpose: a leader sends entries while its own write of
+/// them is under way (`log_writer`), so one that crashed, or whose disk failed, may come back
+/// without the last entries it sent. Leading the same term again, it would write new entries
+/// at those indexes under the same log ids the followers already hold with other contents,
+/// and Raft's log matching, which trusts equal log ids, would never repair the difference:
+/// the replicas' states would part for good (found by `quotient-chaos`: a leader's full disk,
+/// then its restart, RELIABILITY.md). Not committed, the vote still says whom it voted for in
+/// that term, so it votes for no one else there; it campaigns in a new term, where every log
+/// id it writes is new.
+pub async fn resume_as_follower(
+    log: &mut LogStore,
+    id: MemberId,
+) -> Result<bool, StorageError<MemberId>> {
+    use openraft::storage::RaftLogStorage;
+    let Some(mut vote) = log.read_vote().await? else {
+        return Ok(false);
+    };
+    if !vote.is_committed() || vote.leader_id().voted_for() != Some(id) {
+        return Ok(false);
+    }
+    vote.committed = false;
+    log.save_vote(&vote).await?;
+    Ok(true)
+}
+
 /// Opens (or creates) both halves of a coordinator's Raft storage in `data_dir`.
 ///
 /// Blocks on file I/O: call it at startup.
