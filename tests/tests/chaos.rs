@@ -155,6 +155,10 @@ fn bad_flags_are_refused_with_a_clear_message() {
         (&["--episode", "0"][..], "numbered from 1"),
         (&["--length-s", "x"][..], "5 to 3600 seconds"),
         (&["--parallel", "17"][..], "1 to 16 episodes at once"),
+        (
+            &["--episodes", "3", "--from-episode", "4"][..],
+            "nothing to run",
+        ),
     ] {
         let output = Command::new(CHAOS)
             .args(arguments)

@@ -13,6 +13,10 @@ use quotient_tests::chaos::{self, Options};
 
 fn main() {
     let options = Options::parse();
+    if let Err(message) = options.check() {
+        eprintln!("error: {message}");
+        std::process::exit(2);
+    }
     let seed = options.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

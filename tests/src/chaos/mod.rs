@@ -153,6 +153,10 @@ pub struct Options {
     /// Run episode E alone (with --seed: replays that episode's schedule).
     #[arg(long, value_name = "E", value_parser = parse_episode)]
     pub episode: Option<u32>,
+    /// Start at episode E of the run's episodes (with --episodes N: E..=N), to continue a run
+    /// of the same seed that stopped at E-1.
+    #[arg(long = "from-episode", value_name = "E", default_value = "1", value_parser = parse_episode)]
+    pub from_episode: u32,
     /// How long each episode's clients and faults run, in seconds (5-3600).
     #[arg(long = "length-s", value_name = "SECS", default_value = "30", value_parser = parse_length)]
     pub length_s: u64,
@@ -184,6 +188,19 @@ pub struct Options {
     /// program].
     #[arg(long, value_name = "DIR")]
     pub bin_dir: Option<PathBuf>,
+}
+
+impl Options {
+    /// Checks what the flags mean together; a message for a usage error.
+    pub fn check(&self) -> Result<(), String> {
+        if self.episode.is_none() && self.from_episode > self.episodes {
+            return Err(format!(
+                "--from-episode {} is past --episodes {}: nothing to run",
+                self.from_episode, self.episodes
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What one episode did and found.
@@ -305,8 +322,11 @@ pub fn run(options: &Options, seed: u64) -> anyhow::Result<RunOutcome> {
     say!("seed {seed}; episodes' folders in {}", out.display());
     let episodes: Vec<u32> = match options.episode {
         Some(episode) => vec![episode],
-        None => (1..=options.episodes).collect(),
+        None => (options.from_episode..=options.episodes).collect(),
     };
+    if episodes.is_empty() {
+        bail!("{}", options.check().unwrap_err());
+    }
     let next = AtomicU32::new(0);
     let run_started = Instant::now();
     let budget = options.budget_s.map(Duration::from_secs);
