@@ -12,6 +12,8 @@
 //! when a version is bumped: `QUOTIENT_WRITE_FIXTURE=1 cargo test -p quotient-coordinator
 //! --test encoding_fixtures -- write_the_fixture`, then commit it beside the older ones.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -304,20 +306,6 @@ async fn write_data_dir(dir: &Path) {
     }
 }
 
-/// Copies a fixture into a fresh directory: opening a data directory writes to it.
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("create");
-    for item in std::fs::read_dir(from).expect("read the fixture") {
-        let item = item.expect("an item");
-        let target = to.join(item.file_name());
-        if item.file_type().expect("a type").is_dir() {
-            copy_dir(&item.path(), &target);
-        } else {
-            std::fs::copy(item.path(), &target).expect("copy");
-        }
-    }
-}
-
 /// The Raft log version of fixture `name` (`data-dir-logN-...`; 1 for the unrecorded one).
 fn log_version_of(name: &str) -> u16 {
     name.strip_prefix("data-dir-log")
@@ -330,7 +318,7 @@ fn log_version_of(name: &str) -> u16 {
 /// id, and returns the state after the snapshot and the committed entries past it.
 async fn open_fixture(name: &str) -> State {
     let copy = tempfile::tempdir().expect("tempdir");
-    copy_dir(&fixtures().join(name), copy.path());
+    support::copy_dir(&fixtures().join(name), copy.path());
     let (mut log, mut state_machine) = store::open(copy.path()).expect("the fixture opens");
     assert_eq!(
         log.read_vote().await.expect("vote"),
@@ -477,7 +465,7 @@ async fn this_build_writes_the_fixture_of_its_versions_byte_for_byte() {
     let written = tempfile::tempdir().expect("tempdir");
     write_data_dir(written.path()).await;
     let committed = tempfile::tempdir().expect("tempdir");
-    copy_dir(&fixture, committed.path());
+    support::copy_dir(&fixture, committed.path());
     let records = |dir: &Path| {
         let (wal, recovered) = Wal::open(dir, None).expect("the log opens");
         let entries = wal.read(0, u64::MAX - 1).expect("the entries read");

@@ -337,33 +337,20 @@ async fn a_committed_id_waits_for_its_entries_not_for_a_sync_of_its_own() {
     );
 }
 
-/// Copies the directory `from` into `to` (made), files and folders.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).expect("create");
-    for item in std::fs::read_dir(from).expect("read the directory") {
-        let item = item.expect("an item");
-        let target = to.join(item.file_name());
-        if item.file_type().expect("a type").is_dir() {
-            copy_dir(&item.path(), &target);
-        } else {
-            std::fs::copy(item.path(), &target).expect("copy");
-        }
-    }
-}
-
-/// A single-member Raft on the real stores of `dir`, with no network.
-async fn start_raft(dir: &std::path::Path) -> (store::type_config::Raft, LogStore) {
-    let (log, state_machine) = store::open(dir).expect("open the stores");
+/// A single-member Raft on `log` and `state_machine`, with no network.
+async fn start_raft(
+    log: LogStore,
+    state_machine: store::QuotientStateMachine,
+) -> store::type_config::Raft {
     let config = Config {
         cluster_name: "quotient-test".to_string(),
         ..Config::default()
     }
     .validate()
     .expect("config");
-    let raft = openraft::Raft::new(1, config.into(), NoNetwork, log.clone(), state_machine)
+    openraft::Raft::new(1, config.into(), NoNetwork, log, state_machine)
         .await
-        .expect("raft");
-    (raft, log)
+        .expect("raft")
 }
 
 fn check() -> Request {
@@ -379,7 +366,8 @@ async fn a_leader_that_lost_unsynced_entries_comes_back_in_a_new_term() {
     // same entry (quotient-chaos found replicas that parted this way).
     let dir = tempfile::tempdir().expect("tempdir");
     let image = tempfile::tempdir().expect("tempdir");
-    let (raft, log) = start_raft(dir.path()).await;
+    let (log, state_machine) = store::open(dir.path()).expect("open the stores");
+    let raft = start_raft(log.clone(), state_machine).await;
     raft.initialize(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:0"))]))
         .await
         .expect("initialize");
@@ -407,7 +395,7 @@ async fn a_leader_that_lost_unsynced_entries_comes_back_in_a_new_term() {
     });
     appended.await.expect("the entry is in the leader's log");
     // What the disk holds at this moment: the leader crashing now would come back to this.
-    copy_dir(dir.path(), image.path());
+    support::copy_dir(dir.path(), image.path());
     drop(stall);
     tokio::time::timeout(RELEASE, pending)
         .await
@@ -418,28 +406,16 @@ async fn a_leader_that_lost_unsynced_entries_comes_back_in_a_new_term() {
     drop(log);
 
     tracing::info!("--- restarted on the crash image, it campaigns in a new term");
-    let (raft, mut log) = {
-        let (log, state_machine) = store::open(image.path()).expect("open the image");
-        let mut log = log;
-        assert!(
-            store::resume_as_follower(&mut log, 1)
-                .await
-                .expect("vote saved"),
-            "the member led when it stopped"
-        );
-        let vote = log.read_vote().await.expect("vote").expect("a vote");
-        assert!(!vote.is_committed(), "{vote}");
-        let config = Config {
-            cluster_name: "quotient-test".to_string(),
-            ..Config::default()
-        }
-        .validate()
-        .expect("config");
-        let raft = openraft::Raft::new(1, config.into(), NoNetwork, log.clone(), state_machine)
+    let (mut log, state_machine) = store::open(image.path()).expect("open the image");
+    assert!(
+        store::resume_as_follower(&mut log, 1)
             .await
-            .expect("raft");
-        (raft, log)
-    };
+            .expect("vote saved"),
+        "the member led when it stopped"
+    );
+    let vote = log.read_vote().await.expect("vote").expect("a vote");
+    assert!(!vote.is_committed(), "{vote}");
+    let raft = start_raft(log.clone(), state_machine).await;
     assert_eq!(
         read_indexes(&mut log).await.last(),
         Some(&durable.log_id.index),

@@ -472,6 +472,19 @@ async fn start_node(dir: &Path) -> (Raft, QuotientStateMachine) {
     (raft, sm)
 }
 
+/// A new single-member cluster on `dir`, once it has elected itself.
+async fn start_leader(dir: &Path) -> (Raft, QuotientStateMachine) {
+    let (raft, sm) = start_node(dir).await;
+    raft.initialize(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:0"))]))
+        .await
+        .expect("initialize");
+    raft.wait(Some(TIMEOUT))
+        .current_leader(1, "leader elected")
+        .await
+        .expect("leader");
+    (raft, sm)
+}
+
 async fn write(raft: &Raft, request: Request) -> Outcome {
     let mut outcomes = raft.client_write(request).await.expect("client write").data;
     assert_eq!(outcomes.len(), 1, "one outcome per command");
@@ -482,14 +495,7 @@ async fn write(raft: &Raft, request: Request) -> Outcome {
 async fn single_node_restart_recovers_from_snapshot_plus_log() {
     let dir = tempfile::tempdir().expect("tempdir");
     let expected = {
-        let (raft, sm) = start_node(dir.path()).await;
-        raft.initialize(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:0"))]))
-            .await
-            .expect("initialize");
-        raft.wait(Some(TIMEOUT))
-            .current_leader(1, "leader elected")
-            .await
-            .expect("leader");
+        let (raft, sm) = start_leader(dir.path()).await;
 
         let outcome = write(&raft, register("gpu-a", 1_000)).await;
         assert!(
@@ -687,14 +693,7 @@ async fn the_log_command_prints_the_entries_and_replays_the_live_digest() {
     // tool an operator compares members' logs with, and a check that applying is a function
     // of the log alone.
     let dir = tempfile::tempdir().expect("tempdir");
-    let (raft, sm) = start_node(dir.path()).await;
-    raft.initialize(BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:0"))]))
-        .await
-        .expect("initialize");
-    raft.wait(Some(TIMEOUT))
-        .current_leader(1, "leader elected")
-        .await
-        .expect("leader");
+    let (raft, sm) = start_leader(dir.path()).await;
     write(&raft, register("gpu-a", 1_000)).await;
     write(
         &raft,

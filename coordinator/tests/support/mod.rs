@@ -798,3 +798,17 @@ pub async fn shares(client: &ApiClient) -> Vec<quotient_common::api::ShareView> 
         other => panic!("listing shares failed: {other:?}"),
     }
 }
+
+/// Copies the directory `from` into `to` (made), files and folders.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create");
+    for item in std::fs::read_dir(from).expect("read the directory") {
+        let item = item.expect("an item");
+        let target = to.join(item.file_name());
+        if item.file_type().expect("a type").is_dir() {
+            copy_dir(&item.path(), &target);
+        } else {
+            std::fs::copy(item.path(), &target).expect("copy");
+        }
+    }
+}
