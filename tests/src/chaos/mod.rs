@@ -287,6 +287,7 @@ fn workspace_root(bin_dir: &Path) -> PathBuf {
 /// cannot be run (its cluster does not start) is noted in `not_run` and the others run on;
 /// an error means nothing could be run (no Docker, a missing binary, no image).
 pub fn run(options: &Options, seed: u64) -> anyhow::Result<RunOutcome> {
+    options.check().map_err(anyhow::Error::msg)?;
     if !cluster::docker_reachable() {
         bail!("Docker is not reachable (`docker info` fails): quotient-chaos runs every coordinator and agent in a container");
     }
@@ -324,9 +325,6 @@ pub fn run(options: &Options, seed: u64) -> anyhow::Result<RunOutcome> {
         Some(episode) => vec![episode],
         None => (options.from_episode..=options.episodes).collect(),
     };
-    if episodes.is_empty() {
-        bail!("{}", options.check().unwrap_err());
-    }
     let next = AtomicU32::new(0);
     let run_started = Instant::now();
     let budget = options.budget_s.map(Duration::from_secs);
