@@ -22,6 +22,8 @@
 //! - `cluster_init`, `cluster_status`, `cluster_health`, `cluster_add_member`,
 //!   `cluster_remove_member`.
 //! - [`demo`]: `quotient demo`, the spec's walkthrough on a fresh local cluster.
+//! - [`what_if`]: `quotient what-if`, a share design tried on a workload trace offline
+//!   (`quotient-eval`).
 //! - [`dev_cluster`]: the local cluster's directory layout, `cluster.json` and processes;
 //!   [`dev_up`] and [`dev_down`] are `quotient dev up` and `quotient dev down`.
 
@@ -65,6 +67,7 @@ pub mod share_get;
 pub mod share_list;
 pub mod share_update;
 pub mod tenancy;
+pub mod what_if;
 
 /// Flags every command takes.
 #[derive(Debug, Clone, Default, clap::Args)]

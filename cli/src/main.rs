@@ -53,6 +53,9 @@ enum Command {
     /// Access keys for the AWS Batch–compatible endpoint (admin).
     #[command(subcommand)]
     AccessKey(AccessKeyCommand),
+    /// Try a share design on a workload trace in virtual time, against static partitions and
+    /// the naive victim choice; or --generate a synthetic starting point.
+    WhatIf(what_if::WhatIfArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -210,6 +213,7 @@ fn run(global: &GlobalArgs, command: Command) -> anyhow::Result<()> {
         Command::Group(GroupCommand::List(args)) => tenancy::group_list(global, &args),
         Command::Audit(args) => tenancy::audit(global, &args),
         Command::Events(args) => events::run(global, &args),
+        Command::WhatIf(args) => what_if::run(global, &args),
         Command::Certs(CertsCommand::Revoke(args)) => tenancy::certs_revoke(global, &args),
         Command::Certs(CertsCommand::Unrevoke(args)) => tenancy::certs_unrevoke(global, &args),
         Command::Certs(CertsCommand::Revoked(args)) => tenancy::certs_revoked(global, &args),

@@ -1,0 +1,162 @@
+//! `quotient what-if --shares S --fleet F --trace T [--compare S2]`: replays a workload on a
+//! quota design in virtual time, with the real scheduler, and prints how it would fare
+//! against static partitioning and the naive victim choice (docs/what-if.md). With
+//! `--generate --seed N --out DIR`, writes a synthetic starting point there instead. Needs no
+//! cluster: it runs on the admin's machine.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use quotient_eval::generate::{generate, GenerateOptions};
+use quotient_eval::{evaluate, read_design, read_trace, Comparison, Options, Policy};
+
+use crate::output::OutputFormat;
+use crate::GlobalArgs;
+
+/// Arguments of `quotient what-if`.
+#[derive(Debug, clap::Args)]
+pub struct WhatIfArgs {
+    /// The share design to try (TOML; docs/what-if.md).
+    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    pub shares: Option<PathBuf>,
+    /// The fleet: pools of alike nodes (TOML).
+    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    pub fleet: Option<PathBuf>,
+    /// The workload: one job per line of JSON.
+    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    pub trace: Option<PathBuf>,
+    /// A second share design, run on the same fleet and trace, side by side.
+    #[arg(long, value_name = "FILE", conflicts_with = "generate")]
+    pub compare: Option<PathBuf>,
+    /// The policies to run, comma-separated [default: quotient,naive-victims,static].
+    #[arg(long, value_delimiter = ',', value_parser = parse_policy, conflicts_with = "generate")]
+    pub policy: Vec<Policy>,
+    /// Seconds a job takes to exit after its checkpoint signal (at most its grace period).
+    #[arg(long, value_name = "SECONDS", default_value_t = 20)]
+    pub stop_s: u64,
+    /// Write a synthetic design and trace into --out instead: shares.toml, fleet.toml and
+    /// jobs.jsonl.
+    #[arg(long, requires = "out")]
+    pub generate: bool,
+    /// The folder --generate writes into (made if missing; its three files are replaced).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// The seed of --generate: the same seed writes the same files.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// --generate: GPUs in the fleet, in nodes of 8.
+    #[arg(long, default_value_t = 1_024)]
+    pub gpus: u32,
+    /// --generate: days of arrivals.
+    #[arg(long, default_value_t = 30.0)]
+    pub days: f64,
+    /// --generate: how many shares.
+    #[arg(long, default_value_t = 8)]
+    pub share_count: usize,
+    /// --generate: GPU time offered, as a fraction of the fleet's.
+    #[arg(long, default_value_t = 0.85)]
+    pub load: f64,
+}
+
+fn parse_policy(text: &str) -> Result<Policy, String> {
+    Policy::parse(text)
+        .ok_or_else(|| format!("unknown policy {text:?}; give quotient, naive-victims or static"))
+}
+
+pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
+    if args.generate {
+        return write_generated(global, args);
+    }
+    let (Some(shares), Some(fleet), Some(trace)) = (&args.shares, &args.fleet, &args.trace) else {
+        anyhow::bail!("give --shares, --fleet and --trace, or --generate --out DIR");
+    };
+    let jobs = read_trace(trace)?;
+    let policies = if args.policy.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policy.clone()
+    };
+    let options = Options {
+        stop_ms: args.stop_s.saturating_mul(1_000),
+        check: false,
+    };
+    let mut runs = Vec::new();
+    for design_path in std::iter::once(shares).chain(&args.compare) {
+        let design = read_design(design_path, fleet)?;
+        for policy in &policies {
+            let mut run = evaluate(&design, &jobs, *policy, options)?;
+            run.design = design_path.display().to_string();
+            runs.push(run);
+        }
+    }
+    let comparison = Comparison { runs };
+    match global.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&comparison)?),
+        _ => print!("{}", comparison.table()),
+    }
+    Ok(())
+}
+
+fn write_generated(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
+    let out = args.out.as_deref().context("--generate needs --out DIR")?;
+    let generated = generate(GenerateOptions {
+        seed: args.seed,
+        gpus: args.gpus,
+        days: args.days,
+        shares: args.share_count,
+        load: args.load,
+    })
+    .map_err(|e| anyhow::anyhow!("cannot generate: {e}"))?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot make {}", out.display()))?;
+    let write = |name: &str, text: String| -> anyhow::Result<PathBuf> {
+        let path = out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    };
+    let shares = write("shares.toml", generated.shares.to_toml())?;
+    let fleet = write("fleet.toml", generated.fleet.to_toml())?;
+    let trace = write(
+        "jobs.jsonl",
+        quotient_eval::trace::write_trace(&generated.jobs),
+    )?;
+    let gpus: u32 = generated
+        .fleet
+        .pool
+        .iter()
+        .map(|p| p.nodes * p.gpus_per_node)
+        .sum();
+    let shown = |path: &Path| path.display().to_string();
+    match global.output {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::json!({
+                "shares": shown(&shares),
+                "fleet": shown(&fleet),
+                "trace": shown(&trace),
+                "jobs": generated.jobs.len(),
+                "gpus": gpus,
+            })
+        ),
+        _ => {
+            println!(
+                "wrote {} jobs over {} days for {} shares on {gpus} GPUs:",
+                generated.jobs.len(),
+                args.days,
+                generated.shares.share.len()
+            );
+            println!(
+                "  {}\n  {}\n  {}",
+                shown(&shares),
+                shown(&fleet),
+                shown(&trace)
+            );
+            println!(
+                "next: quotient what-if --shares {} --fleet {} --trace {}",
+                shown(&shares),
+                shown(&fleet),
+                shown(&trace)
+            );
+        }
+    }
+    Ok(())
+}

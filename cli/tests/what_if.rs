@@ -1,0 +1,174 @@
+//! `quotient what-if` as the real binary, without a cluster: it writes a synthetic starting
+//! point, replays it with every policy, compares two designs, and refuses bad files with the
+//! line or field to fix.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn quotient(arguments: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quotient"))
+        .args(arguments)
+        .env_remove("QUOTIENT_CONFIG")
+        .output()
+        .expect("the quotient binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+#[test]
+fn a_generated_design_replays_with_every_policy_and_compares() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("try");
+    let generated = quotient(&[
+        "what-if",
+        "--generate",
+        "--seed",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+        "--gpus",
+        "64",
+        "--days",
+        "2",
+        "--share-count",
+        "4",
+        "-o",
+        "json",
+    ]);
+    assert!(generated.status.success(), "{}", text(&generated.stderr));
+    let written: Value = serde_json::from_slice(&generated.stdout).unwrap();
+    assert_eq!(written["gpus"], 64);
+    assert!(written["jobs"].as_u64().unwrap() > 50, "{written}");
+
+    // A second design: every share lends and borrows.
+    let shares = std::fs::read_to_string(out.join("shares.toml")).unwrap();
+    let open = shares
+        .replace("\"reserve\"", "\"lend-and-borrow\"")
+        .replace("\"lend\"", "\"lend-and-borrow\"");
+    std::fs::write(out.join("open.toml"), open).unwrap();
+
+    let (s, f, t, o) = (
+        path(&out, "shares.toml"),
+        path(&out, "fleet.toml"),
+        path(&out, "jobs.jsonl"),
+        path(&out, "open.toml"),
+    );
+    let compared = quotient(&[
+        "what-if",
+        "--shares",
+        &s,
+        "--fleet",
+        &f,
+        "--trace",
+        &t,
+        "--compare",
+        &o,
+        "-o",
+        "json",
+    ]);
+    assert!(compared.status.success(), "{}", text(&compared.stderr));
+    let document: Value = serde_json::from_slice(&compared.stdout).unwrap();
+    let runs = document["runs"].as_array().unwrap();
+    let policies: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|r| (r["policy"].as_str().unwrap(), r["design"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            ("quotient", s.as_str()),
+            ("naive-victims", s.as_str()),
+            ("static", s.as_str()),
+            ("quotient", o.as_str()),
+            ("naive-victims", o.as_str()),
+            ("static", o.as_str()),
+        ]
+    );
+    for run in runs {
+        for field in ["utilisation", "lost_gpu_hours", "preemptions", "shares"] {
+            assert!(!run[field].is_null(), "{field} missing from {run}");
+        }
+        assert_eq!(run["shares"].as_object().unwrap().len(), 4);
+        let utilisation = run["utilisation"].as_f64().unwrap();
+        assert!(utilisation > 0.0 && utilisation <= 1.0, "{run}");
+    }
+    // Static partitions are the same whatever the strategies: both designs give one result.
+    let strip = |run: &Value| {
+        let mut run = run.clone();
+        run["design"] = Value::Null;
+        run
+    };
+    assert_eq!(strip(&runs[2]), strip(&runs[5]));
+    // No share borrows under static partitions.
+    for share in runs[2]["shares"].as_object().unwrap().values() {
+        assert_eq!(share["borrowed_gpu_hours"], 0.0);
+    }
+
+    let table = quotient(&[
+        "what-if", "--shares", &s, "--fleet", &f, "--trace", &t, "--policy", "static",
+    ]);
+    assert!(table.status.success(), "{}", text(&table.stderr));
+    let table = text(&table.stdout);
+    assert!(table.starts_with("POLICY"), "{table}");
+    assert!(
+        table.contains("team-a") && !table.contains("naive-victims"),
+        "{table}"
+    );
+}
+
+#[test]
+fn bad_files_and_flags_say_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("shares.toml"),
+        "[[share]]\nname = \"a\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("fleet.toml"),
+        "[[pool]]\nclass = \"h100\"\nnodes = 1\ngpus_per_node = 8\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("jobs.jsonl"),
+        "{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 1, \"run_s\": 60}\n{\"submit_s\": 5, \"share\": \"a\", \"gpus\": 1}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("other.jsonl"),
+        "{\"submit_s\": 0, \"share\": \"b\", \"gpus\": 1, \"run_s\": 60}\n",
+    )
+    .unwrap();
+    let (s, f) = (path(d, "shares.toml"), path(d, "fleet.toml"));
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--trace", &path(d, "jobs.jsonl")],
+            "line 2: missing field `run_s`",
+        ),
+        (&["--trace", &path(d, "other.jsonl")], "line 1 was refused"),
+        (&["--trace", &path(d, "none.jsonl")], "cannot read"),
+        (
+            &["--trace", &path(d, "jobs.jsonl"), "--policy", "fifo"],
+            "unknown policy",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut arguments = vec!["what-if", "--shares", &s, "--fleet", &f];
+        arguments.extend_from_slice(extra);
+        let output = quotient(&arguments);
+        assert!(!output.status.success(), "{arguments:?}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(needle), "{arguments:?}: {stderr}");
+    }
+    let missing = quotient(&["what-if", "--shares", &s]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing.stderr));
+}

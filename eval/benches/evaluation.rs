@@ -1,0 +1,93 @@
+//! The evaluation on a large generated trace: `cargo bench -p quotient-eval --bench evaluation`.
+//!
+//! Generates a month of arrivals for 8 shares on 1,024 GPUs (128 nodes of 8) at 85% offered
+//! load, seed 1, and replays it with each policy. Prints one JSON line per policy (its figures
+//! and how long the replay took), then one line of them all. `BENCH_GPUS`, `BENCH_DAYS`,
+//! `BENCH_SEED` and `BENCH_LOAD` change the workload.
+
+use std::time::Instant;
+
+use quotient_eval::generate::{generate, GenerateOptions};
+use quotient_eval::trace::{parse_trace, write_trace};
+use quotient_eval::{evaluate, Design, Options, Policy};
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} is not a number: {v}"))
+        })
+        .unwrap_or(default)
+}
+
+fn main() {
+    let options = GenerateOptions {
+        seed: env("BENCH_SEED", 1),
+        gpus: env("BENCH_GPUS", 1_024),
+        days: env("BENCH_DAYS", 30.0),
+        load: env("BENCH_LOAD", 0.85),
+        ..GenerateOptions::default()
+    };
+    let began = Instant::now();
+    let generated = generate(options).expect("the options are valid");
+    let jobs = parse_trace(&write_trace(&generated.jobs)).expect("a generated trace reads");
+    let design = Design {
+        shares: generated
+            .shares
+            .specs()
+            .expect("generated shares are valid"),
+        nodes: generated.fleet.nodes().expect("a generated fleet is valid"),
+    };
+    eprintln!(
+        "{} jobs on {} GPUs over {} days, generated in {:.1} s",
+        jobs.len(),
+        design.gpus(),
+        options.days,
+        began.elapsed().as_secs_f64()
+    );
+    let mut lines = Vec::new();
+    for policy in Policy::ALL {
+        let began = Instant::now();
+        let report = evaluate(&design, &jobs, policy, Options::default()).expect("the replay runs");
+        let replay_s = began.elapsed().as_secs_f64();
+        let mut line = serde_json::to_value(&report).expect("a report encodes");
+        line["bench"] = "evaluation".into();
+        line["seed"] = options.seed.into();
+        line["days"] = options.days.into();
+        line["offered_load"] = options.load.into();
+        line["replay_s"] = replay_s.into();
+        eprintln!(
+            "{}: utilisation {:.3} (under backlog {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
+            policy.as_str(),
+            report.utilisation,
+            report.utilisation_under_backlog,
+            report.lost_gpu_hours,
+            report.preemptions,
+            report.jobs_preempted_over_3,
+            report.reclaims.latency_s_p95,
+        );
+        println!("{line}");
+        lines.push(serde_json::json!({
+            "policy": policy.as_str(),
+            "utilisation": report.utilisation,
+            "utilisation_under_backlog": report.utilisation_under_backlog,
+            "lost_gpu_hours": report.lost_gpu_hours,
+            "preemptions": report.preemptions,
+            "jobs_preempted_over_3": report.jobs_preempted_over_3,
+            "reclaim_latency_s_p95": report.reclaims.latency_s_p95,
+            "replay_s": replay_s,
+        }));
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "evaluation-summary",
+            "jobs": jobs.len(),
+            "gpus": design.gpus(),
+            "days": options.days,
+            "seed": options.seed,
+            "runs": lines,
+        })
+    );
+}

@@ -1,0 +1,542 @@
+//! The replay: a trace's jobs submitted to the real state machine (`quotient_core::apply`) at
+//! their virtual times, scheduling rounds of the real scheduler (`quotient_core::plan`), and
+//! agents that run each job for its run time, checkpoint it every `checkpoint_s` of its own
+//! run time, and stop it some seconds after its checkpoint signal.
+//!
+//! Virtual time is a queue of events (submits, ends of work, exits after a signal), taken in
+//! time order; at each instant, after its events, rounds run until a round changes nothing,
+//! as a leader schedules again after every change. Nothing here sleeps or reads a clock, so a
+//! trace replays to the same figures every time.
+//!
+//! A preempted job keeps what it saved at its last checkpoint and loses the rest of the
+//! attempt; it resumes from that checkpoint when it is placed again. Work lost is the time its
+//! GPUs ran past that checkpoint, signal-to-exit time included.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use quotient_common::{JobEvent, JobId, JobReport, JobSpec, JobState};
+use quotient_core::{apply, ApplyCtx, Command, Outcome, PlanAction, PreemptionKind, State};
+
+use crate::design::Design;
+use crate::report::{percentile, ReclaimStats, RunReport, ShareReport};
+use crate::trace::Job;
+use crate::EvalError;
+
+/// The trace's second 0 in virtual time: 2025-01-06 00:00 UTC, a Monday at midnight, so that
+/// the trace's days and hours are the week's (ms since the Unix epoch).
+pub const EPOCH_MS: u64 = 1_736_121_600_000;
+
+/// The most rounds at one instant before the replay calls it a loop.
+const ROUNDS_PER_INSTANT_MAX: usize = 1_000;
+
+/// The choices a run is made with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Policy {
+    /// Quotient as it ships: the design's strategies and the scheduler's own victim order.
+    Quotient,
+    /// The design's strategies, with victims taken in the naive order: lowest priority first,
+    /// then the most recently started. Quotient's own victim order is that same order today,
+    /// so the two runs match until checkpoint-aware victims land (docs/what-if.md).
+    NaiveVictims,
+    /// Static partitioning: every share `reserve`, so none lends or borrows.
+    Static,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [Policy::Quotient, Policy::NaiveVictims, Policy::Static];
+
+    /// Its name in reports: `quotient`, `naive-victims`, `static`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Quotient => "quotient",
+            Policy::NaiveVictims => "naive-victims",
+            Policy::Static => "static",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.as_str() == text)
+    }
+}
+
+/// How the simulated agents and jobs behave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// How long a job takes to exit after its checkpoint signal (at most its grace period).
+    pub stop_ms: u64,
+    /// Check every invariant of the state after each command (slow; for tests).
+    pub check: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            stop_ms: 20_000,
+            check: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// An attempt's work is done (the trace job's index, the attempt).
+    Finish(usize, u32),
+    /// A signalled attempt exits.
+    Exit(usize, u32),
+    /// The trace job is submitted.
+    Submit(usize),
+}
+
+/// What the replay knows of one trace job.
+#[derive(Debug, Clone, Default)]
+struct Track {
+    id: Option<JobId>,
+    /// Run time saved by its last checkpoint.
+    saved_ms: u64,
+    /// The attempt holding GPUs now, and when it started.
+    running: Option<(u32, u64)>,
+    first_start_ms: Option<u64>,
+    end_ms: Option<u64>,
+    preemptions: u32,
+    used_gpu_ms: u128,
+    lost_gpu_ms: u128,
+}
+
+struct Engine<'t> {
+    jobs: &'t [Job],
+    options: Options,
+    state: State,
+    log_index: u64,
+    now_ms: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+    tracks: Vec<Track>,
+    by_id: HashMap<JobId, usize>,
+    rounds: u64,
+    /// GPUs held by attempts now, and jobs waiting in the queues.
+    held_gpus: u64,
+    waiting: u64,
+    /// The utilisation window, and what was integrated over it.
+    window: (u64, u64),
+    busy_gpu_ms: u128,
+    backlog_ms: u64,
+    backlog_busy_gpu_ms: u128,
+    /// Jobs preempting others to reclaim lent GPUs: when and at which round it began.
+    reclaiming: HashMap<JobId, (u64, u64)>,
+    reclaims: Vec<(u64, u64)>,
+    preemptions: BTreeMap<String, u64>,
+}
+
+/// Replays `jobs` (in submit order, as `read_trace` gives them) on `design` with `policy`.
+pub fn evaluate(
+    design: &Design,
+    jobs: &[Job],
+    policy: Policy,
+    options: Options,
+) -> Result<RunReport, EvalError> {
+    let design = match policy {
+        Policy::Static => design.partitioned(),
+        Policy::Quotient | Policy::NaiveVictims => design.clone(),
+    };
+    let first = jobs.first().map_or(0, |job| job.submit_ms);
+    let last = jobs.last().map_or(0, |job| job.submit_ms);
+    let mut engine = Engine {
+        jobs,
+        options,
+        state: State::new(),
+        log_index: 0,
+        now_ms: EPOCH_MS,
+        events: BinaryHeap::new(),
+        seq: 0,
+        tracks: vec![Track::default(); jobs.len()],
+        by_id: HashMap::with_capacity(jobs.len()),
+        rounds: 0,
+        held_gpus: 0,
+        waiting: 0,
+        window: (EPOCH_MS + first, EPOCH_MS + last.max(first + 1)),
+        busy_gpu_ms: 0,
+        backlog_ms: 0,
+        backlog_busy_gpu_ms: 0,
+        reclaiming: HashMap::new(),
+        reclaims: Vec::new(),
+        preemptions: BTreeMap::new(),
+    };
+    for spec in &design.shares {
+        engine.must(Command::CreateShare(spec.clone()))?;
+    }
+    for node in &design.nodes {
+        engine.must(Command::RegisterNode(node.clone()))?;
+    }
+    for (i, job) in jobs.iter().enumerate() {
+        engine.at(EPOCH_MS + job.submit_ms, Event::Submit(i));
+    }
+    while let Some(Reverse((time, _, _))) = engine.events.peek().copied() {
+        engine.advance(time);
+        while let Some(Reverse((t, _, event))) = engine.events.peek().copied() {
+            if t != time {
+                break;
+            }
+            engine.events.pop();
+            engine.handle(event)?;
+        }
+        engine.schedule()?;
+    }
+    Ok(engine.figures(&design, policy))
+}
+
+impl Engine<'_> {
+    fn at(&mut self, time_ms: u64, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((time_ms, self.seq, event)));
+    }
+
+    fn apply(&mut self, command: Command) -> Result<Outcome, EvalError> {
+        self.log_index += 1;
+        let ctx = ApplyCtx {
+            log_index: self.log_index,
+            time_ms: self.now_ms,
+        };
+        let outcome = apply(&mut self.state, command, ctx);
+        if self.options.check {
+            self.state
+                .validate()
+                .map_err(|e| EvalError::Invariant(e.to_string()))?;
+        }
+        Ok(outcome)
+    }
+
+    /// Applies a command the replay itself makes, which the state machine must take.
+    fn must(&mut self, command: Command) -> Result<Outcome, EvalError> {
+        let what = format!("{command:?}");
+        match self.apply(command)? {
+            Outcome::Rejected(rejection) => Err(EvalError::Refused {
+                what: what.chars().take(200).collect(),
+                why: rejection.to_string(),
+            }),
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// Moves virtual time to `time_ms`, counting the GPUs held since the last event.
+    fn advance(&mut self, time_ms: u64) {
+        let (from, to) = (self.now_ms.max(self.window.0), time_ms.min(self.window.1));
+        if to > from {
+            let span = u128::from(to - from);
+            let busy = u128::from(self.held_gpus) * span;
+            self.busy_gpu_ms += busy;
+            if self.waiting > 0 {
+                self.backlog_ms += to - from;
+                self.backlog_busy_gpu_ms += busy;
+            }
+        }
+        self.now_ms = self.now_ms.max(time_ms);
+    }
+
+    fn handle(&mut self, event: Event) -> Result<(), EvalError> {
+        match event {
+            Event::Submit(i) => self.submit(i),
+            Event::Finish(i, attempt) => self.finish(i, attempt),
+            Event::Exit(i, attempt) => self.exit(i, attempt),
+        }
+    }
+
+    fn submit(&mut self, i: usize) -> Result<(), EvalError> {
+        let job = &self.jobs[i];
+        let mut spec = JobSpec::new(&job.share, job.priority, job.gpus, vec!["train".into()]);
+        spec.nodes = job.nodes;
+        spec.gpu_class = job.class.clone();
+        let line = job.line;
+        match self.apply(Command::SubmitJob(spec))? {
+            Outcome::JobSubmitted { job: id, .. } => {
+                self.tracks[i].id = Some(id);
+                self.by_id.insert(id, i);
+                self.waiting += 1;
+                Ok(())
+            }
+            Outcome::Rejected(rejection) => Err(EvalError::Job {
+                line,
+                message: rejection.to_string(),
+            }),
+            other => Err(EvalError::Refused {
+                what: format!("the submit of line {line}"),
+                why: format!("unexpected outcome {other:?}"),
+            }),
+        }
+    }
+
+    fn record(&self, i: usize) -> &quotient_core::JobRecord {
+        let id = self.tracks[i].id.expect("a job with events was submitted");
+        self.state.job(id).expect("the replay removes no job")
+    }
+
+    /// Every member of job `i`'s current attempt reports `event`, rank by rank.
+    fn report(&mut self, i: usize, event: JobEvent) -> Result<(), EvalError> {
+        let record = self.record(i);
+        let (id, attempt) = (record.id, record.attempts);
+        let nodes: Vec<String> = record
+            .placement
+            .iter()
+            .map(|member| {
+                self.state
+                    .node(member.node)
+                    .map(|node| node.name.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        for node in nodes {
+            self.must(Command::ReportJob(JobReport {
+                job: id,
+                attempt,
+                node,
+                event: event.clone(),
+            }))?;
+        }
+        Ok(())
+    }
+
+    /// The attempt ends: its GPUs are counted as used until now, and free.
+    fn release(&mut self, i: usize) -> u64 {
+        let gpus = u64::from(self.jobs[i].total_gpus());
+        let track = &mut self.tracks[i];
+        let (_, started) = track.running.take().expect("the attempt runs");
+        let ran = self.now_ms - started;
+        track.used_gpu_ms += u128::from(ran) * u128::from(gpus);
+        self.held_gpus -= gpus;
+        ran
+    }
+
+    fn is_current(&self, i: usize, attempt: u32) -> bool {
+        self.tracks[i].running.is_some_and(|(a, _)| a == attempt)
+    }
+
+    fn finish(&mut self, i: usize, attempt: u32) -> Result<(), EvalError> {
+        if !self.is_current(i, attempt) {
+            return Ok(());
+        }
+        if self.record(i).state == JobState::Preempting {
+            // Its work ended within its grace period: it exits, having done all of it, and
+            // the stop goes on as a preemption (the state machine requeues it; it ends at
+            // once when placed again).
+            self.report(i, JobEvent::ExitedAfterSignal { code: Some(0) })?;
+            self.release(i);
+            self.tracks[i].saved_ms = self.jobs[i].run_ms;
+            self.tracks[i].preemptions += 1;
+            return self.requeued(i);
+        }
+        self.report(i, JobEvent::Exited { code: 0 })?;
+        self.release(i);
+        self.tracks[i].saved_ms = self.jobs[i].run_ms;
+        self.tracks[i].end_ms = Some(self.now_ms);
+        Ok(())
+    }
+
+    fn exit(&mut self, i: usize, attempt: u32) -> Result<(), EvalError> {
+        if !self.is_current(i, attempt) || self.record(i).state != JobState::Preempting {
+            return Ok(());
+        }
+        self.report(i, JobEvent::ExitedAfterSignal { code: Some(0) })?;
+        let ran = self.release(i);
+        let job = &self.jobs[i];
+        let kept = match job.checkpoint_ms {
+            0 => 0,
+            every => ran / every * every,
+        };
+        let track = &mut self.tracks[i];
+        track.saved_ms = (track.saved_ms + kept).min(job.run_ms);
+        track.lost_gpu_ms += u128::from(ran - kept) * u128::from(job.total_gpus());
+        track.preemptions += 1;
+        self.requeued(i)
+    }
+
+    /// After a stop: back in the queue, or ended (the state machine decides).
+    fn requeued(&mut self, i: usize) -> Result<(), EvalError> {
+        match self.record(i).state {
+            JobState::Runnable => self.waiting += 1,
+            state if state.is_terminal() => self.tracks[i].end_ms = Some(self.now_ms),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Rounds until one changes nothing.
+    fn schedule(&mut self) -> Result<(), EvalError> {
+        for _ in 0..ROUNDS_PER_INSTANT_MAX {
+            let plan = quotient_core::plan(&self.state);
+            if plan.is_empty() {
+                return Ok(());
+            }
+            let actions = plan.actions.clone();
+            match self.must(Command::ApplyPlan(plan))? {
+                Outcome::PlanApplied(report) if report.rejected.is_empty() => {}
+                other => {
+                    return Err(EvalError::Refused {
+                        what: "a fresh plan".into(),
+                        why: format!("it did not apply whole: {other:?}"),
+                    })
+                }
+            }
+            self.rounds += 1;
+            for action in &actions {
+                match action {
+                    PlanAction::Place { job, .. } | PlanAction::PlaceMembers { job, .. } => {
+                        self.start(*job)?
+                    }
+                    PlanAction::Preempt { job, kind, for_job } => {
+                        self.signalled(*job, *kind, *for_job)
+                    }
+                    _ => {}
+                }
+            }
+            if actions.is_empty() {
+                return Ok(());
+            }
+        }
+        Err(EvalError::Refused {
+            what: "scheduling".into(),
+            why: format!(
+                "{ROUNDS_PER_INSTANT_MAX} rounds at one instant still changed the state: a loop"
+            ),
+        })
+    }
+
+    /// A placed job's agents start it at once.
+    fn start(&mut self, id: JobId) -> Result<(), EvalError> {
+        let i = self.by_id[&id];
+        self.report(i, JobEvent::Started)?;
+        self.report(i, JobEvent::Running)?;
+        let attempt = self.record(i).attempts;
+        let now = self.now_ms;
+        let job = &self.jobs[i];
+        let track = &mut self.tracks[i];
+        track.running = Some((attempt, now));
+        track.first_start_ms.get_or_insert(now);
+        let remaining = job.run_ms.saturating_sub(track.saved_ms).max(1);
+        self.held_gpus += u64::from(job.total_gpus());
+        self.waiting -= 1;
+        self.at(now + remaining, Event::Finish(i, attempt));
+        if let Some((since, round)) = self.reclaiming.remove(&id) {
+            self.reclaims.push((now - since, self.rounds - round));
+        }
+        Ok(())
+    }
+
+    /// A job got its checkpoint signal: it exits `stop_ms` later (at most its grace period).
+    fn signalled(&mut self, id: JobId, kind: PreemptionKind, for_job: Option<JobId>) {
+        let i = self.by_id[&id];
+        let record = self.record(i);
+        let stop = self.options.stop_ms.min(record.spec.grace_period_ms);
+        let attempt = record.attempts;
+        *self
+            .preemptions
+            .entry(kind.as_str().to_string())
+            .or_insert(0) += 1;
+        if kind == PreemptionKind::Reclaim {
+            if let Some(for_job) = for_job {
+                self.reclaiming
+                    .entry(for_job)
+                    .or_insert((self.now_ms, self.rounds));
+            }
+        }
+        self.at(self.now_ms + stop, Event::Exit(i, attempt));
+    }
+
+    fn figures(&self, design: &Design, policy: Policy) -> RunReport {
+        let hours = |ms: u128| ms as f64 / 3_600_000.0;
+        let gpus = design.gpus();
+        let window_ms = self.window.1 - self.window.0;
+        let mut shares: BTreeMap<String, ShareReport> = design
+            .shares
+            .iter()
+            .map(|s| (s.name.clone(), ShareReport::default()))
+            .collect();
+        let mut delays: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        let mut never_started = 0;
+        let mut completed = 0;
+        let mut loops = 0;
+        for (job, track) in self.jobs.iter().zip(&self.tracks) {
+            let share = shares.entry(job.share.clone()).or_default();
+            share.jobs += 1;
+            share.preemptions += u64::from(track.preemptions);
+            share.lost_gpu_hours += hours(track.lost_gpu_ms);
+            if track.end_ms.is_some() {
+                share.completed += 1;
+                completed += 1;
+            }
+            if track.preemptions > 3 {
+                loops += 1;
+            }
+            let submitted = EPOCH_MS + job.submit_ms;
+            let delay = match track.first_start_ms {
+                Some(start) => start - submitted,
+                None => {
+                    never_started += 1;
+                    self.now_ms.saturating_sub(submitted)
+                }
+            };
+            delays.entry(&job.share).or_default().push(delay);
+        }
+        for (name, mut waits) in delays {
+            waits.sort_unstable();
+            let share = shares.get_mut(name).expect("made above");
+            share.queue_delay_s_p50 = percentile(&waits, 50.0) as f64 / 1_000.0;
+            share.queue_delay_s_p95 = percentile(&waits, 95.0) as f64 / 1_000.0;
+        }
+        for ((_, share, _), cell) in self.state.usage_between(EPOCH_MS, self.now_ms + 1) {
+            if let Some(report) = shares.get_mut(share.as_str()) {
+                report.own_gpu_hours += hours(u128::from(cell.own_ms));
+                report.borrowed_gpu_hours += hours(u128::from(cell.borrowed_ms));
+                report.lent_gpu_hours += hours(u128::from(cell.lent_ms));
+            }
+        }
+        let mut latency: Vec<u64> = self.reclaims.iter().map(|(ms, _)| *ms).collect();
+        let mut rounds: Vec<u64> = self.reclaims.iter().map(|(_, r)| *r).collect();
+        latency.sort_unstable();
+        rounds.sort_unstable();
+        let available = u128::from(gpus) * u128::from(window_ms);
+        let used: u128 = self.tracks.iter().map(|t| t.used_gpu_ms).sum();
+        let lost: u128 = self.tracks.iter().map(|t| t.lost_gpu_ms).sum();
+        RunReport {
+            policy: policy.as_str().to_string(),
+            design: String::new(),
+            gpus,
+            jobs: self.jobs.len() as u64,
+            completed,
+            never_started,
+            window_hours: hours(u128::from(window_ms)),
+            makespan_hours: hours(u128::from(
+                self.now_ms - EPOCH_MS - self.jobs.first().map_or(0, |j| j.submit_ms),
+            )),
+            utilisation: ratio(self.busy_gpu_ms, available),
+            backlog_hours: hours(u128::from(self.backlog_ms)),
+            utilisation_under_backlog: ratio(
+                self.backlog_busy_gpu_ms,
+                u128::from(gpus) * u128::from(self.backlog_ms),
+            ),
+            used_gpu_hours: hours(used),
+            lost_gpu_hours: hours(lost),
+            preemptions: self.preemptions.values().sum(),
+            preemptions_by_kind: self.preemptions.clone(),
+            jobs_preempted_over_3: loops,
+            reclaims: ReclaimStats {
+                count: latency.len() as u64,
+                latency_s_p50: percentile(&latency, 50.0) as f64 / 1_000.0,
+                latency_s_p95: percentile(&latency, 95.0) as f64 / 1_000.0,
+                latency_s_max: latency.last().copied().unwrap_or(0) as f64 / 1_000.0,
+                rounds_p50: percentile(&rounds, 50.0),
+                rounds_p95: percentile(&rounds, 95.0),
+                rounds_max: rounds.last().copied().unwrap_or(0),
+            },
+            rounds: self.rounds,
+            shares,
+        }
+    }
+}
+
+fn ratio(part: u128, whole: u128) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}

@@ -1,0 +1,212 @@
+//! What a run reports, as JSON (`{"runs": [...]}`) and as tables.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+
+/// One replay of a trace on a design with a policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// `quotient`, `naive-victims` or `static`.
+    pub policy: String,
+    /// Which design it ran on: the shares file's name (for `--compare`).
+    pub design: String,
+    /// GPUs in the fleet.
+    pub gpus: u64,
+    pub jobs: u64,
+    /// Jobs that ended (all of a trace's jobs, unless some never fit).
+    pub completed: u64,
+    /// Jobs that never started (their queueing delay counts until the replay's end).
+    pub never_started: u64,
+    /// The utilisation window: from the first submit to the last.
+    pub window_hours: f64,
+    /// From the first submit to the last event.
+    pub makespan_hours: f64,
+    /// GPU-hours held by jobs over GPU-hours in the fleet, within the window.
+    pub utilisation: f64,
+    /// Hours of the window during which some job waited in a queue.
+    pub backlog_hours: f64,
+    /// Utilisation over those hours alone.
+    pub utilisation_under_backlog: f64,
+    /// GPU-hours held by jobs over the whole replay, work lost included.
+    pub used_gpu_hours: f64,
+    /// GPU-hours of work lost to preemptions: run past the last checkpoint.
+    pub lost_gpu_hours: f64,
+    /// Checkpoint signals sent.
+    pub preemptions: u64,
+    /// The same, by kind (`reclaim`, `in-share`).
+    pub preemptions_by_kind: BTreeMap<String, u64>,
+    /// Jobs preempted more than 3 times: preemption loops.
+    pub jobs_preempted_over_3: u64,
+    /// How long lenders waited for their GPUs back.
+    pub reclaims: ReclaimStats,
+    /// Scheduling rounds that changed the state.
+    pub rounds: u64,
+    pub shares: BTreeMap<String, ShareReport>,
+}
+
+/// From the round that preempts borrowers for a lender's job to that job's start.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReclaimStats {
+    /// Jobs that reclaimed lent GPUs.
+    pub count: u64,
+    pub latency_s_p50: f64,
+    pub latency_s_p95: f64,
+    pub latency_s_max: f64,
+    /// The same in scheduling rounds.
+    pub rounds_p50: u64,
+    pub rounds_p95: u64,
+    pub rounds_max: u64,
+}
+
+/// One share's figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShareReport {
+    pub jobs: u64,
+    pub completed: u64,
+    /// From submit to first start.
+    pub queue_delay_s_p50: f64,
+    pub queue_delay_s_p95: f64,
+    /// GPU-hours on its own quota, borrowed beyond it, and of its idle quota lent to others
+    /// (the state machine's own accounting, as `quotient share usage` reports it).
+    pub own_gpu_hours: f64,
+    pub borrowed_gpu_hours: f64,
+    pub lent_gpu_hours: f64,
+    /// Checkpoint signals its jobs got, and the work they lost.
+    pub preemptions: u64,
+    pub lost_gpu_hours: f64,
+}
+
+/// The whole document `quotient what-if -o json` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub runs: Vec<RunReport>,
+}
+
+/// The `p`th percentile of sorted values (nearest rank); 0 for none.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn pad(table: &[Vec<String>]) -> String {
+    let columns = table.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            table
+                .iter()
+                .filter_map(|row| row.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in table {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
+
+fn hours(value: f64) -> String {
+    format!("{value:.1}")
+}
+
+impl Comparison {
+    /// The runs side by side, then each run's shares.
+    pub fn table(&self) -> String {
+        let label = |run: &RunReport| {
+            if run.design.is_empty() {
+                run.policy.clone()
+            } else {
+                format!("{} ({})", run.policy, run.design)
+            }
+        };
+        let mut rows = vec![vec![
+            "POLICY".to_string(),
+            "UTILISATION".into(),
+            "UNDER BACKLOG".into(),
+            "LOST GPU-H".into(),
+            "PREEMPTIONS".into(),
+            "LOOPS (>3)".into(),
+            "RECLAIM P50/P95 S".into(),
+            "NEVER STARTED".into(),
+        ]];
+        for run in &self.runs {
+            rows.push(vec![
+                label(run),
+                format!("{:.1}%", run.utilisation * 100.0),
+                format!("{:.1}%", run.utilisation_under_backlog * 100.0),
+                hours(run.lost_gpu_hours),
+                run.preemptions.to_string(),
+                run.jobs_preempted_over_3.to_string(),
+                format!(
+                    "{:.0}/{:.0}",
+                    run.reclaims.latency_s_p50, run.reclaims.latency_s_p95
+                ),
+                run.never_started.to_string(),
+            ]);
+        }
+        let mut out = pad(&rows);
+        for run in &self.runs {
+            let _ = writeln!(
+                out,
+                "\n{}: {} jobs on {} GPUs, {:.1} h window",
+                label(run),
+                run.jobs,
+                run.gpus,
+                run.window_hours
+            );
+            let mut rows = vec![vec![
+                "SHARE".to_string(),
+                "JOBS".into(),
+                "WAIT P50 S".into(),
+                "WAIT P95 S".into(),
+                "OWN GPU-H".into(),
+                "BORROWED GPU-H".into(),
+                "LENT GPU-H".into(),
+                "PREEMPTIONS".into(),
+                "LOST GPU-H".into(),
+            ]];
+            for (name, share) in &run.shares {
+                rows.push(vec![
+                    name.clone(),
+                    share.jobs.to_string(),
+                    format!("{:.0}", share.queue_delay_s_p50),
+                    format!("{:.0}", share.queue_delay_s_p95),
+                    hours(share.own_gpu_hours),
+                    hours(share.borrowed_gpu_hours),
+                    hours(share.lent_gpu_hours),
+                    share.preemptions.to_string(),
+                    hours(share.lost_gpu_hours),
+                ]);
+            }
+            out.push_str(&pad(&rows));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&values, 50.0), 50);
+        assert_eq!(percentile(&values, 95.0), 95);
+        assert_eq!(percentile(&values, 100.0), 100);
+        assert_eq!(percentile(&[7], 95.0), 7);
+        assert_eq!(percentile(&[], 50.0), 0);
+    }
+}

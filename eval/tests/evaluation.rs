@@ -1,0 +1,176 @@
+//! The evaluation on traces whose figures can be worked out by hand, and on generated ones.
+
+use quotient_eval::design::{FleetFile, SharesFile};
+use quotient_eval::generate::{generate, GenerateOptions};
+use quotient_eval::trace::parse_trace;
+use quotient_eval::{evaluate, Design, Options, Policy, RunReport};
+
+/// Two shares of 8 GPUs on two nodes of 8: `a` lends and borrows, `b` lends.
+fn two_shares() -> Design {
+    let shares = SharesFile::parse(
+        "[[share]]\nname = \"a\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 8 }\n\
+         [[share]]\nname = \"b\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n",
+    )
+    .unwrap();
+    let fleet =
+        FleetFile::parse("[[pool]]\nclass = \"h100\"\nnodes = 2\ngpus_per_node = 8\n").unwrap();
+    Design {
+        shares: shares.specs().unwrap(),
+        nodes: fleet.nodes().unwrap(),
+    }
+}
+
+fn run(design: &Design, trace: &str, policy: Policy) -> RunReport {
+    let jobs = parse_trace(trace).unwrap();
+    evaluate(
+        design,
+        &jobs,
+        policy,
+        Options {
+            check: true,
+            ..Options::default()
+        },
+    )
+    .unwrap()
+}
+
+/// `a` runs two jobs of 8 GPUs for an hour, checkpointing every 10 minutes, and so borrows
+/// `b`'s idle GPUs for the second; at 1,000 s `b` submits a job of its own and takes them
+/// back.
+const RECLAIM: &str = r#"
+{"submit_s": 0, "share": "a", "gpus": 8, "run_s": 3600, "checkpoint_s": 600}
+{"submit_s": 0, "share": "a", "gpus": 8, "run_s": 3600, "checkpoint_s": 600}
+{"submit_s": 1000, "share": "b", "gpus": 8, "run_s": 600}
+"#;
+
+#[test]
+fn a_reclaim_costs_the_work_since_the_last_checkpoint() {
+    let design = two_shares();
+    let report = run(&design, RECLAIM, Policy::Quotient);
+    assert_eq!(report.completed, 3);
+    assert_eq!(report.preemptions, 1);
+    assert_eq!(report.preemptions_by_kind.get("reclaim"), Some(&1));
+    // Signalled at 1,000 s, exited 20 s later: 1,020 s run, 600 s of it saved.
+    let lost = 420.0 * 8.0 / 3_600.0;
+    assert!((report.lost_gpu_hours - lost).abs() < 1e-9, "{report:?}");
+    assert_eq!(report.reclaims.count, 1);
+    assert_eq!(report.reclaims.latency_s_p50, 20.0);
+    assert!((1..=3).contains(&report.reclaims.rounds_max), "{report:?}");
+    assert_eq!(report.jobs_preempted_over_3, 0);
+    let (a, b) = (&report.shares["a"], &report.shares["b"]);
+    // The split is per share: `a` holds 16 GPUs, 8 beyond its limit, until 1,020 s, and again
+    // from 1,620 s (its preempted job resumes after `b`'s) until its first job ends at 3,600 s.
+    let borrowed = 8.0 * (1_020.0 + 1_980.0) / 3_600.0;
+    assert!((a.borrowed_gpu_hours - borrowed).abs() < 1e-6, "{a:?}");
+    assert!((b.lent_gpu_hours - borrowed).abs() < 1e-6, "{b:?}");
+    assert!(
+        (a.own_gpu_hours - 8.0 * 4_620.0 / 3_600.0).abs() < 1e-6,
+        "{a:?}"
+    );
+    assert_eq!(b.queue_delay_s_p50, 20.0);
+    // Everything ran: the two hours of `a`, the lost work, and `b`'s ten minutes.
+    let used = 8.0 * (3_600.0 + 3_600.0 + 420.0 + 600.0) / 3_600.0;
+    assert!((report.used_gpu_hours - used).abs() < 1e-9, "{report:?}");
+}
+
+#[test]
+fn static_partitioning_neither_lends_nor_preempts() {
+    let design = two_shares();
+    let report = run(&design, RECLAIM, Policy::Static);
+    assert_eq!(report.completed, 3);
+    assert_eq!(report.preemptions, 0);
+    assert_eq!(report.lost_gpu_hours, 0.0);
+    assert!(report
+        .shares
+        .values()
+        .all(|s| s.borrowed_gpu_hours == 0.0 && s.lent_gpu_hours == 0.0));
+    // `a`'s second job waits for its first: an hour.
+    assert_eq!(report.shares["a"].queue_delay_s_p95, 3_600.0);
+    assert_eq!(report.shares["b"].queue_delay_s_p50, 0.0);
+    let shared = run(&design, RECLAIM, Policy::Quotient);
+    assert!(shared.utilisation > report.utilisation);
+}
+
+#[test]
+fn a_job_that_never_checkpoints_loses_the_whole_attempt() {
+    let design = two_shares();
+    let trace = RECLAIM.replace(", \"checkpoint_s\": 600", "");
+    let report = run(&design, &trace, Policy::Quotient);
+    assert!((report.lost_gpu_hours - 1_020.0 * 8.0 / 3_600.0).abs() < 1e-9);
+    // It starts over: a's jobs ran 3,600 s twice, 1,020 s lost, and b's 600 s.
+    let used = 8.0 * (3_600.0 * 2.0 + 1_020.0 + 600.0) / 3_600.0;
+    assert!((report.used_gpu_hours - used).abs() < 1e-9);
+}
+
+#[test]
+fn a_job_for_an_unknown_share_is_refused_with_its_line() {
+    let design = two_shares();
+    let jobs =
+        parse_trace("\n{\"submit_s\": 0, \"share\": \"nobody\", \"gpus\": 1, \"run_s\": 5}\n")
+            .unwrap();
+    let error = evaluate(&design, &jobs, Policy::Quotient, Options::default()).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("line 2") && message.contains("nobody"),
+        "{message}"
+    );
+}
+
+fn generated(seed: u64) -> (Design, Vec<quotient_eval::Job>) {
+    let generated = generate(GenerateOptions {
+        seed,
+        gpus: 64,
+        days: 2.0,
+        shares: 4,
+        load: 1.0,
+    })
+    .unwrap();
+    let design = Design {
+        shares: generated.shares.specs().unwrap(),
+        nodes: generated.fleet.nodes().unwrap(),
+    };
+    let trace = quotient_eval::trace::write_trace(&generated.jobs);
+    (design, parse_trace(&trace).unwrap())
+}
+
+#[test]
+fn a_generated_trace_replays_the_same_and_every_invariant_holds() {
+    let (design, jobs) = generated(5);
+    let checked = Options {
+        check: true,
+        ..Options::default()
+    };
+    let first = evaluate(&design, &jobs, Policy::Quotient, checked).unwrap();
+    let again = evaluate(&design, &jobs, Policy::Quotient, Options::default()).unwrap();
+    assert_eq!(first, again);
+    assert_eq!(
+        first.completed, first.jobs,
+        "every generated job fits the fleet"
+    );
+    assert!(first.preemptions > 0, "{first:?}");
+    assert!(first.reclaims.count > 0, "{first:?}");
+    let borrowed: f64 = first.shares.values().map(|s| s.borrowed_gpu_hours).sum();
+    assert!(borrowed > 0.0);
+    // Every GPU-hour held is some share's own or borrowed.
+    let accounted: f64 = first
+        .shares
+        .values()
+        .map(|s| s.own_gpu_hours + s.borrowed_gpu_hours)
+        .sum();
+    assert!((accounted - first.used_gpu_hours).abs() < 1e-6 * first.used_gpu_hours.max(1.0));
+    assert!(first.utilisation > 0.0 && first.utilisation <= 1.0);
+}
+
+#[test]
+fn lending_uses_the_fleet_better_than_static_partitions() {
+    let (design, jobs) = generated(9);
+    let shared = evaluate(&design, &jobs, Policy::Quotient, Options::default()).unwrap();
+    let partitioned = evaluate(&design, &jobs, Policy::Static, Options::default()).unwrap();
+    assert!(
+        shared.utilisation > partitioned.utilisation,
+        "{} against {}",
+        shared.utilisation,
+        partitioned.utilisation
+    );
+    assert_eq!(partitioned.preemptions_by_kind.get("reclaim"), None);
+}
