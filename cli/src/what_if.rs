@@ -17,13 +17,13 @@ use crate::GlobalArgs;
 #[derive(Debug, clap::Args)]
 pub struct WhatIfArgs {
     /// The share design to try (TOML; docs/what-if.md).
-    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["generate", "from_history"])]
     pub shares: Option<PathBuf>,
     /// The fleet: pools of alike nodes (TOML).
-    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["generate", "from_history"])]
     pub fleet: Option<PathBuf>,
     /// The workload: one job per line of JSON.
-    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["generate", "from_history"])]
     pub trace: Option<PathBuf>,
     /// A second share design, run on the same fleet and trace, side by side.
     #[arg(long, value_name = "FILE", conflicts_with = "generate")]
@@ -38,7 +38,16 @@ pub struct WhatIfArgs {
     /// jobs.jsonl.
     #[arg(long, requires = "out")]
     pub generate: bool,
-    /// The folder --generate writes into (made if missing; its three files are replaced).
+    /// Turn a file `quotient job history --all -o json` wrote into a trace: --out DIR gets
+    /// jobs.jsonl.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "out",
+        conflicts_with = "generate"
+    )]
+    pub from_history: Option<PathBuf>,
+    /// The folder --generate or --from-history writes into (made if missing; its three files are replaced).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// The seed of --generate: the same seed writes the same files.
@@ -67,6 +76,9 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
     if args.generate {
         return write_generated(global, args);
     }
+    if let Some(history) = &args.from_history {
+        return write_from_history(global, history, args);
+    }
     let (Some(shares), Some(fleet), Some(trace)) = (&args.shares, &args.fleet, &args.trace) else {
         anyhow::bail!("give --shares, --fleet and --trace, or --generate --out DIR");
     };
@@ -93,6 +105,35 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
     match global.output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&comparison)?),
         _ => print!("{}", comparison.table()),
+    }
+    Ok(())
+}
+
+fn write_from_history(
+    global: &GlobalArgs,
+    history: &Path,
+    args: &WhatIfArgs,
+) -> anyhow::Result<()> {
+    let out = args
+        .out
+        .as_deref()
+        .context("--from-history needs --out DIR")?;
+    let page = quotient_eval::trace::read_history(history)?;
+    let (jobs, skipped) = quotient_eval::trace::trace_from_history(&page);
+    std::fs::create_dir_all(out).with_context(|| format!("cannot make {}", out.display()))?;
+    let path = out.join("jobs.jsonl");
+    std::fs::write(&path, quotient_eval::trace::write_trace(&jobs))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    match global.output {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::json!({"trace": path.display().to_string(), "jobs": jobs.len(), "skipped": skipped})
+        ),
+        _ => println!(
+            "wrote {} jobs to {} ({skipped} records of jobs that never ran left out)",
+            jobs.len(),
+            path.display()
+        ),
     }
     Ok(())
 }

@@ -172,3 +172,89 @@ fn bad_files_and_flags_say_what_to_fix() {
     let missing = quotient(&["what-if", "--shares", &s]);
     assert_eq!(missing.status.code(), Some(2), "{}", text(&missing.stderr));
 }
+
+#[test]
+fn a_job_history_turns_into_a_trace_that_replays() {
+    use quotient_common::api::{HistoryPage, HistoryRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let records = (0..6u64)
+        .map(|n| HistoryRecord {
+            id: format!("j-{}", n + 1),
+            share: "a".into(),
+            gpu_class: "h100".into(),
+            gpus: 2,
+            nodes: 1,
+            state: "SUCCEEDED".into(),
+            submitted_ms: 1_000_000 + n * 60_000,
+            first_started_ms: (n != 3).then_some(1_000_000 + n * 60_000),
+            ended_ms: 2_000_000 + n * 60_000,
+            gpu_ms: if n == 3 { 0 } else { 2 * 600_000 },
+            ..HistoryRecord::default()
+        })
+        .collect();
+    let page = HistoryPage {
+        records,
+        next_page_token: None,
+    };
+    std::fs::write(
+        d.join("history.json"),
+        serde_json::to_string(&page).unwrap(),
+    )
+    .unwrap();
+    let out = d.join("from-history");
+    let converted = quotient(&[
+        "what-if",
+        "--from-history",
+        &path(d, "history.json"),
+        "--out",
+        out.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert!(converted.status.success(), "{}", text(&converted.stderr));
+    let summary: Value = serde_json::from_slice(&converted.stdout).unwrap();
+    assert_eq!(
+        (summary["jobs"].as_u64(), summary["skipped"].as_u64()),
+        (Some(5), Some(1))
+    );
+    std::fs::write(
+        d.join("shares.toml"),
+        "[[share]]\nname = \"a\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("fleet.toml"),
+        "[[pool]]\nclass = \"h100\"\nnodes = 1\ngpus_per_node = 8\n",
+    )
+    .unwrap();
+    let replayed = quotient(&[
+        "what-if",
+        "--shares",
+        &path(d, "shares.toml"),
+        "--fleet",
+        &path(d, "fleet.toml"),
+        "--trace",
+        &path(&out, "jobs.jsonl"),
+        "--policy",
+        "quotient",
+        "-o",
+        "json",
+    ]);
+    assert!(replayed.status.success(), "{}", text(&replayed.stderr));
+    let document: Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    let run = &document["runs"][0];
+    assert_eq!(run["completed"], 5);
+    // Five jobs of 2 GPUs for 10 minutes each.
+    let used = run["used_gpu_hours"].as_f64().unwrap();
+    assert!((used - 5.0 * 2.0 * 600.0 / 3_600.0).abs() < 1e-9, "{run}");
+    let bad = quotient(&[
+        "what-if",
+        "--from-history",
+        &path(d, "shares.toml"),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("job history --all -o json"));
+}

@@ -188,6 +188,52 @@ pub fn write_trace(jobs: &[TraceJob]) -> String {
     text
 }
 
+/// A trace from the records of `quotient job history --all -o json`: each job that held GPUs,
+/// submitted at its submit time (from the earliest's), with its share, priority, GPUs, nodes
+/// and class, running for as long as it held its GPUs, all attempts together (its GPU time
+/// over its GPUs: work that preemptions lost in the real fleet counts as work to do). The
+/// records do not say how often a job checkpointed, so no `checkpoint_s` is given. Returns the
+/// trace, oldest submit first, and how many records were left out (never ran).
+pub fn trace_from_history(page: &quotient_common::api::HistoryPage) -> (Vec<TraceJob>, usize) {
+    let start = page
+        .records
+        .iter()
+        .map(|record| record.submitted_ms)
+        .min()
+        .unwrap_or(0);
+    let mut jobs = Vec::new();
+    let mut skipped = 0;
+    for record in &page.records {
+        let gpus = u64::from(record.gpus.max(1)) * u64::from(record.nodes.max(1));
+        if record.first_started_ms.is_none() || record.gpu_ms < gpus {
+            skipped += 1;
+            continue;
+        }
+        jobs.push(TraceJob {
+            submit_s: (record.submitted_ms - start) as f64 / 1_000.0,
+            share: record.share.clone(),
+            name: Some(record.name.clone().unwrap_or_else(|| record.id.clone())),
+            priority: record.priority,
+            gpus: record.gpus,
+            nodes: record.nodes.max(1),
+            class: Some(record.gpu_class.clone()),
+            run_s: (record.gpu_ms / gpus) as f64 / 1_000.0,
+            checkpoint_s: None,
+        });
+    }
+    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s));
+    (jobs, skipped)
+}
+
+/// Reads a file `quotient job history --all -o json` wrote (at most [`TRACE_BYTES_MAX`]).
+pub fn read_history(path: &Path) -> Result<quotient_common::api::HistoryPage, EvalError> {
+    let text = crate::read_limited(path, TRACE_BYTES_MAX)?;
+    serde_json::from_str(&text).map_err(|e| EvalError::Design {
+        path: path.display().to_string(),
+        message: format!("not the output of `quotient job history --all -o json`: {e}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +304,40 @@ mod tests {
         assert_eq!(read[0].share, "a");
         assert_eq!(read[1].total_gpus(), 16);
         assert_eq!(read[1].checkpoint_ms, 600_000);
+    }
+
+    #[test]
+    fn a_history_becomes_a_trace() {
+        use quotient_common::api::{HistoryPage, HistoryRecord};
+        let record = |id: &str, submitted_ms: u64, ran: bool, gpu_ms: u64| HistoryRecord {
+            id: id.into(),
+            share: "vision".into(),
+            gpu_class: "h100".into(),
+            gpus: 4,
+            nodes: 2,
+            priority: 7,
+            state: "SUCCEEDED".into(),
+            submitted_ms,
+            first_started_ms: ran.then_some(submitted_ms + 5),
+            ended_ms: submitted_ms + 10,
+            gpu_ms,
+            ..HistoryRecord::default()
+        };
+        let page = HistoryPage {
+            records: vec![
+                record("j-9", 50_000, true, 8 * 3_600_000),
+                record("j-3", 20_000, true, 8 * 60_000),
+                record("j-4", 30_000, false, 0),
+            ],
+            next_page_token: None,
+        };
+        let (jobs, skipped) = trace_from_history(&page);
+        assert_eq!(skipped, 1);
+        assert_eq!(jobs.len(), 2);
+        assert_eq!((jobs[0].submit_s, jobs[0].run_s), (0.0, 60.0));
+        assert_eq!((jobs[1].submit_s, jobs[1].run_s), (30.0, 3_600.0));
+        assert_eq!((jobs[1].gpus, jobs[1].nodes, jobs[1].priority), (4, 2, 7));
+        let read = parse_trace(&write_trace(&jobs)).unwrap();
+        assert_eq!(read[1].class.as_ref().unwrap().as_str(), "h100");
     }
 }
