@@ -366,7 +366,7 @@ impl State {
             self.update_job(id, |job| {
                 job.state = JobState::Cancelled;
                 job.nominations.clear();
-                job.reason = Some(WaitReason::Ended("cancelled while queued".into()));
+                job.reason = Some(Box::new(WaitReason::Ended("cancelled while queued".into())));
                 job.ended_ms = Some(job.stamp(ctx.time_ms));
             });
         } else {
@@ -374,7 +374,7 @@ impl State {
             // until it has exited, so they are never given to two jobs.
             self.update_job(id, |job| {
                 job.state = JobState::Preempting;
-                job.stop = Some(StopCause::Cancelled);
+                job.stop = Some(Box::new(StopCause::Cancelled));
             });
         }
         Outcome::Done
@@ -588,13 +588,13 @@ impl State {
         self.update_job(id, |job| {
             job.placement[rank as usize].stage = MemberStage::Exited { code: None };
             if !stopping {
-                job.stop = Some(StopCause::Preempted(Preemption {
+                job.stop = Some(Box::new(StopCause::Preempted(Preemption {
                     kind,
                     for_job: None,
                     for_share: None,
                     at_ms: ctx.time_ms,
                     node: node_name,
-                }));
+                })));
                 job.state = JobState::Preempting;
             }
         });
@@ -614,7 +614,7 @@ impl State {
     /// fail it at its time limit, or end it cancelled. Frees its GPUs.
     fn finish_stop(&mut self, id: JobId, code: Option<i32>, ctx: ApplyCtx) {
         if let Some(StopCause::MemberEnded { node, event, .. }) =
-            self.job(id).and_then(|j| j.stop.clone())
+            self.job(id).and_then(|j| j.stop.as_deref().cloned())
         {
             // A member of a job of several nodes ended the attempt, and now all have exited:
             // the job goes on as a job of one node would after that member's event.
@@ -627,11 +627,11 @@ impl State {
             job.placement.clear();
             job.exit_code = code;
             job.started_ms = None;
-            match job.stop.take() {
+            match job.stop.take().map(|stop| *stop) {
                 Some(StopCause::Cancelled) => {
                     end_attempt(job, now, code, "cancelled".into());
                     job.state = JobState::Cancelled;
-                    job.reason = Some(WaitReason::Ended("cancelled".into()));
+                    job.reason = Some(Box::new(WaitReason::Ended("cancelled".into())));
                     job.ended_ms = Some(now);
                 }
                 Some(StopCause::TimeLimit) => {
@@ -652,15 +652,15 @@ impl State {
                         None => format!("preempted ({})", kind.as_str()),
                     };
                     end_attempt(job, now, code, outcome);
-                    job.last_preemption = Some(p);
+                    job.last_preemption = Some(Box::new(p));
                     match job.spec.max_preemptions {
                         Some(max) if counted && job.counted_preemptions > max => {
                             job.state = JobState::Failed;
-                            job.reason = Some(WaitReason::Ended(format!(
+                            job.reason = Some(Box::new(WaitReason::Ended(format!(
                                 "preempted by the scheduling rules {} times (this time: {}); max_preemptions is {max}",
                                 job.counted_preemptions,
                                 kind.as_str(),
-                            )));
+                            ))));
                             job.ended_ms = Some(now);
                         }
                         _ => {
@@ -693,13 +693,13 @@ impl State {
         let node = job.last_node.clone().unwrap_or_default();
         self.update_job(id, |job| {
             job.state = JobState::Preempting;
-            job.stop = Some(StopCause::Preempted(Preemption {
+            job.stop = Some(Box::new(StopCause::Preempted(Preemption {
                 kind: PreemptionKind::StartTimeout,
                 for_job: None,
                 for_share: None,
                 at_ms: ctx.time_ms,
                 node,
-            }));
+            })));
         });
         Outcome::Done
     }
@@ -723,7 +723,7 @@ impl State {
         }
         self.update_job(id, |job| {
             job.state = JobState::Preempting;
-            job.stop = Some(StopCause::TimeLimit);
+            job.stop = Some(Box::new(StopCause::TimeLimit));
         });
         Outcome::Done
     }
@@ -811,11 +811,11 @@ impl State {
                     if job.state != JobState::Preempting && !ok {
                         // One fate: the attempt ends for every member.
                         job.state = JobState::Preempting;
-                        job.stop = Some(StopCause::MemberEnded {
+                        job.stop = Some(Box::new(StopCause::MemberEnded {
                             rank,
                             node: node.clone(),
                             event: event.clone(),
-                        });
+                        }));
                     }
                 });
                 let job = self.job(id).expect("known job");
@@ -846,13 +846,13 @@ impl State {
             JobEvent::ExitedAfterSignal { code } => {
                 // The agent stopped it on its own (its lease ran out, a GPU failed).
                 self.update_job(id, |job| {
-                    job.stop = Some(StopCause::Preempted(Preemption {
+                    job.stop = Some(Box::new(StopCause::Preempted(Preemption {
                         kind: PreemptionKind::AgentStopped,
                         for_job: None,
                         for_share: None,
                         at_ms: ctx.time_ms,
                         node,
-                    }))
+                    })))
                 });
                 self.finish_stop(id, code, ctx);
             }
@@ -881,7 +881,7 @@ impl State {
             end_attempt(job, now, Some(code), outcome.clone());
             if code == 0 {
                 job.state = JobState::Succeeded;
-                job.reason = Some(WaitReason::Ended(outcome));
+                job.reason = Some(Box::new(WaitReason::Ended(outcome)));
                 job.ended_ms = Some(now);
             } else {
                 fail_or_retry(job, now, Some(code), &outcome, outcome.clone());
@@ -925,7 +925,7 @@ impl State {
             end_attempt(job, now, None, outcome.clone());
             if requeue {
                 job.state = JobState::Runnable;
-                job.reason = Some(reason);
+                job.reason = Some(Box::new(reason));
             } else if fault == LaunchFault::Job
                 && job
                     .spec
@@ -935,10 +935,10 @@ impl State {
                 // A fault of the job is a failure of the job: its retry strategy decides.
                 job.retries_used += 1;
                 job.state = JobState::Runnable;
-                job.reason = Some(reason);
+                job.reason = Some(Box::new(reason));
             } else {
                 job.state = JobState::Failed;
-                job.reason = Some(reason);
+                job.reason = Some(Box::new(reason));
                 job.ended_ms = Some(now);
             }
         });
@@ -995,11 +995,11 @@ impl State {
             let Some(job) = self.job_mut(id) else {
                 continue;
             };
-            if job.state != JobState::Runnable || job.reason.as_ref() == Some(&reason) {
+            if job.state != JobState::Runnable || job.reason.as_deref() == Some(&reason) {
                 continue;
             }
             // A reason is no part of the index: set in place, not through `update_job`.
-            job.reason = Some(reason);
+            job.reason = Some(Box::new(reason));
             if noting {
                 let share = job.spec.share.clone();
                 self.note_queued_job(id, share);
@@ -1232,13 +1232,13 @@ impl State {
             .map(|f| f.spec.share.clone());
         self.update_job(id, |job| {
             job.state = JobState::Preempting;
-            job.stop = Some(StopCause::Preempted(Preemption {
+            job.stop = Some(Box::new(StopCause::Preempted(Preemption {
                 kind,
                 for_job,
                 for_share,
                 at_ms: ctx.time_ms,
                 node,
-            }));
+            })));
         });
     }
 
@@ -1314,7 +1314,7 @@ fn fail_or_retry(job: &mut JobRecord, now: u64, code: Option<i32>, reason: &str,
         (used, max) => format!(" (after {used} of {max} retries; a retry rule said exit)"),
     };
     job.state = JobState::Failed;
-    job.reason = Some(WaitReason::Ended(format!("{outcome}{tail}")));
+    job.reason = Some(Box::new(WaitReason::Ended(format!("{outcome}{tail}"))));
     job.ended_ms = Some(now);
 }
 

@@ -133,14 +133,14 @@ impl State {
                 by: self.acting(),
             });
         }
-        let decided = match &new.stop {
+        let decided = match new.stop.as_deref() {
             Some(StopCause::Preempted(p)) if old.stop != new.stop => Some(p),
             _ => None,
         };
         // A preemption without a signal (a lost node) ends the attempt in one change.
         let ended = (new.preemptions > old.preemptions
-            && !matches!(old.stop, Some(StopCause::Preempted(_))))
-        .then_some(new.last_preemption.as_ref())
+            && !matches!(old.stop.as_deref(), Some(StopCause::Preempted(_))))
+        .then_some(new.last_preemption.as_deref())
         .flatten();
         if let Some(p) = decided.or(ended) {
             self.record_event(EventKind::Preempted {

@@ -72,7 +72,7 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             }
             format!("{id} waits: {reason}")
         }
-        JobState::Preempting => match &job.stop {
+        JobState::Preempting => match job.stop.as_deref() {
             Some(StopCause::Cancelled) => {
                 format!("{id} is stopping because it was cancelled")
             }
@@ -157,7 +157,7 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             job.retries_used, job.spec.retry.retries
         ));
     }
-    if let Some(p) = &job.last_preemption {
+    if let Some(p) = job.last_preemption.as_deref() {
         let target = match (p.for_job, &p.for_share) {
             (Some(f), Some(s)) => format!(" for {f} of share {s}"),
             _ => String::new(),

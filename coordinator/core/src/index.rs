@@ -420,7 +420,7 @@ impl Index {
             }
         }
         if job.state == JobState::Preempting {
-            if let Some(StopCause::Preempted(p)) = &job.stop {
+            if let Some(StopCause::Preempted(p)) = job.stop.as_deref() {
                 if let Some(for_job) = p.for_job {
                     self.preempting_for
                         .entry(for_job)
@@ -500,7 +500,7 @@ impl Index {
             self.refresh_node_by_id(alloc.node, data);
         }
         if job.state == JobState::Preempting {
-            if let Some(StopCause::Preempted(p)) = &job.stop {
+            if let Some(StopCause::Preempted(p)) = job.stop.as_deref() {
                 if let Some(for_job) = p.for_job {
                     if let Some(set) = self.preempting_for.get_mut(&for_job) {
                         set.remove(&job.id);

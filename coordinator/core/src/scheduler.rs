@@ -550,7 +550,7 @@ impl<'a> Round<'a> {
                 // smaller jobs do not take each GPU as it frees.
                 let qualify = self.gang_qualify(job, nodes);
                 let known = matches!(
-                    &job.reason,
+                    job.reason.as_deref(),
                     Some(WaitReason::GangWaiting { qualify: q, held, .. })
                         if *q == qualify && held.len() == nodes.len()
                 );
@@ -1536,7 +1536,7 @@ impl<'a> Round<'a> {
     }
 
     fn wait(&mut self, id: JobId, reason: WaitReason) {
-        if self.job(id).reason.as_ref() != Some(&reason) {
+        if self.job(id).reason.as_deref() != Some(&reason) {
             self.plan.waiting.push((id, reason));
         }
     }

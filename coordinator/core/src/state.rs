@@ -193,12 +193,14 @@ pub struct JobRecord {
     /// The log index of its current placement: the "start order" of spec rule 2.
     pub placed_index: u64,
     pub started_ms: Option<u64>,
-    pub stop: Option<StopCause>,
-    pub last_preemption: Option<Preemption>,
+    /// Why it is stopping, while PREEMPTING. Boxed, as the next field: most jobs never have
+    /// one, and a job record is kept per job for as long as retention says.
+    pub stop: Option<Box<StopCause>>,
+    pub last_preemption: Option<Box<Preemption>>,
     /// The nodes that keep GPUs free for this job (one per member, or none).
     pub nominations: Vec<NodeId>,
     /// Why it waits (RUNNABLE) or why it ended (terminal).
-    pub reason: Option<WaitReason>,
+    pub reason: Option<Box<WaitReason>>,
     pub exit_code: Option<i32>,
     pub ended_ms: Option<u64>,
     /// The name of the node of its current or last placement (kept after the attempt ends,
@@ -542,7 +544,8 @@ impl State {
     /// exceeds, derived from the state now: the scheduler passes over such jobs without
     /// recording anything. Otherwise the reason the scheduler or the job's end recorded.
     pub fn reason(&self, job: &JobRecord) -> Option<WaitReason> {
-        self.never_fits(job).or_else(|| job.reason.clone())
+        self.never_fits(job)
+            .or_else(|| job.reason.as_deref().cloned())
     }
 
     /// For a RUNNABLE job that can never fit as things stand, the limit it exceeds.

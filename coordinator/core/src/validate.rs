@@ -134,7 +134,7 @@ impl State {
                     return fail(format!("{} holds GPUs on lost node {}", job.id, node.name));
                 }
             }
-            if let Some(StopCause::Preempted(p)) = &job.stop {
+            if let Some(StopCause::Preempted(p)) = job.stop.as_deref() {
                 if let Some(for_job) = p.for_job {
                     if self.job(for_job).is_none() {
                         return fail(format!("{} is preempted for unknown {for_job}", job.id));

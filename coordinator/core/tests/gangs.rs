@@ -186,7 +186,7 @@ fn a_member_that_fails_stops_the_whole_attempt_and_the_job_fails_when_all_have_e
     let job = sim.state.job(id).unwrap();
     assert_eq!(job.state, JobState::Preempting, "the others are stopped");
     assert!(matches!(
-        job.stop,
+        job.stop.as_deref(),
         Some(StopCause::MemberEnded { rank: 1, .. })
     ));
     assert_eq!(sim.account("team").0, 3, "held until every member exited");

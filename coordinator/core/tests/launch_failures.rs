@@ -173,8 +173,8 @@ fn a_job_cancelled_while_its_launch_was_tried_ends_cancelled() {
     sim.launch_fails(id, LaunchFault::Node);
     assert_eq!(sim.state_of(id), JobState::Cancelled);
     assert_eq!(
-        sim.state.job(id).unwrap().reason,
-        Some(WaitReason::Ended("cancelled".into()))
+        sim.state.job(id).unwrap().reason.as_deref(),
+        Some(&WaitReason::Ended("cancelled".into()))
     );
 }
 
@@ -189,7 +189,7 @@ fn a_launch_failure_reason_survives_a_snapshot() {
         .expect("the snapshot decodes");
     assert_eq!(restored.job(id), sim.state.job(id));
     assert!(matches!(
-        restored.job(id).unwrap().reason,
+        restored.job(id).unwrap().reason.as_deref(),
         Some(WaitReason::LaunchFailed {
             fault: LaunchFault::Node,
             requeues: 1,
@@ -221,7 +221,7 @@ fn a_launch_message_longer_than_its_limit_is_cut_in_the_reason() {
         },
     };
     sim.ok(Command::ReportJob(report));
-    match &sim.state.job(broken).unwrap().reason {
+    match sim.state.job(broken).unwrap().reason.as_deref() {
         Some(WaitReason::LaunchFailed { message, .. }) => {
             assert!(
                 message.len() <= LAUNCH_MESSAGE_BYTES_MAX,

@@ -160,7 +160,9 @@ fn share_spec(i: usize, g: &ShareGen) -> ShareSpec {
 fn reserved_unclaimed(state: &State, class: &quotient_common::GpuClass) -> u64 {
     let mut victims_hold: BTreeMap<(JobId, NodeId), u64> = BTreeMap::new();
     for job in state.jobs() {
-        if let (Some(StopCause::Preempted(p)), JobState::Preempting) = (&job.stop, job.state) {
+        if let (Some(StopCause::Preempted(p)), JobState::Preempting) =
+            (job.stop.as_deref(), job.state)
+        {
             if let Some(for_job) = p.for_job {
                 for alloc in &job.placement {
                     *victims_hold.entry((for_job, alloc.node)).or_insert(0) +=

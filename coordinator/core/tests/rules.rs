@@ -74,7 +74,7 @@ fn a_reserve_share_never_lends() {
     assert_eq!(sim.state_of(a), JobState::Running);
     assert_eq!(sim.state_of(b), JobState::Runnable);
     assert!(matches!(
-        sim.state.job(b).unwrap().reason,
+        sim.state.job(b).unwrap().reason.as_deref(),
         Some(WaitReason::NoBorrowableCapacity { .. })
     ));
     // The reserve share's own job starts at once on its idle quota.
@@ -95,7 +95,7 @@ fn a_lend_share_never_borrows() {
     assert_eq!(sim.state_of(a), JobState::Running);
     assert_eq!(sim.state_of(b), JobState::Runnable);
     assert!(matches!(
-        sim.state.job(b).unwrap().reason,
+        sim.state.job(b).unwrap().reason.as_deref(),
         Some(WaitReason::ShareLimit { .. })
     ));
 }
@@ -120,7 +120,7 @@ fn borrowing_stays_within_the_borrow_limit() {
         .find(|j| sim.state_of(**j) == JobState::Runnable)
         .unwrap();
     assert!(matches!(
-        sim.state.job(*waiting).unwrap().reason,
+        sim.state.job(*waiting).unwrap().reason.as_deref(),
         Some(WaitReason::BorrowLimit { cap: 3, .. })
     ));
 }

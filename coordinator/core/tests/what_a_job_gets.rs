@@ -212,7 +212,7 @@ fn a_container_job_goes_only_where_docker_and_its_image_are() {
     // gpu-1 (lowest id, same free GPUs) is refused first: it has no Docker.
     assert_eq!(sim.state_of(id), JobState::Runnable);
     assert!(matches!(
-        sim.state.job(id).unwrap().reason,
+        sim.state.job(id).unwrap().reason.as_deref(),
         Some(WaitReason::NodeUnfit { .. })
     ));
 
