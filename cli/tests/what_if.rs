@@ -23,6 +23,20 @@ fn path(dir: &Path, name: &str) -> String {
     dir.join(name).display().to_string()
 }
 
+/// `shares.toml` with share `a` (lend, 8 h100) and `fleet.toml` with one node of 8, in `dir`.
+fn one_share_one_node(dir: &Path) {
+    std::fs::write(
+        dir.join("shares.toml"),
+        "[[share]]\nname = \"a\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("fleet.toml"),
+        "[[pool]]\nclass = \"h100\"\nnodes = 1\ngpus_per_node = 8\n",
+    )
+    .unwrap();
+}
+
 #[test]
 fn a_generated_design_replays_with_every_policy_and_compares() {
     let dir = tempfile::tempdir().unwrap();
@@ -128,16 +142,7 @@ fn a_generated_design_replays_with_every_policy_and_compares() {
 fn bad_files_and_flags_say_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("shares.toml"),
-        "[[share]]\nname = \"a\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n",
-    )
-    .unwrap();
-    std::fs::write(
-        d.join("fleet.toml"),
-        "[[pool]]\nclass = \"h100\"\nnodes = 1\ngpus_per_node = 8\n",
-    )
-    .unwrap();
+    one_share_one_node(d);
     std::fs::write(
         d.join("jobs.jsonl"),
         "{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 1, \"run_s\": 60}\n{\"submit_s\": 5, \"share\": \"a\", \"gpus\": 1}\n",
@@ -218,16 +223,7 @@ fn a_job_history_turns_into_a_trace_that_replays() {
         (summary["jobs"].as_u64(), summary["skipped"].as_u64()),
         (Some(5), Some(1))
     );
-    std::fs::write(
-        d.join("shares.toml"),
-        "[[share]]\nname = \"a\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n",
-    )
-    .unwrap();
-    std::fs::write(
-        d.join("fleet.toml"),
-        "[[pool]]\nclass = \"h100\"\nnodes = 1\ngpus_per_node = 8\n",
-    )
-    .unwrap();
+    one_share_one_node(d);
     let replayed = quotient(&[
         "what-if",
         "--shares",
