@@ -184,6 +184,8 @@ pub struct SchedulingTuning {
     /// How long a job of several nodes may take for all its members to run; then its attempt
     /// is stopped and it goes back to the queue.
     pub gang_start_timeout_ms: u64,
+    /// Who borrows first when idle GPUs are too few for every share that wants them.
+    pub borrow_order: quotient_core::BorrowOrder,
 }
 
 impl Default for SchedulingTuning {
@@ -191,6 +193,7 @@ impl Default for SchedulingTuning {
         SchedulingTuning {
             topology_key: quotient_core::DEFAULT_TOPOLOGY_KEY.to_string(),
             gang_start_timeout_ms: GANG_START_TIMEOUT_DEFAULT_MS,
+            borrow_order: quotient_core::BorrowOrder::Fifo,
         }
     }
 }
@@ -578,5 +581,23 @@ mod tests {
         let text = toml::to_string(&config).expect("serialises");
         let back: CoordinatorConfig = toml::from_str(&text).expect("parses back");
         assert_eq!(back, config);
+    }
+
+    #[test]
+    fn the_borrowing_order_is_a_scheduling_setting() {
+        let base = "id = 1\nlisten = \"127.0.0.1:7401\"\ndata_dir = \"/tmp/q1\"\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n[peers]\n1 = \"127.0.0.1:7401\"\n";
+        let config: CoordinatorConfig = toml::from_str(base).expect("parses");
+        assert_eq!(
+            config.scheduling.borrow_order,
+            quotient_core::BorrowOrder::Fifo
+        );
+        let fair = format!("{base}[scheduling]\nborrow_order = \"fair\"\n");
+        let config: CoordinatorConfig = toml::from_str(&fair).expect("parses");
+        assert_eq!(
+            config.scheduling.borrow_order,
+            quotient_core::BorrowOrder::Fair
+        );
+        let bad = format!("{base}[scheduling]\nborrow_order = \"lifo\"\n");
+        assert!(toml::from_str::<CoordinatorConfig>(&bad).is_err());
     }
 }

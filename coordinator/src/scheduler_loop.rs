@@ -55,6 +55,7 @@ pub async fn run(ctx: Context) {
         ..
     } = ctx;
     let topology_key = config.scheduling.topology_key.clone();
+    let borrow_order = config.scheduling.borrow_order;
     loop {
         tokio::select! {
             _ = trigger.notified() => {}
@@ -71,7 +72,7 @@ pub async fn run(ctx: Context) {
         let round = std::time::Instant::now();
         let plan = state_machine.read(|state| {
             let unreachable = leases.unreachable(state, round);
-            quotient_core::plan_with(state, &unreachable, &topology_key)
+            quotient_core::plan_ordered(state, &unreachable, &topology_key, borrow_order)
         });
         counts.scheduler_round(round.elapsed());
         if plan.is_empty() {

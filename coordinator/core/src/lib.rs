@@ -55,7 +55,9 @@ pub use command::{
 pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
 pub use reason::WaitReason;
-pub use scheduler::{plan, plan_avoiding, plan_with, DEFAULT_TOPOLOGY_KEY};
+pub use scheduler::{
+    plan, plan_avoiding, plan_ordered, plan_with, BorrowOrder, DEFAULT_TOPOLOGY_KEY,
+};
 pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
     mask_indices, Allocation, AuditEntry, IdempotencyKeys, JobRecord, MemberStage, NodeId,

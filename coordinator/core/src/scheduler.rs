@@ -53,7 +53,51 @@ pub const DEFAULT_TOPOLOGY_KEY: &str = "rack";
 /// `topology_key` as fit them. The key is a preference of the leader's, not replicated state:
 /// `apply` checks only a job's own `same` constraint.
 pub fn plan_with(state: &State, unreachable: &BTreeSet<NodeId>, topology_key: &str) -> Plan {
-    Round::new(state, unreachable, topology_key).run()
+    plan_ordered(state, unreachable, topology_key, BorrowOrder::Fifo)
+}
+
+/// How phase 3 orders the heads of the shares that borrow, when idle GPUs are too few for
+/// all of them (docs/quota-shares.md, *Who borrows first*).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum BorrowOrder {
+    /// Priority, then submit order, across shares: first come, first served, as AWS Batch
+    /// documents its assignment of idle capacity. The default.
+    #[default]
+    Fifo,
+    /// The share holding the least of its limit first (GPUs held over its limit, in that
+    /// class), then priority and submit order: idle GPUs go to the share furthest below its
+    /// entitlement, weighted by its limit.
+    Fair,
+}
+
+impl BorrowOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BorrowOrder::Fifo => "fifo",
+            BorrowOrder::Fair => "fair",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<BorrowOrder> {
+        [BorrowOrder::Fifo, BorrowOrder::Fair]
+            .into_iter()
+            .find(|order| order.as_str() == text)
+    }
+}
+
+/// [`plan_with`], with phase 3's borrowing in `order`.
+pub fn plan_ordered(
+    state: &State,
+    unreachable: &BTreeSet<NodeId>,
+    topology_key: &str,
+    order: BorrowOrder,
+) -> Plan {
+    let mut round = Round::new(state, unreachable, topology_key);
+    round.borrow_order = order;
+    round.run()
 }
 
 /// The GPUs of `free_mask` to give a member of `gpus` GPUs on `node`: a set whose GPUs are
@@ -429,6 +473,8 @@ struct Round<'a> {
     resources_used: HashMap<NodeId, (u64, u64)>,
     /// The node label a job of several nodes is kept within few values of.
     topology_key: &'a str,
+    /// Phase 3's order across shares.
+    borrow_order: BorrowOrder,
 }
 
 impl<'a> Round<'a> {
@@ -488,6 +534,7 @@ impl<'a> Round<'a> {
             unreachable,
             resources_used: HashMap::new(),
             topology_key,
+            borrow_order: BorrowOrder::Fifo,
         }
     }
 
@@ -689,6 +736,25 @@ impl<'a> Round<'a> {
         self.head(q).map(|job| (job.priority(), Reverse(job.id)))
     }
 
+    /// A queue's place in phase 1's or phase 3's order: its head's priority and submit order,
+    /// after (phase 3, [`BorrowOrder::Fair`]) how much of its limit its share holds, in
+    /// millionths, least first.
+    fn order_key(
+        &mut self,
+        q: usize,
+        borrowing: bool,
+    ) -> Option<(Reverse<u64>, u32, Reverse<JobId>)> {
+        let (priority, id) = self.head_key(q)?;
+        let held = if borrowing && self.borrow_order == BorrowOrder::Fair {
+            let queue = &self.queues[q];
+            let limit = limit_of(queue.share, queue.class).max(1);
+            queue.usage.saturating_mul(1_000_000) / limit
+        } else {
+            0
+        };
+        Some((Reverse(held), priority, id))
+    }
+
     /// Phase 1: heads within their share's limit, highest priority first, across shares.
     fn within_limits(&mut self) {
         self.place_heads(true);
@@ -703,10 +769,11 @@ impl<'a> Round<'a> {
     /// empty or blocked. With `within_limit_only`, a head that would take its share over its
     /// limit is left for phase 3 without blocking its queue.
     fn place_heads(&mut self, within_limit_only: bool) {
+        let borrowing = !within_limit_only;
         let mut heap = BinaryHeap::new();
         for q in 0..self.queues.len() {
             if self.queues[q].blocked.is_none() {
-                if let Some(key) = self.head_key(q) {
+                if let Some(key) = self.order_key(q, borrowing) {
                     heap.push((key, q));
                 }
             }
@@ -721,14 +788,14 @@ impl<'a> Round<'a> {
             }
             match self.try_place(q, job) {
                 Ok(()) => {
-                    if let Some(key) = self.head_key(q) {
+                    if let Some(key) = self.order_key(q, borrowing) {
                         heap.push((key, q));
                     }
                 }
                 Err(Blocked::Unrunnable(reason)) => {
                     self.wait(job.id, reason);
                     self.queues[q].heads.next();
-                    if let Some(key) = self.head_key(q) {
+                    if let Some(key) = self.order_key(q, borrowing) {
                         heap.push((key, q));
                     }
                 }

@@ -11,7 +11,10 @@ use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use quotient_common::job::LaunchFault;
 use quotient_common::{JobEvent, JobId, JobState, ShareSpec, ShareState, ShareUpdate, Strategy};
-use quotient_core::{plan, Command, NodeId, Outcome, PlanAction, PreemptionKind, State, StopCause};
+use quotient_core::{
+    apply, plan, plan_ordered, ApplyCtx, BorrowOrder, Command, NodeId, Outcome, PlanAction,
+    PreemptionKind, State, StopCause, DEFAULT_TOPOLOGY_KEY,
+};
 use support::*;
 
 const CLASSES: [&str; 2] = ["a10g", "h100-80gb"];
@@ -442,6 +445,7 @@ impl Model {
                 _ => {}
             }
         }
+        self.fair_order_keeps_the_rules(&before);
         self.sim.round();
         // A reserve share's idle quota is never used by another share: after others were
         // placed, at least that much stays free. GPUs kept free for a reserve share's
@@ -457,6 +461,55 @@ impl Model {
             assert!(
                 available >= reserved,
                 "class {c}: {available} free < {reserved} reserved idle"
+            );
+        }
+    }
+
+    /// The fair borrowing order decides differently, under the same rules: its plan applies
+    /// whole and leaves a valid state, with every reserve share's idle quota still free.
+    fn fair_order_keeps_the_rules(&self, before: &State) {
+        let fair = plan_ordered(
+            before,
+            &BTreeSet::new(),
+            DEFAULT_TOPOLOGY_KEY,
+            BorrowOrder::Fair,
+        );
+        if fair.is_empty() {
+            return;
+        }
+        // As for the default order: where a share that is not `reserve` was placed, the
+        // reserve shares' idle quota is still free after.
+        let placed_classes: BTreeSet<_> = fair
+            .actions
+            .iter()
+            .filter_map(|action| match action {
+                PlanAction::Place { job, .. } => before.job(*job),
+                _ => None,
+            })
+            .filter(|job| {
+                before
+                    .share(&job.spec.share)
+                    .is_some_and(|s| s.spec.strategy != Strategy::Reserve)
+            })
+            .map(|job| job.class().clone())
+            .collect();
+        let mut after = before.clone();
+        let ctx = ApplyCtx {
+            log_index: self.sim.log_index + 1,
+            time_ms: self.sim.time_ms + 10,
+        };
+        match apply(&mut after, Command::ApplyPlan(fair), ctx) {
+            Outcome::PlanApplied(report) => {
+                assert!(report.rejected.is_empty(), "the fair plan: {report:?}")
+            }
+            other => panic!("the fair plan was not applied: {other:?}"),
+        }
+        after.validate().expect("the state after the fair plan");
+        for c in placed_classes {
+            let reserved = reserved_unclaimed(&after, &c);
+            assert!(
+                after.index_available(&c) >= reserved,
+                "class {c}: the fair plan used reserved idle quota"
             );
         }
     }

@@ -815,3 +815,58 @@ fn a_captured_snapshot_is_the_state_at_capture_however_it_changes_after() {
     );
     assert_eq!(capture.into_bytes(), at_capture);
 }
+
+/// Borrowing, when idle GPUs are too few for every share that wants them: first come, first
+/// served by default; with the fair order, the share holding the least of its limit first.
+#[test]
+fn borrowers_take_idle_gpus_first_come_or_least_served_first() {
+    use quotient_core::{plan_ordered, BorrowOrder, DEFAULT_TOPOLOGY_KEY};
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 8);
+    sim.ok(Command::CreateShare(lab("a", 2, None, false)));
+    sim.ok(Command::CreateShare(lab("b", 2, None, false)));
+    sim.ok(Command::CreateShare(share("c", Strategy::Lend, 4)));
+    // `a` holds 4 GPUs (2 borrowed), `b` its 2, `c` 1 of its 4: one GPU is left idle.
+    for n in 0..4 {
+        sim.submit(job("a", &format!("a{n}"), 5, 1));
+    }
+    for n in 0..2 {
+        sim.submit(job("b", &format!("b{n}"), 5, 1));
+    }
+    sim.submit(job("c", "c0", 5, 1));
+    sim.settle();
+    assert_eq!(sim.account("a"), (4, 2, 0));
+    assert_eq!(sim.account("b"), (2, 0, 0));
+    // Both want the last idle GPU; `a`'s job came first.
+    let a_next = sim.submit(job("a", "a-next", 5, 1));
+    let b_next = sim.submit(job("b", "b-next", 5, 1));
+    let placed = |plan: &Plan| -> Vec<_> {
+        plan.actions
+            .iter()
+            .filter_map(|action| match action {
+                PlanAction::Place { job, .. } => Some(*job),
+                _ => None,
+            })
+            .collect()
+    };
+    let none = std::collections::BTreeSet::new();
+    let fifo = plan_ordered(&sim.state, &none, DEFAULT_TOPOLOGY_KEY, BorrowOrder::Fifo);
+    assert_eq!(placed(&fifo), vec![a_next]);
+    assert_eq!(
+        fifo,
+        plan(&sim.state),
+        "first come, first served is the default"
+    );
+    // `b` holds 2 of its 2 (100%), `a` 4 of its 2 (200%): `b` is further below its share.
+    let fair = plan_ordered(&sim.state, &none, DEFAULT_TOPOLOGY_KEY, BorrowOrder::Fair);
+    assert_eq!(placed(&fair), vec![b_next]);
+    // A higher priority does not jump the fair order across shares.
+    sim.ok(Command::UpdateJobPriority {
+        job: a_next,
+        priority: 9_000,
+    });
+    let fair = plan_ordered(&sim.state, &none, DEFAULT_TOPOLOGY_KEY, BorrowOrder::Fair);
+    assert_eq!(placed(&fair), vec![b_next]);
+    assert_eq!(BorrowOrder::parse("fair"), Some(BorrowOrder::Fair));
+    assert_eq!(BorrowOrder::parse("lifo"), None);
+}

@@ -101,6 +101,11 @@ struct Flags {
     /// stopped and it goes back to the queue, in milliseconds (default: 300000).
     #[arg(long)]
     gang_start_timeout_ms: Option<u64>,
+    /// Who borrows idle GPUs first when they are too few for every share that wants them:
+    /// fifo (priority, then submit order) or fair (the share holding the least of its limit
+    /// first) (default: fifo).
+    #[arg(long, value_parser = parse_borrow_order)]
+    borrow_order: Option<quotient_core::BorrowOrder>,
     /// How long a finished job stays in the live state after its end, e.g. 7d or 12h
     /// (default 7d); the job history keeps it longer.
     #[arg(long, value_parser = quotient_common::duration::parse_duration_ms)]
@@ -327,6 +332,9 @@ impl Flags {
         if let Some(value) = self.gang_start_timeout_ms {
             config.scheduling.gang_start_timeout_ms = value;
         }
+        if let Some(order) = self.borrow_order {
+            config.scheduling.borrow_order = order;
+        }
         if let Some(value) = self.retain_finished {
             config.retention.finished_ms = value;
         }
@@ -426,4 +434,9 @@ fn main() {
         eprintln!("hint: {}", hint(&error));
         std::process::exit(FAILURE_EXIT_CODE);
     }
+}
+
+fn parse_borrow_order(text: &str) -> Result<quotient_core::BorrowOrder, String> {
+    quotient_core::BorrowOrder::parse(text)
+        .ok_or_else(|| format!("unknown borrow order {text:?}; give fifo or fair"))
 }
