@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use quotient_eval::generate::{generate, GenerateOptions};
-use quotient_eval::{evaluate, read_design, read_trace, Comparison, Options, Policy};
+use quotient_eval::{evaluate, read_design, read_trace, BorrowOrder, Comparison, Options, Policy};
 
 use crate::output::OutputFormat;
 use crate::GlobalArgs;
@@ -34,6 +34,11 @@ pub struct WhatIfArgs {
     /// Seconds a job takes to exit after its checkpoint signal (at most its grace period).
     #[arg(long, value_name = "SECONDS", default_value_t = 20)]
     pub stop_s: u64,
+    /// Who borrows first when idle GPUs are too few: fifo (priority, then submit order: the
+    /// coordinators' order), fair (the share holding the least of its limit first), or both
+    /// (each policy runs with each).
+    #[arg(long, value_name = "ORDER", default_value = "fifo", value_parser = ["fifo", "fair", "both"], conflicts_with = "generate")]
+    pub borrow_order: String,
     /// Write a synthetic design and trace into --out instead: shares.toml, fleet.toml and
     /// jobs.jsonl.
     #[arg(long, requires = "out")]
@@ -88,17 +93,28 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
     } else {
         args.policy.clone()
     };
-    let options = Options {
-        stop_ms: args.stop_s.saturating_mul(1_000),
-        check: false,
+    let orders = match args.borrow_order.as_str() {
+        "both" => vec![BorrowOrder::Fifo, BorrowOrder::Fair],
+        order => vec![BorrowOrder::parse(order).context("a borrow order clap checked")?],
     };
     let mut runs = Vec::new();
     for design_path in std::iter::once(shares).chain(&args.compare) {
         let design = read_design(design_path, fleet)?;
         for policy in &policies {
-            let mut run = evaluate(&design, &jobs, *policy, options)?;
-            run.design = design_path.display().to_string();
-            runs.push(run);
+            for order in &orders {
+                // Static partitions borrow nothing: one run is enough.
+                if *policy == Policy::Static && *order != orders[0] {
+                    continue;
+                }
+                let options = Options {
+                    stop_ms: args.stop_s.saturating_mul(1_000),
+                    check: false,
+                    borrow_order: *order,
+                };
+                let mut run = evaluate(&design, &jobs, *policy, options)?;
+                run.design = design_path.display().to_string();
+                runs.push(run);
+            }
         }
     }
     let comparison = Comparison { runs };

@@ -126,6 +126,44 @@ fn a_generated_design_replays_with_every_policy_and_compares() {
         assert_eq!(share["borrowed_gpu_hours"], 0.0);
     }
 
+    assert!(runs.iter().all(|r| r["borrow_order"] == "fifo"));
+    let both = quotient(&[
+        "what-if",
+        "--shares",
+        &s,
+        "--fleet",
+        &f,
+        "--trace",
+        &t,
+        "--policy",
+        "quotient,static",
+        "--borrow-order",
+        "both",
+        "-o",
+        "json",
+    ]);
+    assert!(both.status.success(), "{}", text(&both.stderr));
+    let both: Value = serde_json::from_slice(&both.stdout).unwrap();
+    let runs: Vec<(&str, &str)> = both["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["policy"].as_str().unwrap(),
+                r["borrow_order"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("quotient", "fifo"),
+            ("quotient", "fair"),
+            ("static", "fifo")
+        ]
+    );
+
     let table = quotient(&[
         "what-if", "--shares", &s, "--fleet", &f, "--trace", &t, "--policy", "static",
     ]);

@@ -1,15 +1,16 @@
 //! The evaluation on a large generated trace: `cargo bench -p quotient-eval --bench evaluation`.
 //!
 //! Generates a month of arrivals for 8 shares on 1,024 GPUs (128 nodes of 8) at 85% offered
-//! load, seed 1, and replays it with each policy. Prints one JSON line per policy (its figures
-//! and how long the replay took), then one line of them all. `BENCH_GPUS`, `BENCH_DAYS`,
+//! load, seed 1, and replays it with each policy (borrowing first come, first served), and
+//! Quotient's once more with the fair borrowing order. Prints one JSON line per run (its
+//! figures and how long the replay took), then one line of them all. `BENCH_GPUS`, `BENCH_DAYS`,
 //! `BENCH_SEED` and `BENCH_LOAD` change the workload.
 
 use std::time::Instant;
 
 use quotient_eval::generate::{generate, GenerateOptions};
 use quotient_eval::trace::{parse_trace, write_trace};
-use quotient_eval::{evaluate, Design, Options, Policy};
+use quotient_eval::{evaluate, BorrowOrder, Design, Options, Policy};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -47,9 +48,17 @@ fn main() {
         began.elapsed().as_secs_f64()
     );
     let mut lines = Vec::new();
-    for policy in Policy::ALL {
+    let runs = Policy::ALL
+        .into_iter()
+        .map(|policy| (policy, BorrowOrder::Fifo))
+        .chain([(Policy::Quotient, BorrowOrder::Fair)]);
+    for (policy, borrow_order) in runs {
         let began = Instant::now();
-        let report = evaluate(&design, &jobs, policy, Options::default()).expect("the replay runs");
+        let replay = Options {
+            borrow_order,
+            ..Options::default()
+        };
+        let report = evaluate(&design, &jobs, policy, replay).expect("the replay runs");
         let replay_s = began.elapsed().as_secs_f64();
         let mut line = serde_json::to_value(&report).expect("a report encodes");
         line["bench"] = "evaluation".into();
@@ -57,9 +66,16 @@ fn main() {
         line["days"] = options.days.into();
         line["offered_load"] = options.load.into();
         line["replay_s"] = replay_s.into();
+        let worst_wait_h = report
+            .shares
+            .values()
+            .map(|s| s.queue_delay_s_max)
+            .fold(0.0, f64::max)
+            / 3_600.0;
         eprintln!(
-            "{}: utilisation {:.3} (under backlog {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
+            "{} ({} borrowing): longest wait {worst_wait_h:.1} h, utilisation {:.3} (under backlog {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
             policy.as_str(),
+            borrow_order.as_str(),
             report.utilisation,
             report.utilisation_under_backlog,
             report.lost_gpu_hours,
@@ -70,6 +86,8 @@ fn main() {
         println!("{line}");
         lines.push(serde_json::json!({
             "policy": policy.as_str(),
+            "borrow_order": borrow_order.as_str(),
+            "longest_wait_h": worst_wait_h,
             "utilisation": report.utilisation,
             "utilisation_under_backlog": report.utilisation_under_backlog,
             "lost_gpu_hours": report.lost_gpu_hours,

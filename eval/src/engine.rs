@@ -13,10 +13,13 @@
 //! GPUs ran past that checkpoint, signal-to-exit time included.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use quotient_common::{JobEvent, JobId, JobReport, JobSpec, JobState};
-use quotient_core::{apply, ApplyCtx, Command, Outcome, PlanAction, PreemptionKind, State};
+use quotient_core::{
+    apply, plan_ordered, ApplyCtx, BorrowOrder, Command, Outcome, PlanAction, PreemptionKind,
+    State, DEFAULT_TOPOLOGY_KEY,
+};
 
 use crate::design::Design;
 use crate::report::{percentile, ReclaimStats, RunReport, ShareReport};
@@ -67,6 +70,8 @@ pub struct Options {
     pub stop_ms: u64,
     /// Check every invariant of the state after each command (slow; for tests).
     pub check: bool,
+    /// Who borrows first when idle GPUs are too few for every share that wants them.
+    pub borrow_order: BorrowOrder,
 }
 
 impl Default for Options {
@@ -74,6 +79,7 @@ impl Default for Options {
         Options {
             stop_ms: 20_000,
             check: false,
+            borrow_order: BorrowOrder::Fifo,
         }
     }
 }
@@ -362,7 +368,12 @@ impl Engine<'_> {
     /// Rounds until one changes nothing.
     fn schedule(&mut self) -> Result<(), EvalError> {
         for _ in 0..ROUNDS_PER_INSTANT_MAX {
-            let plan = quotient_core::plan(&self.state);
+            let plan = plan_ordered(
+                &self.state,
+                &BTreeSet::new(),
+                DEFAULT_TOPOLOGY_KEY,
+                self.options.borrow_order,
+            );
             if plan.is_empty() {
                 return Ok(());
             }
@@ -481,6 +492,7 @@ impl Engine<'_> {
             let share = shares.get_mut(name).expect("made above");
             share.queue_delay_s_p50 = percentile(&waits, 50.0) as f64 / 1_000.0;
             share.queue_delay_s_p95 = percentile(&waits, 95.0) as f64 / 1_000.0;
+            share.queue_delay_s_max = waits.last().copied().unwrap_or(0) as f64 / 1_000.0;
         }
         for ((_, share, _), cell) in self.state.usage_between(EPOCH_MS, self.now_ms + 1) {
             if let Some(report) = shares.get_mut(share.as_str()) {
@@ -499,6 +511,7 @@ impl Engine<'_> {
         RunReport {
             policy: policy.as_str().to_string(),
             design: String::new(),
+            borrow_order: self.options.borrow_order.as_str().to_string(),
             gpus,
             jobs: self.jobs.len() as u64,
             completed,

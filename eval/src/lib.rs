@@ -23,6 +23,7 @@ pub mod trace;
 
 pub use design::{read_design, Design};
 pub use engine::{evaluate, Options, Policy};
+pub use quotient_core::BorrowOrder;
 pub use report::{Comparison, RunReport};
 pub use trace::{read_trace, Job, TraceJob};
 

@@ -12,6 +12,8 @@ pub struct RunReport {
     pub policy: String,
     /// Which design it ran on: the shares file's name (for `--compare`).
     pub design: String,
+    /// Who borrowed first when idle GPUs were too few: `fifo` or `fair`.
+    pub borrow_order: String,
     /// GPUs in the fleet.
     pub gpus: u64,
     pub jobs: u64,
@@ -68,6 +70,8 @@ pub struct ShareReport {
     /// From submit to first start.
     pub queue_delay_s_p50: f64,
     pub queue_delay_s_p95: f64,
+    /// The longest any of its jobs waited: a share starved of borrowing shows here.
+    pub queue_delay_s_max: f64,
     /// GPU-hours on its own quota, borrowed beyond it, and of its idle quota lent to others
     /// (the state machine's own accounting, as `quotient share usage` reports it).
     pub own_gpu_hours: f64,
@@ -125,11 +129,14 @@ impl Comparison {
     /// The runs side by side, then each run's shares.
     pub fn table(&self) -> String {
         let label = |run: &RunReport| {
-            if run.design.is_empty() {
-                run.policy.clone()
-            } else {
-                format!("{} ({})", run.policy, run.design)
+            let mut label = run.policy.clone();
+            if run.borrow_order != "fifo" && !run.borrow_order.is_empty() {
+                label.push_str(&format!(", {} borrowing", run.borrow_order));
             }
+            if !run.design.is_empty() {
+                label.push_str(&format!(" ({})", run.design));
+            }
+            label
         };
         let mut rows = vec![vec![
             "POLICY".to_string(),
@@ -171,6 +178,7 @@ impl Comparison {
                 "JOBS".into(),
                 "WAIT P50 S".into(),
                 "WAIT P95 S".into(),
+                "WAIT MAX S".into(),
                 "OWN GPU-H".into(),
                 "BORROWED GPU-H".into(),
                 "LENT GPU-H".into(),
@@ -183,6 +191,7 @@ impl Comparison {
                     share.jobs.to_string(),
                     format!("{:.0}", share.queue_delay_s_p50),
                     format!("{:.0}", share.queue_delay_s_p95),
+                    format!("{:.0}", share.queue_delay_s_max),
                     hours(share.own_gpu_hours),
                     hours(share.borrowed_gpu_hours),
                     hours(share.lent_gpu_hours),

@@ -174,3 +174,53 @@ fn lending_uses_the_fleet_better_than_static_partitions() {
     );
     assert_eq!(partitioned.preemptions_by_kind.get("reclaim"), None);
 }
+
+#[test]
+fn the_fair_order_lends_the_last_idle_gpu_to_the_share_holding_least_of_its_limit() {
+    use quotient_eval::BorrowOrder;
+    let shares = SharesFile::parse(
+        "[[share]]\nname = \"a\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 2 }\n\
+         [[share]]\nname = \"b\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 2 }\n\
+         [[share]]\nname = \"c\"\nstrategy = \"lend\"\nlimits = { h100 = 4 }\n",
+    )
+    .unwrap();
+    let fleet =
+        FleetFile::parse("[[pool]]\nclass = \"h100\"\nnodes = 1\ngpus_per_node = 8\n").unwrap();
+    let design = Design {
+        shares: shares.specs().unwrap(),
+        nodes: fleet.nodes().unwrap(),
+    };
+    // `a` holds 4 GPUs (200% of its limit), `b` 2 (100%), `c` 1: one GPU idle. At 10 s both
+    // borrowers want it, `a` first.
+    let mut trace = String::new();
+    for (share, count) in [("a", 4), ("b", 2), ("c", 1)] {
+        for _ in 0..count {
+            trace.push_str(&format!(
+                "{{\"submit_s\": 0, \"share\": \"{share}\", \"gpus\": 1, \"run_s\": 3600}}\n"
+            ));
+        }
+    }
+    trace.push_str("{\"submit_s\": 10, \"share\": \"a\", \"gpus\": 1, \"run_s\": 600}\n");
+    trace.push_str("{\"submit_s\": 10, \"share\": \"b\", \"gpus\": 1, \"run_s\": 600}\n");
+    let jobs = parse_trace(&trace).unwrap();
+    let with = |borrow_order| {
+        let options = Options {
+            check: true,
+            borrow_order,
+            ..Options::default()
+        };
+        evaluate(&design, &jobs, Policy::Quotient, options).unwrap()
+    };
+    let fifo = with(BorrowOrder::Fifo);
+    let fair = with(BorrowOrder::Fair);
+    assert_eq!(
+        (fifo.borrow_order.as_str(), fair.borrow_order.as_str()),
+        ("fifo", "fair")
+    );
+    // First come: `a`'s job borrows at once, `b`'s waits for it to end (600 s).
+    assert_eq!(fifo.shares["a"].queue_delay_s_max, 0.0);
+    assert_eq!(fifo.shares["b"].queue_delay_s_max, 600.0);
+    // Fair: `b`, holding the least of its limit, borrows first.
+    assert_eq!(fair.shares["b"].queue_delay_s_max, 0.0);
+    assert_eq!(fair.shares["a"].queue_delay_s_max, 600.0);
+}
