@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use quotient_eval::generate::{generate, GenerateOptions};
-use quotient_eval::{evaluate, read_design, read_trace, BorrowOrder, Comparison, Options, Policy};
+use quotient_eval::{
+    evaluate, read_design, read_trace, BorrowOrder, Comparison, Options, Policy, RunReport,
+};
 
-use crate::output::OutputFormat;
+use crate::output::{OutputFormat, Table};
 use crate::GlobalArgs;
 
 /// Arguments of `quotient what-if`.
@@ -120,7 +122,7 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
     let comparison = Comparison { runs };
     match global.output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&comparison)?),
-        _ => print!("{}", comparison.table()),
+        _ => print!("{}", comparison_table(&comparison)),
     }
     Ok(())
 }
@@ -216,4 +218,82 @@ fn write_generated(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()>
         }
     }
     Ok(())
+}
+
+/// The runs side by side, then each run's shares.
+fn comparison_table(comparison: &Comparison) -> String {
+    let label = |run: &RunReport| {
+        let mut label = run.policy.clone();
+        if run.borrow_order != "fifo" && !run.borrow_order.is_empty() {
+            label.push_str(&format!(", {} borrowing", run.borrow_order));
+        }
+        if !run.design.is_empty() {
+            label.push_str(&format!(" ({})", run.design));
+        }
+        label
+    };
+    let hours = |value: f64| format!("{value:.1}");
+    let mut runs = Table::new(&[
+        "POLICY",
+        "UTILISATION",
+        "UNDER BACKLOG",
+        "LOST GPU-H",
+        "PREEMPTIONS",
+        "LOOPS (>3)",
+        "RECLAIM P50/P95 S",
+        "NEVER STARTED",
+    ]);
+    for run in &comparison.runs {
+        runs.row(vec![
+            label(run),
+            format!("{:.1}%", run.utilisation * 100.0),
+            format!("{:.1}%", run.utilisation_under_backlog * 100.0),
+            hours(run.lost_gpu_hours),
+            run.preemptions.to_string(),
+            run.jobs_preempted_over_3.to_string(),
+            format!(
+                "{:.0}/{:.0}",
+                run.reclaims.latency_s_p50, run.reclaims.latency_s_p95
+            ),
+            run.never_started.to_string(),
+        ]);
+    }
+    let mut out = runs.render();
+    for run in &comparison.runs {
+        out.push_str(&format!(
+            "\n{}: {} jobs on {} GPUs, {:.1} h window\n",
+            label(run),
+            run.jobs,
+            run.gpus,
+            run.window_hours
+        ));
+        let mut shares = Table::new(&[
+            "SHARE",
+            "JOBS",
+            "WAIT P50 S",
+            "WAIT P95 S",
+            "WAIT MAX S",
+            "OWN GPU-H",
+            "BORROWED GPU-H",
+            "LENT GPU-H",
+            "PREEMPTIONS",
+            "LOST GPU-H",
+        ]);
+        for (name, share) in &run.shares {
+            shares.row(vec![
+                name.clone(),
+                share.jobs.to_string(),
+                format!("{:.0}", share.queue_delay_s_p50),
+                format!("{:.0}", share.queue_delay_s_p95),
+                format!("{:.0}", share.queue_delay_s_max),
+                hours(share.own_gpu_hours),
+                hours(share.borrowed_gpu_hours),
+                hours(share.lent_gpu_hours),
+                share.preemptions.to_string(),
+                hours(share.lost_gpu_hours),
+            ]);
+        }
+        out.push_str(&shares.render());
+    }
+    out
 }

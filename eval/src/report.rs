@@ -1,7 +1,7 @@
-//! What a run reports, as JSON (`{"runs": [...]}`) and as tables.
+//! What a run reports: the document `quotient what-if -o json` prints (`{"runs": [...]}`);
+//! the CLI renders the same figures as tables.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
@@ -95,114 +95,6 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn pad(table: &[Vec<String>]) -> String {
-    let columns = table.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            table
-                .iter()
-                .filter_map(|row| row.get(c))
-                .map(|cell| cell.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in table {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
-    out
-}
-
-fn hours(value: f64) -> String {
-    format!("{value:.1}")
-}
-
-impl Comparison {
-    /// The runs side by side, then each run's shares.
-    pub fn table(&self) -> String {
-        let label = |run: &RunReport| {
-            let mut label = run.policy.clone();
-            if run.borrow_order != "fifo" && !run.borrow_order.is_empty() {
-                label.push_str(&format!(", {} borrowing", run.borrow_order));
-            }
-            if !run.design.is_empty() {
-                label.push_str(&format!(" ({})", run.design));
-            }
-            label
-        };
-        let mut rows = vec![vec![
-            "POLICY".to_string(),
-            "UTILISATION".into(),
-            "UNDER BACKLOG".into(),
-            "LOST GPU-H".into(),
-            "PREEMPTIONS".into(),
-            "LOOPS (>3)".into(),
-            "RECLAIM P50/P95 S".into(),
-            "NEVER STARTED".into(),
-        ]];
-        for run in &self.runs {
-            rows.push(vec![
-                label(run),
-                format!("{:.1}%", run.utilisation * 100.0),
-                format!("{:.1}%", run.utilisation_under_backlog * 100.0),
-                hours(run.lost_gpu_hours),
-                run.preemptions.to_string(),
-                run.jobs_preempted_over_3.to_string(),
-                format!(
-                    "{:.0}/{:.0}",
-                    run.reclaims.latency_s_p50, run.reclaims.latency_s_p95
-                ),
-                run.never_started.to_string(),
-            ]);
-        }
-        let mut out = pad(&rows);
-        for run in &self.runs {
-            let _ = writeln!(
-                out,
-                "\n{}: {} jobs on {} GPUs, {:.1} h window",
-                label(run),
-                run.jobs,
-                run.gpus,
-                run.window_hours
-            );
-            let mut rows = vec![vec![
-                "SHARE".to_string(),
-                "JOBS".into(),
-                "WAIT P50 S".into(),
-                "WAIT P95 S".into(),
-                "WAIT MAX S".into(),
-                "OWN GPU-H".into(),
-                "BORROWED GPU-H".into(),
-                "LENT GPU-H".into(),
-                "PREEMPTIONS".into(),
-                "LOST GPU-H".into(),
-            ]];
-            for (name, share) in &run.shares {
-                rows.push(vec![
-                    name.clone(),
-                    share.jobs.to_string(),
-                    format!("{:.0}", share.queue_delay_s_p50),
-                    format!("{:.0}", share.queue_delay_s_p95),
-                    format!("{:.0}", share.queue_delay_s_max),
-                    hours(share.own_gpu_hours),
-                    hours(share.borrowed_gpu_hours),
-                    hours(share.lent_gpu_hours),
-                    share.preemptions.to_string(),
-                    hours(share.lost_gpu_hours),
-                ]);
-            }
-            out.push_str(&pad(&rows));
-        }
-        out
-    }
 }
 
 #[cfg(test)]
