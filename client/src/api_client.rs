@@ -23,9 +23,16 @@
 //!   the others are, until none is left. A write it refused may still be applied by the
 //!   others, so one that is not safe to send twice fails as [`ClientError::Uncertain`].
 //! - A request whose answer was lost after it was sent may have been carried out, so it is
-//!   sent again only when that is harmless ([`is_retry_safe`]: reads, and submits with an
-//!   idempotency key). Any other write fails as [`ClientError::Uncertain`], for the caller to
-//!   check; so does a retried write whose deadline ran out after one of its answers was lost.
+//!   sent again only when that is harmless ([`is_retry_safe`]: reads, submits with an
+//!   idempotency key, and the writes that travel in the client's session). Any other write
+//!   fails as [`ClientError::Uncertain`], for the caller to check; so does a retried write
+//!   whose deadline ran out after one of its answers was lost.
+//! - Each client (and its clones) is one write session: every write that
+//!   [`ApiRequest::is_session_write`] names is numbered and sent as [`ApiRequest::InSession`]
+//!   with the lowest number still waiting for an answer ([`WriteTag`]), every copy of it
+//!   with the same number. The coordinators apply each number once, and drop a late copy of a
+//!   write this client is done with, so that a copy held up in a stalled coordinator cannot
+//!   undo a newer write when it finally reaches the leader.
 //!
 //! The coordinator's forwarding to the leader, the command line (through its synchronous
 //! wrapper), the tests and the benchmarks all use this one client, so they follow the same
@@ -35,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
+use quotient_common::api::{ApiError, ApiRequest, ApiResponse, WriteTag};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
 use quotient_common::transport;
 use quotient_common::ClusterId;
@@ -52,7 +59,7 @@ pub struct ApiClient<E: Exchange = QuicExchange> {
     exchange: Arc<E>,
     addresses: Arc<Vec<String>>,
     policy: RetryPolicy,
-    state: Arc<Mutex<ClientState>>,
+    pub(crate) state: Arc<Mutex<ClientState>>,
 }
 
 impl<E: Exchange> Clone for ApiClient<E> {
@@ -68,7 +75,7 @@ impl<E: Exchange> Clone for ApiClient<E> {
 
 /// What a client learnt from earlier calls.
 #[derive(Debug, Default)]
-struct ClientState {
+pub(crate) struct ClientState {
     /// The address that last answered (the leader, most likely): the next call starts there.
     preferred: Option<String>,
     /// Set once a follower redirected a call to an address this client could not reach and
@@ -79,6 +86,97 @@ struct ClientState {
     /// its deadline whatever [`RetryPolicy::fail_fast_unreachable`] says (a restart, a
     /// failover).
     reached: bool,
+    /// The write session (module docs).
+    session: WriteSession,
+}
+
+/// A client's write session: its random id, the number of its last write, and the numbers of
+/// its writes still waiting for an answer.
+#[derive(Debug)]
+struct WriteSession {
+    id: u64,
+    last_seq: u64,
+    in_flight: BTreeSet<u64>,
+}
+
+impl Default for WriteSession {
+    fn default() -> Self {
+        WriteSession {
+            id: random_session_id(),
+            last_seq: 0,
+            in_flight: BTreeSet::new(),
+        }
+    }
+}
+
+/// A random session id: from the system's generator, or, should it fail, from the clock and
+/// the process id (two clients with one id would drop each other's writes as late copies).
+fn random_session_id() -> u64 {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_ok() {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 40)
+}
+
+/// One write of the session in flight; its number leaves the in-flight set when dropped,
+/// answered or not (a call cancelled by its caller included).
+pub(crate) struct SessionWrite {
+    state: Arc<Mutex<ClientState>>,
+    session: u64,
+    seq: u64,
+}
+
+impl SessionWrite {
+    pub(crate) fn begin(state: &Arc<Mutex<ClientState>>) -> SessionWrite {
+        let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);
+        let session = &mut guard.session;
+        session.last_seq += 1;
+        let seq = session.last_seq;
+        session.in_flight.insert(seq);
+        SessionWrite {
+            state: Arc::clone(state),
+            session: session.id,
+            seq,
+        }
+    }
+
+    /// `request` tagged with this write's number and the lowest still in flight now.
+    pub(crate) fn wrap(&self, request: &ApiRequest) -> ApiRequest {
+        let low = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .session
+            .in_flight
+            .first()
+            .copied()
+            .unwrap_or(self.seq)
+            .min(self.seq);
+        ApiRequest::InSession {
+            tag: WriteTag {
+                session: self.session,
+                seq: self.seq,
+                low,
+            },
+            request: Box::new(request.clone()),
+        }
+    }
+}
+
+impl Drop for SessionWrite {
+    fn drop(&mut self) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .session
+            .in_flight
+            .remove(&self.seq);
+    }
 }
 
 impl ApiClient<QuicExchange> {
@@ -271,12 +369,20 @@ impl<E: Exchange> ApiClient<E> {
         let (call_deadline, attempt_deadline) = self.policy.deadlines(&request);
         let started = Instant::now();
         let deadline = started + call_deadline;
-        let retry_safe = is_retry_safe(&request);
         let write = request.is_write();
         let wrapped = matches!(
             request,
             ApiRequest::ViaLeader(_) | ApiRequest::Forwarded { .. }
         );
+        // Held until the call returns: the write is in flight until then.
+        let session_write = request
+            .is_session_write()
+            .then(|| SessionWrite::begin(&self.state));
+        let retry_safe = is_retry_safe(&request) || session_write.is_some();
+        let request = match &session_write {
+            Some(session_write) => session_write.wrap(&request),
+            None => request,
+        };
         // What each address said last, for the final error.
         let mut last_errors: BTreeMap<String, String> = BTreeMap::new();
         let mut next: Option<String> = self.lock().preferred.clone();

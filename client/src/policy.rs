@@ -97,9 +97,14 @@ impl RetryPolicy {
     }
 }
 
-/// Whether sending `request` twice is harmless: reads, and submits with an idempotency key
-/// (the leader answers a repeated key with the first submit's job).
+/// Whether sending `request` twice is harmless: reads, submits with an idempotency key (the
+/// leader answers a repeated key with the first submit's job), and writes tagged with their
+/// client's session ([`ApiRequest::InSession`]; the leader applies each once).
 pub fn is_retry_safe(request: &ApiRequest) -> bool {
+    if request.write_tag().is_some() {
+        // The coordinators apply each write of a session once, however many copies come.
+        return true;
+    }
     match request.unwrapped() {
         ApiRequest::SubmitJob(spec) => spec.idempotency_key.is_some(),
         other => !other.is_write(),

@@ -206,11 +206,16 @@ fn a_killed_leader_that_a_follower_still_names_is_not_waited_on_nor_forwarded_to
         .script("b:1", not_leader(Some("c:1")))
         .script("c:1", Ok(ApiResponse::Done))
         .down("a:1");
-    let submit = ApiRequest::CancelJob { job: JobId(1) };
-    let (answer, tried, sent) = run(fake, &submit, &fast());
+    let cancel = ApiRequest::CancelJob { job: JobId(1) };
+    let (answer, tried, sent) = run(fake, &cancel, &fast());
     assert_eq!(answer.unwrap(), ApiResponse::Done);
     assert_eq!(tried, ["b:1", "a:1", "b:1", "a:1", "b:1", "c:1"]);
-    assert!(sent.iter().all(|request| *request == submit), "{sent:?}");
+    // Every copy is the same write of the session, never wrapped to be forwarded.
+    assert!(
+        matches!(&sent[0], ApiRequest::InSession { tag, request } if tag.seq == 1 && tag.low == 1 && **request == cancel),
+        "{sent:?}"
+    );
+    assert!(sent.iter().all(|request| *request == sent[0]), "{sent:?}");
 }
 
 #[test]
@@ -341,19 +346,34 @@ fn no_reachable_coordinator_fails_after_one_sweep_when_failing_fast() {
 }
 
 #[test]
-fn a_lost_write_is_not_retried_but_a_keyed_submit_is() {
-    // Proves only retry-safe requests are sent again after a lost answer.
+fn a_lost_write_is_not_retried_but_a_keyed_submit_and_a_session_write_are() {
+    // Proves only retry-safe requests are sent again after a lost answer: a write outside the
+    // session (an access key's creation) is not; a keyed submit is, and so is a write of the
+    // session, with the same tag.
     let lost = || Err(ExchangeError::Lost("connection lost".into()));
     let fake = FakeExchange::default()
         .script("a:1", lost())
         .script("b:1", Ok(ApiResponse::Done));
-    let cancel = ApiRequest::CancelJob { job: JobId(1) };
-    let (answer, tried, _) = run(fake, &cancel, &fast());
+    let create = ApiRequest::CreateAccessKey {
+        user: "alice".into(),
+        admin: false,
+    };
+    let (answer, tried, _) = run(fake, &create, &fast());
     let error = answer.unwrap_err();
     assert!(matches!(error, ClientError::Uncertain(_)), "{error:?}");
     assert_eq!(error.code(), ErrorCode::Uncertain);
     assert!(error.to_string().contains("may or may not"), "{error}");
     assert_eq!(tried, ["a:1"]);
+
+    let fake = FakeExchange::default()
+        .script("a:1", lost())
+        .script("b:1", Ok(ApiResponse::Done));
+    let cancel = ApiRequest::CancelJob { job: JobId(1) };
+    let (answer, tried, sent) = run(fake, &cancel, &fast());
+    assert_eq!(answer.unwrap(), ApiResponse::Done);
+    assert_eq!(tried, ["a:1", "b:1"]);
+    assert_eq!(sent[0], sent[1], "the retry is the same write");
+    assert!(sent[0].write_tag().is_some(), "{sent:?}");
 
     let mut spec = JobSpec::new("qs1", 1, 1, vec!["true".into()]);
     spec.idempotency_key = Some("k".into());
@@ -387,7 +407,7 @@ fn a_keyed_submit_whose_answers_were_lost_ends_uncertain_not_unavailable() {
 }
 
 #[test]
-fn a_coordinator_that_could_not_commit_in_time_is_asked_again_only_for_a_keyed_submit() {
+fn a_coordinator_that_could_not_commit_in_time_is_asked_again_for_a_keyed_submit_only() {
     // Proves the coordinator's own Uncertain (its deadline passed with the write proposed)
     // is retried for an idempotent submit and returned for any other write.
     let uncertain = || {
@@ -395,11 +415,14 @@ fn a_coordinator_that_could_not_commit_in_time_is_asked_again_only_for_a_keyed_s
             "no commit within 10000 ms".into(),
         )))
     };
-    let cancel = ApiRequest::CancelJob { job: JobId(1) };
+    let create = ApiRequest::CreateAccessKey {
+        user: "alice".into(),
+        admin: false,
+    };
     let fake = FakeExchange::default()
         .script("a:1", uncertain())
         .script("b:1", Ok(ApiResponse::Done));
-    let (answer, tried, _) = run(fake, &cancel, &fast());
+    let (answer, tried, _) = run(fake, &create, &fast());
     assert_eq!(answer.unwrap_err().code(), ErrorCode::Uncertain);
     assert_eq!(tried, ["a:1"]);
 
@@ -507,4 +530,42 @@ fn a_coordinator_whose_raft_stopped_is_left_for_the_others() {
         started.elapsed() < Duration::from_secs(10),
         "waited for the deadline"
     );
+}
+
+#[test]
+fn a_session_numbers_its_writes_and_names_the_lowest_in_flight() {
+    // Proves the tags a client's writes carry: one session for the client and its clones,
+    // numbers from 1, `low` the oldest write still waiting (so a write that ended, answered
+    // or not, raises it), and none on reads, submits or writes outside the session.
+    let fake = FakeExchange::default();
+    let client = ApiClient::with_exchange(fake, addresses(), fast()).unwrap();
+    let first = crate::api_client::SessionWrite::begin(&client.state);
+    let second = crate::api_client::SessionWrite::begin(&client.clone().state);
+    let cancel = ApiRequest::CancelJob { job: JobId(1) };
+    let tag = |write: &crate::api_client::SessionWrite| *write.wrap(&cancel).write_tag().unwrap();
+    let (one, two) = (tag(&first), tag(&second));
+    assert_eq!(one.session, two.session);
+    assert_eq!((one.seq, one.low), (1, 1));
+    assert_eq!((two.seq, two.low), (2, 1));
+    drop(first);
+    assert_eq!(tag(&second).low, 2);
+    drop(second);
+    let third = crate::api_client::SessionWrite::begin(&client.state);
+    assert_eq!((tag(&third).seq, tag(&third).low), (3, 3));
+    let other = ApiClient::with_exchange(FakeExchange::default(), addresses(), fast()).unwrap();
+    let elsewhere = crate::api_client::SessionWrite::begin(&other.state);
+    assert_ne!(
+        tag(&elsewhere).session,
+        one.session,
+        "another client, another session"
+    );
+    assert!(!ApiRequest::ListShares.is_session_write());
+    assert!(
+        !ApiRequest::SubmitJob(JobSpec::new("qs1", 1, 1, vec!["true".into()])).is_session_write()
+    );
+    assert!(!ApiRequest::CreateAccessKey {
+        user: "a".into(),
+        admin: false
+    }
+    .is_session_write());
 }

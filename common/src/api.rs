@@ -232,6 +232,50 @@ pub enum ApiRequest {
     GetServiceJob {
         job: JobId,
     },
+    /// `request`, one write of a client's session ([`WriteTag`]): the coordinators apply it
+    /// at most once, however many copies of it reach them. Only the writes that
+    /// [`ApiRequest::is_session_write`] names may be wrapped; a client wraps them outside
+    /// [`ApiRequest::ViaLeader`] and inside [`ApiRequest::InCluster`].
+    InSession {
+        tag: WriteTag,
+        request: Box<ApiRequest>,
+    },
+}
+
+/// Which write of which client session a request is (the Raft dissertation's §6.3).
+///
+/// A write whose answer was lost may be sent again, and a copy of it may sit in a stalled
+/// coordinator's socket and reach the leader seconds later, after the client's newer writes:
+/// without the tag, that late copy would undo them. Each client process picks a random
+/// `session`, numbers its writes `seq` from 1 (every copy of one write, retries included,
+/// carries the same number), and tells the coordinators `low`: the lowest number of its
+/// writes still waiting for an answer. The state machine applies each `(session, seq)` at
+/// most once and drops any copy whose number is below the session's highest `low` seen, so a
+/// late copy of a write the client is done with changes nothing
+/// (`quotient_core::sessions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WriteTag {
+    pub session: u64,
+    pub seq: u64,
+    pub low: u64,
+}
+
+impl WriteTag {
+    /// Whether the tag holds together: numbers start at 1, and the lowest write in flight
+    /// is at most this one.
+    pub fn check(&self) -> Result<(), String> {
+        if self.seq == 0 || self.low == 0 {
+            return Err("a write's sequence numbers start at 1".to_string());
+        }
+        if self.low > self.seq {
+            return Err(format!(
+                "write {} of a session cannot have {} as its lowest write in flight: it is in \
+                 flight itself",
+                self.seq, self.low
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ApiRequest {
@@ -260,8 +304,20 @@ impl ApiRequest {
         match self {
             ApiRequest::ViaLeader(request)
             | ApiRequest::Forwarded { request, .. }
-            | ApiRequest::InCluster { request, .. } => request.unwrapped(),
+            | ApiRequest::InCluster { request, .. }
+            | ApiRequest::InSession { request, .. } => request.unwrapped(),
             request => request,
+        }
+    }
+
+    /// The session tag of the write inside the request's wrappers, if it travels in one.
+    pub fn write_tag(&self) -> Option<&WriteTag> {
+        match self {
+            ApiRequest::InSession { tag, .. } => Some(tag),
+            ApiRequest::ViaLeader(request)
+            | ApiRequest::Forwarded { request, .. }
+            | ApiRequest::InCluster { request, .. } => request.write_tag(),
+            _ => None,
         }
     }
 
@@ -340,7 +396,33 @@ impl ApiRequest {
             ApiRequest::ListAwsObjects { .. } => "ListAwsObjects",
             ApiRequest::SubmitServiceJob { .. } => "SubmitServiceJob",
             ApiRequest::GetServiceJob { .. } => "GetServiceJob",
+            ApiRequest::InSession { .. } => "InSession",
         }
+    }
+
+    /// Whether the request is a write that answers `Done` and may travel in a client's session
+    /// ([`ApiRequest::InSession`]), so that sending it twice applies it once. Submits are not:
+    /// their idempotency key does that, and their answer is the job.
+    pub fn is_session_write(&self) -> bool {
+        matches!(
+            self,
+            ApiRequest::CreateShare(_)
+                | ApiRequest::UpdateShare { .. }
+                | ApiRequest::DeleteShare { .. }
+                | ApiRequest::UpdateJobPriority { .. }
+                | ApiRequest::CancelJob { .. }
+                | ApiRequest::CordonNode { .. }
+                | ApiRequest::UncordonNode { .. }
+                | ApiRequest::DrainNode { .. }
+                | ApiRequest::RemoveNode { .. }
+                | ApiRequest::CreateGroup { .. }
+                | ApiRequest::UpdateGroup { .. }
+                | ApiRequest::DeleteGroup { .. }
+                | ApiRequest::Revoke { .. }
+                | ApiRequest::Unrevoke { .. }
+                | ApiRequest::DeleteAccessKey { .. }
+                | ApiRequest::PutAwsObject { .. }
+        )
     }
 
     /// Whether only an admin may send it: share, node and membership management.

@@ -50,9 +50,12 @@ pub struct Encoding {
 /// history and share usage, a removed job's rejection; the CLI and the coordinators of this
 /// release go together. Version 5: backups (`Backup`) and events (`Events`); again together.
 /// Version 6: access keys for the AWS endpoint (`CreateAccessKey`...); again together.
+/// Version 7: writes in a client's session (`InSession`, added at the end), so that a late
+/// copy of a write is applied once; version 6 is still read and answered, so a CLI of the
+/// previous release works with these coordinators (without sessions).
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
-    current: 6,
+    current: 7,
     oldest: 6,
 };
 
@@ -73,11 +76,12 @@ pub const AGENT_WIRE: Encoding = Encoding {
 /// has no version 3 form, so coordinators of 3 and 4 do not replicate to each other: upgrade
 /// them together (docs/operations.md). Version 5 carries [`SNAPSHOT_STATE`] 5 (the events),
 /// which version 4 cannot read: upgrade them together again. Version 6 carries [`RAFT_LOG`] 5
-/// and [`SNAPSHOT_STATE`] 6 (the AWS endpoint's state): together again.
+/// and [`SNAPSHOT_STATE`] 6 (the AWS endpoint's state): together again. Version 7 carries
+/// [`RAFT_LOG`] 6 and [`SNAPSHOT_STATE`] 7 (client write sessions): together again.
 pub const RAFT_WIRE: Encoding = Encoding {
     name: "the Raft protocol",
-    current: 6,
-    oldest: 6,
+    current: 7,
+    oldest: 7,
 };
 
 /// The Raft log on disk: every log entry (the coordinator's `Request`: a batch of
@@ -91,9 +95,11 @@ pub const RAFT_WIRE: Encoding = Encoding {
 /// once their retention is over and prunes old usage (version 3's entries read as they are).
 /// Version 5: the AWS endpoint's commands (`CreateAccessKey`, `DeleteAccessKey`,
 /// `PutAwsObject`, `SubmitServiceJob`), added at the end (version 4's entries read as they are).
+/// Version 6: a client's write in its session (`InSession`), added at the end (version 5's
+/// entries read as they are).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
-    current: 5,
+    current: 6,
     oldest: 1,
 };
 
@@ -115,10 +121,11 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 /// (`quotient_core::v3` reads version 3). Version 5: the recent events
 /// (`quotient_core::events`; `quotient_core::v4` reads version 4). Version 6: the AWS
 /// endpoint's access keys, objects and service jobs (`quotient_core::aws`; `quotient_core::v5`
-/// reads version 5).
+/// reads version 5). Version 7: the clients' write sessions (`quotient_core::sessions`;
+/// `quotient_core::v6` reads version 6).
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
-    current: 6,
+    current: 7,
     oldest: 1,
 };
 

@@ -38,7 +38,7 @@ use openraft::{BasicNode, ChangeMembers};
 use quotient_client::{ApiClient, ClientError, QuicExchange, RetryPolicy};
 use quotient_common::api::{
     how_to_narrow, parse_history_page_token, parse_job_page_token, parse_node_page_token, ApiError,
-    ApiRequest, ApiResponse, EventPage, HealthView, API_FRAME_BYTES_MAX, EVENT_PAGE_MAX,
+    ApiRequest, ApiResponse, EventPage, HealthView, WriteTag, API_FRAME_BYTES_MAX, EVENT_PAGE_MAX,
     JOB_PAGE_DEFAULT, JOB_PAGE_MAX, NODE_PAGE_MAX,
 };
 use quotient_common::certs::{PeerIdentity, Role};
@@ -181,6 +181,39 @@ fn unwrap_request(
     Ok((caller, request, via_leader))
 }
 
+tokio::task_local! {
+    /// The session tag of the write being answered, if its client sent one: the writes made
+    /// through [`ApiService::write_done_as`] carry it into the log (`Command::InSession`).
+    static WRITE_TAG: Option<WriteTag>;
+}
+
+/// `request` out of its [`ApiRequest::InSession`] wrapper, with the tag; refused when the
+/// wrapper holds what may not travel in a session, or the tag does not hold together.
+fn out_of_session(request: ApiRequest) -> Result<(Option<WriteTag>, ApiRequest), ApiError> {
+    let ApiRequest::InSession { tag, request } = request else {
+        return Ok((None, request));
+    };
+    if !request.is_session_write() {
+        return Err(ApiError::BadRequest(format!(
+            "a {} request cannot travel in a write session; send it bare",
+            request.name()
+        )));
+    }
+    tag.check().map_err(ApiError::BadRequest)?;
+    Ok((Some(tag), *request))
+}
+
+/// `request` back in its session's wrapper, to forward it whole.
+fn in_session(tag: Option<WriteTag>, request: ApiRequest) -> ApiRequest {
+    match tag {
+        Some(tag) => ApiRequest::InSession {
+            tag,
+            request: Box::new(request),
+        },
+        None => request,
+    }
+}
+
 /// `command` made for `caller`: an admin's or a user's is checked and audited by `apply`
 /// ([`Command::As`]); another role's (none reaches a write) as it is.
 fn as_caller(caller: &PeerIdentity, command: Command) -> Command {
@@ -318,6 +351,13 @@ impl ApiService {
                 return ApiResponse::Error(error);
             }
         };
+        let (tag, request) = match out_of_session(request) {
+            Ok(parts) => parts,
+            Err(error) => {
+                tracing::warn!(%peer, error = %error, "refused a wrapped api request");
+                return ApiResponse::Error(error);
+            }
+        };
         let peer = &caller;
         let revoked = self
             .inner
@@ -346,8 +386,9 @@ impl ApiService {
         let started = tokio::time::Instant::now();
         let write = request.is_write();
         let kind = request.name();
-        let forwardable = via_leader.then(|| request.clone());
-        let answer = tokio::time::timeout(deadline, self.answer(peer, request)).await;
+        let forwardable = via_leader.then(|| in_session(tag, request.clone()));
+        let answer =
+            tokio::time::timeout(deadline, WRITE_TAG.scope(tag, self.answer(peer, request))).await;
         let response = match answer {
             Ok(Ok(response)) => response,
             Ok(Err(ApiError::NotLeader {
@@ -1009,13 +1050,22 @@ impl ApiService {
         self.write(command).await.map(|_| ApiResponse::Done)
     }
 
-    /// [`Self::write_done`] of `command` made for `caller` ([`Command::As`]).
+    /// [`Self::write_done`] of `command` made for `caller` ([`Command::As`]), in the client's
+    /// write session when it sent one ([`WRITE_TAG`]).
     async fn write_done_as(
         &self,
         caller: &PeerIdentity,
         command: Command,
     ) -> Result<ApiResponse, ApiError> {
-        self.write_done(as_caller(caller, command)).await
+        let command = as_caller(caller, command);
+        let command = match WRITE_TAG.try_with(|tag| *tag).ok().flatten() {
+            Some(tag) => Command::InSession {
+                tag,
+                command: Box::new(command),
+            },
+            None => command,
+        };
+        self.write_done(command).await
     }
 
     /// Records in the audit log that `caller` was refused `action` for lack of rights. Off the

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use quotient_client::{ApiClient, ClientError};
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::{JobId, JobSpec};
-use support::{create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, submit, Cluster};
+use support::{
+    create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, poll_until, submit, Cluster,
+};
 
 /// A call to the cut-off leader gives up after this, within one attempt's deadline
 /// (`quotient_client::policy::ATTEMPT_DEADLINE_MS`): its answer never comes.
@@ -278,4 +280,150 @@ async fn a_frozen_leader_resumes_as_a_follower_and_a_write_sent_to_it_lands_once
             .count();
         assert_eq!(landed_times, 1, "coordinator {id}");
     }
+}
+
+/// Share `team`'s borrow limit set to `percent`: the write the next test sends, bare or as
+/// write `seq` of a client session whose lowest write in flight is `low`.
+fn borrow_update(percent: u32, tag: Option<(u64, u64)>) -> ApiRequest {
+    let update = ApiRequest::UpdateShare {
+        name: "team".into(),
+        update: quotient_common::ShareUpdate {
+            borrow_limit_percent: Some(Some(percent)),
+            ..quotient_common::ShareUpdate::default()
+        },
+    };
+    match tag {
+        None => update,
+        Some((seq, low)) => ApiRequest::InSession {
+            tag: quotient_common::api::WriteTag {
+                session: 0x5e55_1011,
+                seq,
+                low,
+            },
+            request: Box::new(update),
+        },
+    }
+}
+
+/// Share `team`'s borrow limit as the leader has it.
+async fn borrow_limit(client: &ApiClient) -> Option<u32> {
+    match client
+        .call(ApiRequest::GetShare {
+            name: "team".into(),
+        })
+        .await
+    {
+        Ok(ApiResponse::Share(view)) => view.borrow_limit_percent,
+        other => panic!("reading share team failed: {other:?}"),
+    }
+}
+
+/// Sends `first` to the frozen `follower` to be forwarded to the leader, then `retry` and
+/// `newer` to the leader, and resumes the follower, which then serves the held-up copy.
+async fn late_copy_through_a_frozen_follower(
+    cluster: &Cluster,
+    follower: u64,
+    first: ApiRequest,
+    retry: ApiRequest,
+    newer: ApiRequest,
+) {
+    let admin = cluster.admin();
+    // A connection to the follower, opened before it freezes, so that the write reaches its
+    // socket and waits there.
+    let address = cluster.address(follower);
+    let to_follower = cluster.client_of("alice", vec![address.clone()]);
+    to_follower
+        .call_one(&address, ApiRequest::Health, Duration::from_secs(5))
+        .await
+        .expect("the follower answers before it freezes");
+    cluster.pause(follower);
+    let held = to_follower
+        .call_one(
+            &address,
+            ApiRequest::ViaLeader(Box::new(first)),
+            Duration::from_secs(1),
+        )
+        .await;
+    eprintln!("the write sent to the frozen follower: {held:?}");
+    assert!(
+        held.is_err(),
+        "a frozen coordinator cannot answer: {held:?}"
+    );
+    // The client sends it again, has its answer, and moves on to a newer write.
+    for request in [retry, newer] {
+        let answer = admin.call(request).await;
+        assert!(matches!(answer, Ok(ApiResponse::Done)), "{answer:?}");
+    }
+    assert_eq!(borrow_limit(&admin).await, Some(20));
+    cluster.resume(follower);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_write_held_by_a_frozen_follower_does_not_undo_a_newer_one() {
+    // Proves the fix of what quotient-chaos found (seed 20261205, episode 816): a write sent
+    // to a follower that froze, sent again elsewhere and answered, then overtaken by a newer
+    // write, reaches the leader when the follower thaws. Bare (a client of the previous
+    // release) the late copy still applies and undoes the newer write, which shows the test
+    // does deliver it; in the client's session it is refused and the newer write stands.
+    // Elections slow enough that the frozen follower, when it thaws, still follows the
+    // leader and forwards the copy rather than standing for election.
+    let cluster = Cluster::start(
+        3,
+        &[
+            "--election-timeout-min-ms",
+            "8000",
+            "--election-timeout-max-ms",
+            "9000",
+        ],
+    );
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "team").await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let follower = cluster.ids_except(&[leader])[0];
+
+    eprintln!("--- bare writes, through frozen coordinator {follower}");
+    late_copy_through_a_frozen_follower(
+        &cluster,
+        follower,
+        borrow_update(10, None),
+        borrow_update(10, None),
+        borrow_update(20, None),
+    )
+    .await;
+    poll_until(
+        "the bare late copy to apply after the newer write",
+        Duration::from_secs(20),
+        || async { (borrow_limit(&admin).await == Some(10)).then_some(()) },
+    )
+    .await;
+
+    eprintln!("--- the same writes in a session");
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let follower = cluster.ids_except(&[leader])[0];
+    late_copy_through_a_frozen_follower(
+        &cluster,
+        follower,
+        borrow_update(10, Some((1, 1))),
+        borrow_update(10, Some((1, 1))),
+        borrow_update(20, Some((2, 2))),
+    )
+    .await;
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    poll_until(
+        "the leader to refuse the late copy",
+        Duration::from_secs(20),
+        || async {
+            cluster
+                .log_text(leader)
+                .contains("arrived after its client moved on")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        borrow_limit(&admin).await,
+        Some(20),
+        "the late copy in the session changed nothing"
+    );
 }

@@ -178,10 +178,15 @@ fn fixture_log(version: u16) -> Vec<Entry> {
         vec![report(1, JobEvent::Started)],
         vec![report(1, JobEvent::Running), report(3, JobEvent::Started)],
         vec![report(3, JobEvent::Exited { code: 0 })],
-        vec![Command::UpdateJobPriority {
-            job: JobId(2),
-            priority: 3,
-        }],
+        // A client's write in its session (Raft log 6, snapshot state 7), in the snapshot.
+        vec![in_session(
+            version,
+            1,
+            Command::UpdateJobPriority {
+                job: JobId(2),
+                priority: 3,
+            },
+        )],
         [
             Command::CheckDigest { leader: None },
             // The AWS endpoint's state (Raft log 5, snapshot state 6), in the snapshot.
@@ -201,13 +206,17 @@ fn fixture_log(version: u16) -> Vec<Entry> {
         .collect(),
         // The snapshot covers everything up to here (entry 12).
         vec![Command::CancelJob { job: JobId(2) }],
-        vec![Command::UpdateShare {
-            name: "research".into(),
-            update: ShareUpdate {
-                borrow_limit_percent: Some(Some(25)),
-                ..ShareUpdate::default()
+        vec![in_session(
+            version,
+            2,
+            Command::UpdateShare {
+                name: "research".into(),
+                update: ShareUpdate {
+                    borrow_limit_percent: Some(Some(25)),
+                    ..ShareUpdate::default()
+                },
             },
-        }],
+        )],
         vec![Command::SubmitJob(job("research", "eval-1", 0, 4))],
         [
             vec![Command::SetGpuHealth {
@@ -258,6 +267,21 @@ fn fixture_log(version: u16) -> Vec<Entry> {
     }
     assert_eq!(entries.len() as u64, LAST_INDEX);
     entries
+}
+
+/// `command` as write `seq` of a client's session, from Raft log version 6 on.
+fn in_session(version: u16, seq: u64, command: Command) -> Command {
+    if version < 6 {
+        return command;
+    }
+    Command::InSession {
+        tag: quotient_common::api::WriteTag {
+            session: 0x5e55,
+            seq,
+            low: seq,
+        },
+        command: Box::new(command),
+    }
 }
 
 /// The leader's time stamped on entry `index`.
@@ -446,6 +470,9 @@ async fn a_data_directory_of_every_version_reads_back() {
                 state.aws_object("queue/q1"),
                 Some("{\"jobQueueName\":\"q1\"}")
             );
+            // The client's session, from the snapshot and the entry after it.
+            let session = state.sessions().get(0x5e55).expect("the session");
+            assert_eq!((session.low, session.applied.len()), (2, 1));
         }
     }
 }

@@ -128,6 +128,7 @@ pub(crate) fn apply_inner(state: &mut State, command: Command, ctx: ApplyCtx) ->
         Command::DeleteAccessKey { id } => state.delete_access_key(&id),
         Command::PutAwsObject { key, value } => state.put_aws_object(key, value),
         Command::SubmitServiceJob { spec, request } => state.submit_service_job(spec, request, ctx),
+        Command::InSession { tag, command } => state.apply_in_session(tag, *command, ctx),
     }
 }
 

@@ -157,6 +157,12 @@ pub enum Command {
         spec: JobSpec,
         request: String,
     },
+    /// `command`, a client's write tagged with its session (`crate::sessions`): applied at
+    /// most once, however many copies of it are logged.
+    InSession {
+        tag: quotient_common::api::WriteTag,
+        command: Box<Command>,
+    },
 }
 
 /// Who asked for a command through the API: the identity of their certificate.

@@ -35,6 +35,7 @@ pub mod reason;
 pub mod retention;
 pub mod rules;
 pub mod scheduler;
+pub mod sessions;
 pub mod snapshot;
 pub mod state;
 pub mod tenancy;
@@ -44,6 +45,7 @@ pub mod v2;
 pub mod v3;
 pub mod v4;
 pub mod v5;
+pub mod v6;
 pub mod validate;
 
 pub use accounting::{share_accounts, ShareAccount};

@@ -123,6 +123,7 @@ impl State {
             events,
             events_issued,
             aws,
+            sessions,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -153,6 +154,7 @@ impl State {
                 let mut last = Vec::new();
                 encode(events_issued, &mut last);
                 encode(aws, &mut last);
+                encode(sessions, &mut last);
                 last
             },
         }
@@ -189,6 +191,7 @@ impl State {
             3 => decode_data::<crate::v3::StateDataV3>(body)?.into(),
             4 => decode_data::<crate::v4::StateDataV4>(body)?.into(),
             5 => decode_data::<crate::v5::StateDataV5>(body)?.into(),
+            6 => decode_data::<crate::v6::StateDataV6>(body)?.into(),
             other => return Err(SnapshotError::NoCodec(other)),
         };
         // What building the index relies on, checked first (the rest after, by `validate`):

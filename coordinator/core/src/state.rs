@@ -407,6 +407,8 @@ pub struct StateData {
     pub events_issued: u64,
     /// The AWS endpoint's access keys, objects and service jobs (`crate::aws`).
     pub aws: crate::aws::AwsState,
+    /// The clients' write sessions (`crate::sessions`).
+    pub sessions: crate::sessions::Sessions,
 }
 
 /// The events read as a `Vec` (the same encoding), then made persistent: see

@@ -86,9 +86,9 @@ impl State {
                 }
                 Ok(command)
             }
-            Command::As { .. } | Command::RecordRefusal { .. } => Err(Rejection::Forbidden(
-                "a command for a caller cannot hold another one".into(),
-            )),
+            Command::As { .. } | Command::RecordRefusal { .. } | Command::InSession { .. } => Err(
+                Rejection::Forbidden("a command for a caller cannot hold another one".into()),
+            ),
             command if caller.admin => Ok(command),
             _ => Err(Rejection::Forbidden(format!(
                 "user {} may not do this; it needs an admin certificate",

@@ -145,7 +145,9 @@ pub fn usage_rates(state: &State) -> BTreeMap<(String, GpuClass), Rates> {
 /// rates are recomputed after those only.
 pub(crate) fn may_change_rates(command: &Command) -> bool {
     match command {
-        Command::As { command, .. } => may_change_rates(command),
+        Command::As { command, .. } | Command::InSession { command, .. } => {
+            may_change_rates(command)
+        }
         Command::SubmitJob(_)
         | Command::UpdateJobPriority { .. }
         | Command::CheckDigest { .. }

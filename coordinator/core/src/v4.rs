@@ -48,6 +48,7 @@ impl From<StateDataV4> for StateData {
             events: imbl::Vector::new(),
             events_issued: 0,
             aws: Default::default(),
+            sessions: Default::default(),
         }
     }
 }

@@ -50,6 +50,7 @@ impl From<StateDataV5> for StateData {
             events: v5.events.into_iter().collect(),
             events_issued: v5.events_issued,
             aws: Default::default(),
+            sessions: Default::default(),
         }
     }
 }

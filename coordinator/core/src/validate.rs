@@ -32,6 +32,9 @@ impl State {
     /// matches them: for a state whose index was just built from its records.
     pub fn validate_records(&self) -> Result<(), InvariantError> {
         let fail = |text: String| Err(InvariantError(text));
+        if let Err(why) = self.data.sessions.check() {
+            return fail(why);
+        }
         let mut owners: BTreeMap<(NodeId, u32), JobId> = BTreeMap::new();
         for job in self.data.jobs.iter() {
             let slot = job

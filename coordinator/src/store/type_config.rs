@@ -52,7 +52,7 @@ openraft::declare_raft_types!(
 );
 
 /// Entries of earlier versions of the Raft log encoding are read with their commands of that
-/// version (`quotient_core::v1`, `quotient_core::v2`) and converted; versions 3's and 4's
+/// version (`quotient_core::v1`, `quotient_core::v2`) and converted; versions 3's to 5's
 /// commands are a subset of today's.
 impl super::codec::VersionedEntries for TypeConfig {
     fn decode_entry(version: u16, bytes: &[u8]) -> Result<Entry, super::codec::CodecError> {
@@ -63,9 +63,9 @@ impl super::codec::VersionedEntries for TypeConfig {
             2 => Ok(
                 super::codec::decode_value::<OldEntry<quotient_core::v2::CommandV2>>(bytes)?.into(),
             ),
-            // Versions 4 and 5 only added commands (`ExpireFinished`; the AWS endpoint's):
-            // version 3's and 4's bytes are this build's commands.
-            3 | 4 => super::codec::decode_value(bytes),
+            // Versions 4 to 6 only added commands (`ExpireFinished`; the AWS endpoint's; a
+            // write in a client's session): version 3's to 5's bytes are this build's commands.
+            3..=5 => super::codec::decode_value(bytes),
             _ => super::codec::decode_current(version, bytes),
         }
     }
