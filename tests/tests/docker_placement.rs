@@ -304,17 +304,34 @@ fn a_container_job_on_a_lost_docker_node_waits_for_docker_and_never_goes_to_a_pr
 
 /// A member of a job of several nodes in busybox: rank 0 listens on MASTER_PORT with `nc`,
 /// the others send it a line; each says which host's network it is on.
+// Rank 0 listens until it gets rank 1's line: a connection that brings anything else (a
+// stray one on the host's network, or one closed before its line arrived) is logged and
+// listened past at once. Rank 1 sends its line until rank 0 is gone: it has been heard once a
+// send went through and the port then refuses for 2 s, so it never exits while rank 0 waits.
 const DOCKER_MEMBER: &str = r#"
 echo "rank $QUOTIENT_NODE_RANK of $QUOTIENT_NUM_NODES on host $(hostname), rank 0 at $MASTER_ADDR:$MASTER_PORT"
 if [ "$QUOTIENT_NODE_RANK" = 0 ]; then
-  msg=$(nc -l -p "$MASTER_PORT")
-  echo "rank 0 got: $msg"
-  [ "$msg" = "hello from rank 1" ]
+  for i in $(seq 1 300); do
+    msg=$(nc -l -p "$MASTER_PORT")
+    if [ "$msg" = "hello from rank 1" ]; then
+      echo "rank 0 got: $msg"
+      exit 0
+    fi
+    echo "rank 0 heard '$msg' instead; listening again"
+    sleep 0.05
+  done
+  exit 1
 else
+  sent=0
+  refused=0
   for i in $(seq 1 300); do
     if echo "hello from rank $QUOTIENT_NODE_RANK" | nc "$MASTER_ADDR" "$MASTER_PORT"; then
+      sent=1
+      refused=0
       echo "rank $QUOTIENT_NODE_RANK reached rank 0"
-      exit 0
+    elif [ "$sent" = 1 ]; then
+      refused=$((refused + 1))
+      [ "$refused" -ge 10 ] && exit 0
     fi
     sleep 0.2
   done
