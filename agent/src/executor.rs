@@ -119,6 +119,8 @@ pub struct Executor<R: Runtime> {
     deferred_removals: Option<Vec<JobHandle>>,
     /// The node's advertised address, for its jobs' `QUOTIENT_HOSTS`.
     advertise_address: Option<String>,
+    /// The running attempts' checkpoint directories, looked at for new checkpoints.
+    checkpoint_watches: crate::checkpoints::Watches,
 }
 
 impl<R: Runtime> Executor<R> {
@@ -155,6 +157,7 @@ impl<R: Runtime> Executor<R> {
             clock: ExecutorClock::Monotonic(Instant::now()),
             deferred_removals: None,
             advertise_address: None,
+            checkpoint_watches: crate::checkpoints::Watches::default(),
         }
     }
 
@@ -332,6 +335,8 @@ impl<R: Runtime> Executor<R> {
 
     async fn step_with(&mut self, desired: Option<&Desired>) -> Vec<JobReport> {
         self.observe().await;
+        let mut reports = Vec::new();
+        self.watch_checkpoints(&mut reports);
         let local: Vec<LocalJob> = self.jobs.values().map(|t| t.local.clone()).collect();
         // Without a desired state, reconcile sees one older than any it acted on, which it
         // ignores: only exits and due kills are handled.
@@ -369,11 +374,32 @@ impl<R: Runtime> Executor<R> {
                 });
             }
         }
-        let mut reports = Vec::new();
         for action in decision.actions {
             self.act(action, &mut reports).await;
         }
         reports
+    }
+
+    /// Reports `Checkpointed` for each running attempt whose checkpoint directory holds a
+    /// checkpoint newer than the last one seen (`crate::checkpoints`), and forgets the
+    /// attempts no longer running.
+    fn watch_checkpoints(&mut self, reports: &mut Vec<JobReport>) {
+        let now = self.now_ms();
+        let running: Vec<(JobId, u32)> = self
+            .jobs
+            .values()
+            .filter(|tracked| tracked.local.phase == LocalPhase::Running)
+            .map(|tracked| (tracked.local.job, tracked.local.attempt))
+            .collect();
+        self.checkpoint_watches
+            .retain(|job, attempt| running.contains(&(job, attempt)));
+        for (job, attempt) in running {
+            let dir = checkpoint_dir(&self.checkpoint_root, job);
+            if self.checkpoint_watches.due(job, attempt, &dir, now) {
+                tracing::debug!(%job, attempt, "the job checkpointed");
+                self.report(reports, job, attempt, JobEvent::Checkpointed);
+            }
+        }
     }
 
     fn report(&self, reports: &mut Vec<JobReport>, job: JobId, attempt: u32, event: JobEvent) {

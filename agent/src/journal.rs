@@ -274,7 +274,10 @@ impl Journal {
         }
         while self.file.pending.len() > PENDING_REPORTS_MAX {
             let progress = self.file.pending.iter().position(|pending| {
-                matches!(pending.report.event, JobEvent::Started | JobEvent::Running)
+                matches!(
+                    pending.report.event,
+                    JobEvent::Started | JobEvent::Running | JobEvent::Checkpointed
+                )
             });
             let dropped = match progress {
                 Some(position) => self.file.pending.remove(position),

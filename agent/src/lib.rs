@@ -27,6 +27,7 @@
 //! - [`run`]: the long-running agent, `run(config, shutdown)`: the executor loop and the
 //!   session.
 
+pub mod checkpoints;
 pub mod cluster;
 pub mod config;
 pub mod disk;

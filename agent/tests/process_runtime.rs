@@ -138,6 +138,47 @@ async fn process_preempted_job_that_traps_the_signal_is_reported_after_signal() 
     assert!(again.is_empty(), "reported once: {again:?}");
 }
 
+/// A job that touches the checkpoint marker is reported to have checkpointed, once per
+/// checkpoint, within about a second; one file written alone counts too.
+#[tokio::test]
+async fn process_job_checkpoints_are_reported_once_each() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    // Two checkpoints a second and a half apart, by the marker, then it runs on.
+    let script = r#"sleep 0.3
+touch "$QUOTIENT_CHECKPOINT_DIR/.quotient-checkpointed"
+sleep 1.5
+touch "$QUOTIENT_CHECKPOINT_DIR/.quotient-checkpointed"
+echo ready > "$QUOTIENT_CHECKPOINT_DIR/ready"
+while :; do sleep 0.05; done"#;
+    let spec = job_spec(None, shell(script));
+    let run = desired_one(1, 25, 1, &spec, Intent::Run);
+    let mut reports = executor.step(&run).await;
+    let started = Instant::now();
+    while checkpoints_of(&reports, 25, 1) < 2 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "two checkpoints reported: {reports:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        reports.extend(executor.step(&run).await);
+    }
+    wait_ready(&state.path().join("checkpoints/j-25")).await;
+    // No third: the marker did not change again, and with a marker only it counts ("ready").
+    for _ in 0..60 {
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        reports.extend(executor.step(&run).await);
+    }
+    assert_eq!(checkpoints_of(&reports, 25, 1), 2, "{reports:?}");
+    let stop = desired_one(2, 25, 1, &spec, Intent::Stop);
+    step_until(&mut executor, &stop, "the stop", is_exit).await;
+}
+
 /// A job that ignores its checkpoint signal is killed when its grace period ends.
 #[tokio::test]
 async fn process_job_that_ignores_the_signal_is_killed_after_the_grace_period() {

@@ -362,14 +362,17 @@ fn job_times(job: &JobView) -> String {
         )
     };
     format!(
-        "submitted:        {}\nstarted:          {}\nended:            {}\nwaited:           {waited}\n\
-         last node:        {}\nexit code:        {}\nresources:        {resources}\n\
-         time limit:       {}\nretries:          {retries}\nattempt history:\n{}",
+        "submitted:        {}\nstarted:          {}\nlast checkpoint:  {}\nended:            {}\n\
+         waited:           {waited}\nlast node:        {}\nexit code:        {}\n\
+         resources:        {resources}\ntime limit:       {}\nretries:          {retries}\n\
+         attempt history:\n{}",
         rfc3339(job.submitted_ms),
         opt_time(job.started_ms),
+        opt_time(job.last_checkpoint_ms),
         opt_time(job.ended_ms),
         job.last_node.as_deref().unwrap_or("-"),
-        job.exit_code.map_or("-".to_string(), |code| code.to_string()),
+        job.exit_code
+            .map_or("-".to_string(), |code| code.to_string()),
         job.time_limit_ms.map_or("-".to_string(), human_duration),
         attempt_lines(job),
     )

@@ -905,6 +905,10 @@ pub struct JobView {
     /// Who submitted it (the name in their certificate); `null` for jobs from before owners
     /// were recorded.
     pub owner: Option<String>,
+    /// When the coordinators last learnt that the job checkpointed (ms since the epoch): its
+    /// agent saw its checkpoint marker, or a newer file, in `$QUOTIENT_CHECKPOINT_DIR`
+    /// (docs/quota-shares.md, "Checkpoints"). `null` before the first one.
+    pub last_checkpoint_ms: Option<u64>,
 }
 
 /// One member of a job's placement.

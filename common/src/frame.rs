@@ -187,46 +187,12 @@ pub trait WireMessage: Serialize + DeserializeOwned {
     }
 }
 
-// Version 7 of the client API only added `ApiRequest::InSession` at the end: version 6's
-// messages are version 7's without it, so both are read and written with today's types, and a
-// client of the previous release still talks to this build.
 impl WireMessage for ApiRequest {
     const ENCODING: Encoding = version::API_WIRE;
-
-    fn encode_version(&self, version: u16) -> Result<Vec<u8>, FrameError> {
-        api_codec(version)?;
-        encode_body(self)
-    }
-
-    fn decode_version(version: u16, body: &[u8], reading: Reading) -> Result<Self, FrameError> {
-        api_codec(version)?;
-        reading.decode(body)
-    }
 }
 
 impl WireMessage for ApiResponse {
     const ENCODING: Encoding = version::API_WIRE;
-
-    fn encode_version(&self, version: u16) -> Result<Vec<u8>, FrameError> {
-        api_codec(version)?;
-        encode_body(self)
-    }
-
-    fn decode_version(version: u16, body: &[u8], reading: Reading) -> Result<Self, FrameError> {
-        api_codec(version)?;
-        reading.decode(body)
-    }
-}
-
-/// Versions 6 and 7 of the client API share today's types (above).
-fn api_codec(version: u16) -> Result<(), FrameError> {
-    match version {
-        6 | 7 => Ok(()),
-        version => Err(FrameError::NoCodec {
-            encoding: version::API_WIRE.name,
-            version,
-        }),
-    }
 }
 
 impl WireMessage for AgentRequest {

@@ -42,6 +42,10 @@ pub enum JobEvent {
         code: i32,
         reason: String,
     },
+    /// It checkpointed: the agent saw its marker, or a newer file, in its checkpoint
+    /// directory. The coordinators note the time they learn it (leader time), which the
+    /// scheduler reads as how much work a preemption would lose.
+    Checkpointed,
 }
 
 /// The most bytes of a job's own failure reason that a report carries (and that the

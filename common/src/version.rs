@@ -51,22 +51,22 @@ pub struct Encoding {
 /// release go together. Version 5: backups (`Backup`) and events (`Events`); again together.
 /// Version 6: access keys for the AWS endpoint (`CreateAccessKey`...); again together.
 /// Version 7: writes in a client's session (`InSession`, added at the end), so that a late
-/// copy of a write is applied once; version 6 is still read and answered, so a CLI of the
-/// previous release works with these coordinators (without sessions).
+/// copy of a write is applied once, and a job's last checkpoint in its view; together again.
 pub const API_WIRE: Encoding = Encoding {
     name: "the client API",
     current: 7,
-    oldest: 6,
+    oldest: 7,
 };
 
 /// The agent protocol (ALPN `quotient-agent/1`): `agent_api::AgentRequest`, `AgentResponse`,
 /// `LeaderRequest` and `LeaderResponse`, in the header of every frame. Version 4: a job's own
 /// failure reason in its exit report (`JobEvent::ExitedWithReason`); agents and coordinators
-/// of this release go together (docs/operations.md).
+/// of this release go together (docs/operations.md). Version 5: a job's checkpoints
+/// (`JobEvent::Checkpointed`); together again.
 pub const AGENT_WIRE: Encoding = Encoding {
     name: "the agent protocol",
-    current: 4,
-    oldest: 4,
+    current: 5,
+    oldest: 5,
 };
 
 /// Raft between coordinators (ALPN `quotient-raft/1`): the coordinator's `RaftEnvelope` and
@@ -95,8 +95,9 @@ pub const RAFT_WIRE: Encoding = Encoding {
 /// once their retention is over and prunes old usage (version 3's entries read as they are).
 /// Version 5: the AWS endpoint's commands (`CreateAccessKey`, `DeleteAccessKey`,
 /// `PutAwsObject`, `SubmitServiceJob`), added at the end (version 4's entries read as they are).
-/// Version 6: a client's write in its session (`InSession`), added at the end (version 5's
-/// entries read as they are).
+/// Version 6: a client's write in its session (`InSession`), and a job's checkpoint
+/// (`JobEvent::Checkpointed` in `ReportJob`), both added at the end (version 5's entries read
+/// as they are).
 pub const RAFT_LOG: Encoding = Encoding {
     name: "the Raft log",
     current: 6,
@@ -121,8 +122,9 @@ pub const SNAPSHOT_FILE: Encoding = Encoding {
 /// (`quotient_core::v3` reads version 3). Version 5: the recent events
 /// (`quotient_core::events`; `quotient_core::v4` reads version 4). Version 6: the AWS
 /// endpoint's access keys, objects and service jobs (`quotient_core::aws`; `quotient_core::v5`
-/// reads version 5). Version 7: the clients' write sessions (`quotient_core::sessions`;
-/// `quotient_core::v6` reads version 6).
+/// reads version 5). Version 7: the clients' write sessions (`quotient_core::sessions`) and
+/// jobs' last checkpoints and the clock of the last entry (`StateData::checkpoints`,
+/// `clock_ms`; `quotient_core::v6` reads version 6).
 pub const SNAPSHOT_STATE: Encoding = Encoding {
     name: "the snapshot state",
     current: 7,
@@ -139,9 +141,10 @@ pub const JOB_HISTORY: Encoding = Encoding {
 
 /// The agent's journal (`agent-journal.json` in its state dir), in its `version` field.
 /// Version 1 kept reports without their node; version 2 keeps the whole `JobReport`.
+/// Version 3 may hold `Checkpointed` reports (versions 1 and 2 read as they are).
 pub const AGENT_JOURNAL: Encoding = Encoding {
     name: "the agent journal",
-    current: 2,
+    current: 3,
     oldest: 1,
 };
 

@@ -168,6 +168,7 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
         same: job.spec.same.clone(),
         placement,
         owner: job.spec.owner.clone(),
+        last_checkpoint_ms: state.data().checkpoints.get(&job.id).copied(),
     }
 }
 

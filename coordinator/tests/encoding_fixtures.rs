@@ -176,7 +176,15 @@ fn fixture_log(version: u16) -> Vec<Entry> {
     commands.push(vec![Command::ApplyPlan(plan)]);
     commands.extend([
         vec![report(1, JobEvent::Started)],
-        vec![report(1, JobEvent::Running), report(3, JobEvent::Started)],
+        // A checkpoint of train-1 (Raft log 6, snapshot state 7), in the snapshot.
+        [
+            report(1, JobEvent::Running),
+            report(3, JobEvent::Started),
+            report(1, JobEvent::Checkpointed),
+        ]
+        .into_iter()
+        .take(if version >= 6 { 3 } else { 2 })
+        .collect(),
         vec![report(3, JobEvent::Exited { code: 0 })],
         // A client's write in its session (Raft log 6, snapshot state 7), in the snapshot.
         vec![in_session(
@@ -473,6 +481,7 @@ async fn a_data_directory_of_every_version_reads_back() {
             // The client's session, from the snapshot and the entry after it.
             let session = state.sessions().get(0x5e55).expect("the session");
             assert_eq!((session.low, session.applied.len()), (2, 1));
+            assert_eq!(state.data().checkpoints.get(&JobId(1)), Some(&time_ms(9)));
         }
     }
 }

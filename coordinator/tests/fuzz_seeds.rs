@@ -307,7 +307,7 @@ fn write_fuzz_seeds() {
         &tagged(1, coordinator.as_bytes().to_vec()),
     );
     let journal = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../agent/tests/fixtures/agent-journal-v2.json");
+        .join("../agent/tests/fixtures/agent-journal-v3.json");
     write(
         &configs,
         "journal",

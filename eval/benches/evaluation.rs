@@ -73,11 +73,12 @@ fn main() {
             .fold(0.0, f64::max)
             / 3_600.0;
         eprintln!(
-            "{} ({} borrowing): longest wait {worst_wait_h:.1} h, utilisation {:.3} (under backlog {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
+            "{} ({} borrowing): longest wait {worst_wait_h:.1} h, utilisation {:.3} (under backlog {:.3}, useful {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
             policy.as_str(),
             borrow_order.as_str(),
             report.utilisation,
             report.utilisation_under_backlog,
+            report.useful_utilisation,
             report.lost_gpu_hours,
             report.preemptions,
             report.jobs_preempted_over_3,
@@ -90,6 +91,7 @@ fn main() {
             "longest_wait_h": worst_wait_h,
             "utilisation": report.utilisation,
             "utilisation_under_backlog": report.utilisation_under_backlog,
+            "useful_utilisation": report.useful_utilisation,
             "lost_gpu_hours": report.lost_gpu_hours,
             "preemptions": report.preemptions,
             "jobs_preempted_over_3": report.jobs_preempted_over_3,

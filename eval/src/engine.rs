@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use quotient_common::{JobEvent, JobId, JobReport, JobSpec, JobState};
 use quotient_core::{
-    apply, plan_ordered, ApplyCtx, BorrowOrder, Command, Outcome, PlanAction, PreemptionKind,
-    State, DEFAULT_TOPOLOGY_KEY,
+    apply, plan_choosing, ApplyCtx, BorrowOrder, Command, Outcome, PlanAction, PreemptionKind,
+    State, VictimOrder, DEFAULT_TOPOLOGY_KEY,
 };
 
 use crate::design::Design;
@@ -39,8 +39,8 @@ pub enum Policy {
     /// Quotient as it ships: the design's strategies and the scheduler's own victim order.
     Quotient,
     /// The design's strategies, with victims taken in the naive order: lowest priority first,
-    /// then the most recently started. Quotient's own victim order is that same order today,
-    /// so the two runs match until checkpoint-aware victims land (docs/what-if.md).
+    /// then the most recently started, checkpoints unseen ([`VictimOrder::Newest`]).
+    /// Quotient's own order takes, among equal priorities, the least work at risk.
     NaiveVictims,
     /// Static partitioning: every share `reserve`, so none lends or borrows.
     Static,
@@ -90,6 +90,8 @@ enum Event {
     Finish(usize, u32),
     /// A signalled attempt exits.
     Exit(usize, u32),
+    /// A running attempt writes a checkpoint, which its agent reports.
+    Checkpoint(usize, u32),
     /// The trace job is submitted.
     Submit(usize),
 }
@@ -132,6 +134,10 @@ struct Engine<'t> {
     reclaiming: HashMap<JobId, (u64, u64)>,
     reclaims: Vec<(u64, u64)>,
     preemptions: BTreeMap<String, u64>,
+    victims: VictimOrder,
+    /// Whether an event of this instant may change what a round decides (a checkpoint alone
+    /// does not call for one).
+    dirty: bool,
 }
 
 /// Replays `jobs` (in submit order, as `read_trace` gives them) on `design` with `policy`.
@@ -167,6 +173,11 @@ pub fn evaluate(
         reclaiming: HashMap::new(),
         reclaims: Vec::new(),
         preemptions: BTreeMap::new(),
+        victims: match policy {
+            Policy::NaiveVictims => VictimOrder::Newest,
+            Policy::Quotient | Policy::Static => VictimOrder::LeastWorkAtRisk,
+        },
+        dirty: false,
     };
     for spec in &design.shares {
         engine.must(Command::CreateShare(spec.clone()))?;
@@ -186,7 +197,9 @@ pub fn evaluate(
             engine.events.pop();
             engine.handle(event)?;
         }
-        engine.schedule()?;
+        if std::mem::take(&mut engine.dirty) {
+            engine.schedule()?;
+        }
     }
     Ok(engine.figures(&design, policy))
 }
@@ -247,10 +260,14 @@ impl Engine<'_> {
     }
 
     fn handle(&mut self, event: Event) -> Result<(), EvalError> {
+        if !matches!(event, Event::Checkpoint(..)) {
+            self.dirty = true;
+        }
         match event {
             Event::Submit(i) => self.submit(i),
             Event::Finish(i, attempt) => self.finish(i, attempt),
             Event::Exit(i, attempt) => self.exit(i, attempt),
+            Event::Checkpoint(i, attempt) => self.checkpoint(i, attempt),
         }
     }
 
@@ -323,6 +340,31 @@ impl Engine<'_> {
         self.tracks[i].running.is_some_and(|(a, _)| a == attempt)
     }
 
+    /// A running attempt checkpoints: its agent reports it, and the next one is due
+    /// `checkpoint_ms` later, if the work is not done by then.
+    fn checkpoint(&mut self, i: usize, attempt: u32) -> Result<(), EvalError> {
+        if !self.is_current(i, attempt) || self.record(i).state != JobState::Running {
+            return Ok(());
+        }
+        self.report(i, JobEvent::Checkpointed)?;
+        self.next_checkpoint(i, attempt);
+        Ok(())
+    }
+
+    /// Schedules attempt `attempt`'s next checkpoint, if one falls before its work is done.
+    fn next_checkpoint(&mut self, i: usize, attempt: u32) {
+        let job = &self.jobs[i];
+        let Some((_, started)) = self.tracks[i].running else {
+            return;
+        };
+        let every = job.checkpoint_ms;
+        let done = started + job.run_ms.saturating_sub(self.tracks[i].saved_ms).max(1);
+        let next = self.now_ms + every;
+        if every > 0 && next < done {
+            self.at(next, Event::Checkpoint(i, attempt));
+        }
+    }
+
     fn finish(&mut self, i: usize, attempt: u32) -> Result<(), EvalError> {
         if !self.is_current(i, attempt) {
             return Ok(());
@@ -375,11 +417,12 @@ impl Engine<'_> {
     /// Rounds until one changes nothing.
     fn schedule(&mut self) -> Result<(), EvalError> {
         for _ in 0..ROUNDS_PER_INSTANT_MAX {
-            let plan = plan_ordered(
+            let plan = plan_choosing(
                 &self.state,
                 &BTreeSet::new(),
                 DEFAULT_TOPOLOGY_KEY,
                 self.options.borrow_order,
+                self.victims,
             );
             if plan.is_empty() {
                 return Ok(());
@@ -433,6 +476,7 @@ impl Engine<'_> {
         self.held_gpus += u64::from(job.total_gpus());
         self.waiting -= 1;
         self.at(now + remaining, Event::Finish(i, attempt));
+        self.next_checkpoint(i, attempt);
         if let Some((since, round)) = self.reclaiming.remove(&id) {
             self.reclaims.push((now - since, self.rounds - round));
         }
@@ -535,6 +579,8 @@ impl Engine<'_> {
             ),
             used_gpu_hours: hours(used),
             lost_gpu_hours: hours(lost),
+            useful_utilisation: ratio(self.busy_gpu_ms, available)
+                * (1.0 - ratio(lost, used.max(1))),
             preemptions: self.preemptions.values().sum(),
             preemptions_by_kind: self.preemptions.clone(),
             jobs_preempted_over_3: loops,

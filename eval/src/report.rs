@@ -35,6 +35,10 @@ pub struct RunReport {
     pub used_gpu_hours: f64,
     /// GPU-hours of work lost to preemptions: run past the last checkpoint.
     pub lost_gpu_hours: f64,
+    /// The utilisation less the share of it spent on work later lost (`utilisation` x (1 -
+    /// lost / used)): what of the fleet did work that stayed done. A victim order that loses
+    /// less redoes less, so it can match another's useful utilisation with a lower one.
+    pub useful_utilisation: f64,
     /// Checkpoint signals sent.
     pub preemptions: u64,
     /// The same, by kind (`reclaim`, `in-share`).

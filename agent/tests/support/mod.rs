@@ -162,12 +162,25 @@ pub fn is_exit(report: &JobReport) -> bool {
 }
 
 /// The events reported about one attempt, in order.
+/// The events reported about attempt `attempt` of `job`, in order, but its checkpoints:
+/// a test's job that writes files in its checkpoint directory (its readiness, say) may be
+/// seen to checkpoint in any step after its start ([`checkpoints_of`] counts those).
 pub fn events_of(reports: &[JobReport], job: u64, attempt: u32) -> Vec<JobEvent> {
     reports
         .iter()
         .filter(|r| r.job == JobId(job) && r.attempt == attempt)
+        .filter(|r| r.event != JobEvent::Checkpointed)
         .map(|r| r.event.clone())
         .collect()
+}
+
+/// How many checkpoints of attempt `attempt` of `job` were reported.
+pub fn checkpoints_of(reports: &[JobReport], job: u64, attempt: u32) -> usize {
+    reports
+        .iter()
+        .filter(|r| r.job == JobId(job) && r.attempt == attempt)
+        .filter(|r| r.event == JobEvent::Checkpointed)
+        .count()
 }
 
 /// An empty "finished" set, for readability.

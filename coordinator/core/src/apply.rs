@@ -71,6 +71,7 @@ fn apply_command(state: &mut State, command: Command, ctx: ApplyCtx) -> Outcome 
         }
     }
     state.data.last_applied_index = ctx.log_index;
+    state.data.clock_ms = state.data.clock_ms.max(ctx.time_ms);
     outcome
 }
 
@@ -155,6 +156,11 @@ impl State {
             if let Some(finished) = self.finished.as_mut() {
                 finished.push(id);
             }
+        }
+        if !new.state.holds_gpus() {
+            // Its next attempt starts from its checkpoint directory; until it runs, no
+            // preemption can cost it work.
+            self.data.checkpoints.remove(&id);
         }
     }
 
@@ -763,6 +769,10 @@ impl State {
         let id = report.job;
         let rank_index = rank as usize;
         match report.event {
+            JobEvent::Checkpointed => {
+                // Any member's checkpoint counts: the job resumes from its directory.
+                self.data.checkpoints.insert(id, ctx.time_ms);
+            }
             JobEvent::Started => self.update_job(id, |job| {
                 if job.placement[rank_index].stage == MemberStage::Placed {
                     job.placement[rank_index].stage = MemberStage::Started;
@@ -837,7 +847,7 @@ impl State {
     /// succeeds, fails, is retried or requeued, and frees its GPUs.
     fn attempt_ended(&mut self, id: JobId, node: String, event: JobEvent, ctx: ApplyCtx) {
         match event {
-            JobEvent::Started | JobEvent::Running => {
+            JobEvent::Started | JobEvent::Running | JobEvent::Checkpointed => {
                 unreachable!("attempt_ended is given an end")
             }
             JobEvent::Exited { code } => self.exited(id, code, None, ctx),

@@ -145,6 +145,9 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
             format!("{id} is {}{why}", job.state)
         }
     };
+    if let Some(line) = work_at_risk_line(state, job) {
+        details.push(line);
+    }
     let launch_requeues = job.launch_requeues;
     if launch_requeues > 0 && !job.state.is_terminal() {
         details.push(format!(
@@ -176,6 +179,65 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
         ));
     }
     Some(Explanation { summary, details })
+}
+
+/// For a job that runs or is being preempted: what a preemption costs it, which is how the
+/// scheduler picks among victims of equal priority (least work at risk first).
+fn work_at_risk_line(state: &State, job: &crate::state::JobRecord) -> Option<String> {
+    if !matches!(job.state, JobState::Running | JobState::Preempting) {
+        return None;
+    }
+    let started = job.started_ms?;
+    let checkpoint = state.data().checkpoints.get(&job.id).copied();
+    // A victim's risk is counted when it was chosen; a running job's, as of the last entry.
+    let at = match (job.state, job.stop.as_deref()) {
+        (JobState::Running, _) => state.data().clock_ms,
+        (_, Some(StopCause::Preempted(p)))
+            if matches!(
+                p.kind,
+                crate::state::PreemptionKind::Reclaim | crate::state::PreemptionKind::InShare
+            ) =>
+        {
+            p.at_ms
+        }
+        _ => return None,
+    };
+    let gpus = job.total_gpus();
+    let (since, what) = match checkpoint {
+        Some(at_ms) if at_ms >= started => {
+            (at_ms, format!("its last checkpoint at {}", utc_time(at_ms)))
+        }
+        _ => (
+            started,
+            format!(
+                "it started at {} (no checkpoint seen since)",
+                utc_time(started)
+            ),
+        ),
+    };
+    let lost = rough_duration(at.saturating_sub(since));
+    let verb = if job.state == JobState::Preempting {
+        "it was chosen among victims of its priority for losing the least work"
+    } else {
+        "a preemption now would lose"
+    };
+    Some(match job.state {
+        JobState::Preempting => format!(
+            "{verb}: {lost} on {gpus} GPU(s) since {what} (victims are taken lowest priority first, then least work at risk)"
+        ),
+        _ => format!("{verb} {lost} on {gpus} GPU(s): the time since {what}"),
+    })
+}
+
+/// A span as people say it: `2h 5m`, `4m 30s`, `12s`, `800ms`.
+fn rough_duration(ms: u64) -> String {
+    let (h, m, s) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1_000 % 60);
+    match (h, m, s) {
+        (0, 0, 0) => format!("{ms}ms"),
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m {s}s"),
+        (h, m, _) => format!("{h}h {m}m"),
+    }
 }
 
 /// A time in ms since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (the civil-from-days

@@ -58,7 +58,8 @@ pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
 pub use reason::WaitReason;
 pub use scheduler::{
-    plan, plan_avoiding, plan_ordered, plan_with, BorrowOrder, DEFAULT_TOPOLOGY_KEY,
+    plan, plan_avoiding, plan_choosing, plan_ordered, plan_with, BorrowOrder, VictimOrder,
+    DEFAULT_TOPOLOGY_KEY,
 };
 pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{

@@ -95,8 +95,38 @@ pub fn plan_ordered(
     topology_key: &str,
     order: BorrowOrder,
 ) -> Plan {
+    plan_choosing(
+        state,
+        unreachable,
+        topology_key,
+        order,
+        VictimOrder::LeastWorkAtRisk,
+    )
+}
+
+/// How victims of equal priority are chosen (phases 2 and 4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum VictimOrder {
+    /// The least work at risk first: time since the last checkpoint (or the start) times
+    /// GPUs. What Quotient does.
+    #[default]
+    LeastWorkAtRisk,
+    /// The most recently placed first, checkpoints unseen: the naive choice that the
+    /// evaluation compares against (`quotient what-if`'s `naive-victims`).
+    Newest,
+}
+
+/// [`plan_ordered`], with victims of equal priority taken in `victims` order.
+pub fn plan_choosing(
+    state: &State,
+    unreachable: &BTreeSet<NodeId>,
+    topology_key: &str,
+    order: BorrowOrder,
+    victims: VictimOrder,
+) -> Plan {
     let mut round = Round::new(state, unreachable, topology_key);
     round.borrow_order = order;
+    round.victim_order = victims;
     round.run()
 }
 
@@ -475,6 +505,7 @@ struct Round<'a> {
     topology_key: &'a str,
     /// Phase 3's order across shares.
     borrow_order: BorrowOrder,
+    victim_order: VictimOrder,
 }
 
 impl<'a> Round<'a> {
@@ -535,6 +566,7 @@ impl<'a> Round<'a> {
             resources_used: HashMap::new(),
             topology_key,
             borrow_order: BorrowOrder::Fifo,
+            victim_order: VictimOrder::LeastWorkAtRisk,
         }
     }
 
@@ -1009,11 +1041,11 @@ impl<'a> Round<'a> {
         }
     }
 
-    /// Borrowed jobs of a class across shares, in victim order: lowest priority first, then
-    /// most recently started (least work lost). A share's jobs ranked by (priority desc, start
-    /// asc) beyond its limit are its borrowed ones; jobs already stopping do not count.
-    /// A lazy merge of one stream per borrowing share, so a search that succeeds early costs
-    /// little.
+    /// Borrowed jobs of a class across shares, in victim order ([`Round::victim_key`]):
+    /// lowest priority first, then least work at risk. A share's jobs ranked by (priority desc,
+    /// start asc) beyond its limit are its borrowed ones; jobs already stopping do not count.
+    /// A lazy merge of one stream per borrowing share, a priority tier at a time, so a search
+    /// that succeeds early costs little.
     fn borrowed_merge(&self, class: &GpuClass) -> BorrowedMerge<'a> {
         let state: &'a State = self.state;
         let mut merge = BorrowedMerge {
@@ -1041,14 +1073,50 @@ impl<'a> Round<'a> {
                 continue;
             }
             merge.streams.push(BorrowedStream {
-                jobs: index.holding.iter().rev(),
+                jobs: index.holding.iter().rev().peekable(),
                 borrowed,
+                in_heap: 0,
             });
         }
         for i in 0..merge.streams.len() {
             merge.refill(self, i);
         }
         merge
+    }
+
+    /// The work `job` would lose if it were stopped now (the state's clock), per GPU it frees:
+    /// the milliseconds since it last checkpointed, or since it began running in this attempt
+    /// when it has not. A job not running yet loses nothing. Per GPU, because victims are
+    /// taken to free GPUs: what a victim frees is its GPUs, what it costs is this times them,
+    /// so this is the cost of each GPU freed. Weighting by GPUs instead made the scheduler
+    /// prefer small victims, which free less each, and cost more preemptions and more work
+    /// lost in all (BENCHMARKS.md, the evaluation's notebook).
+    fn work_at_risk(&self, job: &JobRecord) -> u64 {
+        if job.state != JobState::Running || self.victim_order == VictimOrder::Newest {
+            return 0;
+        }
+        let Some(started) = job.started_ms else {
+            return 0;
+        };
+        let since = self
+            .state
+            .data
+            .checkpoints
+            .get(&job.id)
+            .map_or(started, |at| (*at).max(started));
+        self.state.data.clock_ms.saturating_sub(since)
+    }
+
+    /// Where `job` stands in victim order (the greatest goes first): lowest priority, then
+    /// least work at risk ([`Round::work_at_risk`]; none counted in [`VictimOrder::Newest`]),
+    /// then most recently placed, then newest.
+    fn victim_key(&self, job: &JobRecord) -> VictimKey {
+        Reverse((
+            job.priority(),
+            self.work_at_risk(job),
+            Reverse(job.placed_index),
+            Reverse(job.id),
+        ))
     }
 
     fn stopping(&self, id: JobId) -> bool {
@@ -1064,8 +1132,9 @@ impl<'a> Round<'a> {
             let id = self.queues[q].blocked.as_ref().expect("blocked").0;
             let job = self.job(id);
             let queue = &self.queues[q];
-            // Reverse rank order is victim order: lowest priority, most recently started.
-            let candidates: Vec<JobId> = queue
+            // Reverse rank order is lowest priority first; within a priority, the victim
+            // order is least work at risk first.
+            let mut candidates: Vec<JobId> = queue
                 .index
                 .holding
                 .iter()
@@ -1075,6 +1144,7 @@ impl<'a> Round<'a> {
                 .take_while(|id| self.job(*id).priority() < job.priority())
                 .take(IN_SHARE_CANDIDATES_SCAN_MAX)
                 .collect();
+            candidates.sort_by_key(|id| self.victim_key(self.job(*id)).0);
             let mut candidates = candidates.into_iter();
             if let Some((nodes, victims)) = self.choose_victims(q, job, || candidates.next()) {
                 self.nominate(q, job, nodes, victims, PreemptionKind::InShare);
@@ -1611,13 +1681,18 @@ impl<'a> Round<'a> {
 
 /// One borrowing share's borrowed jobs, lowest rank first.
 struct BorrowedStream<'a> {
-    jobs: std::iter::Rev<std::collections::btree_set::Iter<'a, crate::index::HoldingKey>>,
+    jobs: std::iter::Peekable<
+        std::iter::Rev<std::collections::btree_set::Iter<'a, crate::index::HoldingKey>>,
+    >,
     /// Which of them are borrowed, over the share's jobs not stopping and not yet yielded.
     borrowed: BorrowedFromLowest,
+    /// How many of its jobs are in the merge's heap: its next tier is pushed when none is.
+    in_heap: usize,
 }
 
-/// Victim order across streams: priority asc, then start desc, then id desc.
-type VictimKey = Reverse<(u32, Reverse<u64>, Reverse<JobId>)>;
+/// Victim order: priority asc, then work at risk asc, then placement desc, then id desc
+/// ([`Round::victim_key`]).
+type VictimKey = Reverse<(u32, u64, Reverse<u64>, Reverse<JobId>)>;
 
 /// The k-way merge of [`BorrowedStream`]s in victim order, bounded by
 /// `RECLAIM_CANDIDATES_SCAN_MAX`.
@@ -1628,21 +1703,30 @@ struct BorrowedMerge<'a> {
 }
 
 impl<'a> BorrowedMerge<'a> {
-    /// Pushes stream `i`'s next borrowed job, if it has one.
+    /// Pushes stream `i`'s borrowed jobs of its next priority tier (at most
+    /// `RECLAIM_CANDIDATES_SCAN_MAX` of them), if it has any: within a tier, victim order
+    /// depends on the work at risk, not on the rank the stream walks in, so the whole tier
+    /// goes in the heap at once. The set of borrowed jobs is the rank's, as before.
     fn refill(&mut self, round: &Round<'a>, i: usize) {
         let stream = &mut self.streams[i];
-        if !stream.borrowed.any_left() {
-            return;
-        }
-        for &(_, _, id) in stream.jobs.by_ref() {
+        let mut tier = None;
+        while stream.borrowed.any_left() && stream.in_heap < RECLAIM_CANDIDATES_SCAN_MAX {
+            let Some(&&(_, _, id)) = stream.jobs.peek() else {
+                return;
+            };
             if round.stopping(id) {
+                stream.jobs.next();
                 continue;
             }
             let job = round.job(id);
+            if tier.is_some_and(|priority| priority != job.priority()) {
+                return;
+            }
+            tier = Some(job.priority());
+            stream.jobs.next();
             stream.borrowed.pass(job.total_gpus());
-            let key = Reverse((job.priority(), Reverse(job.placed_index), Reverse(id)));
-            self.heap.push((key, i, id));
-            return;
+            self.heap.push((round.victim_key(job), i, id));
+            stream.in_heap += 1;
         }
     }
 
@@ -1652,7 +1736,10 @@ impl<'a> BorrowedMerge<'a> {
         }
         let (_, i, id) = self.heap.pop()?;
         self.yielded += 1;
-        self.refill(round, i);
+        self.streams[i].in_heap -= 1;
+        if self.streams[i].in_heap == 0 {
+            self.refill(round, i);
+        }
         Some(id)
     }
 }

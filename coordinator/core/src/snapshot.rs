@@ -124,6 +124,8 @@ impl State {
             events_issued,
             aws,
             sessions,
+            checkpoints,
+            clock_ms,
         } = &self.data;
         let mut head = SNAPSHOT_STATE_MAGIC.to_vec();
         head.extend_from_slice(&SNAPSHOT_STATE.current.to_le_bytes());
@@ -155,6 +157,8 @@ impl State {
                 encode(events_issued, &mut last);
                 encode(aws, &mut last);
                 encode(sessions, &mut last);
+                encode(checkpoints, &mut last);
+                encode(clock_ms, &mut last);
                 last
             },
         }

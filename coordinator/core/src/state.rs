@@ -409,6 +409,15 @@ pub struct StateData {
     pub aws: crate::aws::AwsState,
     /// The clients' write sessions (`crate::sessions`).
     pub sessions: crate::sessions::Sessions,
+    /// When each job that holds GPUs last checkpointed, as far as the coordinators know: the
+    /// leader's time of the entry that brought its agent's `Checkpointed` report. Dropped when
+    /// the job ends. Kept beside the jobs rather than in their records so that a job's record
+    /// does not change, nor its views wake up, at every checkpoint.
+    pub checkpoints: BTreeMap<JobId, u64>,
+    /// The leader's time of the last applied entry (never going back): what the scheduler
+    /// counts a running job's work at risk up to (`crate::scheduler`), so that a round stays
+    /// a function of the state alone.
+    pub clock_ms: u64,
 }
 
 /// The events read as a `Vec` (the same encoding), then made persistent: see

@@ -49,6 +49,8 @@ impl From<StateDataV4> for StateData {
             events_issued: 0,
             aws: Default::default(),
             sessions: Default::default(),
+            checkpoints: Default::default(),
+            clock_ms: 0,
         }
     }
 }

@@ -51,6 +51,8 @@ impl From<StateDataV5> for StateData {
             events_issued: v5.events_issued,
             aws: Default::default(),
             sessions: Default::default(),
+            checkpoints: Default::default(),
+            clock_ms: 0,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Version 6 of the snapshot state, kept so that this build reads what the previous one wrote
-//! (`quotient_common::version` says why and how). Version 7 adds the clients' write sessions at
-//! the end of `StateData` (`crate::sessions`); every field before them is as version 6 encoded
-//! it, so version 6 reads as today's types without them. Nothing here is ever written.
+//! (`quotient_common::version` says why and how). Version 7 adds the clients' write sessions
+//! (`crate::sessions`), jobs' last checkpoints and the entries' clock at the end of `StateData`; every field before
+//! them is as version 6 encoded it, so version 6 reads as today's types without them. Nothing
+//! here is ever written.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +52,8 @@ impl From<StateDataV6> for StateData {
             events_issued: v6.events_issued,
             aws: v6.aws,
             sessions: Default::default(),
+            checkpoints: Default::default(),
+            clock_ms: 0,
         }
     }
 }

@@ -35,6 +35,14 @@ impl State {
         if let Err(why) = self.data.sessions.check() {
             return fail(why);
         }
+        if let Some(id) = self
+            .data
+            .checkpoints
+            .keys()
+            .find(|id| !self.job(**id).is_some_and(|job| job.state.holds_gpus()))
+        {
+            return fail(format!("{id} has a checkpoint time but holds no GPUs"));
+        }
         let mut owners: BTreeMap<(NodeId, u32), JobId> = BTreeMap::new();
         for job in self.data.jobs.iter() {
             let slot = job

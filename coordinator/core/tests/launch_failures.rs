@@ -157,6 +157,7 @@ fn a_stale_launch_failure_is_refused() {
     }
     let mut after = sim.state.data().clone();
     after.last_applied_index = before.last_applied_index;
+    after.clock_ms = before.clock_ms;
     assert_eq!(after, before, "nothing changed");
     assert_eq!(sim.state_of(id), JobState::Scheduled);
 }

@@ -36,6 +36,11 @@ enum Op {
         gpus: u32,
         nodes: u32,
     },
+    /// One member of a job reports a checkpoint.
+    Checkpoint {
+        job: usize,
+        rank: u32,
+    },
     /// One member of a job exits on its own (for a job of one node, the job).
     MemberExit {
         job: usize,
@@ -114,6 +119,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     prop_oneof![
         6 => (0usize..5, 0usize..2, 0u32..10, 1u32..5, prop_oneof![4 => Just(1u32), 1 => 2u32..4]).prop_map(|(share, class, priority, gpus, nodes)| Op::Submit { share, class, priority, gpus, nodes }),
         1 => (0usize..64, 0u32..3, 0i32..2).prop_map(|(job, rank, code)| Op::MemberExit { job, rank, code }),
+        1 => (0usize..64, 0u32..3).prop_map(|(job, rank)| Op::Checkpoint { job, rank }),
         2 => (0usize..64, 0u32..10).prop_map(|(job, priority)| Op::Priority { job, priority }),
         2 => (0usize..64, 0i32..2).prop_map(|(job, code)| Op::Finish { job, code }),
         1 => (0usize..64).prop_map(|job| Op::Cancel { job }),
@@ -285,6 +291,22 @@ impl Model {
                     if live && record.state != JobState::Scheduled {
                         self.sim
                             .report_member(id, *rank, JobEvent::Exited { code: *code });
+                    }
+                }
+            }
+            Op::Checkpoint { job, rank } => {
+                if let Some(id) = self.jobs.get(*job).copied() {
+                    let record = self.sim.state.job(id).unwrap();
+                    let live = record
+                        .placement
+                        .get(*rank as usize)
+                        .is_some_and(|m| !m.stage.exited());
+                    if live {
+                        self.sim.report_member(id, *rank, JobEvent::Checkpointed);
+                        assert!(
+                            self.sim.state.data().checkpoints.contains_key(&id),
+                            "a checkpoint of {id} was not kept"
+                        );
                     }
                 }
             }

@@ -2,7 +2,7 @@
 
 mod support;
 
-use quotient_common::{JobState, NodeState, ShareState, ShareUpdate, Strategy};
+use quotient_common::{JobEvent, JobState, NodeState, ShareState, ShareUpdate, Strategy};
 use quotient_core::{
     explain, plan, Command, Outcome, Plan, PlanAction, PreemptionKind, Rejection, WaitReason,
 };
@@ -231,6 +231,56 @@ fn reclaim_victims_sit_on_one_node() {
     );
     sim.settle();
     assert_eq!(sim.state_of(b), JobState::Running);
+}
+
+/// Among borrowed jobs of the lowest priority, the victim is the one that loses the least
+/// work: time since its last checkpoint (or its start) times its GPUs, not merely the most
+/// recently started. The same order holds for in-share victims.
+#[test]
+fn victims_of_equal_priority_are_those_that_lose_the_least_work() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 3);
+    sim.ok(Command::CreateShare(lab("a", 1, None, true)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 2)));
+    let a: Vec<_> = (0..3)
+        .map(|i| sim.submit(job("a", &format!("a{i}"), 1, 1)))
+        .collect();
+    sim.settle();
+    assert!(a.iter().all(|j| sim.state_of(*j) == JobState::Running));
+    // a0 is within the limit; a1 and a2 borrow. a1 checkpoints after a2 started, so a2
+    // would lose more: 10 ms of work against a1's few.
+    sim.report(a[1], JobEvent::Checkpointed);
+    let b = sim.submit(job("b", "b", 1, 1));
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(
+        victims,
+        vec![a[1]],
+        "the borrowed job that checkpointed last"
+    );
+    let why = explain(&sim.state, a[1]).unwrap().details.join("\n");
+    assert!(
+        why.contains("losing the least work") && why.contains("since its last checkpoint"),
+        "{why}"
+    );
+    let running = explain(&sim.state, a[2]).unwrap().details.join("\n");
+    assert!(
+        running.contains("a preemption now would lose") && running.contains("no checkpoint"),
+        "{running}"
+    );
+    sim.settle();
+    assert_eq!(sim.state_of(b), JobState::Running);
+    assert_eq!(sim.state_of(a[1]), JobState::Runnable);
+
+    // In-share: a high-priority job of a preempts, of a0 and a2 (priority 1), the one that
+    // checkpointed last, though a2 started later.
+    sim.report(a[0], JobEvent::Checkpointed);
+    let urgent = sim.submit(job("a", "urgent", 9, 1));
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(victims, vec![a[0]], "the job that checkpointed last");
+    sim.settle();
+    assert_eq!(sim.state_of(urgent), JobState::Running);
 }
 
 /// Freed GPUs are nominated: they go to the job they were freed for, not to another.
@@ -712,14 +762,16 @@ fn invalid_commands_are_rejected_and_change_nothing() {
     for command in cases {
         let outcome = sim.apply(command.clone());
         assert!(outcome.is_rejected(), "{command:?} gave {outcome:?}");
-        // Only the applied index moves.
+        // Only the applied index and the entries' clock move.
         let mut data = sim.state.data().clone();
         data.last_applied_index = 1;
+        data.clock_ms = 1;
         let mut expected = quotient_core::State::from_snapshot_bytes(&before)
             .unwrap()
             .data()
             .clone();
         expected.last_applied_index = 1;
+        expected.clock_ms = 1;
         assert_eq!(data, expected, "{command:?} changed the state");
     }
     assert_eq!(
