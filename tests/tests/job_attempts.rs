@@ -1,6 +1,7 @@
 //! A job's attempts through real processes (one coordinator, one agent on the process
 //! runtime, the CLI): retries of failed attempts and the rules that stop them, the time limit
-//! that ends an attempt, and the times and attempt history that `job get` shows afterwards.
+//! that ends an attempt, the times and attempt history that `job get` shows afterwards, and
+//! a job's checkpoints as its agent sees them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -301,4 +302,44 @@ fn an_ended_job_shows_when_it_was_submitted_started_and_ended() {
         field(&text, "started").ends_with('Z') && field(&text, "started").contains('T'),
         "{text}"
     );
+}
+
+/// A job that touches its checkpoint marker is seen to checkpoint: `job get` shows when, in
+/// JSON and in text, and `job explain` says what a preemption would cost it now; once the job
+/// holds no GPUs, the time is gone (its next attempt would resume from that checkpoint).
+#[test]
+fn a_jobs_checkpoint_marker_reaches_job_get_and_explain() {
+    let cluster = DevCluster::one_gpu();
+    let id = cluster.submit(
+        "team",
+        &[],
+        &[
+            "sh",
+            "-c",
+            r#"sleep 1; touch "$QUOTIENT_CHECKPOINT_DIR/.quotient-checkpointed"; sleep 60"#,
+        ],
+    );
+    let view = poll_until(&format!("{id}'s checkpoint"), SETTLE, || {
+        let view = cluster.json(&["job", "get", &id, "-o", "json"]);
+        match view["last_checkpoint_ms"].as_u64() {
+            Some(_) => Ok(view),
+            None => Err(view.to_string()),
+        }
+    });
+    let at = view["last_checkpoint_ms"].as_u64().unwrap_or_default();
+    let started = view["started_ms"].as_u64().expect("it runs");
+    assert!(at >= started, "checkpointed after it started: {view}");
+    let text = cluster.ok(&["job", "get", &id]);
+    assert!(
+        text.contains(&format!("last checkpoint:  {}", rfc3339(at))),
+        "{text}"
+    );
+    let explained = cluster.ok(&["job", "explain", &id]);
+    assert!(
+        explained.contains("a preemption now would lose") && explained.contains("last checkpoint"),
+        "{explained}"
+    );
+    cluster.ok(&["job", "cancel", &id]);
+    let ended = cluster.wait_for_state(&id, "CANCELLED", SETTLE);
+    assert!(ended["last_checkpoint_ms"].is_null(), "{ended}");
 }
