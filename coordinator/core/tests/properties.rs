@@ -248,6 +248,18 @@ impl Model {
         (node < self.fleet.len()).then(|| format!("n{node}"))
     }
 
+    /// The id of the `job`-th job submitted, when its member `rank` holds GPUs and has not
+    /// exited.
+    fn live_member(&self, job: usize, rank: u32) -> Option<JobId> {
+        let id = self.jobs.get(job).copied()?;
+        let record = self.sim.state.job(id)?;
+        record
+            .placement
+            .get(rank as usize)
+            .is_some_and(|m| !m.stage.exited())
+            .then_some(id)
+    }
+
     fn run(&mut self, op: &Op) {
         match op {
             Op::Submit {
@@ -282,32 +294,20 @@ impl Model {
                 }
             }
             Op::MemberExit { job, rank, code } => {
-                if let Some(id) = self.jobs.get(*job).copied() {
-                    let record = self.sim.state.job(id).unwrap();
-                    let live = record
-                        .placement
-                        .get(*rank as usize)
-                        .is_some_and(|m| !m.stage.exited());
-                    if live && record.state != JobState::Scheduled {
+                if let Some(id) = self.live_member(*job, *rank) {
+                    if self.sim.state.job(id).unwrap().state != JobState::Scheduled {
                         self.sim
                             .report_member(id, *rank, JobEvent::Exited { code: *code });
                     }
                 }
             }
             Op::Checkpoint { job, rank } => {
-                if let Some(id) = self.jobs.get(*job).copied() {
-                    let record = self.sim.state.job(id).unwrap();
-                    let live = record
-                        .placement
-                        .get(*rank as usize)
-                        .is_some_and(|m| !m.stage.exited());
-                    if live {
-                        self.sim.report_member(id, *rank, JobEvent::Checkpointed);
-                        assert!(
-                            self.sim.state.data().checkpoints.contains_key(&id),
-                            "a checkpoint of {id} was not kept"
-                        );
-                    }
+                if let Some(id) = self.live_member(*job, *rank) {
+                    self.sim.report_member(id, *rank, JobEvent::Checkpointed);
+                    assert!(
+                        self.sim.state.data().checkpoints.contains_key(&id),
+                        "a checkpoint of {id} was not kept"
+                    );
                 }
             }
             Op::Cancel { job } => {
