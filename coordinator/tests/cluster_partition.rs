@@ -362,9 +362,10 @@ async fn late_copy_through_a_frozen_follower(
 async fn a_late_copy_of_a_write_held_by_a_frozen_follower_does_not_undo_a_newer_one() {
     // Proves the fix of what quotient-chaos found (seed 20261205, episode 816): a write sent
     // to a follower that froze, sent again elsewhere and answered, then overtaken by a newer
-    // write, reaches the leader when the follower thaws. Bare (without a session tag, as no
-    // client of this release sends it) the late copy still applies and undoes the newer write, which shows the test
-    // does deliver it; in the client's session it is refused and the newer write stands.
+    // write, reaches the leader when the follower thaws. Bare (without a session tag, which
+    // this release's client always sends) the late copy still applies and undoes the newer
+    // write, which shows the test does deliver it; in the client's session it is refused and
+    // the newer write stands.
     // Elections slow enough that the frozen follower, when it thaws, still follows the
     // leader and forwards the copy rather than standing for election.
     let cluster = Cluster::start(
