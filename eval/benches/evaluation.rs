@@ -72,8 +72,14 @@ fn main() {
             .map(|s| s.queue_delay_s_max)
             .fold(0.0, f64::max)
             / 3_600.0;
+        let starved_h = report
+            .shares
+            .values()
+            .map(|s| s.borrow_starved_s_max)
+            .fold(0.0, f64::max)
+            / 3_600.0;
         eprintln!(
-            "{} ({} borrowing): longest wait {worst_wait_h:.1} h, utilisation {:.3} (under backlog {:.3}, useful {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
+            "{} ({} borrowing): longest wait {worst_wait_h:.1} h, longest starved of borrowing {starved_h:.1} h, utilisation {:.3} (under backlog {:.3}, useful {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
             policy.as_str(),
             borrow_order.as_str(),
             report.utilisation,
@@ -89,6 +95,7 @@ fn main() {
             "policy": policy.as_str(),
             "borrow_order": borrow_order.as_str(),
             "longest_wait_h": worst_wait_h,
+            "longest_borrow_starved_h": starved_h,
             "utilisation": report.utilisation,
             "utilisation_under_backlog": report.utilisation_under_backlog,
             "useful_utilisation": report.useful_utilisation,

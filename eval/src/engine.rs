@@ -138,6 +138,12 @@ struct Engine<'t> {
     /// Whether an event of this instant may change what a round decides (a checkpoint alone
     /// does not call for one).
     dirty: bool,
+    /// Per share: since when its head waits for capacity to borrow, and whether another
+    /// share was given borrowed GPUs since; and the starved spans so far (longest, total ms).
+    starving: BTreeMap<String, (Option<u64>, bool)>,
+    starved: BTreeMap<String, (u64, u64)>,
+    /// Shares given borrowed GPUs at this instant.
+    borrowed_now: BTreeSet<String>,
 }
 
 /// Replays `jobs` (in submit order, as `read_trace` gives them) on `design` with `policy`.
@@ -178,6 +184,9 @@ pub fn evaluate(
             Policy::Quotient | Policy::Static => VictimOrder::LeastWorkAtRisk,
         },
         dirty: false,
+        starving: BTreeMap::new(),
+        starved: BTreeMap::new(),
+        borrowed_now: BTreeSet::new(),
     };
     for spec in &design.shares {
         engine.must(Command::CreateShare(spec.clone()))?;
@@ -199,8 +208,10 @@ pub fn evaluate(
         }
         if std::mem::take(&mut engine.dirty) {
             engine.schedule()?;
+            engine.watch_starving(&design);
         }
     }
+    engine.end_starving();
     Ok(engine.figures(&design, policy))
 }
 
@@ -441,6 +452,11 @@ impl Engine<'_> {
             for action in &actions {
                 match action {
                     PlanAction::Place { job, .. } | PlanAction::PlaceMembers { job, .. } => {
+                        if let Some(record) = self.state.job(*job) {
+                            if self.state.is_borrowed(record) {
+                                self.borrowed_now.insert(record.spec.share.clone());
+                            }
+                        }
                         self.start(*job)?
                     }
                     PlanAction::Preempt { job, kind, for_job } => {
@@ -503,6 +519,60 @@ impl Engine<'_> {
         self.at(self.now_ms + stop, Event::Exit(i, attempt));
     }
 
+    /// After an instant's rounds: which shares' heads wait for capacity to borrow, and whether
+    /// others were given borrowed GPUs meanwhile (`ShareReport::borrow_starved_s_max`).
+    fn watch_starving(&mut self, design: &Design) {
+        let borrowed_now = std::mem::take(&mut self.borrowed_now);
+        for share in &design.shares {
+            let waits = share.limits.keys().any(|class| {
+                self.state
+                    .queue_head(&share.name, class)
+                    .and_then(|id| self.state.job(id))
+                    .and_then(|job| self.state.reason(job))
+                    .is_some_and(|reason| {
+                        matches!(
+                            reason,
+                            quotient_core::WaitReason::NoBorrowableCapacity { .. }
+                        )
+                    })
+            });
+            let others = borrowed_now.iter().any(|name| *name != share.name);
+            let entry = self.starving.entry(share.name.clone()).or_default();
+            match (waits, entry.0) {
+                (true, None) => *entry = (Some(self.now_ms), others),
+                (true, Some(_)) => entry.1 |= others,
+                (false, Some(since)) => {
+                    let starved = entry.1;
+                    *entry = (None, false);
+                    if starved {
+                        self.note_starved(&share.name, self.now_ms - since);
+                    }
+                }
+                (false, None) => {}
+            }
+        }
+    }
+
+    /// Closes the spans still open when the replay ends.
+    fn end_starving(&mut self) {
+        let open: Vec<(String, u64)> = self
+            .starving
+            .iter()
+            .filter_map(|(name, (since, others))| {
+                since.filter(|_| *others).map(|since| (name.clone(), since))
+            })
+            .collect();
+        for (name, since) in open {
+            self.note_starved(&name, self.now_ms - since);
+        }
+    }
+
+    fn note_starved(&mut self, share: &str, ms: u64) {
+        let entry = self.starved.entry(share.to_string()).or_default();
+        entry.0 = entry.0.max(ms);
+        entry.1 += ms;
+    }
+
     fn figures(&self, design: &Design, policy: Policy) -> RunReport {
         let hours = |ms: u128| ms as f64 / 3_600_000.0;
         let gpus = design.gpus();
@@ -537,6 +607,12 @@ impl Engine<'_> {
                 }
             };
             delays.entry(&job.share).or_default().push(delay);
+        }
+        for (name, (longest, total)) in &self.starved {
+            if let Some(share) = shares.get_mut(name.as_str()) {
+                share.borrow_starved_s_max = *longest as f64 / 1_000.0;
+                share.borrow_starved_hours = hours(u128::from(*total));
+            }
         }
         for (name, mut waits) in delays {
             waits.sort_unstable();

@@ -84,6 +84,12 @@ pub struct ShareReport {
     /// Checkpoint signals its jobs got, and the work they lost.
     pub preemptions: u64,
     pub lost_gpu_hours: f64,
+    /// Starved of borrowing: the longest span, and the hours in all, during which its queue's
+    /// head waited for capacity to borrow (`NoBorrowableCapacity`) while other shares were
+    /// given borrowed GPUs. Waiting while nobody borrows is not starving: there was nothing
+    /// to give.
+    pub borrow_starved_s_max: f64,
+    pub borrow_starved_hours: f64,
 }
 
 /// The whole document `quotient what-if -o json` prints.

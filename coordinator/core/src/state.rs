@@ -656,6 +656,11 @@ impl State {
     }
 
     /// The RUNNABLE jobs of a share and class, in queue order (priority desc, submit asc).
+    /// The first job of `share`'s queue of `class`, without collecting the queue.
+    pub fn queue_head(&self, share: &str, class: &GpuClass) -> Option<JobId> {
+        self.index.queue(share, class).next()
+    }
+
     pub fn queue(&self, share: &str, class: &GpuClass) -> Vec<JobId> {
         self.index.queue(share, class).collect()
     }
