@@ -224,3 +224,72 @@ fn the_fair_order_lends_the_last_idle_gpu_to_the_share_holding_least_of_its_limi
     assert_eq!(fair.shares["b"].queue_delay_s_max, 0.0);
     assert_eq!(fair.shares["a"].queue_delay_s_max, 600.0);
 }
+
+/// `a` runs two borrowed jobs of 4 GPUs on the same node: `a3`, which checkpoints every
+/// 1,000 s and has just done so when `b` reclaims at 1,100 s, and `a4`, placed later but never
+/// checkpointing. The naive order takes the most recently placed (`a4`, 600 s lost); Quotient
+/// takes the one with the least work at risk (`a3`, 100 s lost).
+const CHECKPOINTED_VICTIM: &str = r#"
+{"submit_s": 0, "share": "a", "gpus": 4, "run_s": 3600}
+{"submit_s": 0, "share": "a", "gpus": 4, "run_s": 3600}
+{"submit_s": 0, "share": "a", "gpus": 4, "run_s": 3600, "checkpoint_s": 1000}
+{"submit_s": 500, "share": "a", "gpus": 4, "run_s": 3600}
+{"submit_s": 1100, "share": "b", "gpus": 4, "run_s": 600}
+"#;
+
+#[test]
+fn quotient_takes_the_victim_that_checkpointed_last_and_the_naive_order_the_newest() {
+    let design = two_shares();
+    let quotient = run(&design, CHECKPOINTED_VICTIM, Policy::Quotient);
+    let naive = run(&design, CHECKPOINTED_VICTIM, Policy::NaiveVictims);
+    assert_eq!((quotient.preemptions, naive.preemptions), (1, 1));
+    // Signalled at 1,100 s, exited 20 s later, 4 GPUs.
+    let hours = |seconds: f64| seconds * 4.0 / 3_600.0;
+    assert!(
+        (quotient.lost_gpu_hours - hours(120.0)).abs() < 1e-9,
+        "{quotient:?}"
+    );
+    assert!(
+        (naive.lost_gpu_hours - hours(620.0)).abs() < 1e-9,
+        "{naive:?}"
+    );
+}
+
+/// Two shares borrow from `b`: `a`'s 8-GPU job borrows a node for 600 s, then `a`'s next
+/// one, submitted before `c`'s, takes it again for an hour while `c`'s head waits.
+const STARVED: &str = r#"
+{"submit_s": 0, "share": "a", "gpus": 4, "run_s": 7200}
+{"submit_s": 0, "share": "c", "gpus": 4, "run_s": 7200}
+{"submit_s": 1, "share": "a", "gpus": 8, "run_s": 600}
+{"submit_s": 1, "share": "a", "gpus": 8, "run_s": 3600}
+{"submit_s": 2, "share": "c", "gpus": 4, "run_s": 600}
+"#;
+
+#[test]
+fn a_share_waiting_to_borrow_while_another_borrows_is_counted_as_starved() {
+    let shares = SharesFile::parse(
+        "[[share]]\nname = \"a\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 4 }\n\
+         [[share]]\nname = \"b\"\nstrategy = \"lend\"\nlimits = { h100 = 8 }\n\
+         [[share]]\nname = \"c\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 4 }\n",
+    )
+    .unwrap();
+    let fleet =
+        FleetFile::parse("[[pool]]\nclass = \"h100\"\nnodes = 2\ngpus_per_node = 8\n").unwrap();
+    let design = Design {
+        shares: shares.specs().unwrap(),
+        nodes: fleet.nodes().unwrap(),
+    };
+    let report = run(&design, STARVED, Policy::Quotient);
+    let (a, c) = (&report.shares["a"], &report.shares["c"]);
+    assert_eq!(a.borrow_starved_s_max, 0.0, "{a:?}");
+    // From its submit at 2 s to the end of a's second borrowed job, about 601 + 3,600 s.
+    assert!(
+        c.borrow_starved_s_max >= 4_000.0 && c.borrow_starved_s_max <= 4_300.0,
+        "{c:?}"
+    );
+    let partitioned = run(&design, STARVED, Policy::Static);
+    assert!(partitioned
+        .shares
+        .values()
+        .all(|share| share.borrow_starved_s_max == 0.0));
+}
