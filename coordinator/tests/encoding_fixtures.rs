@@ -482,6 +482,7 @@ async fn a_data_directory_of_every_version_reads_back() {
             let session = state.sessions().get(0x5e55).expect("the session");
             assert_eq!((session.low, session.applied.len()), (2, 1));
             assert_eq!(state.data().checkpoints.get(&JobId(1)), Some(&time_ms(9)));
+            assert_eq!(state.data().clock_ms, time_ms(COMMITTED_INDEX));
         }
     }
 }
