@@ -12,6 +12,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use quotient_common::api::{ClusterView, JobView, NodeView, ShareView};
+pub use quotient_common::duration::human_duration;
 use serde::Serialize;
 
 /// The output format, `-o table|json|csv`.
@@ -217,18 +218,6 @@ pub fn rfc3339(ms: u64) -> String {
                 .ok()
         })
         .unwrap_or_else(|| format!("{ms} ms"))
-}
-
-/// A duration in milliseconds for people: `850ms`, `42s`, `3m07s`, `5h02m`, `2d03h`.
-pub fn human_duration(ms: u64) -> String {
-    let seconds = ms / 1000;
-    match seconds {
-        0 => format!("{ms}ms"),
-        1..60 => format!("{seconds}s"),
-        60..3600 => format!("{}m{:02}s", seconds / 60, seconds % 60),
-        3600..86_400 => format!("{}h{:02}m", seconds / 3600, seconds % 3600 / 60),
-        _ => format!("{}d{:02}h", seconds / 86_400, seconds % 86_400 / 3600),
-    }
 }
 
 /// The attempts of a job, a line each: number, node, start and end, how it ended.

@@ -1,4 +1,5 @@
-//! Durations as people write them on command lines: a whole number and a unit.
+//! Durations as people write them on command lines (a whole number and a unit), and as they
+//! read them.
 
 /// The largest number a duration may hold before its unit (about 35 years in milliseconds).
 const DURATION_NUMBER_MAX: u64 = 1 << 40;
@@ -42,4 +43,16 @@ pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let day_of_year = (153 * month_index + 2) / 5 + day - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
+}
+
+/// A duration in milliseconds for people: `850ms`, `42s`, `3m07s`, `5h02m`, `2d03h`.
+pub fn human_duration(ms: u64) -> String {
+    let seconds = ms / 1000;
+    match seconds {
+        0 => format!("{ms}ms"),
+        1..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m{:02}s", seconds / 60, seconds % 60),
+        3600..86_400 => format!("{}h{:02}m", seconds / 3600, seconds % 3600 / 60),
+        _ => format!("{}d{:02}h", seconds / 86_400, seconds % 86_400 / 3600),
+    }
 }

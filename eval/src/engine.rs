@@ -635,6 +635,7 @@ impl Engine<'_> {
         let available = u128::from(gpus) * u128::from(window_ms);
         let used: u128 = self.tracks.iter().map(|t| t.used_gpu_ms).sum();
         let lost: u128 = self.tracks.iter().map(|t| t.lost_gpu_ms).sum();
+        let utilisation = ratio(self.busy_gpu_ms, available);
         RunReport {
             policy: policy.as_str().to_string(),
             design: String::new(),
@@ -647,7 +648,7 @@ impl Engine<'_> {
             makespan_hours: hours(u128::from(
                 self.now_ms - EPOCH_MS - self.jobs.first().map_or(0, |j| j.submit_ms),
             )),
-            utilisation: ratio(self.busy_gpu_ms, available),
+            utilisation,
             backlog_hours: hours(u128::from(self.backlog_ms)),
             utilisation_under_backlog: ratio(
                 self.backlog_busy_gpu_ms,
@@ -655,8 +656,7 @@ impl Engine<'_> {
             ),
             used_gpu_hours: hours(used),
             lost_gpu_hours: hours(lost),
-            useful_utilisation: ratio(self.busy_gpu_ms, available)
-                * (1.0 - ratio(lost, used.max(1))),
+            useful_utilisation: utilisation * (1.0 - ratio(lost, used.max(1))),
             preemptions: self.preemptions.values().sum(),
             preemptions_by_kind: self.preemptions.clone(),
             jobs_preempted_over_3: loops,

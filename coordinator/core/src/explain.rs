@@ -1,5 +1,6 @@
 //! `explain`: why a job waits, why it was preempted, or how it ended, in words.
 
+use quotient_common::duration::human_duration;
 use quotient_common::{JobId, JobState};
 
 use crate::accounting::share_accounts;
@@ -184,30 +185,11 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
 /// For a job that runs or is being preempted: what a preemption costs it, which is how the
 /// scheduler picks among victims of equal priority (least work at risk first).
 fn work_at_risk_line(state: &State, job: &crate::state::JobRecord) -> Option<String> {
-    if !matches!(job.state, JobState::Running | JobState::Preempting) {
-        return None;
-    }
+    use crate::state::PreemptionKind;
     let started = job.started_ms?;
-    let checkpoint = state.data().checkpoints.get(&job.id).copied();
-    // A victim's risk is counted when it was chosen; a running job's, as of the last entry.
-    let at = match (job.state, job.stop.as_deref()) {
-        (JobState::Running, _) => state.data().clock_ms,
-        (_, Some(StopCause::Preempted(p)))
-            if matches!(
-                p.kind,
-                crate::state::PreemptionKind::Reclaim | crate::state::PreemptionKind::InShare
-            ) =>
-        {
-            p.at_ms
-        }
-        _ => return None,
-    };
-    let gpus = job.total_gpus();
-    let (since, what) = match checkpoint {
-        Some(at_ms) if at_ms >= started => {
-            (at_ms, format!("its last checkpoint at {}", utc_time(at_ms)))
-        }
-        _ => (
+    let since = match state.checkpoint_in_attempt(job) {
+        Some(at) => (at, format!("its last checkpoint at {}", utc_time(at))),
+        None => (
             started,
             format!(
                 "it started at {} (no checkpoint seen since)",
@@ -215,28 +197,27 @@ fn work_at_risk_line(state: &State, job: &crate::state::JobRecord) -> Option<Str
             ),
         ),
     };
-    let lost = rough_duration(at.saturating_sub(since));
-    let verb = if job.state == JobState::Preempting {
-        "it was chosen among victims of its priority for losing the least work"
-    } else {
-        "a preemption now would lose"
-    };
-    Some(match job.state {
-        JobState::Preempting => format!(
-            "{verb}: {lost} on {gpus} GPU(s) since {what} (victims are taken lowest priority first, then least work at risk)"
-        ),
-        _ => format!("{verb} {lost} on {gpus} GPU(s): the time since {what}"),
-    })
-}
-
-/// A span as people say it: `2h 5m`, `4m 30s`, `12s`, `800ms`.
-fn rough_duration(ms: u64) -> String {
-    let (h, m, s) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1_000 % 60);
-    match (h, m, s) {
-        (0, 0, 0) => format!("{ms}ms"),
-        (0, 0, s) => format!("{s}s"),
-        (0, m, s) => format!("{m}m {s}s"),
-        (h, m, _) => format!("{h}h {m}m"),
+    let lost = |at_ms: u64| human_duration(at_ms.saturating_sub(since.0));
+    let gpus = job.total_gpus();
+    let what = &since.1;
+    match (job.state, job.stop.as_deref()) {
+        // A running job's risk as of the last entry.
+        (JobState::Running, _) => Some(format!(
+            "a preemption now would lose {} on {gpus} GPU(s): the time since {what}",
+            lost(state.data().clock_ms)
+        )),
+        // A victim's, when it was chosen.
+        (JobState::Preempting, Some(StopCause::Preempted(p)))
+            if matches!(p.kind, PreemptionKind::Reclaim | PreemptionKind::InShare) =>
+        {
+            Some(format!(
+                "it was chosen among victims of its priority for losing the least work: {} on \
+                 {gpus} GPU(s) since {what} (victims are taken lowest priority first, then \
+                 least work at risk)",
+                lost(p.at_ms)
+            ))
+        }
+        _ => None,
     }
 }
 

@@ -107,8 +107,8 @@ pub fn plan_ordered(
 /// How victims of equal priority are chosen (phases 2 and 4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum VictimOrder {
-    /// The least work at risk first: time since the last checkpoint (or the start) times
-    /// GPUs. What Quotient does.
+    /// The least work at risk first: the time since the last checkpoint (or the start), per
+    /// GPU freed ([`Round::work_at_risk`]). What Quotient does.
     #[default]
     LeastWorkAtRisk,
     /// The most recently placed first, checkpoints unseen: the naive choice that the
@@ -1098,12 +1098,7 @@ impl<'a> Round<'a> {
         let Some(started) = job.started_ms else {
             return 0;
         };
-        let since = self
-            .state
-            .data
-            .checkpoints
-            .get(&job.id)
-            .map_or(started, |at| (*at).max(started));
+        let since = self.state.checkpoint_in_attempt(job).unwrap_or(started);
         self.state.data.clock_ms.saturating_sub(since)
     }
 
@@ -1144,7 +1139,7 @@ impl<'a> Round<'a> {
                 .take_while(|id| self.job(*id).priority() < job.priority())
                 .take(IN_SHARE_CANDIDATES_SCAN_MAX)
                 .collect();
-            candidates.sort_by_key(|id| self.victim_key(self.job(*id)).0);
+            candidates.sort_by_cached_key(|id| self.victim_key(self.job(*id)).0);
             let mut candidates = candidates.into_iter();
             if let Some((nodes, victims)) = self.choose_victims(q, job, || candidates.next()) {
                 self.nominate(q, job, nodes, victims, PreemptionKind::InShare);

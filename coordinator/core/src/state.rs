@@ -656,6 +656,18 @@ impl State {
     }
 
     /// The RUNNABLE jobs of a share and class, in queue order (priority desc, submit asc).
+    /// The last checkpoint the coordinators know of in `job`'s current attempt: its
+    /// checkpoint time when it is not before the attempt started running. The work a
+    /// preemption would cost the job runs from there, or from its start when there is none.
+    pub fn checkpoint_in_attempt(&self, job: &JobRecord) -> Option<u64> {
+        let started = job.started_ms?;
+        self.data
+            .checkpoints
+            .get(&job.id)
+            .copied()
+            .filter(|at| *at >= started)
+    }
+
     /// The first job of `share`'s queue of `class`, without collecting the queue.
     pub fn queue_head(&self, share: &str, class: &GpuClass) -> Option<JobId> {
         self.index.queue(share, class).next()
