@@ -1412,9 +1412,19 @@ impl<'a> Round<'a> {
         q: usize,
         job: &'a JobRecord,
         nodes: Vec<NodeId>,
-        victims: Vec<JobId>,
+        mut victims: Vec<JobId>,
         kind: PreemptionKind,
     ) {
+        if kind == PreemptionKind::Reclaim {
+            // Lowest rank first, the order in which each was found borrowed: each is then
+            // still borrowed when it is applied, after those before it have stopped. In
+            // victim order, a job ranked below another could be applied after it, when the
+            // share's GPUs left may no longer be above its limit.
+            victims.sort_by_key(|v| {
+                let victim = self.job(*v);
+                Reverse((Reverse(victim.priority()), victim.placed_index, victim.id))
+            });
+        }
         for v in &victims {
             self.preempt(*v, kind, Some(job.id));
         }

@@ -283,6 +283,39 @@ fn victims_of_equal_priority_are_those_that_lose_the_least_work() {
     assert_eq!(sim.state_of(urgent), JobState::Running);
 }
 
+/// A reclaim that needs several borrowed jobs of one share applies whole, whatever order of
+/// work at risk found them in. Here b2 checkpointed last, so it is taken first, but it ranks
+/// above b3: applied first, it would leave b3 no longer borrowed (the share at its limit)
+/// when b3's turn came, and the plan would be refused in part. The plan lists them lowest
+/// rank first.
+#[test]
+fn a_reclaim_of_several_borrowed_jobs_of_one_share_applies_whole() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 8);
+    sim.ok(Command::CreateShare(lab("b", 3, None, false)));
+    let b: Vec<_> = [("b1", 2), ("b2", 2), ("b3", 1)]
+        .into_iter()
+        .map(|(name, gpus)| {
+            let id = sim.submit(job("b", name, 1, gpus));
+            sim.settle();
+            assert_eq!(sim.state_of(id), JobState::Running);
+            id
+        })
+        .collect();
+    // b holds 5 of its limit 3: b3 and b2 are borrowed (lowest rank first, while what is
+    // left is above the limit).
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 6)));
+    sim.report(b[1], JobEvent::Checkpointed);
+    let a = sim.submit(job("a", "a", 1, 6));
+    // `round` checks that the plan applies whole.
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(victims, vec![b[2], b[1]], "lowest rank first");
+    sim.settle();
+    assert_eq!(sim.state_of(a), JobState::Running);
+    assert_eq!(sim.state_of(b[0]), JobState::Running);
+}
+
 /// Freed GPUs are nominated: they go to the job they were freed for, not to another.
 #[test]
 fn nominations_keep_freed_gpus_for_their_job() {
