@@ -302,7 +302,7 @@ impl Demo {
             gpu_class: None,
             payload: JobPayload {
                 image: None,
-                command: vec![self.script.display().to_string()],
+                command: vec![self.script.display().to_string()].into(),
             },
             env: Default::default(),
             checkpoint_signal: Signal::Sigterm,

@@ -128,7 +128,7 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
         gpu_class: args.gpu_class.clone(),
         payload: JobPayload {
             image: args.image.clone(),
-            command: args.command.clone(),
+            command: args.command.clone().into(),
         },
         env: env.into(),
         checkpoint_signal: args.checkpoint_signal,
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(spec.checkpoint_signal, Signal::Sigusr1);
         assert_eq!(spec.grace_period_ms, 45_000);
         assert_eq!(spec.max_preemptions, Some(2));
-        assert_eq!(spec.env["B"], "x=y");
+        assert_eq!(&spec.env["B"], "x=y");
         assert_eq!(spec.idempotency_key.as_deref(), Some("k1"));
         assert_eq!(spec.payload.command, ["python", "train.py", "--lr", "3"]);
     }

@@ -4,51 +4,65 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+
+use crate::packed::{PackedIter, PackedStrs};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Names to values, sorted by name, each name once: a job's environment.
 ///
-/// A sorted vector rather than a `BTreeMap`: a map's first node has room for eleven pairs
-/// whatever it holds, about 550 bytes for the two or three variables a job usually sets, and
-/// the live state holds one per job (a million jobs, half a GiB; docs: BENCHMARKS.md, the
-/// restart). It encodes exactly as the `BTreeMap` it replaced: a map, in name order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EnvVars(Vec<(String, String)>);
+/// Names and values in turn, packed in one allocation ([`PackedStrs`]) rather than a
+/// `BTreeMap` (a map's first node has room for eleven pairs whatever it holds, about 550
+/// bytes for the two or three variables a job usually sets) or a vector of string pairs (an
+/// allocation per string): the live state holds one per job (a million jobs; docs:
+/// BENCHMARKS.md, the live state). Lookups scan, which is cheap at the few variables a job
+/// sets (at most `ENV_ENTRIES_MAX`). It encodes exactly as the `BTreeMap` it replaced: a
+/// map, in name order.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EnvVars(PackedStrs);
 
 impl EnvVars {
     pub fn new() -> EnvVars {
-        EnvVars(Vec::new())
+        EnvVars(PackedStrs::new())
     }
 
-    fn find(&self, name: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(key, _)| key.as_str().cmp(name))
-    }
-
-    pub fn get(&self, name: &str) -> Option<&String> {
-        self.find(name).ok().map(|at| &self.0[at].1)
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value)
     }
 
     pub fn contains_key(&self, name: &str) -> bool {
-        self.find(name).is_ok()
+        self.get(name).is_some()
     }
 
     /// Sets `name` to `value`; the value it had, if any.
     pub fn insert(&mut self, name: String, value: String) -> Option<String> {
-        match self.find(&name) {
-            Ok(at) => Some(std::mem::replace(&mut self.0[at].1, value)),
-            Err(at) => {
-                self.0.insert(at, (name, value));
-                None
-            }
-        }
+        let old = self.get(&name).map(str::to_string);
+        let pairs: Vec<(&str, &str)> = self
+            .iter()
+            .filter(|(key, _)| *key != name)
+            .chain([(name.as_str(), value.as_str())])
+            .collect();
+        *self = EnvVars::sorted(pairs);
+        old
     }
 
     pub fn remove(&mut self, name: &str) -> Option<String> {
-        self.find(name).ok().map(|at| self.0.remove(at).1)
+        let old = self.get(name).map(str::to_string)?;
+        let kept: Vec<(&str, &str)> = self.iter().filter(|(key, _)| *key != name).collect();
+        *self = EnvVars::sorted(kept);
+        Some(old)
+    }
+
+    /// Packs `pairs`, each name once, sorting them by name.
+    fn sorted(mut pairs: Vec<(&str, &str)>) -> EnvVars {
+        pairs.sort_by(|a, b| a.0.cmp(b.0));
+        EnvVars(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect())
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.0.len() / 2
     }
 
     pub fn is_empty(&self) -> bool {
@@ -56,25 +70,45 @@ impl EnvVars {
     }
 
     /// The variables in name order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&String, &String)> + '_ {
-        self.0.iter().map(|(key, value)| (key, value))
+    pub fn iter(&self) -> Pairs<'_> {
+        Pairs(self.0.iter())
     }
 
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &String> + '_ {
-        self.0.iter().map(|(key, _)| key)
+    pub fn keys(&self) -> impl Iterator<Item = &str> + '_ {
+        self.iter().map(|(key, _)| key)
     }
 
     /// The variables as a `BTreeMap`.
     pub fn to_map(&self) -> BTreeMap<String, String> {
-        self.0.iter().cloned().collect()
+        self.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+impl fmt::Debug for EnvVars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+/// An environment's variables, `(name, value)`, in name order.
+#[derive(Debug, Clone)]
+pub struct Pairs<'a>(PackedIter<'a>);
+
+impl<'a> Iterator for Pairs<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<(&'a str, &'a str)> {
+        Some((self.0.next()?, self.0.next()?))
     }
 }
 
 impl std::ops::Index<&str> for EnvVars {
-    type Output = String;
+    type Output = str;
 
     /// The value of `name`; panics when it is not set, as a map's index does.
-    fn index(&self, name: &str) -> &String {
+    fn index(&self, name: &str) -> &str {
         self.get(name)
             .unwrap_or_else(|| panic!("no environment variable {name}"))
     }
@@ -93,23 +127,32 @@ impl FromIterator<(String, String)> for EnvVars {
                 _ => kept.push(pair),
             }
         }
-        kept.shrink_to_fit();
-        EnvVars(kept)
+        EnvVars(
+            kept.iter()
+                .flat_map(|(k, v)| [k.as_str(), v.as_str()])
+                .collect(),
+        )
     }
 }
 
 impl Extend<(String, String)> for EnvVars {
     fn extend<I: IntoIterator<Item = (String, String)>>(&mut self, pairs: I) {
-        for (name, value) in pairs {
-            self.insert(name, value);
-        }
+        let vars = self
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain(pairs);
+        *self = vars.collect();
     }
 }
 
 impl From<BTreeMap<String, String>> for EnvVars {
     fn from(map: BTreeMap<String, String>) -> EnvVars {
         // Already sorted, each name once.
-        EnvVars(map.into_iter().collect())
+        EnvVars(
+            map.iter()
+                .flat_map(|(k, v)| [k.as_str(), v.as_str()])
+                .collect(),
+        )
     }
 }
 
@@ -119,37 +162,22 @@ impl<const N: usize> From<[(String, String); N]> for EnvVars {
     }
 }
 
-impl IntoIterator for EnvVars {
-    type Item = (String, String);
-    type IntoIter = std::vec::IntoIter<(String, String)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
-}
-
-/// A pair as a map's iterator gives it.
-fn as_refs(pair: &(String, String)) -> (&String, &String) {
-    (&pair.0, &pair.1)
-}
-
 impl<'a> IntoIterator for &'a EnvVars {
-    type Item = (&'a String, &'a String);
-    type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (String, String)>,
-        fn(&(String, String)) -> (&String, &String),
-    >;
+    type Item = (&'a str, &'a str);
+    type IntoIter = Pairs<'a>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        self.0
-            .iter()
-            .map(as_refs as fn(&(String, String)) -> (&String, &String))
+    fn into_iter(self) -> Pairs<'a> {
+        self.iter()
     }
 }
 
 impl Serialize for EnvVars {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.iter())
+        let mut map = serializer.serialize_map(Some(self.len()))?;
+        for (name, value) in self.iter() {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
     }
 }
 
@@ -195,7 +223,7 @@ mod tests {
         let vars: EnvVars = items.clone().into_iter().collect();
         let map: BTreeMap<String, String> = items.into_iter().collect();
         assert_eq!(vars.to_map(), map);
-        assert_eq!(vars["SEED"], "8");
+        assert_eq!(&vars["SEED"], "8");
         assert_eq!(vars.len(), 3);
         let config = bincode::config::standard();
         let ours = bincode::serde::encode_to_vec(&vars, config).unwrap();
@@ -212,8 +240,12 @@ mod tests {
         assert_eq!(edited.insert("B".into(), "2".into()), None);
         assert_eq!(edited.insert("A".into(), "0".into()), Some("1".into()));
         assert_eq!(edited.remove("M"), Some("x".into()));
-        let names: Vec<&String> = edited.keys().collect();
+        let names: Vec<&str> = edited.keys().collect();
         assert_eq!(names, ["A", "B", "SEED"]);
         assert!(edited.contains_key("B") && !edited.contains_key("M"));
+        let mut extended = edited.clone();
+        extended.extend([("A".to_string(), "9".to_string()), ("Z".into(), "z".into())]);
+        assert_eq!(extended.keys().collect::<Vec<_>>(), ["A", "B", "SEED", "Z"]);
+        assert_eq!(&extended["A"], "9");
     }
 }

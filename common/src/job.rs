@@ -148,7 +148,7 @@ pub struct JobPayload {
     /// The container image; `None` runs `command` as a process on the agent's host.
     pub image: Option<String>,
     /// The command and its arguments (the image's own command when empty and `image` is set).
-    pub command: Vec<String>,
+    pub command: crate::Args,
 }
 
 /// Everything a user states about a job at submit time.
@@ -202,7 +202,7 @@ impl JobSpec {
             gpu_class: None,
             payload: JobPayload {
                 image: None,
-                command,
+                command: command.into(),
             },
             env: crate::EnvVars::new(),
             checkpoint_signal: Signal::Sigterm,
@@ -286,8 +286,8 @@ impl JobSpec {
             if !valid {
                 return Err(SpecError::EnvName(key.chars().take(300).collect()));
             }
-            if RESERVED_ENV.contains(&key.as_str()) {
-                return Err(SpecError::EnvReserved(key.clone()));
+            if RESERVED_ENV.contains(&key) {
+                return Err(SpecError::EnvReserved(key.to_string()));
             }
             check_len("an env value", value, FIELD_BYTES_MAX)?;
         }
@@ -530,7 +530,7 @@ mod tests {
         j.gpus = 65;
         assert!(matches!(j.validate(), Err(SpecError::GpusTooMany { .. })));
         let mut j = job();
-        j.payload.command.clear();
+        j.payload.command = crate::Args::new();
         assert_eq!(j.validate(), Err(SpecError::NoPayload));
         j.payload.image = Some("trainer:1".into());
         assert_eq!(j.validate(), Ok(()));
@@ -576,7 +576,9 @@ mod tests {
         j.payload.command.push("b".repeat(rest));
         assert_eq!(j.launch_bytes(), LAUNCH_BYTES_MAX);
         assert_eq!(j.validate(), Ok(()));
-        j.payload.command.last_mut().unwrap().push('b');
+        let mut longer = j.payload.command.to_vec();
+        longer.last_mut().unwrap().push('b');
+        j.payload.command = longer.into();
         assert!(matches!(
             j.validate(),
             Err(SpecError::LaunchTooLarge { .. })

@@ -190,7 +190,7 @@ mod tests {
                 named.name = Some(name);
                 named.payload = JobPayload {
                     image: Some("image".into()),
-                    command: Vec::new(),
+                    command: crate::Args::new(),
                 };
                 assert_eq!(named.validate(), Ok(()), "{text:?}");
             }

@@ -31,6 +31,7 @@
 
 pub mod agent_api;
 pub mod api;
+pub mod args;
 pub mod backup;
 #[cfg(feature = "net")]
 pub mod certs;
@@ -50,6 +51,7 @@ pub mod log_format;
 pub mod metrics_http;
 pub mod name;
 pub mod node;
+pub mod packed;
 pub mod rejection;
 pub mod retry;
 pub mod rng;
@@ -61,6 +63,7 @@ pub mod tls;
 pub mod transport;
 pub mod version;
 
+pub use args::Args;
 pub use cluster_id::ClusterId;
 pub use env_vars::EnvVars;
 pub use error_code::ErrorCode;

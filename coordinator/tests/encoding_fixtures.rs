@@ -446,7 +446,7 @@ fn check_state(state: &State) {
         ]
     );
     let train = state.job(JobId(1)).expect("train-1");
-    assert_eq!(train.spec.env.get("SEED").map(String::as_str), Some("7"));
+    assert_eq!(train.spec.env.get("SEED"), Some("7"));
     assert_eq!(train.spec.idempotency_key.as_deref(), Some("run-1"));
     assert_eq!(train.allocation().map(|a| a.gpu_indices().len()), Some(2));
     assert_eq!(state.job(JobId(2)).expect("train-2").spec.priority, 3);

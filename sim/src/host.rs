@@ -204,12 +204,13 @@ impl SimRuntime {
 
     fn start_now(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
         let now = self.now();
-        let behaviour =
-            Behaviour::parse(&spec.payload.command).ok_or_else(|| RuntimeError::InvalidLaunch {
+        let behaviour = Behaviour::parse(&spec.payload.command.to_vec()).ok_or_else(|| {
+            RuntimeError::InvalidLaunch {
                 job: spec.job,
                 attempt: spec.attempt,
                 problem: "not a simulated job's command".to_string(),
-            })?;
+            }
+        })?;
         let mut host = self.host();
         let handle_taken = host.procs.iter().any(|proc| {
             !proc.removed && proc.handle.job == spec.job && proc.handle.attempt == spec.attempt

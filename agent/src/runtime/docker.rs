@@ -474,7 +474,7 @@ impl Runtime for DockerRuntime {
         });
         let config = Config {
             image: Some(image.clone()),
-            cmd: (!spec.payload.command.is_empty()).then(|| spec.payload.command.clone()),
+            cmd: (!spec.payload.command.is_empty()).then(|| spec.payload.command.to_vec()),
             entrypoint: sagemaker
                 .as_ref()
                 .and_then(|prepared| prepared.entrypoint.clone()),

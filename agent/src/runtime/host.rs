@@ -224,7 +224,7 @@ mod tests {
             attempt: 1,
             payload: JobPayload {
                 image: image.map(str::to_string),
-                command: vec!["true".into()],
+                command: ["true"].into(),
             },
             env: BTreeMap::new(),
             gpu_indices: Vec::new(),

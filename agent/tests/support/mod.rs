@@ -88,7 +88,7 @@ pub fn launch(
         attempt,
         payload: JobPayload {
             image: image.map(str::to_string),
-            command,
+            command: command.into(),
         },
         env: BTreeMap::from([("TRAIN_EPOCHS".to_string(), "3".to_string())]),
         gpu_indices: vec![1, 3],

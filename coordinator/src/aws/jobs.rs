@@ -707,7 +707,7 @@ mod tests {
         assert_eq!(spec.payload.command, vec!["train".to_string()]);
         assert_eq!(spec.gpu_class.as_ref().map(|c| c.as_str()), Some("a100"));
         assert_eq!((spec.gpus, spec.nodes), (8, 2));
-        assert_eq!(spec.env["MODE"], "fast");
+        assert_eq!(&spec.env["MODE"], "fast");
         // The smaller of the two limits.
         assert_eq!(spec.time_limit_ms, Some(3_600_000));
         assert_eq!(spec.retry.retries, 2);
