@@ -13,7 +13,7 @@ pub const GPU_CLASS_BYTES_MAX: usize = 64;
 
 /// A normalised GPU class, e.g. `a10g`, `h100-80gb`: lowercase `[a-z0-9-]`, 1-64 bytes.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct GpuClass(String);
+pub struct GpuClass(Box<str>);
 
 impl GpuClass {
     /// Parses a class written by a user or a config file; it must already be normalised.
@@ -26,7 +26,7 @@ impl GpuClass {
             && !text.starts_with('-')
             && !text.ends_with('-');
         if ok {
-            Ok(GpuClass(text.to_string()))
+            Ok(GpuClass(text.into()))
         } else {
             Err(SpecError::GpuClass(text.chars().take(80).collect()))
         }
@@ -73,9 +73,9 @@ impl GpuClass {
         class.truncate(GPU_CLASS_BYTES_MAX);
         let class = class.trim_matches('-').to_string();
         if class.is_empty() {
-            GpuClass("unknown".to_string())
+            GpuClass("unknown".into())
         } else {
-            GpuClass(class)
+            GpuClass(class.into())
         }
     }
 

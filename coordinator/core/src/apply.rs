@@ -16,7 +16,7 @@ use crate::changes::Changes;
 use crate::command::{ApplyCtx, Command, JobEvent, JobReport, Outcome, PlanReport, Rejection};
 use crate::limits::{ACTIVE_JOBS_MAX, JOBS_MAX, LAUNCH_REQUEUES_MAX, NODES_MAX, SHARES_MAX};
 use crate::plan::{Plan, PlanAction};
-use crate::reason::WaitReason;
+use crate::reason::{LaunchFailure, WaitReason};
 use crate::rules::{
     admit, available_for_job, limit_of, resources_for, runs_on, BorrowedFromLowest,
 };
@@ -922,7 +922,7 @@ impl State {
             job.placement.clear();
             job.started_ms = None;
             job.exit_code = None;
-            let reason = WaitReason::LaunchFailed {
+            let reason = WaitReason::LaunchFailed(Box::new(LaunchFailure {
                 node,
                 tries,
                 fault,
@@ -931,7 +931,7 @@ impl State {
                 message: bounded_launch_message(&message),
                 requeues,
                 requeues_max: LAUNCH_REQUEUES_MAX,
-            };
+            }));
             let outcome = reason.to_string();
             end_attempt(job, now, None, outcome.clone());
             if requeue {
@@ -975,7 +975,7 @@ impl State {
                 }
                 PlanAction::NominateNodes { job, nodes } => {
                     self.check_nominate_nodes(job, &nodes).map(|()| {
-                        self.update_job(job, |j| j.nominations = nodes);
+                        self.update_job(job, |j| j.nominations = nodes.into());
                         report.nominated += 1;
                     })
                 }
@@ -986,7 +986,7 @@ impl State {
                     })
                 }
                 PlanAction::Nominate { job, node } => self.check_nominate(job, node).map(|()| {
-                    self.update_job(job, |j| j.nominations = vec![node]);
+                    self.update_job(job, |j| j.nominations = thin_vec::thin_vec![node]);
                     report.nominated += 1;
                 }),
                 PlanAction::ClearNomination { job } => match self.job(job) {
@@ -1134,7 +1134,7 @@ impl State {
             }
             job.last_node = names.into_iter().next();
             job.state = JobState::Scheduled;
-            job.placement = placement;
+            job.placement = placement.into();
             job.placed_index = ctx.log_index;
             job.attempts += 1;
             job.nominations.clear();

@@ -386,7 +386,7 @@ impl Index {
                 .insert(key);
             if !job.nominations.is_empty() {
                 let nominee = Nominee {
-                    nodes: job.nominations.clone(),
+                    nodes: job.nominations.to_vec(),
                     class: class.clone(),
                     share: share.clone(),
                     gpus: job.gpus(),

@@ -56,7 +56,7 @@ pub use command::{
 };
 pub use explain::{explain, Explanation};
 pub use plan::{Plan, PlanAction};
-pub use reason::WaitReason;
+pub use reason::{GangWait, LaunchFailure, WaitReason};
 pub use scheduler::{
     plan, plan_avoiding, plan_choosing, plan_ordered, plan_with, BorrowOrder, VictimOrder,
     DEFAULT_TOPOLOGY_KEY,

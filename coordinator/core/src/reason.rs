@@ -60,17 +60,11 @@ pub enum WaitReason {
     /// Its last attempt could not be launched on `node` after `tries` tries. A fault of the
     /// job ends it FAILED; a fault of the node sends it back to the queue, and fails it once
     /// that has happened more than `requeues_max` times.
-    LaunchFailed {
-        node: String,
-        tries: u32,
-        fault: LaunchFault,
-        /// The runtime's last error, as the agent reported it.
-        message: String,
-        /// Times the job went back to the queue after a node's launch failure, this one
-        /// included when the fault was the node's.
-        requeues: u32,
-        requeues_max: u32,
-    },
+    ///
+    /// This variant and [`WaitReason::GangWaiting`] are the largest; boxed, they keep every
+    /// job's reason small (a finished job keeps one for as long as retention says). A box
+    /// encodes as what it holds, so the encoding is that of the fields inline.
+    LaunchFailed(Box<LaunchFailure>),
     /// Nodes have the GPUs, but none of them can run the job otherwise: `unfit` says why
     /// not on the first such node (no Docker, the image missing, too few CPUs or memory).
     NodeUnfit {
@@ -81,14 +75,7 @@ pub enum WaitReason {
     /// A job of several nodes, within its share's quota, waits for enough whole nodes:
     /// `nodes` nodes with `gpus` free GPUs each (all with one value of label `same`, if
     /// set); `qualify` have them now; `held` are the nodes kept free for it as they drain.
-    GangWaiting {
-        class: GpuClass,
-        gpus: u32,
-        nodes: u32,
-        same: Option<String>,
-        qualify: u32,
-        held: Vec<String>,
-    },
+    GangWaiting(Box<GangWait>),
     /// A job of several nodes asks for more nodes than the class has (schedulable, with its
     /// GPUs per node).
     TooFewNodes {
@@ -97,6 +84,31 @@ pub enum WaitReason {
         nodes: u32,
         have: u32,
     },
+}
+
+/// What [`WaitReason::LaunchFailed`] holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchFailure {
+    pub node: String,
+    pub tries: u32,
+    pub fault: LaunchFault,
+    /// The runtime's last error, as the agent reported it.
+    pub message: String,
+    /// Times the job went back to the queue after a node's launch failure, this one
+    /// included when the fault was the node's.
+    pub requeues: u32,
+    pub requeues_max: u32,
+}
+
+/// What [`WaitReason::GangWaiting`] holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangWait {
+    pub class: GpuClass,
+    pub gpus: u32,
+    pub nodes: u32,
+    pub same: Option<String>,
+    pub qualify: u32,
+    pub held: Vec<String>,
 }
 
 impl fmt::Display for WaitReason {
@@ -145,7 +157,8 @@ impl fmt::Display for WaitReason {
                 f,
                 "no ready node with {gpus} free {class} GPUs can run it; on the first: {unfit}"
             ),
-            WaitReason::GangWaiting { class, gpus, nodes, same, qualify, held } => {
+            WaitReason::GangWaiting(wait) => {
+                let GangWait { class, gpus, nodes, same, qualify, held } = &**wait;
                 write!(f, "needs {nodes} nodes with {gpus} free {class} each")?;
                 if let Some(key) = same {
                     write!(f, " sharing one {key}")?;
@@ -162,7 +175,9 @@ impl fmt::Display for WaitReason {
                 f,
                 "asks for {nodes} nodes with {gpus} {class} GPUs each, but only {have} schedulable nodes have that many; resubmit with fewer nodes or add nodes"
             ),
-            WaitReason::LaunchFailed { node, tries, fault, message, requeues, requeues_max } => {
+            WaitReason::LaunchFailed(failure) => {
+                let LaunchFailure { node, tries, fault, message, requeues, requeues_max } =
+                    &**failure;
                 let tries_word = if *tries == 1 { "try" } else { "tries" };
                 write!(f, "launch failed on node {node} after {tries} {tries_word}: {message}; ")?;
                 match fault {
@@ -180,5 +195,55 @@ impl fmt::Display for WaitReason {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The boxed variants encode as the struct variants they were: the variant's number,
+    /// then the fields in order (snapshots and log entries written before still read).
+    #[test]
+    fn boxed_variants_encode_as_their_fields_inline() {
+        fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+            bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap()
+        }
+        let failure = LaunchFailure {
+            node: "gpu-1".into(),
+            tries: 3,
+            fault: LaunchFault::Node,
+            message: "no such image".into(),
+            requeues: 1,
+            requeues_max: 5,
+        };
+        let inline = (
+            10u32,
+            (
+                "gpu-1",
+                3u32,
+                LaunchFault::Node,
+                "no such image",
+                1u32,
+                5u32,
+            ),
+        );
+        assert_eq!(
+            encode(&WaitReason::LaunchFailed(Box::new(failure))),
+            encode(&inline)
+        );
+        let wait = GangWait {
+            class: GpuClass::parse("a10g").unwrap(),
+            gpus: 8,
+            nodes: 4,
+            same: Some("rack".into()),
+            qualify: 2,
+            held: vec!["n1".into()],
+        };
+        let inline = (12u32, ("a10g", 8u32, 4u32, Some("rack"), 2u32, vec!["n1"]));
+        assert_eq!(
+            encode(&WaitReason::GangWaiting(Box::new(wait))),
+            encode(&inline)
+        );
     }
 }

@@ -26,7 +26,7 @@ use quotient_common::{GpuClass, JobId, JobState, ShareSpec};
 use crate::index::{ClassCapacity, JobSize, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
-use crate::reason::WaitReason;
+use crate::reason::{GangWait, WaitReason};
 use crate::rules::{
     admit, available_for_job, can_ever_fit, limit_of, reserved_idle_of, resources_for, runs_on,
     Admission, BorrowedFromLowest, Refusal, Unfit,
@@ -630,8 +630,8 @@ impl<'a> Round<'a> {
                 let qualify = self.gang_qualify(job, nodes);
                 let known = matches!(
                     job.reason.as_deref(),
-                    Some(WaitReason::GangWaiting { qualify: q, held, .. })
-                        if *q == qualify && held.len() == nodes.len()
+                    Some(WaitReason::GangWaiting(wait))
+                        if wait.qualify == qualify && wait.held.len() == nodes.len()
                 );
                 let blocked = if known {
                     Blocked::Known
@@ -882,14 +882,16 @@ impl<'a> Round<'a> {
                         unfit: unfit.to_string(),
                     }))
                 }
-                Err((qualify, _)) => Err(Blocked::Reason(WaitReason::GangWaiting {
-                    class: class.clone(),
-                    gpus: job.gpus(),
-                    nodes: job.node_count(),
-                    same: job.spec.same.clone(),
-                    qualify,
-                    held: Vec::new(),
-                })),
+                Err((qualify, _)) => Err(Blocked::Reason(WaitReason::GangWaiting(Box::new(
+                    GangWait {
+                        class: class.clone(),
+                        gpus: job.gpus(),
+                        nodes: job.node_count(),
+                        same: job.spec.same.clone(),
+                        qualify,
+                        held: Vec::new(),
+                    },
+                )))),
             };
         }
         let node = match scratch.best_fit(job.gpus(), accept) {
@@ -1486,7 +1488,7 @@ impl<'a> Round<'a> {
         // Healthy GPU counts of the nodes held so far this round, per class.
         let mut held_now: Vec<(&GpuClass, u32)> = Vec::new();
         for q in self.blocked_in_order() {
-            let Some((id, Blocked::Reason(WaitReason::GangWaiting { .. }))) =
+            let Some((id, Blocked::Reason(WaitReason::GangWaiting(_)))) =
                 self.queues[q].blocked.as_ref()
             else {
                 continue;
@@ -1607,14 +1609,14 @@ impl<'a> Round<'a> {
     /// have its GPUs free now.
     fn gang_waiting(&self, job: &JobRecord, held: &[NodeId]) -> WaitReason {
         let qualify = self.gang_qualify(job, held);
-        WaitReason::GangWaiting {
+        WaitReason::GangWaiting(Box::new(GangWait {
             class: job.class().clone(),
             gpus: job.gpus(),
             nodes: job.node_count(),
             same: job.spec.same.clone(),
             qualify,
             held: held.iter().map(|n| self.node_name(*n)).collect(),
-        }
+        }))
     }
 
     fn preempt(&mut self, job: JobId, kind: PreemptionKind, for_job: Option<JobId>) {

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use thin_vec::ThinVec;
 
 use quotient_common::{
     GpuClass, GpuDevice, HostInfo, JobId, JobSpec, JobState, NodeState, ShareSpec,
@@ -189,7 +190,7 @@ pub struct JobRecord {
     pub preemptions: u32,
     /// What it holds, one allocation per member in rank order, each on its own node; empty
     /// while it holds nothing. All or none: a job is placed, and frees its GPUs, as a unit.
-    pub placement: Vec<Allocation>,
+    pub placement: ThinVec<Allocation>,
     /// The log index of its current placement: the "start order" of spec rule 2.
     pub placed_index: u64,
     pub started_ms: Option<u64>,
@@ -198,7 +199,7 @@ pub struct JobRecord {
     pub stop: Option<Box<StopCause>>,
     pub last_preemption: Option<Box<Preemption>>,
     /// The nodes that keep GPUs free for this job (one per member, or none).
-    pub nominations: Vec<NodeId>,
+    pub nominations: ThinVec<NodeId>,
     /// Why it waits (RUNNABLE) or why it ended (terminal).
     pub reason: Option<Box<WaitReason>>,
     pub exit_code: Option<i32>,
@@ -216,7 +217,7 @@ pub struct JobRecord {
     /// When it first ran: the end of its wait in the queue.
     pub first_started_ms: Option<u64>,
     /// Its latest attempts, oldest first, at most [`ATTEMPT_HISTORY_MAX`].
-    pub history: Vec<AttemptRecord>,
+    pub history: ThinVec<AttemptRecord>,
 }
 
 impl JobRecord {
@@ -229,12 +230,12 @@ impl JobRecord {
             submitted_ms,
             attempts: 0,
             preemptions: 0,
-            placement: Vec::new(),
+            placement: ThinVec::new(),
             placed_index: 0,
             started_ms: None,
             stop: None,
             last_preemption: None,
-            nominations: Vec::new(),
+            nominations: ThinVec::new(),
             reason: None,
             exit_code: None,
             ended_ms: None,
@@ -243,7 +244,7 @@ impl JobRecord {
             launch_requeues: 0,
             retries_used: 0,
             first_started_ms: None,
-            history: Vec::new(),
+            history: ThinVec::new(),
         }
     }
 

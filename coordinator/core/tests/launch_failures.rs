@@ -191,11 +191,8 @@ fn a_launch_failure_reason_survives_a_snapshot() {
     assert_eq!(restored.job(id), sim.state.job(id));
     assert!(matches!(
         restored.job(id).unwrap().reason.as_deref(),
-        Some(WaitReason::LaunchFailed {
-            fault: LaunchFault::Node,
-            requeues: 1,
-            ..
-        })
+        Some(WaitReason::LaunchFailed(failure))
+            if failure.fault == LaunchFault::Node && failure.requeues == 1
     ));
 }
 
@@ -223,7 +220,8 @@ fn a_launch_message_longer_than_its_limit_is_cut_in_the_reason() {
     };
     sim.ok(Command::ReportJob(report));
     match sim.state.job(broken).unwrap().reason.as_deref() {
-        Some(WaitReason::LaunchFailed { message, .. }) => {
+        Some(WaitReason::LaunchFailed(failure)) => {
+            let message = &failure.message;
             assert!(
                 message.len() <= LAUNCH_MESSAGE_BYTES_MAX,
                 "{}",
