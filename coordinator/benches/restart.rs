@@ -22,7 +22,7 @@ use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{
     BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, RaftSnapshotBuilder, Vote,
 };
-use quotient_client::ApiClient;
+use quotient_client::{ApiClient, RetryPolicy};
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::certs::{self, Role};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
@@ -182,7 +182,15 @@ fn main() {
     let pid = child.id();
     let tls = TlsIdentity::load(&TlsFiles::in_dir(&certs_dir, "bench")).expect("tls");
     let served = runtime.block_on(async {
-        let client = ApiClient::with_identity(vec![address.clone()], tls).expect("a client");
+        // Handshakes given up after 100 ms: the first ones go to a port no one listens on
+        // yet, and QUIC hears nothing back; with the default 2 s, when the coordinator starts
+        // listening matters less than when the handshake under way is resent.
+        let client = ApiClient::with_identity(vec![address.clone()], tls)
+            .expect("a client")
+            .with_policy(RetryPolicy {
+                connect_deadline: Duration::from_millis(100),
+                ..RetryPolicy::default()
+            });
         loop {
             match client.call(ApiRequest::list_jobs(1)).await {
                 Ok(ApiResponse::Jobs(page)) => {

@@ -169,6 +169,35 @@ async fn snapshot_file_restores_state_after_restart() {
         .expect("a snapshot");
     assert_eq!(current.meta, expected_meta);
     assert_eq!(current.snapshot.into_inner(), expected_bytes);
+    // The first answer came from the copy `open` kept; the next is read from the file.
+    let again = sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("a snapshot");
+    assert_eq!(again.meta, expected_meta);
+    assert_eq!(again.snapshot.into_inner(), expected_bytes);
+
+    // Reopened, and a newer snapshot written before anyone asked: the copy `open` kept is
+    // not the current snapshot any more.
+    let mut sm = QuotientStateMachine::open(dir.path()).expect("reopen");
+    sm.apply([normal(3, register("gpu-b", 2_000))])
+        .await
+        .expect("apply");
+    let newer = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    assert_eq!(newer.meta.last_log_id, Some(log_id(1, 3)));
+    let current = sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("a snapshot");
+    assert_eq!(current.meta, newer.meta);
+    assert_eq!(current.snapshot.into_inner(), newer.snapshot.into_inner());
 }
 
 #[tokio::test]
