@@ -653,20 +653,20 @@ mod tests {
     #[test]
     fn the_environment_gives_the_rendezvous() {
         let env = job_environment(&spec(), GpuNumbering::HostIndices);
-        assert_eq!(&env["QUOTIENT_NODE_RANK"], "0");
-        assert_eq!(&env["QUOTIENT_NUM_NODES"], "1");
-        assert_eq!(&env["QUOTIENT_HOSTS"], "10.0.0.7");
-        assert_eq!(&env["MASTER_ADDR"], "127.0.0.1");
-        assert_eq!(&env["MASTER_PORT"], "29600");
+        assert_eq!(env["QUOTIENT_NODE_RANK"], "0");
+        assert_eq!(env["QUOTIENT_NUM_NODES"], "1");
+        assert_eq!(env["QUOTIENT_HOSTS"], "10.0.0.7");
+        assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
+        assert_eq!(env["MASTER_PORT"], "29600");
         assert_eq!(
             (env["NNODES"].as_str(), env["NODE_RANK"].as_str()),
             ("1", "0")
         );
-        assert_eq!(&env["WORLD_SIZE"], "2");
+        assert_eq!(env["WORLD_SIZE"], "2");
         let mut own = spec();
         own.env.insert("MASTER_PORT".into(), "40000".into());
         let env = job_environment(&own, GpuNumbering::HostIndices);
-        assert_eq!(&env["MASTER_PORT"], "40000");
+        assert_eq!(env["MASTER_PORT"], "40000");
         assert_ne!(free_port(), 0);
     }
 
@@ -674,16 +674,16 @@ mod tests {
     #[test]
     fn the_environment_names_the_job_and_its_gpus() {
         let env = job_environment(&spec(), GpuNumbering::HostIndices);
-        assert_eq!(&env["QUOTIENT_JOB_ID"], "j-7");
-        assert_eq!(&env["QUOTIENT_ATTEMPT"], "2");
-        assert_eq!(&env["QUOTIENT_CHECKPOINT_DIR"], "/state/checkpoints/j-7");
-        assert_eq!(&env["CUDA_VISIBLE_DEVICES"], "2,5");
-        assert_eq!(&env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
-        assert_eq!(&env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
-        assert_eq!(&env["EPOCHS"], "3");
+        assert_eq!(env["QUOTIENT_JOB_ID"], "j-7");
+        assert_eq!(env["QUOTIENT_ATTEMPT"], "2");
+        assert_eq!(env["QUOTIENT_CHECKPOINT_DIR"], "/state/checkpoints/j-7");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2,5");
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+        assert_eq!(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
+        assert_eq!(env["EPOCHS"], "3");
         let env = job_environment(&spec(), GpuNumbering::ContainerLocal);
-        assert_eq!(&env["CUDA_VISIBLE_DEVICES"], "0,1");
-        assert_eq!(&env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0,1");
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
         assert!(!env.contains_key("CUDA_DEVICE_ORDER"));
         assert!(!env.contains_key("PATH") && !env.contains_key("QUOTIENT_WORK_DIR"));
     }
@@ -694,10 +694,10 @@ mod tests {
     fn a_process_environment_is_clean_with_defaults_the_job_may_override() {
         let env = process_environment(&spec());
         assert_eq!(env["PATH"], JOB_PATH_DEFAULT);
-        assert_eq!(&env["HOME"], "/state/work/j-7-2");
-        assert_eq!(&env["LANG"], "C.UTF-8");
-        assert_eq!(&env["QUOTIENT_WORK_DIR"], "/state/work/j-7-2");
-        assert_eq!(&env["EPOCHS"], "3");
+        assert_eq!(env["HOME"], "/state/work/j-7-2");
+        assert_eq!(env["LANG"], "C.UTF-8");
+        assert_eq!(env["QUOTIENT_WORK_DIR"], "/state/work/j-7-2");
+        assert_eq!(env["EPOCHS"], "3");
         let expected: std::collections::BTreeSet<&str> = [
             "PATH",
             "HOME",
@@ -730,8 +730,8 @@ mod tests {
         own.env.insert("PATH".into(), "/opt/job/bin".into());
         own.env.insert("LANG".into(), "de_DE.UTF-8".into());
         let env = process_environment(&own);
-        assert_eq!(&env["PATH"], "/opt/job/bin");
-        assert_eq!(&env["LANG"], "de_DE.UTF-8");
+        assert_eq!(env["PATH"], "/opt/job/bin");
+        assert_eq!(env["LANG"], "de_DE.UTF-8");
     }
 
     /// Users resolve through the password database; unknown ones do not.

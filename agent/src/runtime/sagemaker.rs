@@ -361,14 +361,14 @@ mod tests {
             .is_dir());
         assert!(spec.checkpoint_dir.join("model").is_dir());
         let env = &prepared.env;
-        assert_eq!(&env["SM_CURRENT_HOST"], "algo-2");
+        assert_eq!(env["SM_CURRENT_HOST"], "algo-2");
         assert_eq!(env["SM_HOSTS"], r#"["algo-1","algo-2"]"#);
-        assert_eq!(&env["SM_NUM_GPUS"], "2");
-        assert_eq!(&env["SM_HP_EPOCHS"], "3");
-        assert_eq!(&env["SM_CHANNEL_TRAIN"], "/opt/ml/input/data/train");
-        assert_eq!(&env["SM_MASTER_ADDR"], "algo-1");
-        assert_eq!(&env["SM_MASTER_PORT"], "29700");
-        assert_eq!(&env["SM_MODEL_DIR"], "/opt/ml/model");
+        assert_eq!(env["SM_NUM_GPUS"], "2");
+        assert_eq!(env["SM_HP_EPOCHS"], "3");
+        assert_eq!(env["SM_CHANNEL_TRAIN"], "/opt/ml/input/data/train");
+        assert_eq!(env["SM_MASTER_ADDR"], "algo-1");
+        assert_eq!(env["SM_MASTER_PORT"], "29700");
+        assert_eq!(env["SM_MODEL_DIR"], "/opt/ml/model");
         assert_eq!(
             prepared.extra_hosts,
             vec!["algo-1:10.0.0.1".to_string(), "algo-2:10.0.0.2".to_string()]
