@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use quotient_eval::generate::{generate, GenerateOptions};
+use quotient_eval::report::ShareReport;
 use quotient_eval::trace::{parse_trace, write_trace};
 use quotient_eval::{evaluate, BorrowOrder, Design, Options, Policy};
 
@@ -66,18 +67,12 @@ fn main() {
         line["days"] = options.days.into();
         line["offered_load"] = options.load.into();
         line["replay_s"] = replay_s.into();
-        let worst_wait_h = report
-            .shares
-            .values()
-            .map(|s| s.queue_delay_s_max)
-            .fold(0.0, f64::max)
-            / 3_600.0;
-        let starved_h = report
-            .shares
-            .values()
-            .map(|s| s.borrow_starved_s_max)
-            .fold(0.0, f64::max)
-            / 3_600.0;
+        // The longest of a figure in seconds over the shares, in hours.
+        let longest_h = |seconds: fn(&ShareReport) -> f64| {
+            report.shares.values().map(seconds).fold(0.0, f64::max) / 3_600.0
+        };
+        let worst_wait_h = longest_h(|s| s.queue_delay_s_max);
+        let starved_h = longest_h(|s| s.borrow_starved_s_max);
         eprintln!(
             "{} ({} borrowing): longest wait {worst_wait_h:.1} h, longest starved of borrowing {starved_h:.1} h, utilisation {:.3} (under backlog {:.3}, useful {:.3}), lost {:.0} GPU-h, {} preemptions, {} loops, reclaim p95 {:.0} s, replayed in {replay_s:.1} s",
             policy.as_str(),

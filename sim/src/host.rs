@@ -44,8 +44,9 @@ impl Behaviour {
         ]
     }
 
-    pub fn parse(command: &[String]) -> Option<Behaviour> {
-        if command.first().map(String::as_str) != Some(SIM_JOB) {
+    pub fn parse<S: AsRef<str>>(command: impl IntoIterator<Item = S>) -> Option<Behaviour> {
+        let mut words = command.into_iter();
+        if words.next()?.as_ref() != SIM_JOB {
             return None;
         }
         let mut behaviour = Behaviour {
@@ -53,8 +54,8 @@ impl Behaviour {
             checkpoint_ms: None,
             code: 0,
         };
-        for word in &command[1..] {
-            let (key, value) = word.split_once('=')?;
+        for word in words {
+            let (key, value) = word.as_ref().split_once('=')?;
             match key {
                 "run_ms" => behaviour.run_ms = value.parse().ok()?,
                 "checkpoint_ms" if value == "never" => behaviour.checkpoint_ms = None,
@@ -204,13 +205,12 @@ impl SimRuntime {
 
     fn start_now(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
         let now = self.now();
-        let behaviour = Behaviour::parse(&spec.payload.command.to_vec()).ok_or_else(|| {
-            RuntimeError::InvalidLaunch {
+        let behaviour =
+            Behaviour::parse(&spec.payload.command).ok_or_else(|| RuntimeError::InvalidLaunch {
                 job: spec.job,
                 attempt: spec.attempt,
                 problem: "not a simulated job's command".to_string(),
-            }
-        })?;
+            })?;
         let mut host = self.host();
         let handle_taken = host.procs.iter().any(|proc| {
             !proc.removed && proc.handle.job == spec.job && proc.handle.attempt == spec.attempt
@@ -379,12 +379,12 @@ mod tests {
             checkpoint_ms: Some(300),
             code: 3,
         };
-        assert_eq!(Behaviour::parse(&behaviour.command()), Some(behaviour));
+        assert_eq!(Behaviour::parse(behaviour.command()), Some(behaviour));
         let never = Behaviour {
             checkpoint_ms: None,
             ..behaviour
         };
-        assert_eq!(Behaviour::parse(&never.command()), Some(never));
+        assert_eq!(Behaviour::parse(never.command()), Some(never));
         assert_eq!(Behaviour::parse(&["sleep".to_string()]), None);
     }
 

@@ -22,6 +22,11 @@ pub type QueueKey = (Reverse<u32>, JobId);
 /// A holding job's key: priority descending, then start order ascending.
 pub type HoldingKey = (Reverse<u32>, u64, JobId);
 
+/// `job`'s [`HoldingKey`]: where it ranks among its share's jobs that hold GPUs.
+pub fn holding_key(job: &JobRecord) -> HoldingKey {
+    (Reverse(job.priority()), job.placed_index, job.id)
+}
+
 /// A job's size: GPUs per node, then nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JobSize {
@@ -398,9 +403,7 @@ impl Index {
         }
         if !job.placement.is_empty() {
             let index = self.share_class_mut(&share, &class);
-            index
-                .holding
-                .insert((Reverse(job.priority()), job.placed_index, job.id));
+            index.holding.insert(holding_key(job));
             let before = index.usage + index.kept;
             index.usage += u64::from(job.total_gpus());
             let after = index.usage + index.kept;
@@ -466,9 +469,7 @@ impl Index {
         }
         if !job.placement.is_empty() {
             let index = self.share_class_mut(share, &class);
-            index
-                .holding
-                .remove(&(Reverse(job.priority()), job.placed_index, job.id));
+            index.holding.remove(&holding_key(job));
             let before = index.usage + index.kept;
             index.usage -= u64::from(job.total_gpus());
             let after = index.usage + index.kept;

@@ -23,7 +23,7 @@ use std::iter::Peekable;
 
 use quotient_common::{GpuClass, JobId, JobState, ShareSpec};
 
-use crate::index::{ClassCapacity, JobSize, NodeSlot, QueueKey, ShareClassIndex};
+use crate::index::{holding_key, ClassCapacity, JobSize, NodeSlot, QueueKey, ShareClassIndex};
 use crate::limits::{IN_SHARE_CANDIDATES_SCAN_MAX, RECLAIM_CANDIDATES_SCAN_MAX};
 use crate::plan::{Plan, PlanAction};
 use crate::reason::{GangWait, WaitReason};
@@ -1422,10 +1422,7 @@ impl<'a> Round<'a> {
             // still borrowed when it is applied, after those before it have stopped. In
             // victim order, a job ranked below another could be applied after it, when the
             // share's GPUs left may no longer be above its limit.
-            victims.sort_by_key(|v| {
-                let victim = self.job(*v);
-                Reverse((Reverse(victim.priority()), victim.placed_index, victim.id))
-            });
+            victims.sort_by_key(|v| Reverse(holding_key(self.job(*v))));
         }
         for v in &victims {
             self.preempt(*v, kind, Some(job.id));

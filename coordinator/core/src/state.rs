@@ -656,7 +656,6 @@ impl State {
         self.index.jobs_on_node(node).collect()
     }
 
-    /// The RUNNABLE jobs of a share and class, in queue order (priority desc, submit asc).
     /// The last checkpoint the coordinators know of in `job`'s current attempt: its
     /// checkpoint time when it is not before the attempt started running. The work a
     /// preemption would cost the job runs from there, or from its start when there is none.
@@ -674,6 +673,7 @@ impl State {
         self.index.queue(share, class).next()
     }
 
+    /// The RUNNABLE jobs of a share and class, in queue order (priority desc, submit asc).
     pub fn queue(&self, share: &str, class: &GpuClass) -> Vec<JobId> {
         self.index.queue(share, class).collect()
     }
