@@ -31,11 +31,6 @@ impl PackedStrs {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    /// The bytes of the strings and their lengths: what the list holds.
-    pub fn packed_len(&self) -> usize {
-        self.0.len()
-    }
 }
 
 impl<S: AsRef<str>> FromIterator<S> for PackedStrs {
