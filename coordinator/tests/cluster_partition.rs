@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use quotient_client::{ApiClient, ClientError};
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::{JobId, JobSpec};
-use support::{
-    create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, poll_until, submit, Cluster,
-};
+use support::{create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, submit, Cluster};
 
 /// A call to the cut-off leader gives up after this, within one attempt's deadline
 /// (`quotient_client::policy::ATTEMPT_DEADLINE_MS`): its answer never comes.
@@ -320,13 +318,17 @@ async fn borrow_limit(client: &ApiClient) -> Option<u32> {
 
 /// Sends `first` to the frozen `follower` to be forwarded to the leader, then `retry` and
 /// `newer` to the leader, and resumes the follower, which then serves the held-up copy.
+/// Returns the held-up call, which ends with the answer the follower relays once the leader
+/// has dealt with the copy. The call waits rather than giving up after a deadline: a client
+/// that gives up drops its connection, and a thawing follower that reads the close along
+/// with the stream may drop the request unserved, which would make the test a coin toss.
 async fn late_copy_through_a_frozen_follower(
     cluster: &Cluster,
     follower: u64,
     first: ApiRequest,
     retry: ApiRequest,
     newer: ApiRequest,
-) {
+) -> tokio::task::JoinHandle<Result<ApiResponse, ClientError>> {
     let admin = cluster.admin();
     // A connection to the follower, opened before it freezes, so that the write reaches its
     // socket and waits there.
@@ -337,25 +339,42 @@ async fn late_copy_through_a_frozen_follower(
         .await
         .expect("the follower answers before it freezes");
     cluster.pause(follower);
-    let held = to_follower
-        .call_one(
-            &address,
-            ApiRequest::ViaLeader(Box::new(first)),
-            Duration::from_secs(1),
-        )
-        .await;
-    eprintln!("the write sent to the frozen follower: {held:?}");
+    let held = tokio::spawn(async move {
+        to_follower
+            .call_one(
+                &address,
+                ApiRequest::ViaLeader(Box::new(first)),
+                Duration::from_secs(60),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
-        held.is_err(),
-        "a frozen coordinator cannot answer: {held:?}"
+        !held.is_finished(),
+        "a frozen coordinator cannot answer: {:?}",
+        held.await
     );
-    // The client sends it again, has its answer, and moves on to a newer write.
+    // The client (another one here) sends it again, has its answer, and moves on to a newer
+    // write.
     for request in [retry, newer] {
         let answer = admin.call(request).await;
         assert!(matches!(answer, Ok(ApiResponse::Done)), "{answer:?}");
     }
     assert_eq!(borrow_limit(&admin).await, Some(20));
     cluster.resume(follower);
+    held
+}
+
+/// The answer to the held-up call of [`late_copy_through_a_frozen_follower`].
+async fn answer_to_the_late_copy(
+    held: tokio::task::JoinHandle<Result<ApiResponse, ClientError>>,
+) -> Result<ApiResponse, ClientError> {
+    let answer = tokio::time::timeout(Duration::from_secs(30), held)
+        .await
+        .expect("the thawed follower answers the held-up write within 30 s")
+        .expect("the held-up call does not panic");
+    eprintln!("the thawed follower answered the held-up write: {answer:?}");
+    answer
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +403,7 @@ async fn a_late_copy_of_a_write_held_by_a_frozen_follower_does_not_undo_a_newer_
     let follower = cluster.ids_except(&[leader])[0];
 
     eprintln!("--- bare writes, through frozen coordinator {follower}");
-    late_copy_through_a_frozen_follower(
+    let held = late_copy_through_a_frozen_follower(
         &cluster,
         follower,
         borrow_update(10, None),
@@ -392,17 +411,18 @@ async fn a_late_copy_of_a_write_held_by_a_frozen_follower_does_not_undo_a_newer_
         borrow_update(20, None),
     )
     .await;
-    poll_until(
-        "the bare late copy to apply after the newer write",
-        Duration::from_secs(20),
-        || async { (borrow_limit(&admin).await == Some(10)).then_some(()) },
-    )
-    .await;
+    let answer = answer_to_the_late_copy(held).await;
+    assert!(matches!(answer, Ok(ApiResponse::Done)), "{answer:?}");
+    assert_eq!(
+        borrow_limit(&admin).await,
+        Some(10),
+        "the bare late copy applied after the newer write"
+    );
 
     eprintln!("--- the same writes in a session");
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
     let follower = cluster.ids_except(&[leader])[0];
-    late_copy_through_a_frozen_follower(
+    let held = late_copy_through_a_frozen_follower(
         &cluster,
         follower,
         borrow_update(10, Some((1, 1))),
@@ -410,18 +430,15 @@ async fn a_late_copy_of_a_write_held_by_a_frozen_follower_does_not_undo_a_newer_
         borrow_update(20, Some((2, 2))),
     )
     .await;
-    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
-    poll_until(
-        "the leader to refuse the late copy",
-        Duration::from_secs(20),
-        || async {
-            cluster
-                .log_text(leader)
-                .contains("arrived after its client moved on")
-                .then_some(())
-        },
-    )
-    .await;
+    let answer = answer_to_the_late_copy(held).await;
+    let refused = match &answer {
+        Err(ClientError::Api(error)) => error.to_string(),
+        _ => String::new(),
+    };
+    assert!(
+        refused.contains("arrived after its client moved on"),
+        "the leader refuses the late copy: {answer:?}"
+    );
     assert_eq!(
         borrow_limit(&admin).await,
         Some(20),
