@@ -7,10 +7,11 @@
 //! state directory (or start it with the new `--cluster-id`), start it again.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
+use quotient_common::bounded_read::read_text_at_most;
 use quotient_common::ClusterId;
 
 /// The file's name in the state directory.
@@ -114,19 +115,15 @@ fn read(path: &Path) -> Result<Option<ClusterId>, ClusterFileError> {
             })
         }
     };
-    let mut text = String::new();
-    file.take(CLUSTER_FILE_BYTES_MAX + 1)
-        .read_to_string(&mut text)
+    let text = read_text_at_most(file, CLUSTER_FILE_BYTES_MAX)
         .map_err(|source| ClusterFileError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
-    if text.len() as u64 > CLUSTER_FILE_BYTES_MAX {
-        return Err(ClusterFileError::Invalid {
+        })?
+        .ok_or_else(|| ClusterFileError::Invalid {
             path: path.to_path_buf(),
             reason: format!("over {CLUSTER_FILE_BYTES_MAX} bytes"),
-        });
-    }
+        })?;
     text.parse()
         .map(Some)
         .map_err(

@@ -24,9 +24,10 @@
 //! (the coordinators have long moved on by then).
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use quotient_common::bounded_read::read_text_at_most;
 use quotient_common::version::{VersionError, Writer, AGENT_JOURNAL};
 use quotient_common::{JobEvent, JobId, JobReport};
 use serde::{Deserialize, Serialize};
@@ -166,19 +167,15 @@ impl Journal {
         };
         let file = match std::fs::File::open(&path) {
             Ok(file) => {
-                let mut text = String::new();
-                file.take(JOURNAL_BYTES_MAX + 1)
-                    .read_to_string(&mut text)
+                let text = read_text_at_most(file, JOURNAL_BYTES_MAX)
                     .map_err(|source| JournalError::Io {
                         action: "read",
                         path: path.clone(),
                         source,
+                    })?
+                    .ok_or_else(|| {
+                        corrupt(format!("it is over the limit of {JOURNAL_BYTES_MAX} bytes"))
                     })?;
-                if text.len() as u64 > JOURNAL_BYTES_MAX {
-                    return Err(corrupt(format!(
-                        "it is over the limit of {JOURNAL_BYTES_MAX} bytes"
-                    )));
-                }
                 return Journal::from_text(&text, node, path);
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => JournalFile {

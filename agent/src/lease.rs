@@ -30,6 +30,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use quotient_common::bounded_read::read_text_at_most;
+
 /// The lease file's name under the state dir.
 pub const LEASE_FILE: &str = "agent-lease";
 /// The marker the agent adds to the lease file once it is stopping its jobs itself.
@@ -149,15 +151,8 @@ pub const LEASE_FILE_BYTES_MAX: u64 = 256;
 /// Reads the lease file at `path`: the expiry (milliseconds of the boot clock) and whether
 /// the agent marked it `fencing`. `None` when it is missing, too long or not a lease line.
 pub fn read_lease_file(path: &Path) -> Option<(u64, bool)> {
-    use std::io::Read;
     let file = std::fs::File::open(path).ok()?;
-    let mut text = String::new();
-    file.take(LEASE_FILE_BYTES_MAX + 1)
-        .read_to_string(&mut text)
-        .ok()?;
-    if text.len() as u64 > LEASE_FILE_BYTES_MAX {
-        return None;
-    }
+    let text = read_text_at_most(file, LEASE_FILE_BYTES_MAX).ok()??;
     let mut words = text.split_whitespace();
     let expiry = words.next()?.parse().ok()?;
     let fencing = match words.next() {

@@ -9,10 +9,10 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use quotient_common::bounded_read::read_text_at_most;
 use quotient_common::tls::TlsFiles;
 use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
@@ -155,16 +155,14 @@ pub fn load_from(location: &ConfigLocation) -> anyhow::Result<ClientConfig> {
             })
         }
     };
-    let mut text = String::new();
-    file.take(CONFIG_BYTES_MAX + 1)
-        .read_to_string(&mut text)
-        .with_context(|| format!("cannot read the client config {}", path.display()))?;
-    if text.len() as u64 > CONFIG_BYTES_MAX {
+    let Some(text) = read_text_at_most(file, CONFIG_BYTES_MAX)
+        .with_context(|| format!("cannot read the client config {}", path.display()))?
+    else {
         bail!(
             "the client config {} is larger than {CONFIG_BYTES_MAX} bytes; is it the right file?",
             path.display()
         );
-    }
+    };
     let base = path.parent().unwrap_or(Path::new("."));
     ClientConfig::parse(&text, base).with_context(|| {
         format!(

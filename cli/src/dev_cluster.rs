@@ -19,11 +19,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use quotient_common::bounded_read::read_text_at_most;
 use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 
@@ -115,16 +115,14 @@ impl ClusterFile {
                 return Err(error).with_context(|| format!("cannot open {}", path.display()))
             }
         };
-        let mut text = String::new();
-        file.take(CLUSTER_FILE_BYTES_MAX + 1)
-            .read_to_string(&mut text)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if text.len() as u64 > CLUSTER_FILE_BYTES_MAX {
+        let Some(text) = read_text_at_most(file, CLUSTER_FILE_BYTES_MAX)
+            .with_context(|| format!("cannot read {}", path.display()))?
+        else {
             bail!(
                 "{} is larger than {CLUSTER_FILE_BYTES_MAX} bytes",
                 path.display()
             );
-        }
+        };
         let cluster = serde_json::from_str(&text).with_context(|| {
             format!(
                 "{} is not a cluster file of `quotient dev up`; use another --dir",

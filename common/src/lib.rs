@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`agent_api`]: the agent protocol's messages and the fence.
 //! - [`api`]: the client API's requests, responses and views (docs/cli.md's JSON).
+//! - [`bounded_read`]: reading a whole text file of bounded size.
 //! - [`cluster_id`]: a cluster's identity, carried in every exchange between its parts.
 //! - [`error_code`]: the stable code of every error a client can get (docs/errors.md).
 //! - [`name`]: validation of share, job and node names.
@@ -33,6 +34,7 @@ pub mod agent_api;
 pub mod api;
 pub mod args;
 pub mod backup;
+pub mod bounded_read;
 #[cfg(feature = "net")]
 pub mod certs;
 pub mod cluster_id;

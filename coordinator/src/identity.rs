@@ -21,11 +21,12 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use quotient_common::bounded_read::read_text_at_most;
 use quotient_common::ClusterId;
 use serde::{Deserialize, Serialize};
 
@@ -313,18 +314,14 @@ fn read_identity_file(path: &Path) -> Result<Option<IdentityFile>, IdentityError
             })
         }
     };
-    let mut text = String::new();
-    file.take(IDENTITY_FILE_BYTES_MAX + 1)
-        .read_to_string(&mut text)
+    let text = read_text_at_most(file, IDENTITY_FILE_BYTES_MAX)
         .map_err(|source| IdentityError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
-    if text.len() as u64 > IDENTITY_FILE_BYTES_MAX {
-        return Err(IdentityError::TooLarge {
+        })?
+        .ok_or_else(|| IdentityError::TooLarge {
             path: path.to_path_buf(),
-        });
-    }
+        })?;
     toml::from_str(&text)
         .map(Some)
         .map_err(|error| IdentityError::Parse {

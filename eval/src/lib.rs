@@ -12,8 +12,9 @@
 //! - [`engine`]: the replay, and the policies it compares.
 //! - [`report`]: the figures, as JSON and as tables.
 
-use std::io::Read;
 use std::path::Path;
+
+use quotient_common::bounded_read::read_text_at_most;
 
 pub mod design;
 pub mod engine;
@@ -68,10 +69,7 @@ pub fn read_limited(path: &Path, max: u64) -> Result<String, EvalError> {
     if file.metadata().map_err(io)?.len() > max {
         return Err(too_large());
     }
-    let mut text = String::new();
-    file.take(max + 1).read_to_string(&mut text).map_err(io)?;
-    if text.len() as u64 > max {
-        return Err(too_large());
-    }
-    Ok(text)
+    read_text_at_most(file, max)
+        .map_err(io)?
+        .ok_or_else(too_large)
 }

@@ -1,0 +1,52 @@
+//! Reading a whole text file whose size is bounded: every file Quotient reads from outside
+//! has a limit, checked while reading, so a file that is too large (or grows meanwhile) is
+//! refused after at most one byte more than the limit.
+
+use std::io::{self, Read};
+
+/// Reads `source` to its end as UTF-8 text, or `Ok(None)` when it holds more than `max`
+/// bytes (having read `max + 1` of them). Text that is not UTF-8 is an
+/// [`io::ErrorKind::InvalidData`] error, as with [`Read::read_to_string`].
+pub fn read_text_at_most(source: impl Read, max: u64) -> io::Result<Option<String>> {
+    let mut bytes = Vec::new();
+    source.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(None);
+    }
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_up_to_the_limit_is_read_and_one_byte_more_is_refused() {
+        assert_eq!(
+            read_text_at_most(&b"four"[..], 4).unwrap().as_deref(),
+            Some("four")
+        );
+        assert_eq!(read_text_at_most(&b"five!"[..], 4).unwrap(), None);
+        assert_eq!(read_text_at_most(&b""[..], 0).unwrap().as_deref(), Some(""));
+    }
+
+    #[test]
+    fn a_source_longer_than_the_limit_is_not_read_past_it() {
+        let mut endless = io::repeat(b'x');
+        assert_eq!(read_text_at_most(&mut endless, 1024).unwrap(), None);
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_an_invalid_data_error() {
+        let error = read_text_at_most(&[0xff, 0xfe][..], 16).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_limit_cut_inside_a_character_is_too_large_not_invalid() {
+        // "é" is two bytes: with a limit of 1 the read stops inside it.
+        assert_eq!(read_text_at_most("é".as_bytes(), 1).unwrap(), None);
+    }
+}
