@@ -131,12 +131,9 @@ impl<'de> Deserialize<'de> for Args {
             }
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Args, A::Error> {
-                // No capacity from the length the input claims: it is outside input.
-                let mut args = Vec::new();
-                while let Some(arg) = seq.next_element::<String>()? {
-                    args.push(arg);
-                }
-                Ok(args.iter().collect())
+                // Packed as they come: no capacity from the length the input claims (it is
+                // outside input), and no list of them in between.
+                std::iter::from_fn(|| seq.next_element::<String>().transpose()).collect()
             }
         }
 
@@ -168,6 +165,7 @@ mod tests {
         );
         let back: Args = serde_json::from_str(&serde_json::to_string(&vec).unwrap()).unwrap();
         assert_eq!(back, args);
+        assert!(serde_json::from_str::<Args>(r#"["python", 3]"#).is_err());
         let mut more = args.clone();
         more.push("--lr");
         assert_eq!(more.len(), 6);

@@ -9,7 +9,7 @@
 //! Each string is stored as its length in bytes in decimal, a `:`, then its bytes, so any
 //! string can be held and the whole stays one valid `str`.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// Strings in order, packed into one `str`. See the module docs.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
@@ -38,8 +38,8 @@ impl<S: AsRef<str>> FromIterator<S> for PackedStrs {
         let mut packed = String::new();
         for item in items {
             let item = item.as_ref();
-            packed.push_str(&item.len().to_string());
-            packed.push(':');
+            // Writing to a String cannot fail.
+            let _ = write!(packed, "{}:", item.len());
             packed.push_str(item);
         }
         PackedStrs(packed.into_boxed_str())
