@@ -6,6 +6,7 @@
 //! (before the first registration; then the leader's `agent_lease_ms` applies).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use quotient_common::name::validate_name;
@@ -195,6 +196,12 @@ pub struct RunFlags {
     /// cgroup's memory limit if lower]. Set it lower to keep some for the host.
     #[arg(long, value_name = "SIZE", value_parser = parse_memory, env = "QUOTIENT_AGENT_MEMORY")]
     pub memory: Option<u64>,
+    /// Keep an idle connection open to every coordinator, opening the missing ones at a
+    /// random moment within this long after registering, e.g. 60s or 2m; `off` keeps only the
+    /// leader's. A failover then needs no new TLS handshake: the agent registers with the new
+    /// leader over the connection it has.
+    #[arg(long, value_name = "DURATION", default_value = STANDING_WITHIN_DEFAULT, value_parser = parse_standing_within, env = "QUOTIENT_AGENT_STANDING_CONNECTIONS_WITHIN")]
+    pub standing_connections_within: StandingWithin,
     /// How often the agent looks again at its images and Docker, in ms (tests shorten it).
     #[arg(long, default_value_t = crate::host_info::HOST_RECHECK_MS, hide = true)]
     pub host_recheck_ms: u64,
@@ -260,6 +267,40 @@ pub fn parse_retention(text: &str) -> Result<Retention, String> {
         ));
     }
     Ok(Retention::after_ms(ms))
+}
+
+/// The default of `--standing-connections-within`
+/// ([`crate::session::STANDING_WITHIN_DEFAULT_MS`]).
+pub const STANDING_WITHIN_DEFAULT: &str = "60s";
+/// The longest `--standing-connections-within`.
+pub const STANDING_WITHIN_MAX_S: u64 = 3_600;
+
+/// `--standing-connections-within`: `None` keeps no standing connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StandingWithin(pub Option<Duration>);
+
+/// Parses `off`, or a whole number of seconds or minutes (`90s`, `2m`), 1 s to 1 h.
+pub fn parse_standing_within(text: &str) -> Result<StandingWithin, String> {
+    if text == "off" {
+        return Ok(StandingWithin(None));
+    }
+    let hint = || {
+        format!("invalid duration {text:?}: write a whole number with s or m (e.g. 60s, 2m), at most {STANDING_WITHIN_MAX_S}s, or off")
+    };
+    let (number, unit_s) = match text.strip_suffix('s') {
+        Some(number) => (number, 1),
+        None => (text.strip_suffix('m').ok_or_else(hint)?, 60),
+    };
+    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(hint());
+    }
+    let seconds = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|number| number.checked_mul(unit_s))
+        .filter(|seconds| (1..=STANDING_WITHIN_MAX_S).contains(seconds))
+        .ok_or_else(hint)?;
+    Ok(StandingWithin(Some(Duration::from_secs(seconds))))
 }
 
 /// Parses a log cap: bytes, or a whole number with KiB, MiB or GiB; at least
@@ -382,6 +423,8 @@ pub struct AgentConfig {
     pub advertise_address: Option<String>,
     /// `--metrics-listen`, if given ([`crate::metrics`]).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `--standing-connections-within` ([`crate::session`], "Standing connections").
+    pub standing_within: Option<Duration>,
 }
 
 /// Why the agent will not run jobs as the user it was told (or not told).
@@ -520,6 +563,7 @@ impl RunFlags {
             labels,
             advertise_address: self.advertise_address.clone(),
             metrics_listen: self.metrics_listen,
+            standing_within: self.standing_connections_within.0,
         })
     }
 }
@@ -803,5 +847,41 @@ mod tests {
         assert_eq!(config.memory_bytes, Some(64 << 30));
         let config = parse(&args[..11]).run.into_config().unwrap();
         assert_eq!((config.cpu_millis, config.memory_bytes), (None, None));
+    }
+
+    #[test]
+    fn standing_connections_are_opened_within_a_minute_unless_told_otherwise() {
+        let within = |text| parse_standing_within(text).map(|within| within.0);
+        assert_eq!(within("90s"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(within("2m"), Ok(Some(Duration::from_secs(120))));
+        assert_eq!(within("off"), Ok(None));
+        for bad in ["0s", "61m", "", "s", "10", "1h", "-5s", "1.5s"] {
+            let error = within(bad).unwrap_err();
+            assert!(error.contains("or off"), "{bad}: {error}");
+        }
+        let args = [
+            "quotient-agent",
+            "--name",
+            "gpu-1",
+            "--coordinators",
+            "c:1",
+            "--ca",
+            "ca",
+            "--cert",
+            "c",
+            "--key",
+            "k",
+            "--standing-connections-within",
+            "off",
+        ];
+        let config = parse(&args).run.into_config().unwrap();
+        assert_eq!(config.standing_within, None);
+        let config = parse(&args[..11]).run.into_config().unwrap();
+        assert_eq!(
+            config.standing_within,
+            Some(Duration::from_millis(
+                crate::session::STANDING_WITHIN_DEFAULT_MS
+            ))
+        );
     }
 }

@@ -10,6 +10,7 @@
 //! Ready (`/readyz`) means a leader acknowledged this process's registration or a heartbeat
 //! and the lease has not run out since.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +28,11 @@ use crate::session::Shared;
 struct GpuLabels {
     gpu: String,
     uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    connection: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,6 +134,28 @@ impl AgentDoor {
             };
             jobs.get_or_create(&PhaseLabels { state }).inc();
         }
+        let links = &self.shared.links;
+        let standing = Gauge::<i64>::default();
+        standing.set(i64::try_from(links.standing.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+        registry.register(
+            "quotient_agent_standing_connections",
+            "Idle connections open to coordinators other than the leader, for a failover without a handshake",
+            standing,
+        );
+        let registrations = Family::<ConnectionLabels, Counter>::default();
+        for (connection, count) in [
+            ("new", &links.registered_new),
+            ("standing", &links.registered_standing),
+        ] {
+            registrations
+                .get_or_create(&ConnectionLabels { connection })
+                .inc_by(count.load(Ordering::Relaxed));
+        }
+        registry.register(
+            "quotient_agent_registrations",
+            "Registrations a leader acknowledged, by connection: new (a handshake first) or standing (none)",
+            registrations,
+        );
         registry.register(
             "quotient_agent_jobs",
             "Attempts on this host by phase (stopping: the checkpoint signal was sent)",

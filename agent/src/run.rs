@@ -316,6 +316,7 @@ async fn drive<R: Runtime + 'static>(
         cluster,
         disk_usage: disk_usage_rx,
         host,
+        links: Default::default(),
     });
     let metrics_server = match config.metrics_listen {
         Some(addr) => Some(
@@ -336,7 +337,8 @@ async fn drive<R: Runtime + 'static>(
         Client::new(tls),
         config.coordinators.clone(),
         LEASE_MIN_MS,
-    );
+    )
+    .with_standing_connections(config.standing_within);
     let session_task = tokio::spawn(session.run(stop_rx.clone()));
     let disk_task = tokio::spawn(crate::disk::run(
         disk.clone(),

@@ -31,6 +31,26 @@
 //! retry, about a second later, well inside the lease. None of this touches a running job: only the executor loop
 //! does, from the desired state and the lease.
 //!
+//! # Standing connections
+//! A failover costs every agent a new connection to the new leader, and a new connection costs
+//! a TLS handshake on both sides: at thousands of agents the new leader's CPU spent on
+//! handshakes, not the election, decided how long a failover took (BENCHMARKS.md, "A fleet of
+//! simulated agents"). So the session keeps an idle connection open to every coordinator, not
+//! only the leader:
+//! - a connection that answered `NotLeader` (during a leader search, or a leader that stepped
+//!   down) is kept rather than closed: the search already paid for its handshake;
+//! - once registered, the session opens the ones it lacks at a random moment within
+//!   `--standing-connections-within` (default [`STANDING_WITHIN_DEFAULT_MS`]), so that a fleet
+//!   that registered together does not open them together, and looks again as often;
+//! - a leader search registers over a standing connection first, with no handshake; a
+//!   standing connection that is closed (the coordinator went away: QUIC's idle timeout) or
+//!   does not answer is dropped, and the address is tried with a new connection as before.
+//!
+//! Each costs the coordinator a QUIC connection's memory and a keep-alive every
+//! [`quotient_common::transport::KEEP_ALIVE_INTERVAL_MS`]. Every connection the agent makes
+//! serves the log reads a coordinator asks of it ([`crate::log_server`]), so a new leader can
+//! read logs over a standing connection before the node has registered with it.
+//!
 //! # Self-fencing timing contract
 //! The agent stops all its jobs (checkpoint signal, grace period, kill) once no heartbeat has
 //! been acknowledged by a leader for `agent_lease_ms` (from `Registered`; `--lease-ms` before
@@ -59,7 +79,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -120,6 +140,13 @@ pub const ACK_RECORD_INTERVAL_MS: u64 = 1_000;
 pub const REPORT_RECHECK_MS: u64 = 1_000;
 /// Deadline of a `DiskUsage` (answered from the leader's memory).
 pub const DISK_USAGE_DEADLINE_MS: u64 = 5_000;
+/// The default of `--standing-connections-within`: once registered, the session opens its
+/// missing standing connections at a random moment within this long, and looks again as
+/// often. A fleet of 10,000 agents then opens about 170 connections a second on each
+/// coordinator (a few percent of one core), not 10,000 at once.
+pub const STANDING_WITHIN_DEFAULT_MS: u64 = 60_000;
+/// Deadline of opening a standing connection (nothing waits on it).
+pub const STANDING_CONNECT_DEADLINE_MS: u64 = 5_000;
 
 /// What the session shares with the executor loop ([`crate::run`]).
 pub struct Shared {
@@ -148,6 +175,19 @@ pub struct Shared {
     /// What the node reports besides its GPUs ([`crate::host_info`]); when it changes the
     /// session registers again.
     pub host: watch::Receiver<HostInfo>,
+    /// How the session's connections went, for the metrics ([`crate::metrics`]).
+    pub links: LinkCounts,
+}
+
+/// How the session's connections went: read by the metrics.
+#[derive(Debug, Default)]
+pub struct LinkCounts {
+    /// Standing connections open now (not counting the leader's).
+    pub standing: AtomicU64,
+    /// Registrations acknowledged over a connection made for them.
+    pub registered_new: AtomicU64,
+    /// Registrations acknowledged over a standing connection (no handshake).
+    pub registered_standing: AtomicU64,
 }
 
 impl Shared {
@@ -269,6 +309,11 @@ pub struct LeaderSession {
     last_ack_recorded: Mutex<Option<Instant>>,
     /// The host info of the last registration a leader acknowledged.
     registered_host: Mutex<Option<HostInfo>>,
+    /// Open connections to coordinators other than the leader, by address (see "Standing
+    /// connections" above).
+    standing: Mutex<BTreeMap<String, PeerConnection>>,
+    /// Opens the missing standing connections within this long; `None`: keeps none.
+    standing_within: Option<Duration>,
 }
 
 impl LeaderSession {
@@ -287,6 +332,125 @@ impl LeaderSession {
             gpus: Mutex::new(Vec::new()),
             last_ack_recorded: Mutex::new(None),
             registered_host: Mutex::new(None),
+            standing: Mutex::new(BTreeMap::new()),
+            standing_within: Some(Duration::from_millis(STANDING_WITHIN_DEFAULT_MS)),
+        }
+    }
+
+    /// Opens the missing standing connections within `within` of registering (and looks again
+    /// as often); `None` keeps none, closing every connection that is not the leader's.
+    pub fn with_standing_connections(mut self, within: Option<Duration>) -> LeaderSession {
+        self.standing_within = within;
+        self
+    }
+
+    fn standing(&self) -> MutexGuard<'_, BTreeMap<String, PeerConnection>> {
+        self.standing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The open standing connection to `address`, if any; it stays in the pool until
+    /// [`Self::drop_standing`], so an attempt cancelled mid-way loses nothing.
+    fn standing_to(&self, address: &str) -> Option<PeerConnection> {
+        self.standing()
+            .get(address)
+            .filter(|kept| is_open(kept))
+            .cloned()
+    }
+
+    /// Takes `connection` out of the pool: it leads now, or it failed (then closed too).
+    fn drop_standing(&self, address: &str, connection: &PeerConnection, close: bool) {
+        let mut standing = self.standing();
+        if standing
+            .get(address)
+            .is_some_and(|kept| same(kept, connection))
+        {
+            standing.remove(address);
+        }
+        self.count_standing(&standing);
+        if close {
+            connection.close();
+        }
+    }
+
+    /// Keeps `connection` to `address` as a standing one, serving the log reads its
+    /// coordinator asks for unless it does already (`serving`). Closes it instead when
+    /// standing connections are off, or one to that address is kept already.
+    fn keep_standing(&self, address: String, connection: PeerConnection, serving: bool) {
+        if self.standing_within.is_none() || !is_open(&connection) {
+            connection.close();
+            return;
+        }
+        let mut standing = self.standing();
+        standing.retain(|_, kept| is_open(kept));
+        match standing.get(&address) {
+            Some(kept) if same(kept, &connection) => {}
+            Some(_) => connection.close(),
+            None => {
+                if !serving {
+                    self.serve_logs(&connection);
+                }
+                standing.insert(address, connection);
+            }
+        }
+        self.count_standing(&standing);
+    }
+
+    /// Serves the log reads the coordinator asks for on `connection`, as long as it lives.
+    fn serve_logs(&self, connection: &PeerConnection) {
+        tokio::spawn(crate::log_server::serve(
+            connection.clone(),
+            self.shared.clone(),
+        ));
+    }
+
+    fn has_standing(&self, address: &str) -> bool {
+        self.standing().get(address).is_some_and(is_open)
+    }
+
+    fn count_standing(&self, standing: &BTreeMap<String, PeerConnection>) {
+        let open = standing.values().filter(|kept| is_open(kept)).count();
+        self.shared
+            .links
+            .standing
+            .store(open as u64, Ordering::Relaxed);
+    }
+
+    /// A new connection to `address`, within `deadline`.
+    async fn connect(&self, address: &str, deadline: Duration) -> Result<PeerConnection, Ended> {
+        match tokio::time::timeout(deadline, self.client.connect_to(address, ALPN_AGENT)).await {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(error)) => Err(Ended::Lost(format!("cannot connect: {error}"))),
+            Err(_) => Err(Ended::Lost("connect timed out".to_string())),
+        }
+    }
+
+    /// Once registered with the leader at `leader`: after a random pause within
+    /// `standing_within`, opens a connection to every configured coordinator that has no open
+    /// one, and again after each such pause. Never ends by itself.
+    async fn standing_loop(&self, leader: &str) -> Ended {
+        let Some(within) = self.standing_within else {
+            return std::future::pending().await;
+        };
+        let within_ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            tokio::time::sleep(spread(&self.shared.node, within_ms)).await;
+            for address in &self.coordinators {
+                if address == leader || self.has_standing(address) {
+                    continue;
+                }
+                match self
+                    .connect(address, Duration::from_millis(STANDING_CONNECT_DEADLINE_MS))
+                    .await
+                {
+                    Ok(connection) => {
+                        tracing::debug!(coordinator = %address, "standing connection open");
+                        self.keep_standing(address.clone(), connection, false);
+                    }
+                    Err(ended) => {
+                        tracing::debug!(coordinator = %address, "no standing connection: {ended:?}");
+                    }
+                }
+            }
         }
     }
 
@@ -303,9 +467,6 @@ impl LeaderSession {
                 _ = shutdown.wait_for(|stop| *stop) => break,
             };
             let connected_at = Instant::now();
-            // Serves the leader's requests (log reads) on this connection; ends with it.
-            let log_server = crate::log_server::serve(connection.clone(), self.shared.clone());
-            tokio::spawn(log_server);
             let ended = tokio::select! {
                 reason = connection.connection().closed() => {
                     Ended::Lost(format!("the connection closed: {reason}"))
@@ -315,12 +476,20 @@ impl LeaderSession {
                 ended = self.report_loop(&connection) => ended,
                 ended = self.disk_usage_loop(&connection) => ended,
                 ended = self.host_loop(&connection) => ended,
+                ended = self.standing_loop(&address) => ended,
                 _ = shutdown.wait_for(|stop| *stop) => {
                     connection.close();
                     break;
                 }
             };
-            connection.close();
+            match &ended {
+                // Still a coordinator, only not (or no longer) this node's leader: its
+                // connection stays as a standing one.
+                Ended::NotLeader(_) | Ended::NotRegistered => {
+                    self.keep_standing(address.clone(), connection, true)
+                }
+                Ended::Lost(_) => connection.close(),
+            }
             // A connection that ends soon after it was made backs off like a failed round, so
             // a flapping leader is not hammered; one that lasted starts the backoff afresh.
             if connected_at.elapsed() >= Duration::from_millis(BACKOFF_MAX_MS) {
@@ -356,6 +525,9 @@ impl LeaderSession {
                 }
                 backoff_ms = (backoff_ms * 2).min(BACKOFF_MAX_MS);
             }
+        }
+        for (_, connection) in std::mem::take(&mut *self.standing()) {
+            connection.close();
         }
         self.client.close();
         tracing::info!("session with the coordinators closed; jobs left running");
@@ -466,25 +638,40 @@ impl LeaderSession {
                     _ = waker.notified() => {}
                 }
             }
-            let connection = match tokio::time::timeout(
-                Duration::from_millis(CONNECT_DEADLINE_MS),
-                self.client.connect_to(&address, ALPN_AGENT),
-            )
-            .await
-            {
-                Ok(Ok(connection)) => connection,
-                Ok(Err(error)) => {
-                    return (
-                        address,
-                        Err(Ended::Lost(format!("cannot connect: {error}"))),
-                    )
-                }
-                Err(_) => return (address, Err(Ended::Lost("connect timed out".to_string()))),
+            let (connection, standing) = match self.standing_to(&address) {
+                Some(connection) => (connection, true),
+                None => match self
+                    .connect(&address, Duration::from_millis(CONNECT_DEADLINE_MS))
+                    .await
+                {
+                    Ok(connection) => (connection, false),
+                    Err(ended) => return (address, Err(ended)),
+                },
             };
             match self.register(&connection, gpus).await {
-                Ok(timing) => (address, Ok((connection, timing))),
+                Ok(timing) => {
+                    let links = &self.shared.links;
+                    if standing {
+                        // It leads now: no longer a standing one (it serves logs already).
+                        self.drop_standing(&address, &connection, false);
+                        links.registered_standing.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.serve_logs(&connection);
+                        links.registered_new.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::debug!(coordinator = %address, standing, "registered");
+                    (address, Ok((connection, timing)))
+                }
+                Err(ended @ Ended::NotLeader(_)) => {
+                    self.keep_standing(address.clone(), connection, standing);
+                    (address, Err(ended))
+                }
                 Err(ended) => {
-                    connection.close();
+                    if standing {
+                        self.drop_standing(&address, &connection, true);
+                    } else {
+                        connection.close();
+                    }
                     (address, Err(ended))
                 }
             }
@@ -876,6 +1063,14 @@ impl LeaderSession {
             tracing::debug!("the leader did not take the disk use: {failure}");
         }
     }
+}
+
+fn is_open(connection: &PeerConnection) -> bool {
+    connection.connection().close_reason().is_none()
+}
+
+fn same(one: &PeerConnection, other: &PeerConnection) -> bool {
+    one.connection().stable_id() == other.connection().stable_id()
 }
 
 fn ended_by(error: AgentError) -> Ended {

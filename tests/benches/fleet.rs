@@ -7,6 +7,10 @@
 //! every second (the coordinators' default). Measured, in order:
 //! - `registered_s`: from the fleet's start until every node is registered (the nodes' first
 //!   connections are spread over `QUOTIENT_BENCH_RAMP_S`);
+//! - `standing_open_s`: from the fleet's start until every node holds a standing connection
+//!   to each other coordinator (opened over `QUOTIENT_BENCH_STANDING_S` after its
+//!   registration, default the larger of 60 s and a second per 50 nodes; 0 keeps none, as
+//!   agents did before standing connections), before anything else is measured;
 //! - the borrower's jobs fill every node (8 GPUs each, half of them on GPUs the lender
 //!   lends), then `QUOTIENT_BENCH_QUEUED` more are queued: `submit_per_s` of those;
 //! - `idle_leader_cpu_percent`: the leader's CPU (user + system, from /proc) over
@@ -129,6 +133,8 @@ fn main() {
     let reclaims = env_or("QUOTIENT_BENCH_RECLAIMS", 20) as usize;
     let ramp_s = env_or("QUOTIENT_BENCH_RAMP_S", u64::from(nodes) / 150);
     let idle_s = env_or("QUOTIENT_BENCH_IDLE_S", 20);
+    // Standing connections: opened over this long after each registration; 0 keeps none.
+    let standing_s = env_or("QUOTIENT_BENCH_STANDING_S", (u64::from(nodes) / 50).max(60));
     let wait = Duration::from_secs(300);
 
     let cluster = DevCluster::up(&["--nodes", "0"]);
@@ -146,6 +152,7 @@ fn main() {
 
     let mut config = cluster.fleet_config(nodes, gpus);
     config.ramp_ms = ramp_s * 1_000;
+    config.standing_within_ms = (standing_s > 0).then_some(standing_s * 1_000);
     let started = Instant::now();
     let fleet = FleetThread::start(config).expect("the fleet starts");
     fleet.wait_registered(nodes as usize, None, wait);
@@ -154,6 +161,25 @@ fn main() {
         "{nodes} nodes registered in {registered_s:.1} s: {}",
         fleet.counters()
     );
+
+    // The standing connections are open before anything else is measured, as a real fleet's
+    // are within a minute of registering: their handshakes do not share the 2 vCPUs with the
+    // fill and the queue.
+    let mut standing_open_s = 0.0;
+    if standing_s > 0 {
+        let coordinators = cluster.cluster_file()["coordinators"]
+            .as_array()
+            .map_or(0, Vec::len);
+        fleet.wait_standing(
+            nodes as usize * coordinators.saturating_sub(1),
+            Duration::from_secs(standing_s + 300),
+        );
+        standing_open_s = started.elapsed().as_secs_f64();
+        eprintln!(
+            "standing connections open {standing_open_s:.1} s after the start: {}",
+            fleet.counters()
+        );
+    }
 
     let half = nodes * gpus / 2;
     cluster.create_share("lender", half, "lend", &[]);
@@ -178,11 +204,30 @@ fn main() {
 
     // Idle: nothing submitted, every node heartbeating.
     std::thread::sleep(Duration::from_secs(5));
-    let (_, leader_pid) = cluster.leader();
+    let (leader, leader_pid) = cluster.leader();
+    let followers: Vec<libc::pid_t> = cluster.cluster_file()["coordinators"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|entry| entry["id"] != leader)
+        .filter_map(|entry| entry["pid"].as_i64())
+        .filter_map(|pid| libc::pid_t::try_from(pid).ok())
+        .collect();
+    let own_pid = libc::pid_t::try_from(std::process::id()).expect("a pid");
+    let fleet_before = cpu_seconds(own_pid);
     let before = cpu_seconds(leader_pid);
+    let followers_before: Vec<f64> = followers.iter().map(|pid| cpu_seconds(*pid)).collect();
     std::thread::sleep(Duration::from_secs(idle_s));
     let idle_leader_cpu_percent = (cpu_seconds(leader_pid) - before) * 100.0 / idle_s as f64;
-    eprintln!("the idle leader used {idle_leader_cpu_percent:.1}% of a core");
+    let idle_fleet_cpu_percent = (cpu_seconds(own_pid) - fleet_before) * 100.0 / idle_s as f64;
+    let idle_follower_cpu_percent: Vec<f64> = followers
+        .iter()
+        .zip(&followers_before)
+        .map(|(pid, before)| (cpu_seconds(*pid) - before) * 100.0 / idle_s as f64)
+        .collect();
+    eprintln!(
+        "the idle leader used {idle_leader_cpu_percent:.1}% of a core, the followers {idle_follower_cpu_percent:.1?}, the fleet {idle_fleet_cpu_percent:.1}"
+    );
 
     let mut reclaim_ms = Vec::with_capacity(reclaims);
     for round in 0..reclaims {
@@ -234,12 +279,16 @@ fn main() {
         "fill_s": fill_s,
         "submit_per_s": submit_per_s,
         "idle_leader_cpu_percent": idle_leader_cpu_percent,
+        "idle_follower_cpu_percent": idle_follower_cpu_percent,
+        "idle_fleet_cpu_percent": idle_fleet_cpu_percent,
         "reclaim_ms": {
             "rounds": reclaim_ms.len(),
             "p50": percentile(&reclaim_ms, 0.5),
             "p99": percentile(&reclaim_ms, 0.99),
             "max": reclaim_ms.last().copied().unwrap_or(f64::NAN),
         },
+        "standing_within_s": standing_s,
+        "standing_open_s": standing_open_s,
         "failover_s": failover_s,
         "nodes_lost": nodes_lost,
         "jobs_restarted": jobs_restarted,

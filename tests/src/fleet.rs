@@ -27,6 +27,10 @@
 //! whole fleet reconnecting after a failover is not one burst that the new leader cannot
 //! finish before the nodes give up on it.
 //!
+//! With [`FleetConfig::standing_within_ms`] a node keeps standing connections to the
+//! coordinators besides its leader, as the real agent does, and registers over one after a
+//! failover without a handshake.
+//!
 //! A node that has no heartbeat acknowledged for its lease stops its jobs (self-fencing, as
 //! the real agent does) and counts them in [`FleetStats::fenced`]: a bench that expects no
 //! job to stop checks that it stays 0. Nothing runs, no process and no file: a node is a few
@@ -104,6 +108,11 @@ pub struct FleetConfig {
     /// Each node's labels (e.g. `rack`): node `i` (from 0) gets `racks[i % racks.len()]` as
     /// label `rack`, when not empty.
     pub racks: Vec<String>,
+    /// Standing connections, as the real agent keeps them (agent/src/session.rs): once
+    /// registered, a node opens a connection to every other coordinator at a moment spread
+    /// over this long (milliseconds), keeps those that answer `NotLeader`, and registers over
+    /// one first when it looks for a new leader. `None`: none kept.
+    pub standing_within_ms: Option<u64>,
 }
 
 impl FleetConfig {
@@ -121,6 +130,7 @@ impl FleetConfig {
             grace_ms: 0,
             ramp_ms: u64::from(nodes),
             racks: Vec::new(),
+            standing_within_ms: None,
         }
     }
 
@@ -143,6 +153,10 @@ pub struct FleetStats {
     pub reports: AtomicU64,
     /// Jobs stopped by a node's own lease running out (self-fencing).
     pub fenced: AtomicU64,
+    /// Standing connections opened (or kept after a `NotLeader`).
+    pub standing_opened: AtomicU64,
+    /// Registrations over a standing connection (no handshake).
+    pub standing_registrations: AtomicU64,
     /// The leader the last registration found: where a node that has no hint of its own looks
     /// first.
     leader_hint: Mutex<Option<String>>,
@@ -258,6 +272,30 @@ impl Fleet {
             .max()
     }
 
+    /// Standing connections open now, over the fleet.
+    pub fn standing_open(&self) -> usize {
+        self.nodes
+            .iter()
+            .map(|node| {
+                locked(&node.standing)
+                    .values()
+                    .filter(|connection| is_open(connection))
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Waits until the fleet holds `count` open standing connections; panics with the
+    /// fleet's counters after `timeout`.
+    pub fn wait_standing(&self, count: usize, timeout: Duration) {
+        crate::poll_until(&format!("{count} standing connections"), timeout, || {
+            let open = self.standing_open();
+            (open >= count)
+                .then_some(())
+                .ok_or_else(|| format!("{open} open: {}", self.counters()))
+        });
+    }
+
     /// Jobs running on the fleet now.
     pub fn running_jobs(&self) -> usize {
         self.nodes.iter().map(|node| node.sim().jobs.len()).sum()
@@ -294,6 +332,9 @@ impl Fleet {
             "desired_states": count(&stats.desired_states),
             "reports": count(&stats.reports),
             "fenced": count(&stats.fenced),
+            "standing_open": self.standing_open(),
+            "standing_opened": count(&stats.standing_opened),
+            "standing_registrations": count(&stats.standing_registrations),
             "running_jobs": self.running_jobs(),
             "last_error": *locked(&stats.last_error),
         })
@@ -446,6 +487,10 @@ enum Ended {
     Lost(String),
 }
 
+fn is_open(connection: &PeerConnection) -> bool {
+    connection.connection().close_reason().is_none()
+}
+
 fn ended_by(error: AgentError) -> Ended {
     match error {
         AgentError::NotLeader { leader_address, .. } => Ended::NotLeader(leader_address),
@@ -465,6 +510,8 @@ struct SimNode {
     reports_ready: Notify,
     /// A job's exit time changed.
     jobs_changed: Notify,
+    /// Open connections to coordinators other than the leader, by address.
+    standing: Mutex<BTreeMap<String, PeerConnection>>,
 }
 
 impl SimNode {
@@ -506,6 +553,62 @@ impl SimNode {
             }),
             reports_ready: Notify::new(),
             jobs_changed: Notify::new(),
+            standing: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Keeps `connection` to `address` as a standing one, or closes it (standing connections
+    /// off, or one kept already).
+    fn keep_standing(&self, address: &str, connection: PeerConnection) {
+        if self.config.standing_within_ms.is_none() || !is_open(&connection) {
+            connection.close();
+            return;
+        }
+        let mut standing = locked(&self.standing);
+        match standing.get(address) {
+            Some(kept) if is_open(kept) => {
+                if kept.connection().stable_id() != connection.connection().stable_id() {
+                    connection.close();
+                }
+            }
+            _ => {
+                standing.insert(address.to_string(), connection);
+                self.stats.standing_opened.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Once registered with the leader at `leader`: after a pause spread over
+    /// [`FleetConfig::standing_within_ms`], opens a connection to every coordinator that has
+    /// no open one, and again after each such pause. Never ends by itself.
+    async fn standing_loop(&self, leader: &str, round: u64) -> Ended {
+        let Some(within_ms) = self.config.standing_within_ms else {
+            return std::future::pending().await;
+        };
+        let mut pass = 0;
+        loop {
+            pass += 1;
+            tokio::time::sleep(self.spread(within_ms, round * 1_000 + pass)).await;
+            for address in &self.config.coordinators {
+                let open = locked(&self.standing).get(address).is_some_and(is_open);
+                if address == leader || open {
+                    continue;
+                }
+                let deadline = Duration::from_millis(CONNECT_DEADLINE_MS);
+                match tokio::time::timeout(deadline, self.client.connect_to(address, ALPN_AGENT))
+                    .await
+                {
+                    Ok(Ok(connection)) => self.keep_standing(address, connection),
+                    Ok(Err(error)) => {
+                        *locked(&self.stats.last_error) =
+                            Some(format!("standing connection to {address}: {error}"));
+                    }
+                    Err(_) => {
+                        *locked(&self.stats.last_error) =
+                            Some(format!("standing connection to {address}: timed out"));
+                    }
+                }
+            }
         }
     }
 
@@ -573,12 +676,16 @@ impl SimNode {
                 ended = self.watch_loop(&connection) => ended,
                 ended = self.report_loop(&connection) => ended,
                 () = refuse_leader_requests(&connection) => Ended::Lost("closed".to_string()),
+                ended = self.standing_loop(&address, round) => ended,
                 _ = shutdown.wait_for(|stop| *stop) => {
                     connection.close();
                     break;
                 }
             };
-            connection.close();
+            match &ended {
+                Ended::NotLeader(_) => self.keep_standing(&address, connection),
+                Ended::Lost(_) => connection.close(),
+            }
             self.sim().registered_at = None;
             self.stats.disconnects.fetch_add(1, Ordering::Relaxed);
             match ended {
@@ -594,6 +701,9 @@ impl SimNode {
             }
         }
         self.sim().registered_at = None;
+        for (_, connection) in std::mem::take(&mut *locked(&self.standing)) {
+            connection.close();
+        }
     }
 
     /// Tries `hint`, then every coordinator (the one just lost last), until one registers
@@ -651,11 +761,22 @@ impl SimNode {
 
     async fn connect_and_register(&self, address: &str) -> Result<(PeerConnection, u64), Ended> {
         let deadline = Duration::from_millis(CONNECT_DEADLINE_MS);
-        let connection =
-            tokio::time::timeout(deadline, self.client.connect_to(address, ALPN_AGENT))
+        let kept = locked(&self.standing)
+            .get(address)
+            .filter(|kept| is_open(kept))
+            .cloned();
+        let standing = kept.is_some();
+        let connection = match kept {
+            Some(connection) => connection,
+            None => tokio::time::timeout(deadline, self.client.connect_to(address, ALPN_AGENT))
                 .await
                 .map_err(|_| Ended::Lost("connect timed out".to_string()))?
-                .map_err(|error| Ended::Lost(error.to_string()))?;
+                .map_err(|error| Ended::Lost(error.to_string()))?,
+        };
+        // Out of the pool while in use: it leads now, or it is put back, or it failed.
+        if standing {
+            locked(&self.standing).remove(address);
+        }
         let actual = self.actual();
         let cluster = self.sim().cluster;
         let sent_at = Instant::now();
@@ -682,11 +803,21 @@ impl SimNode {
                 sim.registered_at = Some(Instant::now());
                 drop(sim);
                 self.stats.registrations.fetch_add(1, Ordering::Relaxed);
+                if standing {
+                    self.stats
+                        .standing_registrations
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 Ok((connection, heartbeat_ms.max(50)))
             }
             Ok(AgentResponse::Error(error)) => {
-                connection.close();
-                Err(ended_by(error))
+                let ended = ended_by(error);
+                if matches!(ended, Ended::NotLeader(_)) {
+                    self.keep_standing(address, connection);
+                } else {
+                    connection.close();
+                }
+                Err(ended)
             }
             Ok(other) => {
                 connection.close();

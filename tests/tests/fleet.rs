@@ -7,6 +7,7 @@
 //! node is lost and no running job is touched.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use quotient_client::ApiClient;
@@ -69,6 +70,7 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
     let client = ApiClient::connect(addresses, &tls).expect("a client");
     let mut config = cluster.fleet_config(NODES, GPUS_PER_NODE);
     config.ramp_ms = 2_000;
+    config.standing_within_ms = Some(1_000);
     let fleet = runtime
         .block_on(Fleet::start(config))
         .expect("the fleet starts");
@@ -146,6 +148,9 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
         .map(|view| (view.id.clone(), view.attempts))
         .collect();
     assert_eq!(before.len(), NODES as usize);
+    // Each node keeps a connection open to both followers, and registers over one of them.
+    fleet.wait_standing(2 * NODES as usize, DEADLINE);
+    let standing_before = fleet.stats().standing_registrations.load(Ordering::Relaxed);
     let killed = cluster.kill_leader().into();
     fleet.wait_registered(NODES as usize, Some(killed), DEADLINE);
     let reconnected = fleet
@@ -153,6 +158,12 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
         .expect("registered")
         .duration_since(killed);
     eprintln!("every node registered with the new leader {reconnected:?} after the kill");
+    let standing = fleet.stats().standing_registrations.load(Ordering::Relaxed) - standing_before;
+    assert!(
+        standing >= u64::from(NODES),
+        "every node registered over a standing connection: {}",
+        fleet.counters()
+    );
     let after = jobs(&runtime, &client);
     let running: BTreeMap<String, u32> = after
         .iter()
@@ -167,10 +178,7 @@ fn a_simulated_fleet_runs_jobs_reclaims_and_survives_a_failover() {
         "no node lost: {nodes:?}"
     );
     assert_eq!(
-        fleet
-            .stats()
-            .fenced
-            .load(std::sync::atomic::Ordering::Relaxed),
+        fleet.stats().fenced.load(Ordering::Relaxed),
         0,
         "no node fenced its jobs"
     );

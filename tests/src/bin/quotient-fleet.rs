@@ -63,6 +63,10 @@ struct Args {
     /// Seconds over which the nodes first connect [default: one per 1,000 nodes].
     #[arg(long)]
     ramp_s: Option<u64>,
+    /// Keep standing connections to the coordinators besides the leader, as the real agent
+    /// does, opened over this many seconds after each registration; 0 keeps none.
+    #[arg(long, default_value_t = 60)]
+    standing_within_s: u64,
     /// Threads the fleet runs on (1: one thread, leaving the other cores to the coordinators).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -119,6 +123,8 @@ fn main() -> anyhow::Result<()> {
     if let Some(ramp_s) = args.ramp_s {
         config.ramp_ms = ramp_s * 1_000;
     }
+    config.standing_within_ms =
+        (args.standing_within_s > 0).then(|| args.standing_within_s.saturating_mul(1_000));
     config.racks = (1..=args.racks.unwrap_or(0))
         .map(|rack| format!("rack-{rack}"))
         .collect();
