@@ -859,24 +859,10 @@ mod tests {
             let error = within(bad).unwrap_err();
             assert!(error.contains("or off"), "{bad}: {error}");
         }
-        let args = [
-            "quotient-agent",
-            "--name",
-            "gpu-1",
-            "--coordinators",
-            "c:1",
-            "--ca",
-            "ca",
-            "--cert",
-            "c",
-            "--key",
-            "k",
-            "--standing-connections-within",
-            "off",
-        ];
-        let config = parse(&args).run.into_config().unwrap();
+        let off = run_args(&["--standing-connections-within", "off"]);
+        let config = parse(&off).run.into_config().unwrap();
         assert_eq!(config.standing_within, None);
-        let config = parse(&args[..11]).run.into_config().unwrap();
+        let config = parse(&run_args(&[])).run.into_config().unwrap();
         assert_eq!(
             config.standing_within,
             Some(Duration::from_millis(
