@@ -38,7 +38,9 @@
 //! simulated agents"). So the session keeps an idle connection open to every coordinator, not
 //! only the leader:
 //! - a connection that answered `NotLeader` (during a leader search, or a leader that stepped
-//!   down) is kept rather than closed: the search already paid for its handshake;
+//!   down) is kept rather than closed: the search already paid for its handshake; so is a
+//!   leader's connection when the leader refused a heartbeat (it could not show a quorum's
+//!   recent acknowledgement), so that registering with it again costs no handshake either;
 //! - once registered, the session opens the ones it lacks at a random moment within
 //!   `--standing-connections-within` (default [`STANDING_WITHIN_DEFAULT_MS`]), so that a fleet
 //!   that registered together does not open them together, and looks again as often;
@@ -262,6 +264,10 @@ enum Ended {
     NotRegistered,
     /// The connection is gone or unanswered.
     Lost(String),
+    /// The leader answered a heartbeat with a refusal (it cannot show a quorum's recent
+    /// acknowledgement, say): handled as [`Ended::Lost`], but the connection stays open as a
+    /// standing one, since the coordinator is there and answering.
+    Refused(String),
 }
 
 /// How often and how long: what `Registered` said, clamped to sane values.
@@ -485,7 +491,7 @@ impl LeaderSession {
             match &ended {
                 // Still a coordinator, only not (or no longer) this node's leader: its
                 // connection stays as a standing one.
-                Ended::NotLeader(_) | Ended::NotRegistered => {
+                Ended::NotLeader(_) | Ended::NotRegistered | Ended::Refused(_) => {
                     self.keep_standing(address.clone(), connection, true)
                 }
                 Ended::Lost(_) => connection.close(),
@@ -496,7 +502,7 @@ impl LeaderSession {
                 backoff_ms = BACKOFF_MIN_MS;
             }
             let follow = matches!(&ended, Ended::NotLeader(Some(_)));
-            let lost = matches!(&ended, Ended::Lost(_));
+            let lost = matches!(&ended, Ended::Lost(_) | Ended::Refused(_));
             match ended {
                 Ended::NotLeader(hint) => {
                     tracing::info!(coordinator = %address, leader = ?hint, "no longer the leader; finding the new one");
@@ -506,7 +512,7 @@ impl LeaderSession {
                     tracing::info!(coordinator = %address, "the leader asks this node to register again");
                     preferred = Some(address);
                 }
-                Ended::Lost(why) => {
+                Ended::Lost(why) | Ended::Refused(why) => {
                     tracing::warn!(coordinator = %address, "lost the leader: {why}");
                     // Tried first again, alongside every other address.
                     preferred = Some(address);
@@ -799,7 +805,7 @@ impl LeaderSession {
                 // running from the last acknowledged one either way.
                 Ok(AgentResponse::Error(error)) => {
                     return match ended_by(error) {
-                        Ended::Lost(why) => Ended::Lost(format!("heartbeat refused: {why}")),
+                        Ended::Lost(why) => Ended::Refused(format!("heartbeat refused: {why}")),
                         ended => ended,
                     }
                 }
@@ -846,7 +852,9 @@ impl LeaderSession {
                 }
                 Ok(AgentResponse::Error(error)) => match ended_by(error) {
                     ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
-                    Ended::Lost(why) => tracing::warn!("desired-state poll refused: {why}"),
+                    Ended::Lost(why) | Ended::Refused(why) => {
+                        tracing::warn!("desired-state poll refused: {why}")
+                    }
                 },
                 Ok(other) => tracing::warn!(
                     "unexpected answer to a desired-state poll: {}",
@@ -981,7 +989,7 @@ impl LeaderSession {
                 }
                 Ok(AgentResponse::Error(error)) => match ended_by(error) {
                     ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
-                    Ended::Lost(why) => why,
+                    Ended::Lost(why) | Ended::Refused(why) => why,
                 },
                 Ok(other) => format!("unexpected answer: {}", describe(&other)),
                 Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
@@ -1054,7 +1062,7 @@ impl LeaderSession {
                 Ok(AgentResponse::DiskUsageRecorded) => continue,
                 Ok(AgentResponse::Error(error)) => match ended_by(error) {
                     ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
-                    Ended::Lost(why) => why,
+                    Ended::Lost(why) | Ended::Refused(why) => why,
                 },
                 Ok(other) => format!("unexpected answer: {}", describe(&other)),
                 Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),

@@ -725,6 +725,45 @@ async fn agent_follows_not_leader_to_the_new_leader_without_touching_jobs() {
     assert!(agent.is_running());
 }
 
+/// A leader that refuses heartbeats (it cannot show a quorum's recent acknowledgement) makes
+/// the agent look for the leader again, but the agent keeps the connection and registers
+/// over it: no new handshake per refusal. The job is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
+    leader.set_desired(desired(1, 1, running));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, 7, JobEvent::Running)
+    })
+    .await;
+    assert_eq!(leader.state().connections, 1);
+
+    leader.set_mode(Mode::RefuseHeartbeats);
+    wait_until("the agent registers again twice", || {
+        leader.state().registrations.len() >= 3
+    })
+    .await;
+    leader.set_mode(Mode::Serve);
+    let heartbeats = leader.state().heartbeat_count;
+    wait_until("heartbeats answered again", || {
+        leader.state().heartbeat_count >= heartbeats + 2
+    })
+    .await;
+    assert_eq!(
+        leader.state().connections,
+        1,
+        "every registration went over the first connection"
+    );
+    assert_eq!(node.starts(7), 1);
+    assert!(job_pid_alive(&node.state, 7));
+    assert!(!exit_reported(&leader, 7));
+    assert!(agent.is_running());
+}
+
 /// An agent whose certificate names another node, or is not an agent's, refuses to start
 /// and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -485,6 +485,9 @@ enum Ended {
     NotLeader(Option<String>),
     /// The connection is gone, unanswered, or refused something.
     Lost(String),
+    /// The leader refused a heartbeat: handled as `Lost`, but the connection is kept as a
+    /// standing one, as the real agent does.
+    Refused(String),
 }
 
 fn is_open(connection: &PeerConnection) -> bool {
@@ -683,14 +686,14 @@ impl SimNode {
                 }
             };
             match &ended {
-                Ended::NotLeader(_) => self.keep_standing(&address, connection),
+                Ended::NotLeader(_) | Ended::Refused(_) => self.keep_standing(&address, connection),
                 Ended::Lost(_) => connection.close(),
             }
             self.sim().registered_at = None;
             self.stats.disconnects.fetch_add(1, Ordering::Relaxed);
             match ended {
                 Ended::NotLeader(leader) => hint = leader,
-                Ended::Lost(why) => {
+                Ended::Lost(why) | Ended::Refused(why) => {
                     *locked(&self.stats.last_error) = Some(why);
                     last_lost = Some(address);
                     tokio::select! {
@@ -749,7 +752,7 @@ impl SimNode {
                     }
                     named = Some(leader);
                 }
-                Err(Ended::Lost(why)) => {
+                Err(Ended::Lost(why) | Ended::Refused(why)) => {
                     self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                     *locked(&self.stats.last_error) = Some(format!("{address}: {why}"));
                 }
@@ -854,7 +857,12 @@ impl SimNode {
                     self.sim().last_ack = Some(sent_at);
                     self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(AgentResponse::Error(error)) => return ended_by(error),
+                Ok(AgentResponse::Error(error)) => {
+                    return match ended_by(error) {
+                        Ended::Lost(why) => Ended::Refused(why),
+                        ended => ended,
+                    }
+                }
                 Ok(other) => return Ended::Lost(format!("unexpected answer: {other:?}")),
                 Err(error) => return Ended::Lost(error.to_string()),
             }

@@ -1,6 +1,7 @@
 //! A client command issued the instant the leader is killed is answered once the others have
 //! elected a new leader, without waiting out a connect deadline on the dead one; an agent
-//! registers with the new leader over a connection it kept open to it. How fast is
+//! registers with the new leader over a connection it kept open to it, and re-registers
+//! without a new handshake after the leader lost its quorum for a while. How fast is
 //! measured by `benches/failover.rs` (BENCHMARKS.md); this test holds a generous bound, so it
 //! fails only if the client waits on the dead leader for good or gives up.
 
@@ -40,16 +41,48 @@ fn metric(text: &str, series: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+const STANDING: &str = r#"quotient_agent_registrations_total{connection="standing"}"#;
+const NEW: &str = r#"quotient_agent_registrations_total{connection="new"}"#;
+
+/// Three coordinators and one agent that opens its standing connections within a second.
+fn standing_cluster() -> DevCluster {
+    DevCluster::up_with_env(
+        &["--nodes", "1"],
+        &[("QUOTIENT_AGENT_STANDING_CONNECTIONS_WITHIN", "1s")],
+    )
+}
+
+/// The agent's `/metrics` once it holds a standing connection to both other coordinators.
+fn with_two_standing(agent: &str) -> String {
+    poll_until("two standing connections", SETTLE, || {
+        let text = http_get(agent, "/metrics")?;
+        match metric(&text, "quotient_agent_standing_connections") {
+            Some(2.0) => Ok(text),
+            other => Err(format!("{other:?} open")),
+        }
+    })
+}
+
+/// Waits until the agent registered over a standing connection more often than `before`
+/// says; its `/metrics` then.
+fn registered_over_standing(agent: &str, before: &str) -> String {
+    let count = metric(before, STANDING).unwrap_or_else(|| panic!("no {STANDING}: {before}"));
+    poll_until("a registration over a standing connection", SETTLE, || {
+        let text = http_get(agent, "/metrics")?;
+        match metric(&text, STANDING) {
+            Some(now) if now > count => Ok(text),
+            other => Err(format!("{other:?}")),
+        }
+    })
+}
+
 #[test]
 fn an_agent_registers_with_the_next_leader_over_the_connection_it_kept() {
     // Proves the agent's standing connections (agent/src/session.rs): it keeps one open to
     // each coordinator besides the leader, and after the leader is killed it registers with
     // the new one over it, with no handshake; the new leader reads a running job's log over
     // that connection too, and the job runs on in its first attempt.
-    let cluster = DevCluster::up_with_env(
-        &["--nodes", "1"],
-        &[("QUOTIENT_AGENT_STANDING_CONNECTIONS_WITHIN", "1s")],
-    );
+    let cluster = standing_cluster();
     cluster.create_share("team", 1, "lend", &[]);
     let job = cluster.submit(
         "team",
@@ -58,34 +91,17 @@ fn an_agent_registers_with_the_next_leader_over_the_connection_it_kept() {
     );
     cluster.wait_for_state(&job, "RUNNING", SETTLE);
     let agent = cluster.metrics_addresses("agents").remove(0);
-    let scrape = || http_get(&agent, "/metrics");
-    poll_until("two standing connections", SETTLE, || {
-        let text = scrape()?;
-        match metric(&text, "quotient_agent_standing_connections") {
-            Some(2.0) => Ok(()),
-            other => Err(format!("{other:?} open")),
-        }
-    });
-    let standing = r#"quotient_agent_registrations_total{connection="standing"}"#;
-    let new = r#"quotient_agent_registrations_total{connection="new"}"#;
-    let before = scrape().expect("the agent's metrics");
-    assert_eq!(metric(&before, standing), Some(0.0), "{before}");
+    let before = with_two_standing(&agent);
+    assert_eq!(metric(&before, STANDING), Some(0.0), "{before}");
     let killed = cluster.kill_leader();
-    poll_until("a registration over a standing connection", SETTLE, || {
-        let text = scrape()?;
-        match metric(&text, standing) {
-            Some(count) if count >= 1.0 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    let after = registered_over_standing(&agent, &before);
     eprintln!(
         "kill -> registered with the new leader in {:?}",
         killed.elapsed()
     );
-    let after = scrape().expect("the agent's metrics");
     assert_eq!(
-        metric(&after, new),
-        metric(&before, new),
+        metric(&after, NEW),
+        metric(&before, NEW),
         "no new connection was needed: {after}"
     );
     let logs = cluster.ok(&["job", "logs", &job]);
@@ -93,4 +109,50 @@ fn an_agent_registers_with_the_next_leader_over_the_connection_it_kept() {
     let got = cluster.json(&["job", "get", &job, "-o", "json"]);
     assert_eq!(got["state"], "RUNNING", "{got}");
     assert_eq!(got["attempts"], 1, "{got}");
+}
+
+/// Sends `signal` to every process of `pids`.
+fn signal_all(pids: &[libc::pid_t], signal: libc::c_int) {
+    for pid in pids {
+        // SAFETY: kill(2) on a coordinator this test's cluster started; plain integers.
+        assert_eq!(
+            unsafe { libc::kill(*pid, signal) },
+            0,
+            "signal {signal} to {pid}"
+        );
+    }
+}
+
+#[test]
+fn an_agent_reregisters_without_a_handshake_after_the_leader_lost_its_quorum() {
+    // While both followers are frozen the leader cannot show a quorum's acknowledgement, so
+    // it refuses the agent's heartbeats, and the agent looks for the leader again. It keeps
+    // that connection and those to the followers, so once the followers are back it
+    // registers over one of them, with no new handshake: with the same leader, or with a new
+    // one if the thawed followers called an election (they often do). The same-leader case
+    // alone is `agent/tests/agent_session.rs::agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats`.
+    let cluster = standing_cluster();
+    let agent = cluster.metrics_addresses("agents").remove(0);
+    let before = with_two_standing(&agent);
+    let (leader, _) = cluster.leader();
+    let followers: Vec<libc::pid_t> = cluster.cluster_file()["coordinators"]
+        .as_array()
+        .expect("coordinators")
+        .iter()
+        .filter(|entry| entry["id"] != leader)
+        .filter_map(|entry| entry["pid"].as_i64())
+        .filter_map(|pid| libc::pid_t::try_from(pid).ok())
+        .collect();
+    assert_eq!(followers.len(), 2, "two followers");
+    signal_all(&followers, libc::SIGSTOP);
+    // Over the 1 s the leader waits for a quorum, and at least one heartbeat after it.
+    std::thread::sleep(Duration::from_millis(2_500));
+    signal_all(&followers, libc::SIGCONT);
+    let after = registered_over_standing(&agent, &before);
+    assert_eq!(
+        metric(&after, NEW),
+        metric(&before, NEW),
+        "no new connection was needed: {after}"
+    );
+    cluster.wait_healthy(SETTLE);
 }

@@ -35,6 +35,9 @@ pub enum Mode {
     Silent,
     /// Answers WatchDesired with a frame over the size limit; serves the rest.
     OversizedDesired,
+    /// Refuses heartbeats as a leader without a quorum's recent acknowledgement does
+    /// (`Unavailable`); serves the rest.
+    RefuseHeartbeats,
 }
 
 /// What the fake has seen and will serve.
@@ -54,6 +57,8 @@ pub struct LeaderState {
     pub registered_clusters: Vec<Option<ClusterId>>,
     /// The last disk use the agent reported.
     pub disk_usage: Option<DiskUsage>,
+    /// Agent connections accepted (each a TLS handshake).
+    pub connections: u64,
 }
 
 /// The cluster a fake leader leads unless a test sets another.
@@ -97,6 +102,7 @@ impl FakeLeader {
             cluster: FAKE_CLUSTER,
             registered_clusters: Vec::new(),
             disk_usage: None,
+            connections: 0,
         }));
         let task = tokio::spawn(accept_loop(server.clone(), state.clone()));
         FakeLeader {
@@ -142,6 +148,7 @@ async fn accept_loop(server: Arc<Server>, state: Arc<Mutex<LeaderState>>) {
             if connection.require_role(&[Role::Agent]).is_err() {
                 return;
             }
+            lock(&state).connections += 1;
             while let Ok((send, recv)) = connection.connection().accept_bi().await {
                 tokio::spawn(serve_stream(send, recv, state.clone()));
             }
@@ -178,10 +185,17 @@ async fn serve_stream(
             let _ = send.stopped().await;
             return;
         }
-        Mode::Serve | Mode::OversizedDesired => match answer(request, &state).await {
-            Some(response) => response,
-            None => return,
-        },
+        Mode::RefuseHeartbeats if matches!(request, AgentRequest::Heartbeat { .. }) => {
+            AgentResponse::Error(AgentError::Unavailable(
+                "no quorum acknowledged this leader within the last second".into(),
+            ))
+        }
+        Mode::Serve | Mode::OversizedDesired | Mode::RefuseHeartbeats => {
+            match answer(request, &state).await {
+                Some(response) => response,
+                None => return,
+            }
+        }
     };
     if let Ok(bytes) = frame::encode_frame(&response) {
         let _ = send.write_all(&bytes).await;
