@@ -359,7 +359,7 @@ impl LeaderSession {
     fn standing_to(&self, address: &str) -> Option<PeerConnection> {
         self.standing()
             .get(address)
-            .filter(|kept| is_open(kept))
+            .filter(|kept| kept.is_open())
             .cloned()
     }
 
@@ -368,7 +368,7 @@ impl LeaderSession {
         let mut standing = self.standing();
         if standing
             .get(address)
-            .is_some_and(|kept| same(kept, connection))
+            .is_some_and(|kept| kept.is_same(connection))
         {
             standing.remove(address);
         }
@@ -382,14 +382,14 @@ impl LeaderSession {
     /// coordinator asks for unless it does already (`serving`). Closes it instead when
     /// standing connections are off, or one to that address is kept already.
     fn keep_standing(&self, address: String, connection: PeerConnection, serving: bool) {
-        if self.standing_within.is_none() || !is_open(&connection) {
+        if self.standing_within.is_none() || !connection.is_open() {
             connection.close();
             return;
         }
         let mut standing = self.standing();
-        standing.retain(|_, kept| is_open(kept));
+        standing.retain(|_, kept| kept.is_open());
         match standing.get(&address) {
-            Some(kept) if same(kept, &connection) => {}
+            Some(kept) if kept.is_same(&connection) => {}
             Some(_) => connection.close(),
             None => {
                 if !serving {
@@ -410,11 +410,13 @@ impl LeaderSession {
     }
 
     fn has_standing(&self, address: &str) -> bool {
-        self.standing().get(address).is_some_and(is_open)
+        self.standing()
+            .get(address)
+            .is_some_and(PeerConnection::is_open)
     }
 
     fn count_standing(&self, standing: &BTreeMap<String, PeerConnection>) {
-        let open = standing.values().filter(|kept| is_open(kept)).count();
+        let open = standing.values().filter(|kept| kept.is_open()).count();
         self.shared
             .links
             .standing
@@ -1071,14 +1073,6 @@ impl LeaderSession {
             tracing::debug!("the leader did not take the disk use: {failure}");
         }
     }
-}
-
-fn is_open(connection: &PeerConnection) -> bool {
-    connection.connection().close_reason().is_none()
-}
-
-fn same(one: &PeerConnection, other: &PeerConnection) -> bool {
-    one.connection().stable_id() == other.connection().stable_id()
 }
 
 fn ended_by(error: AgentError) -> Ended {

@@ -96,7 +96,7 @@ impl QuicExchange {
     /// open or under way.
     fn start_connecting(&self, links: &mut Links, address: &str, deadline: Duration) {
         match links.by_address.get(address) {
-            Some(Link::Open(connection)) if is_open(connection) => return,
+            Some(Link::Open(connection)) if connection.is_open() => return,
             Some(Link::Connecting { .. }) => return,
             _ => {}
         }
@@ -153,10 +153,10 @@ impl QuicExchange {
             let (since, give_up_at) = {
                 let mut links = self.lock();
                 let others_open = links.by_address.iter().any(|(other, link)| {
-                    other != address && matches!(link, Link::Open(c) if is_open(c))
+                    other != address && matches!(link, Link::Open(c) if c.is_open())
                 });
                 match links.by_address.get(address) {
-                    Some(Link::Open(connection)) if is_open(connection) => {
+                    Some(Link::Open(connection)) if connection.is_open() => {
                         return Ok(connection.clone())
                     }
                     Some(Link::Failed(why)) => {
@@ -194,15 +194,11 @@ impl QuicExchange {
     fn forget(&self, address: &str, connection: &PeerConnection) {
         let mut links = self.lock();
         if let Some(Link::Open(known)) = links.by_address.get(address) {
-            if known.connection().stable_id() == connection.connection().stable_id() {
+            if known.is_same(connection) {
                 links.by_address.remove(address);
             }
         }
     }
-}
-
-fn is_open(connection: &PeerConnection) -> bool {
-    connection.connection().close_reason().is_none()
 }
 
 impl Exchange for QuicExchange {
@@ -228,7 +224,7 @@ impl Exchange for QuicExchange {
                 let links = self.lock();
                 for address in addresses {
                     match links.by_address.get(address) {
-                        Some(Link::Open(connection)) if is_open(connection) => {
+                        Some(Link::Open(connection)) if connection.is_open() => {
                             return Ok(address.clone())
                         }
                         Some(Link::Failed(why)) => {
@@ -259,7 +255,7 @@ impl Exchange for QuicExchange {
         self.lock()
             .by_address
             .values()
-            .any(|link| matches!(link, Link::Open(connection) if is_open(connection)))
+            .any(|link| matches!(link, Link::Open(connection) if connection.is_open()))
     }
 
     async fn exchange(

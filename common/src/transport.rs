@@ -626,6 +626,16 @@ impl PeerConnection {
         &self.connection
     }
 
+    /// Whether the connection is still open (neither side closed it, no idle timeout).
+    pub fn is_open(&self) -> bool {
+        self.connection.close_reason().is_none()
+    }
+
+    /// Whether `other` is a clone of this very connection, not only one to the same peer.
+    pub fn is_same(&self, other: &PeerConnection) -> bool {
+        self.connection.stable_id() == other.connection.stable_id()
+    }
+
     /// Checks the peer's role against `allowed`; if it is not there, closes the connection
     /// with [`CLOSE_CODE_UNAUTHORISED`] and says why.
     pub fn require_role(&self, allowed: &[Role]) -> Result<(), TransportError> {

@@ -58,9 +58,9 @@ impl AgentLinks {
     /// Forgets `connection` if it is still node `node`'s.
     pub fn disconnected(&self, node: &str, connection: &PeerConnection) {
         let mut links = self.links();
-        let current = links.get(node).is_some_and(|known| {
-            known.connection().stable_id() == connection.connection().stable_id()
-        });
+        let current = links
+            .get(node)
+            .is_some_and(|known| known.is_same(connection));
         if current {
             links.remove(node);
         }
@@ -70,7 +70,7 @@ impl AgentLinks {
     pub fn get(&self, node: &str) -> Option<PeerConnection> {
         self.links()
             .get(node)
-            .filter(|connection| connection.connection().close_reason().is_none())
+            .filter(|connection| connection.is_open())
             .cloned()
     }
 

@@ -316,8 +316,7 @@ impl PeerConnections {
     /// The pooled connection to `peer` at `address`, or a new one.
     async fn connection(&self, peer: MemberId, address: &str) -> Result<PeerConnection, String> {
         if let Some(pooled) = self.lock().connections.get(&peer) {
-            if pooled.address == address && pooled.connection.connection().close_reason().is_none()
-            {
+            if pooled.address == address && pooled.connection.is_open() {
                 return Ok(pooled.connection.clone());
             }
         }
@@ -348,9 +347,10 @@ impl PeerConnections {
     /// reconnects.
     fn discard(&self, peer: MemberId, connection: &PeerConnection) {
         let mut inner = self.lock();
-        let same = inner.connections.get(&peer).is_some_and(|pooled| {
-            pooled.connection.connection().stable_id() == connection.connection().stable_id()
-        });
+        let same = inner
+            .connections
+            .get(&peer)
+            .is_some_and(|pooled| pooled.connection.is_same(connection));
         if same {
             inner.connections.remove(&peer);
         }

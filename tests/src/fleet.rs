@@ -279,7 +279,7 @@ impl Fleet {
             .map(|node| {
                 locked(&node.standing)
                     .values()
-                    .filter(|connection| is_open(connection))
+                    .filter(|connection| connection.is_open())
                     .count()
             })
             .sum()
@@ -490,10 +490,6 @@ enum Ended {
     Refused(String),
 }
 
-fn is_open(connection: &PeerConnection) -> bool {
-    connection.connection().close_reason().is_none()
-}
-
 fn ended_by(error: AgentError) -> Ended {
     match error {
         AgentError::NotLeader { leader_address, .. } => Ended::NotLeader(leader_address),
@@ -563,14 +559,14 @@ impl SimNode {
     /// Keeps `connection` to `address` as a standing one, or closes it (standing connections
     /// off, or one kept already).
     fn keep_standing(&self, address: &str, connection: PeerConnection) {
-        if self.config.standing_within_ms.is_none() || !is_open(&connection) {
+        if self.config.standing_within_ms.is_none() || !connection.is_open() {
             connection.close();
             return;
         }
         let mut standing = locked(&self.standing);
         match standing.get(address) {
-            Some(kept) if is_open(kept) => {
-                if kept.connection().stable_id() != connection.connection().stable_id() {
+            Some(kept) if kept.is_open() => {
+                if !kept.is_same(&connection) {
                     connection.close();
                 }
             }
@@ -593,7 +589,9 @@ impl SimNode {
             pass += 1;
             tokio::time::sleep(self.spread(within_ms, round * 1_000 + pass)).await;
             for address in &self.config.coordinators {
-                let open = locked(&self.standing).get(address).is_some_and(is_open);
+                let open = locked(&self.standing)
+                    .get(address)
+                    .is_some_and(PeerConnection::is_open);
                 if address == leader || open {
                     continue;
                 }
@@ -766,7 +764,7 @@ impl SimNode {
         let deadline = Duration::from_millis(CONNECT_DEADLINE_MS);
         let kept = locked(&self.standing)
             .get(address)
-            .filter(|kept| is_open(kept))
+            .filter(|kept| kept.is_open())
             .cloned();
         let standing = kept.is_some();
         let connection = match kept {
