@@ -136,7 +136,7 @@ impl AgentDoor {
         }
         let links = &self.shared.links;
         let standing = Gauge::<i64>::default();
-        standing.set(i64::try_from(links.standing.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+        standing.set(i64::try_from(links.standing_open()).unwrap_or(i64::MAX));
         registry.register(
             "quotient_agent_standing_connections",
             "Idle connections open to coordinators other than the leader, for a failover without a handshake",

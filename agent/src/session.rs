@@ -181,15 +181,31 @@ pub struct Shared {
     pub links: LinkCounts,
 }
 
-/// How the session's connections went: read by the metrics.
+/// The session's connections besides the leader's, and how registrations went: read by the
+/// metrics.
 #[derive(Debug, Default)]
 pub struct LinkCounts {
-    /// Standing connections open now (not counting the leader's).
-    pub standing: AtomicU64,
+    /// Connections to coordinators other than the leader, by address (see "Standing
+    /// connections" above); some may have closed since they were kept.
+    standing: Mutex<BTreeMap<String, PeerConnection>>,
     /// Registrations acknowledged over a connection made for them.
     pub registered_new: AtomicU64,
     /// Registrations acknowledged over a standing connection (no handshake).
     pub registered_standing: AtomicU64,
+}
+
+impl LinkCounts {
+    fn standing(&self) -> MutexGuard<'_, BTreeMap<String, PeerConnection>> {
+        self.standing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Standing connections open now.
+    pub fn standing_open(&self) -> usize {
+        self.standing()
+            .values()
+            .filter(|kept| kept.is_open())
+            .count()
+    }
 }
 
 impl Shared {
@@ -315,9 +331,6 @@ pub struct LeaderSession {
     last_ack_recorded: Mutex<Option<Instant>>,
     /// The host info of the last registration a leader acknowledged.
     registered_host: Mutex<Option<HostInfo>>,
-    /// Open connections to coordinators other than the leader, by address (see "Standing
-    /// connections" above).
-    standing: Mutex<BTreeMap<String, PeerConnection>>,
     /// Opens the missing standing connections within this long; `None`: keeps none.
     standing_within: Option<Duration>,
 }
@@ -338,7 +351,6 @@ impl LeaderSession {
             gpus: Mutex::new(Vec::new()),
             last_ack_recorded: Mutex::new(None),
             registered_host: Mutex::new(None),
-            standing: Mutex::new(BTreeMap::new()),
             standing_within: Some(Duration::from_millis(STANDING_WITHIN_DEFAULT_MS)),
         }
     }
@@ -351,7 +363,7 @@ impl LeaderSession {
     }
 
     fn standing(&self) -> MutexGuard<'_, BTreeMap<String, PeerConnection>> {
-        self.standing.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.links.standing()
     }
 
     /// The open standing connection to `address`, if any; it stays in the pool until
@@ -372,7 +384,7 @@ impl LeaderSession {
         {
             standing.remove(address);
         }
-        self.count_standing(&standing);
+        drop(standing);
         if close {
             connection.close();
         }
@@ -398,7 +410,6 @@ impl LeaderSession {
                 standing.insert(address, connection);
             }
         }
-        self.count_standing(&standing);
     }
 
     /// Serves the log reads the coordinator asks for on `connection`, as long as it lives.
@@ -407,20 +418,6 @@ impl LeaderSession {
             connection.clone(),
             self.shared.clone(),
         ));
-    }
-
-    fn has_standing(&self, address: &str) -> bool {
-        self.standing()
-            .get(address)
-            .is_some_and(PeerConnection::is_open)
-    }
-
-    fn count_standing(&self, standing: &BTreeMap<String, PeerConnection>) {
-        let open = standing.values().filter(|kept| kept.is_open()).count();
-        self.shared
-            .links
-            .standing
-            .store(open as u64, Ordering::Relaxed);
     }
 
     /// A new connection to `address`, within `deadline`.
@@ -443,7 +440,7 @@ impl LeaderSession {
         loop {
             tokio::time::sleep(spread(&self.shared.node, within_ms)).await;
             for address in &self.coordinators {
-                if address == leader || self.has_standing(address) {
+                if address == leader || self.standing_to(address).is_some() {
                     continue;
                 }
                 match self
