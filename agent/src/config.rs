@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use quotient_common::duration::parse_duration_ms;
 use quotient_common::name::validate_name;
 
 /// Where the agent keeps pid files, checkpoints and logs unless told otherwise.
@@ -279,28 +280,19 @@ pub const STANDING_WITHIN_MAX_S: u64 = 3_600;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StandingWithin(pub Option<Duration>);
 
-/// Parses `off`, or a whole number of seconds or minutes (`90s`, `2m`), 1 s to 1 h.
+/// Parses `off`, or a duration (`90s`, `2m`; [`parse_duration_ms`]) of 1 s to 1 h.
 pub fn parse_standing_within(text: &str) -> Result<StandingWithin, String> {
     if text == "off" {
         return Ok(StandingWithin(None));
     }
     let hint = || {
-        format!("invalid duration {text:?}: write a whole number with s or m (e.g. 60s, 2m), at most {STANDING_WITHIN_MAX_S}s, or off")
+        format!("invalid duration {text:?}: write a duration from 1s to {STANDING_WITHIN_MAX_S}s (e.g. 60s, 2m), or off")
     };
-    let (number, unit_s) = match text.strip_suffix('s') {
-        Some(number) => (number, 1),
-        None => (text.strip_suffix('m').ok_or_else(hint)?, 60),
-    };
-    if number.is_empty() || !number.bytes().all(|byte| byte.is_ascii_digit()) {
+    let ms = parse_duration_ms(text).map_err(|_| hint())?;
+    if !(1_000..=STANDING_WITHIN_MAX_S * 1_000).contains(&ms) {
         return Err(hint());
     }
-    let seconds = number
-        .parse::<u64>()
-        .ok()
-        .and_then(|number| number.checked_mul(unit_s))
-        .filter(|seconds| (1..=STANDING_WITHIN_MAX_S).contains(seconds))
-        .ok_or_else(hint)?;
-    Ok(StandingWithin(Some(Duration::from_secs(seconds))))
+    Ok(StandingWithin(Some(Duration::from_millis(ms))))
 }
 
 /// Parses a log cap: bytes, or a whole number with KiB, MiB or GiB; at least
@@ -855,7 +847,8 @@ mod tests {
         assert_eq!(within("90s"), Ok(Some(Duration::from_secs(90))));
         assert_eq!(within("2m"), Ok(Some(Duration::from_secs(120))));
         assert_eq!(within("off"), Ok(None));
-        for bad in ["0s", "61m", "", "s", "10", "1h", "-5s", "1.5s"] {
+        assert_eq!(within("1h"), Ok(Some(Duration::from_secs(3_600))));
+        for bad in ["0s", "61m", "", "s", "10", "2h", "-5s", "1.5s", "999ms"] {
             let error = within(bad).unwrap_err();
             assert!(error.contains("or off"), "{bad}: {error}");
         }
