@@ -167,9 +167,7 @@ fn main() {
     // fill and the queue.
     let mut standing_open_s = 0.0;
     if standing_s > 0 {
-        let coordinators = cluster.cluster_file()["coordinators"]
-            .as_array()
-            .map_or(0, Vec::len);
+        let coordinators = cluster.coordinator_pids().len();
         fleet.wait_standing(
             nodes as usize * coordinators.saturating_sub(1),
             Duration::from_secs(standing_s + 300),
@@ -205,14 +203,7 @@ fn main() {
     // Idle: nothing submitted, every node heartbeating.
     std::thread::sleep(Duration::from_secs(5));
     let (leader, leader_pid) = cluster.leader();
-    let followers: Vec<libc::pid_t> = cluster.cluster_file()["coordinators"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|entry| entry["id"] != leader)
-        .filter_map(|entry| entry["pid"].as_i64())
-        .filter_map(|pid| libc::pid_t::try_from(pid).ok())
-        .collect();
+    let followers = cluster.follower_pids(leader);
     let own_pid = libc::pid_t::try_from(std::process::id()).expect("a pid");
     let fleet_before = cpu_seconds(own_pid);
     let before = cpu_seconds(leader_pid);

@@ -397,20 +397,40 @@ impl DevCluster {
         );
     }
 
+    /// Each coordinator's id and process id, from `cluster.json`.
+    pub fn coordinator_pids(&self) -> Vec<(u64, libc::pid_t)> {
+        let file = self.cluster_file();
+        file["coordinators"]
+            .as_array()
+            .expect("coordinators")
+            .iter()
+            .filter_map(|entry| {
+                let pid = libc::pid_t::try_from(entry["pid"].as_i64()?).ok()?;
+                Some((entry["id"].as_u64()?, pid))
+            })
+            .collect()
+    }
+
     /// The leading coordinator's id and process id, from `cluster status` and `cluster.json`.
     pub fn leader(&self) -> (u64, libc::pid_t) {
         let status = self.json(&["cluster", "status", "-o", "json"]);
         let leader = status["leader"].as_u64().expect("a leader");
-        let file = self.cluster_file();
-        let pid = file["coordinators"]
-            .as_array()
-            .expect("coordinators")
-            .iter()
-            .find(|entry| entry["id"] == leader)
-            .and_then(|entry| entry["pid"].as_i64())
-            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+        let pid = self
+            .coordinator_pids()
+            .into_iter()
+            .find(|(id, _)| *id == leader)
+            .map(|(_, pid)| pid)
             .expect("the leader's pid");
         (leader, pid)
+    }
+
+    /// The process ids of the coordinators other than `leader`.
+    pub fn follower_pids(&self, leader: u64) -> Vec<libc::pid_t> {
+        self.coordinator_pids()
+            .into_iter()
+            .filter(|(id, _)| *id != leader)
+            .map(|(_, pid)| pid)
+            .collect()
     }
 
     /// Waits until `cluster health` reports every coordinator healthy.

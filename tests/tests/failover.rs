@@ -135,14 +135,7 @@ fn an_agent_reregisters_without_a_handshake_after_the_leader_lost_its_quorum() {
     let agent = cluster.metrics_addresses("agents").remove(0);
     let before = with_two_standing(&agent);
     let (leader, _) = cluster.leader();
-    let followers: Vec<libc::pid_t> = cluster.cluster_file()["coordinators"]
-        .as_array()
-        .expect("coordinators")
-        .iter()
-        .filter(|entry| entry["id"] != leader)
-        .filter_map(|entry| entry["pid"].as_i64())
-        .filter_map(|pid| libc::pid_t::try_from(pid).ok())
-        .collect();
+    let followers = cluster.follower_pids(leader);
     assert_eq!(followers.len(), 2, "two followers");
     signal_all(&followers, libc::SIGSTOP);
     // Over the 1 s the leader waits for a quorum, and at least one heartbeat after it.

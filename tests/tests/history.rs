@@ -10,18 +10,6 @@ use serde_json::Value;
 
 const SETTLE: Duration = Duration::from_secs(60);
 
-fn coordinator_pids(cluster: &DevCluster) -> Vec<libc::pid_t> {
-    let file = std::fs::read_to_string(cluster.dir.join("cluster.json")).expect("cluster.json");
-    let file: Value = serde_json::from_str(&file).expect("cluster.json is JSON");
-    file["coordinators"]
-        .as_array()
-        .expect("coordinators")
-        .iter()
-        .filter_map(|c| c["pid"].as_i64())
-        .filter_map(|pid| libc::pid_t::try_from(pid).ok())
-        .collect()
-}
-
 /// The usage row of `share` in `rows`.
 fn row<'a>(rows: &'a Value, share: &str) -> &'a Value {
     rows.as_array()
@@ -150,7 +138,7 @@ fn history_and_usage_outlive_retention_and_a_restart_of_every_coordinator() {
     );
 
     eprintln!("--- every coordinator is killed and started again");
-    for pid in coordinator_pids(&cluster) {
+    for (_, pid) in cluster.coordinator_pids() {
         // SAFETY: kill(2) on a coordinator this cluster started.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
