@@ -209,12 +209,13 @@ fn main() {
     let before = cpu_seconds(leader_pid);
     let followers_before: Vec<f64> = followers.iter().map(|pid| cpu_seconds(*pid)).collect();
     std::thread::sleep(Duration::from_secs(idle_s));
-    let idle_leader_cpu_percent = (cpu_seconds(leader_pid) - before) * 100.0 / idle_s as f64;
-    let idle_fleet_cpu_percent = (cpu_seconds(own_pid) - fleet_before) * 100.0 / idle_s as f64;
+    let percent = |pid, before| (cpu_seconds(pid) - before) * 100.0 / idle_s as f64;
+    let idle_leader_cpu_percent = percent(leader_pid, before);
+    let idle_fleet_cpu_percent = percent(own_pid, fleet_before);
     let idle_follower_cpu_percent: Vec<f64> = followers
         .iter()
-        .zip(&followers_before)
-        .map(|(pid, before)| (cpu_seconds(*pid) - before) * 100.0 / idle_s as f64)
+        .zip(followers_before)
+        .map(|(pid, before)| percent(*pid, before))
         .collect();
     eprintln!(
         "the idle leader used {idle_leader_cpu_percent:.1}% of a core, the followers {idle_follower_cpu_percent:.1?}, the fleet {idle_fleet_cpu_percent:.1}"
