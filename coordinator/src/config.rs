@@ -39,8 +39,9 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
 /// Most log entries in one AppendEntries; with small commands this keeps a frame far below
 /// the frame limit (a larger batch that does not fit is split, see `network`).
 pub const APPEND_ENTRIES_MAX: u64 = 1_000;
-/// Most bytes of log entries in one AppendEntries of several entries (2 MiB); one entry
-/// alone always goes (`proposer::PROPOSAL_BYTES_MAX` keeps it under this). openraft 0.9
+/// Most bytes of log entries in one AppendEntries of several entries (2 MiB): the ceiling of
+/// the limit that adapts to each follower (`network::BatchBytes`); one entry alone always
+/// goes (`proposer::PROPOSAL_BYTES_MAX` keeps it under this). openraft 0.9
 /// gives an AppendEntries the heartbeat interval to be answered (100 ms by default), so what
 /// it carries must reach a follower and be stored there in that time; 15 MiB of entries for a
 /// follower that fell behind missed it on every try, and the follower never caught up.

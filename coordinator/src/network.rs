@@ -28,11 +28,13 @@
 //! learn the newer commit index with the next AppendEntries or heartbeat, and so save it in
 //! the same write as the entries that come with it.
 //!
-//! An AppendEntries of several entries carries at most `config::APPEND_ENTRIES_BYTES_MAX`
-//! bytes of them: openraft 0.9 gives it only the heartbeat interval to be answered, and sends
-//! a follower that fell behind up to `config::APPEND_ENTRIES_MAX` entries at once, which with
-//! large entries would miss that deadline on every try. Over the limit, openraft is told the
-//! payload is too large, with how many entries fit ([`PayloadTooLarge`]), and sends those.
+//! An AppendEntries of several entries carries a limited number of bytes of them: openraft
+//! 0.9 gives it only the heartbeat interval to be answered, and sends a follower that fell
+//! behind up to `config::APPEND_ENTRIES_MAX` entries at once, which with large entries would
+//! miss that deadline on every try. The limit adapts to each peer ([`BatchBytes`]: halved on a
+//! timeout, doubled back on answers, at most `config::APPEND_ENTRIES_BYTES_MAX`). Over the
+//! limit, openraft is told the payload is too large, with how many entries fit
+//! ([`PayloadTooLarge`]), and sends those.
 //!
 //! An AppendEntries that would tell a follower nothing is not sent ([`Acknowledged`]).
 //! openraft 0.9 sends each follower an empty AppendEntries whenever the leader's commit index
@@ -366,6 +368,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerConnections {
             target,
             address: node.addr.clone(),
             acknowledged: None,
+            batch: BatchBytes::default(),
         }
     }
 }
@@ -381,6 +384,46 @@ pub struct PeerNetwork {
     address: String,
     /// The last AppendEntries through this client that the peer answered with success.
     acknowledged: Option<Acknowledged>,
+    /// How many bytes of entries an AppendEntries of several may carry to this peer now.
+    batch: BatchBytes,
+}
+
+/// How many bytes of entries an AppendEntries of several entries may carry to one peer.
+/// openraft 0.9 gives an AppendEntries only the heartbeat interval (100 ms) to be answered,
+/// and sends it again, whole, when that passes; so a request too large for what the network,
+/// the peer and its disk manage in that time now never gets through, and the follower never
+/// catches up. On a saturated 2-vCPU host, 2 MiB of entries to a follower that fell behind
+/// timed out every time, the followers called elections, and the cluster lost its leader
+/// again and again (BENCHMARKS.md, "A fleet of simulated agents"). So the limit starts at
+/// [`APPEND_ENTRIES_BYTES_START`], halves after each timeout down to
+/// [`APPEND_ENTRIES_BYTES_MIN`], and doubles after each answered request that used more than
+/// half of it, up to `config::APPEND_ENTRIES_BYTES_MAX`. One entry alone always goes, whatever
+/// its size (the proposer keeps entries under the maximum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchBytes(usize);
+
+/// Where [`BatchBytes`] starts (bytes).
+pub const APPEND_ENTRIES_BYTES_START: usize = 256 * 1024;
+/// The least [`BatchBytes`] halves to (bytes).
+pub const APPEND_ENTRIES_BYTES_MIN: usize = 32 * 1024;
+
+impl Default for BatchBytes {
+    fn default() -> Self {
+        BatchBytes(APPEND_ENTRIES_BYTES_START)
+    }
+}
+
+impl BatchBytes {
+    fn timed_out(&mut self) {
+        self.0 = (self.0 / 2).max(APPEND_ENTRIES_BYTES_MIN);
+    }
+
+    /// A request that carried `bytes` of entries (0: one entry, not counted) was answered.
+    fn answered(&mut self, bytes: usize) {
+        if bytes > self.0 / 2 {
+            self.0 = (self.0 * 2).min(APPEND_ENTRIES_BYTES_MAX);
+        }
+    }
 }
 
 /// The last log id a follower holds once it accepts `rpc`: its last entry, or where it
@@ -538,22 +581,23 @@ impl PeerNetwork {
     }
 }
 
-/// When `entries` are more than one and take more than `bytes_max` bytes encoded: how many of
-/// the first fit (one at least, which goes alone whatever its size). `None` when all may go.
-/// Counts only as far as the limit, and nothing for a single entry.
-fn entries_within(entries: &[Entry], bytes_max: usize) -> Option<u64> {
+/// When `entries` are more than one and take more than `bytes_max` bytes encoded: `Err` with
+/// how many of the first fit (one at least, which goes alone whatever its size). Else `Ok`
+/// with the bytes they take (0 for a single entry, which is not counted). Counts only as far
+/// as the limit.
+fn entries_within(entries: &[Entry], bytes_max: usize) -> Result<usize, u64> {
     if entries.len() < 2 {
-        return None;
+        return Ok(0);
     }
     let mut bytes = 0usize;
     for (index, entry) in entries.iter().enumerate() {
         // An entry that cannot be encoded fails when the request is, as before.
         bytes += encoded_len(entry).unwrap_or(0);
         if bytes > bytes_max {
-            return Some(index.max(1) as u64);
+            return Err(index.max(1) as u64);
         }
     }
-    None
+    Ok(bytes)
 }
 
 impl RaftNetwork<TypeConfig> for PeerNetwork {
@@ -576,32 +620,39 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
             );
             return Ok(AppendEntriesResponse::Success);
         }
-        if let Some(fit) = entries_within(&rpc.entries, APPEND_ENTRIES_BYTES_MAX) {
-            // openraft sends the first `fit` entries at once, and so for its next requests.
-            tracing::debug!(
-                target = self.target,
-                entries = rpc.entries.len(),
-                fit,
-                "append entries: over the byte limit, fewer entries"
-            );
-            return Err(RPCError::PayloadTooLarge(
-                PayloadTooLarge::new_entries_hint(fit),
-            ));
-        }
+        let bytes = match entries_within(&rpc.entries, self.batch.0) {
+            Ok(bytes) => bytes,
+            Err(fit) => {
+                // openraft sends the first `fit` entries at once, and so for its next requests.
+                tracing::debug!(
+                    target = self.target,
+                    entries = rpc.entries.len(),
+                    fit,
+                    limit = self.batch.0,
+                    "append entries: over the byte limit, fewer entries"
+                );
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint(fit),
+                ));
+            }
+        };
         let sending = Acknowledged::of(&rpc, sent);
         self.acknowledged = None;
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
         let entries = rpc.entries.len() as u64;
         tracing::trace!(target = self.target, entries, "append entries");
-        let response = self
-            .send(RaftRequest::AppendEntries(rpc), &option)
-            .await
-            .map_err(|error| match error {
-                SendError::TooLarge if entries > 1 => {
-                    RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2))
-                }
-                other => self.rpc_error(other, RPCTypes::AppendEntries, from),
-            })?;
+        let sent = self.send(RaftRequest::AppendEntries(rpc), &option).await;
+        match &sent {
+            Ok(_) => self.batch.answered(bytes),
+            Err(SendError::Timeout(_)) => self.batch.timed_out(),
+            Err(_) => {}
+        }
+        let response = sent.map_err(|error| match error {
+            SendError::TooLarge if entries > 1 => {
+                RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2))
+            }
+            other => self.rpc_error(other, RPCTypes::AppendEntries, from),
+        })?;
         match response {
             RaftResponse::AppendEntries(result) => {
                 if matches!(result, Ok(AppendEntriesResponse::Success)) {
@@ -701,24 +752,45 @@ mod tests {
     fn an_append_of_several_entries_is_cut_to_what_fits_the_byte_limit() {
         let limit = 10_000;
         let small: Vec<_> = (1..=5).map(|index| entry_of(index, 1_000)).collect();
-        assert_eq!(entries_within(&small, limit), None, "5 KB in all");
+        let all = entries_within(&small, limit).expect("5 KB in all");
+        assert!((5_000..limit).contains(&all), "{all} bytes counted");
         let large: Vec<_> = (1..=5).map(|index| entry_of(index, 3_000)).collect();
         assert_eq!(
             entries_within(&large, limit),
-            Some(3),
+            Err(3),
             "three of 3 KB fit in 10 KB"
         );
         let huge: Vec<_> = (1..=3).map(|index| entry_of(index, 20_000)).collect();
-        assert_eq!(
-            entries_within(&huge, limit),
-            Some(1),
-            "the first goes alone"
-        );
+        assert_eq!(entries_within(&huge, limit), Err(1), "the first goes alone");
         assert_eq!(
             entries_within(&huge[..1], limit),
-            None,
-            "one entry always goes"
+            Ok(0),
+            "one entry always goes, uncounted"
         );
+    }
+
+    /// The byte limit halves after each timeout, to its floor, and doubles again after each
+    /// answer that used more than half of it, to its ceiling; small answers leave it.
+    #[test]
+    fn the_byte_limit_halves_on_timeouts_and_grows_back_on_answers() {
+        let mut batch = BatchBytes::default();
+        assert_eq!(batch.0, APPEND_ENTRIES_BYTES_START);
+        batch.timed_out();
+        assert_eq!(batch.0, APPEND_ENTRIES_BYTES_START / 2);
+        for _ in 0..20 {
+            batch.timed_out();
+        }
+        assert_eq!(batch.0, APPEND_ENTRIES_BYTES_MIN);
+        batch.answered(0);
+        batch.answered(APPEND_ENTRIES_BYTES_MIN / 2);
+        assert_eq!(batch.0, APPEND_ENTRIES_BYTES_MIN, "small answers leave it");
+        batch.answered(APPEND_ENTRIES_BYTES_MIN / 2 + 1);
+        assert_eq!(batch.0, 2 * APPEND_ENTRIES_BYTES_MIN);
+        for _ in 0..20 {
+            let full = batch.0;
+            batch.answered(full);
+        }
+        assert_eq!(batch.0, APPEND_ENTRIES_BYTES_MAX);
     }
 
     /// Only an empty AppendEntries that repeats what the follower acknowledged, soon after, is
