@@ -89,7 +89,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use quotient_common::agent_api::{
     ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
-    WireAllocation, WireIntent, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+    LeaderPatience, WireAllocation, WireIntent, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX,
+    WATCH_TIMEOUT_MS,
 };
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_AGENT};
 use quotient_common::{GpuDevice, HostInfo, JobReport, NodeInventory};
@@ -192,6 +193,11 @@ pub struct LinkCounts {
     pub registered_new: AtomicU64,
     /// Registrations acknowledged over a standing connection (no handshake).
     pub registered_standing: AtomicU64,
+    /// Heartbeats the leader refused as unavailable (see `leader_patience_ms`).
+    pub heartbeats_refused: AtomicU64,
+    /// Heartbeats unanswered within their deadline while the leader's side of the connection
+    /// still sent datagrams (see `leader_patience_ms`).
+    pub heartbeats_late: AtomicU64,
 }
 
 impl LinkCounts {
@@ -782,6 +788,10 @@ impl LeaderSession {
         let mut interval = tokio::time::interval(Duration::from_millis(timing.heartbeat_ms));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let deadline = heartbeat_deadline(timing.lease_ms);
+        // A leader that is there but acknowledges no heartbeat gets `leader_patience_ms`
+        // before the search for the leader; the lease runs from the last acknowledged
+        // heartbeat either way.
+        let mut patience = LeaderPatience::new(timing.lease_ms);
         loop {
             interval.tick().await;
             let gpus = self.read_gpus().await;
@@ -792,16 +802,38 @@ impl LeaderSession {
                 actual,
             };
             let sent_at = Instant::now();
-            match connection
+            let heard = connection.datagrams_received();
+            let unacknowledged = match connection
                 .request::<_, AgentResponse>(&request, deadline)
                 .await
             {
                 Ok(AgentResponse::HeartbeatAck) => {
+                    if let Some(failing) = patience.acknowledged() {
+                        tracing::info!(
+                            "the leader acknowledges heartbeats again, after {} ms",
+                            failing.as_millis()
+                        );
+                    }
                     self.shared.renew_lease(sent_at, None);
                     self.record_ack(sent_at);
+                    continue;
                 }
-                // One failed heartbeat is enough to look for the leader again: the lease keeps
-                // running from the last acknowledged one either way.
+                Ok(AgentResponse::Error(AgentError::Unavailable(why))) => {
+                    self.shared
+                        .links
+                        .heartbeats_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    format!("refused: {why}")
+                }
+                // The leader's QUIC side sent something meanwhile: busy, not gone.
+                Err(RequestError::Timeout { .. }) if connection.datagrams_received() > heard => {
+                    self.shared
+                        .links
+                        .heartbeats_late
+                        .fetch_add(1, Ordering::Relaxed);
+                    format!("unanswered within {} ms", deadline.as_millis())
+                }
+                // Any other error is enough to look for the leader again.
                 Ok(AgentResponse::Error(error)) => {
                     return match ended_by(error) {
                         Ended::Lost(why) => Ended::Refused(format!("heartbeat refused: {why}")),
@@ -815,6 +847,18 @@ impl LeaderSession {
                     ))
                 }
                 Err(error) => return Ended::Lost(format!("heartbeat failed: {error}")),
+            };
+            match patience.unacknowledged(sent_at) {
+                Ok(()) => tracing::debug!(
+                    "heartbeat {unacknowledged}; the leader is there, trying it again"
+                ),
+                // Still there: its connection stays as a standing one.
+                Err(failing) => {
+                    return Ended::Refused(format!(
+                        "no heartbeat acknowledged for {} ms, the last {unacknowledged}",
+                        failing.as_millis()
+                    ))
+                }
             }
         }
     }

@@ -19,7 +19,8 @@ use quotient_agent::runtime::process::{
     WATCHDOG_SLACK_MS,
 };
 use quotient_common::agent_api::{
-    ActualPhase, DesiredState, Fence, WireAllocation, WireIntent, LOG_CHUNK_BYTES_MAX,
+    leader_patience_ms, ActualPhase, DesiredState, Fence, WireAllocation, WireIntent,
+    LOG_CHUNK_BYTES_MAX,
 };
 use quotient_common::{JobEvent, JobId, Runtime};
 use support::docker;
@@ -725,9 +726,10 @@ async fn agent_follows_not_leader_to_the_new_leader_without_touching_jobs() {
     assert!(agent.is_running());
 }
 
-/// A leader that refuses heartbeats (it cannot show a quorum's recent acknowledgement) makes
-/// the agent look for the leader again, but the agent keeps the connection and registers
-/// over it: no new handshake per refusal. The job is not touched.
+/// A leader that keeps refusing heartbeats (it cannot show a quorum's recent
+/// acknowledgement) makes the agent look for the leader again, once the refusals have lasted
+/// `leader_patience_ms` of the lease; but the agent keeps the connection and registers over
+/// it: no new handshake per refusal. The job is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
     let node = Node::new();
@@ -743,6 +745,17 @@ async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
     assert_eq!(leader.state().connections, 1);
 
     leader.set_mode(Mode::RefuseHeartbeats);
+    let refusing = Instant::now();
+    wait_until("the agent registers again", || {
+        leader.state().registrations.len() >= 2
+    })
+    .await;
+    let patience = Duration::from_millis(leader_patience_ms(LONG_LEASE_MS));
+    assert!(
+        refusing.elapsed() >= patience,
+        "registered again {:?} after the refusals began, before the patience of {patience:?}",
+        refusing.elapsed()
+    );
     wait_until("the agent registers again twice", || {
         leader.state().registrations.len() >= 3
     })
@@ -761,6 +774,81 @@ async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
     assert_eq!(node.starts(7), 1);
     assert!(job_pid_alive(&node.state, 7));
     assert!(!exit_reported(&leader, 7));
+    assert!(agent.is_running());
+}
+
+/// A leader that refuses heartbeats for less than `leader_patience_ms` (busy for a moment)
+/// keeps its agent: no registration again, so no Raft write per agent, and the same
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_rides_out_a_leader_that_refuses_heartbeats_for_a_moment() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
+    leader.set_desired(desired(1, 1, running));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, 7, JobEvent::Running)
+    })
+    .await;
+
+    leader.set_mode(Mode::RefuseHeartbeats);
+    wait_until("five heartbeats refused", || {
+        leader.state().refused_heartbeats >= 5
+    })
+    .await;
+    leader.set_mode(Mode::Serve);
+    let heartbeats = leader.state().heartbeat_count;
+    wait_until("heartbeats answered again", || {
+        leader.state().heartbeat_count >= heartbeats + 3
+    })
+    .await;
+    let state = leader.state();
+    assert_eq!(state.registrations.len(), 1, "no registration again");
+    assert_eq!(state.connections, 1);
+    drop(state);
+    assert_eq!(node.starts(7), 1);
+    assert!(job_pid_alive(&node.state, 7));
+    assert!(agent.is_running());
+}
+
+/// A leader that answers heartbeats after their deadline, for less than `leader_patience_ms`
+/// (busy, but its QUIC side acknowledges the packets), keeps its agent as well: no
+/// registration again and the same connection. (A leader that sends nothing at all, killed or
+/// frozen, is left at once: `tests/tests/failover.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_rides_out_a_leader_that_answers_heartbeats_late_for_a_moment() {
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
+    leader.set_desired(desired(1, 1, running));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, 7, JobEvent::Running)
+    })
+    .await;
+
+    // Two heartbeats held past the agent's 1 s deadline: about 2 s of no acknowledgement,
+    // under the patience of 2.5 s.
+    leader.set_mode(Mode::SlowHeartbeats);
+    wait_until("two heartbeats held", || {
+        leader.state().slow_heartbeats >= 2
+    })
+    .await;
+    leader.set_mode(Mode::Serve);
+    let heartbeats = leader.state().heartbeat_count;
+    wait_until("heartbeats answered in time again", || {
+        leader.state().heartbeat_count >= heartbeats + 5
+    })
+    .await;
+    let state = leader.state();
+    assert_eq!(state.registrations.len(), 1, "no registration again");
+    assert_eq!(state.connections, 1);
+    drop(state);
+    assert_eq!(node.starts(7), 1);
+    assert!(job_pid_alive(&node.state, 7));
     assert!(agent.is_running());
 }
 

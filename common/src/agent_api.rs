@@ -38,6 +38,67 @@ pub const LOG_CHUNK_BYTES_MAX: u32 = 1 << 20;
 pub const LEADER_REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// The most actual attempts a `Register` or `Heartbeat` may list; the leader refuses more.
 pub const ACTUAL_ATTEMPTS_MAX: usize = 1_024;
+/// An agent keeps heartbeating a leader that is there but does not acknowledge its
+/// heartbeats for 1/this of its lease before it looks for the leader again (see
+/// [`leader_patience_ms`]).
+pub const LEADER_PATIENCE_PER_LEASE: u64 = 4;
+
+/// How long an agent with a lease of `lease_ms` keeps heartbeating a leader that is there but
+/// acknowledges none of its heartbeats, counted from the first such heartbeat, before it
+/// looks for the leader again. "There" means either of:
+/// - it refuses the heartbeats with [`AgentError::Unavailable`]: it cannot show a quorum's
+///   acknowledgement within the last second, being overloaded or briefly cut off from the
+///   other coordinators;
+/// - it lets a heartbeat's deadline pass, but its side of the QUIC connection sent datagrams
+///   meanwhile (at least the acknowledgement of the heartbeat's own packets): its host is
+///   busy, not gone. A killed leader, or one behind a partition, sends nothing, and the
+///   agent looks elsewhere at once.
+///
+/// Looking again means registering again, a Raft write per agent. When a whole fleet does
+/// that because its leader was slow for a moment, the writes pile onto the leader that was
+/// already slow, and the slowness feeds itself (BENCHMARKS.md, "A fleet of simulated
+/// agents"). A leader that is really deposed, or hung, costs its agents this much more time
+/// before they find the new one; the lease, which only an acknowledged heartbeat renews,
+/// still has three quarters left for that search.
+pub fn leader_patience_ms(lease_ms: u64) -> u64 {
+    lease_ms / LEADER_PATIENCE_PER_LEASE
+}
+
+/// How long a leader has gone without acknowledging a heartbeat while still there: the
+/// agent's (and the fleet simulator's) count against [`leader_patience_ms`].
+#[derive(Debug, Clone)]
+pub struct LeaderPatience {
+    patience: std::time::Duration,
+    since: Option<std::time::Instant>,
+}
+
+impl LeaderPatience {
+    pub fn new(lease_ms: u64) -> LeaderPatience {
+        LeaderPatience {
+            patience: std::time::Duration::from_millis(leader_patience_ms(lease_ms)),
+            since: None,
+        }
+    }
+
+    /// A heartbeat sent at `sent_at` was not acknowledged, though the leader is there. `Err`
+    /// with how long none has been, once that is the patience or more: look elsewhere.
+    pub fn unacknowledged(
+        &mut self,
+        sent_at: std::time::Instant,
+    ) -> Result<(), std::time::Duration> {
+        let failing = self.since.get_or_insert(sent_at).elapsed();
+        if failing >= self.patience {
+            Err(failing)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A heartbeat was acknowledged: how long none had been before it, if any.
+    pub fn acknowledged(&mut self) -> Option<std::time::Duration> {
+        self.since.take().map(|since| since.elapsed())
+    }
+}
 
 /// A fence: the leader's Raft term, then the log index of the state the desired state
 /// was computed from. Compared as a pair, so any state sent by a newer leader is newer.

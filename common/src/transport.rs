@@ -631,6 +631,13 @@ impl PeerConnection {
         self.connection.close_reason().is_none()
     }
 
+    /// UDP datagrams received on this connection so far. A count that grew while a request
+    /// went unanswered says the peer is there (its QUIC side at least acknowledged the
+    /// request's packets), only slow to answer.
+    pub fn datagrams_received(&self) -> u64 {
+        self.connection.stats().udp_rx.datagrams
+    }
+
     /// Whether `other` is a clone of this very connection, not only one to the same peer.
     pub fn is_same(&self, other: &PeerConnection) -> bool {
         self.connection.stable_id() == other.connection.stable_id()

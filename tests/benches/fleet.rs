@@ -24,7 +24,11 @@
 //!   must all be 0.
 //!
 //! `QUOTIENT_BENCH_NODES` (default 10,000) and `QUOTIENT_BENCH_GPUS` (default 8) size the
-//! fleet. The last line printed is one JSON object.
+//! fleet. `QUOTIENT_BENCH_MEMBER_THREADS` sets each coordinator's worker threads
+//! (`TOKIO_WORKER_THREADS`; unset, the coordinators' default of one per core), as in the
+//! submit bench (BENCHMARKS.md: on a 2-vCPU KVM guest a leader on two worker threads spent
+//! about 1.6 times the CPU per heartbeat that it spent on one, in wake-ups between them).
+//! The last line printed is one JSON object.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -137,7 +141,13 @@ fn main() {
     let standing_s = env_or("QUOTIENT_BENCH_STANDING_S", (u64::from(nodes) / 50).max(60));
     let wait = Duration::from_secs(300);
 
-    let cluster = DevCluster::up(&["--nodes", "0"]);
+    // Unset: the coordinators' own default, a worker thread per core.
+    let member_threads = std::env::var("QUOTIENT_BENCH_MEMBER_THREADS").ok();
+    let threads_env: Vec<(&str, &str)> = member_threads
+        .iter()
+        .map(|threads| ("TOKIO_WORKER_THREADS", threads.as_str()))
+        .collect();
+    let cluster = DevCluster::up_with_env(&["--nodes", "0"], &threads_env);
     let (addresses, tls) = cluster.admin_tls();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -265,6 +275,7 @@ fn main() {
     let line = serde_json::json!({
         "bench": "fleet",
         "nodes": nodes,
+        "member_threads": member_threads.as_deref().unwrap_or("default"),
         "gpus_per_node": gpus,
         "queued": queued,
         "registered_s": registered_s,

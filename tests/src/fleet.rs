@@ -31,6 +31,11 @@
 //! coordinators besides its leader, as the real agent does, and registers over one after a
 //! failover without a handshake.
 //!
+//! A leader that is there but acknowledges no heartbeat (it refuses them as unavailable, or
+//! lets their deadline pass while its side of the connection still sends datagrams) keeps its
+//! nodes for `leader_patience_ms` of their lease, as with the real agent, before they look
+//! for the leader again.
+//!
 //! A node that has no heartbeat acknowledged for its lease stops its jobs (self-fencing, as
 //! the real agent does) and counts them in [`FleetStats::fenced`]: a bench that expects no
 //! job to stop checks that it stays 0. Nothing runs, no process and no file: a node is a few
@@ -45,11 +50,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use quotient_common::agent_api::{
     ActualAttempt, ActualPhase, AgentError, AgentRequest, AgentResponse, DesiredState, Fence,
-    LeaderRequest, LeaderResponse, WireIntent, REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
+    LeaderPatience, LeaderRequest, LeaderResponse, WireIntent, REPORTS_PER_REQUEST_MAX,
+    WATCH_TIMEOUT_MS,
 };
 use quotient_common::certs::{ca_files, CaIssuer, Role};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
-use quotient_common::transport::{client_endpoint, Client, PeerConnection, ALPN_AGENT};
+use quotient_common::transport::{
+    client_endpoint, Client, PeerConnection, RequestError, ALPN_AGENT,
+};
 use quotient_common::{
     ClusterId, GpuClass, GpuDevice, HostInfo, JobEvent, JobId, JobReport, NodeInventory, Runtime,
 };
@@ -145,6 +153,11 @@ impl FleetConfig {
 pub struct FleetStats {
     pub registrations: AtomicU64,
     pub heartbeats: AtomicU64,
+    /// Heartbeats the leader refused as unavailable, and heartbeats unanswered in time while
+    /// the leader's side of the connection still sent datagrams (each node gives such a leader
+    /// `leader_patience_ms` before it looks for the leader again, as the real agent does).
+    pub heartbeats_refused: AtomicU64,
+    pub heartbeats_late: AtomicU64,
     /// Connections ended: by a `NotLeader` answer, a failed request, or a close.
     pub disconnects: AtomicU64,
     /// Connect or register attempts that failed.
@@ -327,6 +340,8 @@ impl Fleet {
             "registered": self.registered(),
             "registrations": count(&stats.registrations),
             "heartbeats": count(&stats.heartbeats),
+            "heartbeats_refused": count(&stats.heartbeats_refused),
+            "heartbeats_late": count(&stats.heartbeats_late),
             "disconnects": count(&stats.disconnects),
             "connect_failures": count(&stats.connect_failures),
             "desired_states": count(&stats.desired_states),
@@ -838,6 +853,7 @@ impl SimNode {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The registration was the first acknowledgement.
         ticks.tick().await;
+        let mut patience = LeaderPatience::new(self.sim().lease_ms);
         loop {
             ticks.tick().await;
             let sent_at = Instant::now();
@@ -847,13 +863,24 @@ impl SimNode {
                 actual: self.actual(),
             };
             let deadline = Duration::from_millis(HEARTBEAT_DEADLINE_MS);
+            let heard = connection.datagrams_received();
             match connection
                 .request::<_, AgentResponse>(&request, deadline)
                 .await
             {
                 Ok(AgentResponse::HeartbeatAck) => {
+                    patience.acknowledged();
                     self.sim().last_ack = Some(sent_at);
                     self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Ok(AgentResponse::Error(AgentError::Unavailable(_))) => {
+                    self.stats
+                        .heartbeats_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(RequestError::Timeout { .. }) if connection.datagrams_received() > heard => {
+                    self.stats.heartbeats_late.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(AgentResponse::Error(error)) => {
                     return match ended_by(error) {
@@ -863,6 +890,12 @@ impl SimNode {
                 }
                 Ok(other) => return Ended::Lost(format!("unexpected answer: {other:?}")),
                 Err(error) => return Ended::Lost(error.to_string()),
+            }
+            if let Err(failing) = patience.unacknowledged(sent_at.into_std()) {
+                return Ended::Refused(format!(
+                    "no heartbeat acknowledged for {} ms",
+                    failing.as_millis()
+                ));
             }
         }
     }

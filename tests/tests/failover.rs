@@ -126,7 +126,8 @@ fn signal_all(pids: &[libc::pid_t], signal: libc::c_int) {
 #[test]
 fn an_agent_reregisters_without_a_handshake_after_the_leader_lost_its_quorum() {
     // While both followers are frozen the leader cannot show a quorum's acknowledgement, so
-    // it refuses the agent's heartbeats, and the agent looks for the leader again. It keeps
+    // it refuses the agent's heartbeats; past the agent's patience (a quarter of its 10 s
+    // lease, `leader_patience_ms`) the agent looks for the leader again. It keeps
     // that connection and those to the followers, so once the followers are back it
     // registers over one of them, with no new handshake: with the same leader, or with a new
     // one if the thawed followers called an election (they often do). The same-leader case
@@ -138,10 +139,15 @@ fn an_agent_reregisters_without_a_handshake_after_the_leader_lost_its_quorum() {
     let followers = cluster.follower_pids(leader);
     assert_eq!(followers.len(), 2, "two followers");
     signal_all(&followers, libc::SIGSTOP);
-    // Over the 1 s the leader waits for a quorum, and at least one heartbeat after it.
-    std::thread::sleep(Duration::from_millis(2_500));
+    // Over the 1 s the leader waits for a quorum, the agent's 2.5 s of patience, and a
+    // heartbeat interval after it; well inside the 10 s lease.
+    std::thread::sleep(Duration::from_millis(5_000));
     signal_all(&followers, libc::SIGCONT);
     let after = registered_over_standing(&agent, &before);
+    assert!(
+        metric(&after, "quotient_agent_heartbeats_refused_total").is_some_and(|n| n >= 2.0),
+        "the leader refused heartbeats: {after}"
+    );
     assert_eq!(
         metric(&after, NEW),
         metric(&before, NEW),

@@ -38,7 +38,13 @@ pub enum Mode {
     /// Refuses heartbeats as a leader without a quorum's recent acknowledgement does
     /// (`Unavailable`); serves the rest.
     RefuseHeartbeats,
+    /// Answers heartbeats only after [`SLOW_HOLD`], past the agent's deadline (a busy
+    /// leader: its QUIC side still acknowledges packets); everything else as `Serve`.
+    SlowHeartbeats,
 }
+
+/// How long [`Mode::SlowHeartbeats`] holds a heartbeat before it answers.
+pub const SLOW_HOLD: Duration = Duration::from_millis(1_500);
 
 /// What the fake has seen and will serve.
 #[derive(Debug)]
@@ -48,6 +54,10 @@ pub struct LeaderState {
     pub heartbeat_ms: u64,
     pub registrations: Vec<(NodeInventory, Vec<ActualAttempt>)>,
     pub heartbeat_count: u64,
+    /// Heartbeats refused as unavailable in [`Mode::RefuseHeartbeats`].
+    pub refused_heartbeats: u64,
+    /// Heartbeats held in [`Mode::SlowHeartbeats`].
+    pub slow_heartbeats: u64,
     pub last_heartbeat: Option<(Vec<GpuDevice>, Vec<ActualAttempt>)>,
     pub reports: Vec<JobReport>,
     pub desired: Option<DesiredState>,
@@ -96,6 +106,8 @@ impl FakeLeader {
             heartbeat_ms,
             registrations: Vec::new(),
             heartbeat_count: 0,
+            refused_heartbeats: 0,
+            slow_heartbeats: 0,
             last_heartbeat: None,
             reports: Vec::new(),
             desired: None,
@@ -186,11 +198,20 @@ async fn serve_stream(
             return;
         }
         Mode::RefuseHeartbeats if matches!(request, AgentRequest::Heartbeat { .. }) => {
+            lock(&state).refused_heartbeats += 1;
             AgentResponse::Error(AgentError::Unavailable(
                 "no quorum acknowledged this leader within the last second".into(),
             ))
         }
-        Mode::Serve | Mode::OversizedDesired | Mode::RefuseHeartbeats => {
+        Mode::SlowHeartbeats if matches!(request, AgentRequest::Heartbeat { .. }) => {
+            lock(&state).slow_heartbeats += 1;
+            tokio::time::sleep(SLOW_HOLD).await;
+            match answer(request, &state).await {
+                Some(response) => response,
+                None => return,
+            }
+        }
+        Mode::Serve | Mode::OversizedDesired | Mode::RefuseHeartbeats | Mode::SlowHeartbeats => {
             match answer(request, &state).await {
                 Some(response) => response,
                 None => return,
