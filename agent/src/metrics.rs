@@ -156,20 +156,22 @@ impl AgentDoor {
             "Registrations a leader acknowledged, by connection: new (a handshake first) or standing (none)",
             registrations,
         );
-        let refused = Counter::<u64>::default();
-        refused.inc_by(links.heartbeats_refused.load(Ordering::Relaxed));
-        registry.register(
-            "quotient_agent_heartbeats_refused",
-            "Heartbeats the leader refused as unavailable (it could not show a quorum's recent acknowledgement)",
-            refused,
-        );
-        let late = Counter::<u64>::default();
-        late.inc_by(links.heartbeats_late.load(Ordering::Relaxed));
-        registry.register(
-            "quotient_agent_heartbeats_late",
-            "Heartbeats unanswered within their deadline while the leader's side of the connection still sent datagrams (busy, not gone)",
-            late,
-        );
+        for (name, help, count) in [
+            (
+                "quotient_agent_heartbeats_refused",
+                "Heartbeats the leader refused as unavailable (it could not show a quorum's recent acknowledgement)",
+                &links.heartbeats_refused,
+            ),
+            (
+                "quotient_agent_heartbeats_late",
+                "Heartbeats unanswered within their deadline while the leader's side of the connection still sent datagrams (busy, not gone)",
+                &links.heartbeats_late,
+            ),
+        ] {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(count.load(Ordering::Relaxed));
+            registry.register(name, help, counter);
+        }
         registry.register(
             "quotient_agent_jobs",
             "Attempts on this host by phase (stopping: the checkpoint signal was sent)",

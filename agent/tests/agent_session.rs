@@ -24,7 +24,7 @@ use quotient_common::agent_api::{
 };
 use quotient_common::{JobEvent, JobId, Runtime};
 use support::docker;
-use support::fake_leader::{make_certs, FakeLeader, Mode};
+use support::fake_leader::{make_certs, FakeLeader, LeaderState, Mode};
 use support::*;
 
 const NODE: &str = "node-1";
@@ -777,11 +777,11 @@ async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
     assert!(agent.is_running());
 }
 
-/// A leader that refuses heartbeats for less than `leader_patience_ms` (busy for a moment)
-/// keeps its agent: no registration again, so no Raft write per agent, and the same
-/// connection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_rides_out_a_leader_that_refuses_heartbeats_for_a_moment() {
+/// Puts a fake leader whose agent runs a job into `mode` until `held` says enough heartbeats
+/// went unacknowledged (less than `leader_patience_ms` in all), then serves again, and checks
+/// that the agent kept it: no registration again, so no Raft write per agent, the same
+/// connection, the job untouched.
+async fn agent_rides_out(mode: Mode, held: fn(&LeaderState) -> bool) {
     let node = Node::new();
     let _jobs = JobsGuard(node.state.clone());
     let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
@@ -793,51 +793,10 @@ async fn agent_rides_out_a_leader_that_refuses_heartbeats_for_a_moment() {
     })
     .await;
 
-    leader.set_mode(Mode::RefuseHeartbeats);
-    wait_until("five heartbeats refused", || {
-        leader.state().refused_heartbeats >= 5
-    })
-    .await;
+    leader.set_mode(mode);
+    wait_until("heartbeats unacknowledged", || held(&leader.state())).await;
     leader.set_mode(Mode::Serve);
-    let heartbeats = leader.state().heartbeat_count;
-    wait_until("heartbeats answered again", || {
-        leader.state().heartbeat_count >= heartbeats + 3
-    })
-    .await;
-    let state = leader.state();
-    assert_eq!(state.registrations.len(), 1, "no registration again");
-    assert_eq!(state.connections, 1);
-    drop(state);
-    assert_eq!(node.starts(7), 1);
-    assert!(job_pid_alive(&node.state, 7));
-    assert!(agent.is_running());
-}
-
-/// A leader that answers heartbeats after their deadline, for less than `leader_patience_ms`
-/// (busy, but its QUIC side acknowledges the packets), keeps its agent as well: no
-/// registration again and the same connection. (A leader that sends nothing at all, killed or
-/// frozen, is left at once: `tests/tests/failover.rs`.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_rides_out_a_leader_that_answers_heartbeats_late_for_a_moment() {
-    let node = Node::new();
-    let _jobs = JobsGuard(node.state.clone());
-    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
-    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
-    leader.set_desired(desired(1, 1, running));
-    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
-    wait_until("the job is reported running", || {
-        reported(&leader, 7, JobEvent::Running)
-    })
-    .await;
-
-    // Two heartbeats held past the agent's 1 s deadline: about 2 s of no acknowledgement,
-    // under the patience of 2.5 s.
-    leader.set_mode(Mode::SlowHeartbeats);
-    wait_until("two heartbeats held", || {
-        leader.state().slow_heartbeats >= 2
-    })
-    .await;
-    leader.set_mode(Mode::Serve);
+    // Beyond the (at most two) late answers to heartbeats held before.
     let heartbeats = leader.state().heartbeat_count;
     wait_until("heartbeats answered in time again", || {
         leader.state().heartbeat_count >= heartbeats + 5
@@ -850,6 +809,26 @@ async fn agent_rides_out_a_leader_that_answers_heartbeats_late_for_a_moment() {
     assert_eq!(node.starts(7), 1);
     assert!(job_pid_alive(&node.state, 7));
     assert!(agent.is_running());
+}
+
+/// A leader that refuses heartbeats for less than `leader_patience_ms` (busy for a moment)
+/// keeps its agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_rides_out_a_leader_that_refuses_heartbeats_for_a_moment() {
+    agent_rides_out(Mode::RefuseHeartbeats, |state| {
+        state.refused_heartbeats >= 5
+    })
+    .await;
+}
+
+/// A leader that answers heartbeats after their deadline, for less than `leader_patience_ms`
+/// (busy, but its QUIC side acknowledges the packets), keeps its agent as well. Two
+/// heartbeats held past the agent's 1 s deadline make about 2 s of no acknowledgement, under
+/// the patience of 2.5 s. (A leader that sends nothing at all, killed or frozen, is left at
+/// once: `tests/tests/failover.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_rides_out_a_leader_that_answers_heartbeats_late_for_a_moment() {
+    agent_rides_out(Mode::SlowHeartbeats, |state| state.slow_heartbeats >= 2).await;
 }
 
 /// An agent whose certificate names another node, or is not an agent's, refuses to start
