@@ -726,22 +726,50 @@ async fn agent_follows_not_leader_to_the_new_leader_without_touching_jobs() {
     assert!(agent.is_running());
 }
 
+/// A fake leader and an agent running job 7 on GPU 0, reported running. Fields drop in
+/// order: the agent first, the job files last; a test that takes them apart binds them in
+/// reverse, as locals drop last-bound first.
+struct RunningJob {
+    agent: Agent,
+    leader: FakeLeader,
+    node: Node,
+    _jobs: JobsGuard,
+}
+
+impl RunningJob {
+    async fn start() -> RunningJob {
+        let node = Node::new();
+        let _jobs = JobsGuard(node.state.clone());
+        let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+        let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
+        leader.set_desired(desired(1, 1, running));
+        let agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+        wait_until("the job is reported running", || {
+            reported(&leader, 7, JobEvent::Running)
+        })
+        .await;
+        RunningJob {
+            agent,
+            leader,
+            node,
+            _jobs,
+        }
+    }
+}
+
 /// A leader that keeps refusing heartbeats (it cannot show a quorum's recent
 /// acknowledgement) makes the agent look for the leader again, once the refusals have lasted
 /// `leader_patience_ms` of the lease; but the agent keeps the connection and registers over
 /// it: no new handshake per refusal. The job is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
-    let node = Node::new();
-    let _jobs = JobsGuard(node.state.clone());
-    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
-    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
-    leader.set_desired(desired(1, 1, running));
-    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
-    wait_until("the job is reported running", || {
-        reported(&leader, 7, JobEvent::Running)
-    })
-    .await;
+    // Bound in this order so that they drop as separate locals would: the agent first.
+    let RunningJob {
+        node,
+        _jobs,
+        leader,
+        mut agent,
+    } = RunningJob::start().await;
     assert_eq!(leader.state().connections, 1);
 
     leader.set_mode(Mode::RefuseHeartbeats);
@@ -782,17 +810,13 @@ async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
 /// that the agent kept it: no registration again, so no Raft write per agent, the same
 /// connection, the job untouched.
 async fn agent_rides_out(mode: Mode, held: fn(&LeaderState) -> bool) {
-    let node = Node::new();
-    let _jobs = JobsGuard(node.state.clone());
-    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
-    let running = vec![allocation(NODE, 7, vec![0], WireIntent::Run)];
-    leader.set_desired(desired(1, 1, running));
-    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
-    wait_until("the job is reported running", || {
-        reported(&leader, 7, JobEvent::Running)
-    })
-    .await;
-
+    // Bound in this order so that they drop as separate locals would: the agent first.
+    let RunningJob {
+        node,
+        _jobs,
+        leader,
+        mut agent,
+    } = RunningJob::start().await;
     leader.set_mode(mode);
     wait_until("heartbeats unacknowledged", || held(&leader.state())).await;
     leader.set_mode(Mode::Serve);
