@@ -23,6 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,6 +65,15 @@ pub const MAX_INCOMING_CONNECTIONS: usize = 1024;
 /// kernel caps what it grants at `net.core.rmem_max` and `net.core.wmem_max`
 /// (deploy/README.md says how to raise them); a server logs when it got less.
 pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+/// Most handshakes a server works on at once. Beyond it a new connection attempt is refused
+/// at once (QUIC's CONNECTION_REFUSED, which costs the server no cryptography), and the
+/// client tries again after its backoff. A fleet that reconnects all at once (after an
+/// outage, or on a host too slow for it) otherwise starts more handshakes than the server
+/// can finish before the clients' deadlines: each one abandoned half done was CPU spent for
+/// nothing, and the clients come back for more, so none finishes (BENCHMARKS.md, the fleet).
+/// A handshake takes the server about a millisecond of CPU, so this many are a fraction of
+/// a second of work, far inside any client's deadline.
+pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 128;
 /// Deadline of a client's connect, handshake included (milliseconds).
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// Deadline of the server side of a handshake (milliseconds).
@@ -156,6 +166,11 @@ fn handshake_hint(error: &ConnectionError) -> &'static str {
         {
             GAVE_UP
         }
+        ConnectionError::ConnectionClosed(close)
+            if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
+        {
+            "; the server is busy with other handshakes and refused this one: try again in a moment"
+        }
         ConnectionError::TimedOut => "; is the peer running and reachable?",
         ConnectionError::LocallyClosed => "",
         _ => "; check that both sides have certificates from the same cluster CA",
@@ -246,10 +261,13 @@ pub fn transport_config() -> TransportConfig {
     config
 }
 
-/// A listening QUIC endpoint that requires client certificates.
+/// A listening QUIC endpoint that requires client certificates, working on at most
+/// [`HANDSHAKES_IN_FLIGHT_MAX`] handshakes at once (see [`Server::accept`]).
 #[derive(Debug)]
 pub struct Server {
     endpoint: quinn::Endpoint,
+    handshakes: Arc<tokio::sync::Semaphore>,
+    refused: Arc<AtomicU64>,
 }
 
 /// A quinn endpoint on a UDP socket bound to `address`, with buffers of [`UDP_BUFFER_BYTES`]
@@ -321,7 +339,30 @@ impl Server {
         config.max_incoming(MAX_INCOMING_CONNECTIONS);
         let endpoint = bind_endpoint(address, Some(config))
             .map_err(|source| TransportError::Bind { address, source })?;
-        Ok(Server { endpoint })
+        Ok(Server {
+            endpoint,
+            handshakes: Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX)),
+            refused: Arc::default(),
+        })
+    }
+
+    /// Works on at most `max` handshakes at once instead of [`HANDSHAKES_IN_FLIGHT_MAX`].
+    pub fn with_handshakes_in_flight_max(mut self, max: usize) -> Self {
+        self.handshakes = Arc::new(tokio::sync::Semaphore::new(max));
+        self
+    }
+
+    /// Counts its refusals (see [`Server::handshakes_refused`]) in `refused`, which a
+    /// metrics registry can read.
+    pub fn counting_refusals_in(mut self, refused: Arc<AtomicU64>) -> Self {
+        self.refused = refused;
+        self
+    }
+
+    /// Connection attempts refused so far because [`HANDSHAKES_IN_FLIGHT_MAX`] handshakes
+    /// were under way.
+    pub fn handshakes_refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// The address actually bound (useful after binding port 0).
@@ -333,9 +374,25 @@ impl Server {
 
     /// Waits for the next connection attempt; `None` once the server is closed. Complete the
     /// handshake with [`Incoming::handshake`] in a task of its own, so that one slow client
-    /// does not hold up the others.
+    /// does not hold up the others. An attempt that arrives while [`HANDSHAKES_IN_FLIGHT_MAX`]
+    /// others are in hand (returned and not yet through their handshake) is refused here,
+    /// before any cryptography, and counted in [`Server::handshakes_refused`].
     pub async fn accept(&self) -> Option<Incoming> {
-        self.endpoint.accept().await.map(Incoming)
+        loop {
+            let incoming = self.endpoint.accept().await?;
+            match self.handshakes.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    return Some(Incoming {
+                        incoming,
+                        _permit: permit,
+                    })
+                }
+                Err(_) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    incoming.refuse();
+                }
+            }
+        }
     }
 
     /// Closes every connection and stops accepting.
@@ -350,22 +407,26 @@ impl Server {
     }
 }
 
-/// A connection attempt that has reached a [`Server`] but not yet done its handshake.
+/// A connection attempt that has reached a [`Server`] but not yet done its handshake. It
+/// holds one of the server's handshakes in flight until it is dropped or its handshake ends.
 #[derive(Debug)]
-pub struct Incoming(quinn::Incoming);
+pub struct Incoming {
+    incoming: quinn::Incoming,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
 
 impl Incoming {
     /// Where the attempt comes from.
     pub fn remote_address(&self) -> SocketAddr {
-        self.0.remote_address()
+        self.incoming.remote_address()
     }
 
     /// Completes the handshake (the client's certificate is verified against the CA) and reads
     /// the client's identity, within [`HANDSHAKE_TIMEOUT_MS`].
     pub async fn handshake(self) -> Result<PeerConnection, TransportError> {
-        let address = self.0.remote_address();
+        let address = self.incoming.remote_address();
         let handshake = |source| TransportError::Handshake { address, source };
-        let connecting = self.0.accept().map_err(handshake)?;
+        let connecting = self.incoming.accept().map_err(handshake)?;
         let connection =
             tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), connecting)
                 .await
@@ -920,6 +981,15 @@ mod tests {
         assert!(
             timed_out.contains("reachable") && !timed_out.contains("CA"),
             "{timed_out}"
+        );
+        let busy = said(ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+            error_code: quinn::TransportErrorCode::CONNECTION_REFUSED,
+            frame_type: None,
+            reason: Default::default(),
+        }));
+        assert!(
+            busy.contains("busy") && busy.contains("try again") && !busy.contains("CA"),
+            "{busy}"
         );
         let reset = said(ConnectionError::Reset);
         assert!(reset.contains("same cluster CA"), "{reset}");

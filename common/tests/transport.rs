@@ -325,6 +325,79 @@ async fn a_client_with_a_valid_certificate_is_seen_by_its_role_and_name() {
 }
 
 #[tokio::test]
+async fn a_server_with_its_handshakes_in_hand_refuses_more_at_once_and_serves_again_after() {
+    // Proves the admission of handshakes: beyond its limit a server refuses a connection
+    // attempt before any cryptography, the client is told to try again, and once a handshake
+    // ends the server takes new ones.
+    let dir = cluster();
+    let server = Arc::new(
+        Server::bind(loopback(), &identity(dir.path(), "coord-1"), &[ALPN_API])
+            .expect("a bound server")
+            .with_handshakes_in_flight_max(1),
+    );
+    let address = server.local_addr().unwrap();
+    let client = Arc::new(Client::new(identity(dir.path(), "alice")));
+
+    // The first attempt is taken and held, its handshake not begun.
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { client.connect(address, "localhost", ALPN_API).await }
+    });
+    let held = tokio::time::timeout(PROMPT, server.accept())
+        .await
+        .expect("the first attempt arrives")
+        .expect("the server is open");
+
+    // Meanwhile the server accepts as usual, and refuses while the first is in hand.
+    let (events, mut receiver) = mpsc::channel(EVENTS_MAX);
+    let accepting = server.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = accepting.accept().await {
+            let events = events.clone();
+            tokio::spawn(async move {
+                if let Ok(connection) = incoming.handshake().await {
+                    serve_connection(connection, events).await;
+                }
+            });
+        }
+    });
+    let began = Instant::now();
+    let refused = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .expect_err("a second handshake while the first is in hand");
+    assert!(
+        began.elapsed() < PROMPT,
+        "refused at once, not at a deadline: {:?}",
+        began.elapsed()
+    );
+    let said = refused.to_string();
+    assert!(
+        said.contains("busy") && said.contains("try again") && !said.contains("CA"),
+        "{said}"
+    );
+    assert_eq!(server.handshakes_refused(), 1);
+
+    // The first attempt's turn ends (dropped without a handshake, so it is refused too);
+    // then a new attempt gets its handshake, and an answer.
+    drop(held);
+    let first = tokio::time::timeout(PROMPT, first)
+        .await
+        .expect("the first attempt ends")
+        .expect("the task ran");
+    assert!(first.is_err(), "the held attempt was never handshaken");
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .expect("a handshake once none is in hand");
+    assert!(matches!(
+        echo(&connection, "again").await,
+        Ok(TestResponse::Echo(text)) if text == "again"
+    ));
+    assert!(receiver.try_recv().is_err(), "no bad request was seen");
+}
+
+#[tokio::test]
 async fn a_client_without_a_certificate_is_refused() {
     // Proves there is no anonymous access: the server's handshake fails and so does the client.
     let dir = cluster();

@@ -152,11 +152,11 @@ impl Coordinator {
         .map_err(|error| CoordinatorError::Raft(error.to_string()))?;
         peers.watch_membership(raft.metrics());
 
-        let server = Arc::new(Server::bind(
-            config.listen,
-            &tls,
-            &[ALPN_API, ALPN_RAFT, ALPN_AGENT],
-        )?);
+        let metrics = CoordinatorMetrics::new();
+        let server = Arc::new(
+            Server::bind(config.listen, &tls, &[ALPN_API, ALPN_RAFT, ALPN_AGENT])?
+                .counting_refusals_in(metrics.handshakes_refused_source()),
+        );
         let local_addr = server.local_addr()?;
         let ctx = Context {
             config: Arc::new(config.clone()),
@@ -171,7 +171,7 @@ impl Coordinator {
             desired: DesiredTracker::new(),
             leases: NodeLeases::new(config.agents.clone()),
             scheduler: Arc::new(Notify::new()),
-            metrics: CoordinatorMetrics::new(),
+            metrics,
         };
         let metrics_server = match config.metrics_listen {
             Some(addr) => Some(

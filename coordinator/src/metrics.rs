@@ -20,6 +20,7 @@
 //! (about 10 ms per million jobs): a scrape every 15 s costs the leader well under 0.1%.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -132,6 +133,10 @@ struct Inner {
     applied_index: Gauge,
     replication_lag: Family<MemberLabels, Gauge>,
     api_seconds: Family<KindLabels, Histogram, Buckets>,
+    handshakes_refused: Counter,
+    /// What the QUIC server counts its refusals in; read into `handshakes_refused` at each
+    /// scrape.
+    handshakes_refused_source: Arc<AtomicU64>,
     seen: Mutex<SeenJobs>,
     /// One scrape at a time refills the state families.
     render: Mutex<()>,
@@ -233,6 +238,12 @@ impl CoordinatorMetrics {
             "How long this coordinator took to answer an API request, by kind (forwarding included)",
             api_seconds.clone(),
         );
+        let handshakes_refused = Counter::default();
+        registry.register(
+            "quotient_handshakes_refused",
+            "Connection attempts refused before their handshake because this coordinator already had its most handshakes under way; the clients try again after their backoff",
+            handshakes_refused.clone(),
+        );
         CoordinatorMetrics {
             inner: Arc::new(Inner {
                 registry,
@@ -249,6 +260,8 @@ impl CoordinatorMetrics {
                 applied_index,
                 replication_lag,
                 api_seconds,
+                handshakes_refused,
+                handshakes_refused_source: Arc::default(),
                 seen: Mutex::new(SeenJobs::default()),
                 render: Mutex::new(()),
             }),
@@ -330,6 +343,12 @@ impl CoordinatorMetrics {
         }
     }
 
+    /// Where the QUIC server counts the connection attempts it refuses for load
+    /// (`Server::counting_refusals_in`).
+    pub fn handshakes_refused_source(&self) -> Arc<AtomicU64> {
+        self.inner.handshakes_refused_source.clone()
+    }
+
     /// Refreshes what is read at a scrape and encodes everything.
     pub fn render(&self, ctx: &Context) -> String {
         let _one = self
@@ -338,6 +357,10 @@ impl CoordinatorMetrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let inner = &self.inner;
+        let refused = inner.handshakes_refused_source.load(Ordering::Relaxed);
+        inner
+            .handshakes_refused
+            .inc_by(refused.saturating_sub(inner.handshakes_refused.get()));
         let raft = ctx.raft.metrics().borrow().clone();
         let leader = raft.state == ServerState::Leader;
         inner.is_leader.set(i64::from(leader));
