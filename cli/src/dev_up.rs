@@ -60,6 +60,12 @@ pub const COORDINATORS_MAX: u64 = 9;
 pub const NODES_MAX: u32 = 64;
 /// How long to wait for a leader and for every coordinator to answer (milliseconds).
 pub const READY_DEADLINE_MS: u64 = 60_000;
+/// Most starts of a coordinator whose ports `dev up` picked, each time on ports picked anew,
+/// when another process took one of them between the pick and the start.
+pub const PORT_TRIES: u32 = 3;
+/// How long `dev up` waits for a coordinator on ports it picked to say it listens before it
+/// starts the next (milliseconds); one that takes longer is checked later, as before.
+pub const LISTENING_WAIT_MS: u64 = 3_000;
 /// Deadline of one readiness probe (milliseconds); the probes repeat until the deadline above.
 pub const PROBE_DEADLINE_MS: u64 = 2_000;
 /// How long to wait for every agent to register and its node to be ready (milliseconds).
@@ -344,6 +350,30 @@ fn start_coordinator(
         command.arg("--retain-finished").arg(format!("{ms}ms"));
     }
     spawn_logged(command, &entry.log)
+}
+
+/// Whether `child`, a coordinator just started, exited because a port it was given is taken,
+/// as its log from byte `logged` on says; waits for it to say it listens, at most
+/// [`LISTENING_WAIT_MS`].
+fn exited_for_a_taken_port(child: &mut Child, log: &Path, logged: u64) -> bool {
+    let since_start = || {
+        fs::read(log)
+            .ok()
+            .and_then(|bytes| bytes.get(logged as usize..).map(<[u8]>::to_vec))
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_millis(LISTENING_WAIT_MS);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return since_start().contains("Address already in use");
+        }
+        if since_start().contains("coordinator listening") {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 /// Fails when a coordinator just started has exited, with the end of its log.
@@ -644,13 +674,34 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         {
             continue;
         }
-        let child = start_coordinator(
-            &binary,
-            &certs_dir,
-            entry,
-            &peers,
-            cluster.retain_finished_ms,
-        )?;
+        // Ports picked here (bound, then released for the coordinator) can be taken by
+        // another process in between: then the coordinator exits saying so, and is started
+        // again on ports picked anew. Recorded ports are the cluster's, and stay.
+        let picked_here = entry.metrics.is_none() && entry.aws_endpoint.is_none();
+        let mut tries = 0;
+        let child = loop {
+            tries += 1;
+            let logged = fs::metadata(&entry.log).map_or(0, |meta| meta.len());
+            let mut child = start_coordinator(
+                &binary,
+                &certs_dir,
+                entry,
+                &peers,
+                cluster.retain_finished_ms,
+            )?;
+            if !picked_here
+                || tries >= PORT_TRIES
+                || !exited_for_a_taken_port(&mut child, &entry.log, logged)
+            {
+                break child;
+            }
+            eprintln!(
+                "coordinator {} found a port picked for it taken meanwhile; starting it again on others",
+                entry.id
+            );
+            entry.metrics = None;
+            entry.aws_endpoint = None;
+        };
         entry.pid = Some(child.id());
         started.insert(entry.id, (child, entry.log.clone()));
     }
@@ -736,4 +787,43 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
         }))?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process that appends `text` to `log`, then exits or waits.
+    fn writer(log: &Path, text: &str, then: &str) -> Child {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf '%s\\n' \"$1\" >> \"$2\"; {then}"))
+            .arg("sh")
+            .arg(text)
+            .arg(log)
+            .spawn()
+            .expect("sh starts")
+    }
+
+    #[test]
+    fn a_coordinator_that_exits_for_a_taken_port_is_told_apart_from_one_that_listens() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let log = dir.path().join("coordinator.log");
+        let taken = "error: coordinator 1 failed: cannot serve the AWS endpoint on \
+                     127.0.0.1:41445: Address already in use (os error 98)";
+
+        let mut child = writer(&log, taken, "exit 1");
+        assert!(exited_for_a_taken_port(&mut child, &log, 0));
+
+        // The next start's part of the log is read, not the failure before it.
+        let logged = fs::metadata(&log).expect("the log").len();
+        let mut child = writer(&log, "INFO coordinator listening id=1", "sleep 10");
+        assert!(!exited_for_a_taken_port(&mut child, &log, logged));
+        child.kill().expect("stops");
+        child.wait().expect("reaped");
+
+        let logged = fs::metadata(&log).expect("the log").len();
+        let mut child = writer(&log, "error: the data directory is locked", "exit 1");
+        assert!(!exited_for_a_taken_port(&mut child, &log, logged));
+    }
 }
