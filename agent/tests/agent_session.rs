@@ -727,8 +727,7 @@ async fn agent_follows_not_leader_to_the_new_leader_without_touching_jobs() {
 }
 
 /// A fake leader and an agent running job 7 on GPU 0, reported running. Fields drop in
-/// order: the agent first, the job files last; a test that takes them apart binds them in
-/// reverse, as locals drop last-bound first.
+/// order: the agent first, the job files last.
 struct RunningJob {
     agent: Agent,
     leader: FakeLeader,
@@ -763,19 +762,13 @@ impl RunningJob {
 /// it: no new handshake per refusal. The job is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
-    // Bound in this order so that they drop as separate locals would: the agent first.
-    let RunningJob {
-        node,
-        _jobs,
-        leader,
-        mut agent,
-    } = RunningJob::start().await;
-    assert_eq!(leader.state().connections, 1);
+    let mut job = RunningJob::start().await;
+    assert_eq!(job.leader.state().connections, 1);
 
-    leader.set_mode(Mode::RefuseHeartbeats);
+    job.leader.set_mode(Mode::RefuseHeartbeats);
     let refusing = Instant::now();
     wait_until("the agent registers again", || {
-        leader.state().registrations.len() >= 2
+        job.leader.state().registrations.len() >= 2
     })
     .await;
     let patience = Duration::from_millis(leader_patience_ms(LONG_LEASE_MS));
@@ -785,24 +778,24 @@ async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
         refusing.elapsed()
     );
     wait_until("the agent registers again twice", || {
-        leader.state().registrations.len() >= 3
+        job.leader.state().registrations.len() >= 3
     })
     .await;
-    leader.set_mode(Mode::Serve);
-    let heartbeats = leader.state().heartbeat_count;
+    job.leader.set_mode(Mode::Serve);
+    let heartbeats = job.leader.state().heartbeat_count;
     wait_until("heartbeats answered again", || {
-        leader.state().heartbeat_count >= heartbeats + 2
+        job.leader.state().heartbeat_count >= heartbeats + 2
     })
     .await;
     assert_eq!(
-        leader.state().connections,
+        job.leader.state().connections,
         1,
         "every registration went over the first connection"
     );
-    assert_eq!(node.starts(7), 1);
-    assert!(job_pid_alive(&node.state, 7));
-    assert!(!exit_reported(&leader, 7));
-    assert!(agent.is_running());
+    assert_eq!(job.node.starts(7), 1);
+    assert!(job_pid_alive(&job.node.state, 7));
+    assert!(!exit_reported(&job.leader, 7));
+    assert!(job.agent.is_running());
 }
 
 /// Puts a fake leader whose agent runs a job into `mode` until `held` says enough heartbeats
@@ -810,29 +803,23 @@ async fn agent_keeps_its_connection_to_a_leader_that_refuses_heartbeats() {
 /// that the agent kept it: no registration again, so no Raft write per agent, the same
 /// connection, the job untouched.
 async fn agent_rides_out(mode: Mode, held: fn(&LeaderState) -> bool) {
-    // Bound in this order so that they drop as separate locals would: the agent first.
-    let RunningJob {
-        node,
-        _jobs,
-        leader,
-        mut agent,
-    } = RunningJob::start().await;
-    leader.set_mode(mode);
-    wait_until("heartbeats unacknowledged", || held(&leader.state())).await;
-    leader.set_mode(Mode::Serve);
+    let mut job = RunningJob::start().await;
+    job.leader.set_mode(mode);
+    wait_until("heartbeats unacknowledged", || held(&job.leader.state())).await;
+    job.leader.set_mode(Mode::Serve);
     // Beyond the (at most two) late answers to heartbeats held before.
-    let heartbeats = leader.state().heartbeat_count;
+    let heartbeats = job.leader.state().heartbeat_count;
     wait_until("heartbeats answered in time again", || {
-        leader.state().heartbeat_count >= heartbeats + 5
+        job.leader.state().heartbeat_count >= heartbeats + 5
     })
     .await;
-    let state = leader.state();
+    let state = job.leader.state();
     assert_eq!(state.registrations.len(), 1, "no registration again");
     assert_eq!(state.connections, 1);
     drop(state);
-    assert_eq!(node.starts(7), 1);
-    assert!(job_pid_alive(&node.state, 7));
-    assert!(agent.is_running());
+    assert_eq!(job.node.starts(7), 1);
+    assert!(job_pid_alive(&job.node.state, 7));
+    assert!(job.agent.is_running());
 }
 
 /// A leader that refuses heartbeats for less than `leader_patience_ms` (busy for a moment)
