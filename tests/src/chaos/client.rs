@@ -44,7 +44,12 @@ pub const UNIQUE_BASE: u32 = 100;
 ///   holds must never overlap.
 ///
 /// It waits with `sleep 1 & wait`, which a trapped signal cuts short at once.
-pub const JOB_SCRIPT: &str = r#"now() { adjtimex | awk '/tv_sec/ {s=$2} /tv_usec/ {u=$2} END {printf "%d%06d", s, u}'; }
+///
+/// adjtimex's `time.tv_usec` is in nanoseconds while the kernel's clock is in nanosecond mode
+/// (`STA_NANO`, 8192 in `status`, which a time daemon on the host may set): `now` divides it by
+/// 1,000 then, or times of 19 digits and of 16 would be compared (seen in CI as GPUs "held
+/// twice at once" for 50 years).
+pub const JOB_SCRIPT: &str = r#"now() { adjtimex | awk '$1 == "status:" {nano = int($2 / 8192) % 2} /tv_sec/ {s = $2} /tv_usec/ {u = $2} END {if (nano) u = int(u / 1000); printf "%d%06d", s, u}'; }
 node=$(hostname)
 gpu=${NVIDIA_VISIBLE_DEVICES:-none}
 job=$QUOTIENT_JOB_ID
@@ -361,4 +366,53 @@ async fn share_create(
             .push(name);
     }
     finish(history, op, outcome, error, calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JOB_SCRIPT;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    /// What busybox's `adjtimex` prints, with `status` and `time.tv_usec` given.
+    fn adjtimex_output(status: u32, tv_usec: u64) -> String {
+        format!(
+            "    mode:         0\n-o  offset:       0 us\n-f  freq.adjust:  0 (65536 = 1ppm)\n    maxerror:     16000000\n    esterror:     16000000\n    status:       {status} ( UNSYNC )\n-p  timeconstant: 2\n    precision:    1 us\n    tolerance:    32768000\n-t  tick:         10000 us\n    time.tv_sec:  1796573698\n    time.tv_usec: {tv_usec}\n    return value: 5 (clock not synchronized)\n"
+        )
+    }
+
+    /// The job script's `now`, run by this host's awk on `input`.
+    fn now(input: &str) -> String {
+        let program = JOB_SCRIPT
+            .split_once("awk '")
+            .and_then(|(_, rest)| rest.split_once('\''))
+            .expect("the job script's now() runs an awk program")
+            .0;
+        let mut awk = Command::new("awk")
+            .arg(program)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("awk runs");
+        awk.stdin
+            .take()
+            .expect("awk's stdin")
+            .write_all(input.as_bytes())
+            .expect("awk reads");
+        let out = awk.wait_with_output().expect("awk ends");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("awk prints digits")
+    }
+
+    #[test]
+    fn the_job_clock_is_in_microseconds_whether_the_kernel_counts_micro_or_nanoseconds() {
+        // 64 is STA_UNSYNC; 8192 is STA_NANO.
+        assert_eq!(now(&adjtimex_output(64, 91_919)), "1796573698091919");
+        assert_eq!(
+            now(&adjtimex_output(64 + 8192, 91_919_386)),
+            "1796573698091919"
+        );
+        assert_eq!(now(&adjtimex_output(8192, 235_049_229)), "1796573698235049");
+        assert_eq!(now(&adjtimex_output(8192 + 1, 386)), "1796573698000000");
+    }
 }
