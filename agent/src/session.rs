@@ -7,7 +7,8 @@
 //! ([`CONNECT_DEADLINE_MS`]), the first coordinator that registers this node wins and the other
 //! attempts are dropped. A `NotLeader` answer naming an address not being tried yet adds it
 //! (at most [`REDIRECTS_MAX`] of them); an address that fails or answers `NotLeader` is tried
-//! again after its own backoff ([`BACKOFF_MIN_MS`] doubling to [`BACKOFF_MAX_MS`]), or at once
+//! again after its own backoff ([`BACKOFF_MIN_MS`] doubling to [`BACKOFF_MAX_MS`], each up to
+//! half again longer at random), or at once
 //! when a `NotLeader` answer names it, so a dead coordinator never delays the others. `Register` is the first request on every connection
 //! and carries the inventory and the attempts running here (found after a restart, too). Once
 //! registered four loops share the connection, one request per QUIC stream, each with a
@@ -275,6 +276,13 @@ fn spread(node: &str, max_ms: u64) -> Duration {
     node.hash(&mut hasher);
     Instant::now().hash(&mut hasher);
     Duration::from_millis(hasher.finish() % (max_ms + 1))
+}
+
+/// The wait before an address is tried again in a leader search: `backoff_ms` and up to half
+/// as long again, at random, so that a fleet whose searches began together (a coordinator
+/// restarted, or one refusing handshakes while it is busy) does not retry in step.
+fn retry_delay(node: &str, backoff_ms: u64) -> Duration {
+    Duration::from_millis(backoff_ms) + spread(node, backoff_ms / 2)
 }
 
 /// Why a connection to a leader ended.
@@ -624,7 +632,7 @@ impl LeaderSession {
             // Configured addresses are tried again, each after its own backoff.
             if configured(&address) && in_flight.insert(address.clone()) {
                 let delay_ms = backoff.entry(address.clone()).or_insert(BACKOFF_MIN_MS);
-                let delay = Duration::from_millis(*delay_ms);
+                let delay = retry_delay(&self.shared.node, *delay_ms);
                 *delay_ms = (*delay_ms * 2).min(BACKOFF_MAX_MS);
                 let waker = wake.entry(address.clone()).or_default().clone();
                 pending.push(self.attempt(address, delay, waker, &gpus));
@@ -1219,6 +1227,20 @@ mod tests {
             .iter()
             .all(|pause| *pause <= Duration::from_millis(RECONNECT_SPREAD_MS)));
         assert!(pauses.len() > 100, "{} distinct pauses", pauses.len());
+    }
+
+    #[test]
+    fn a_fleet_retries_an_address_apart_and_within_half_again_its_backoff() {
+        for backoff_ms in [BACKOFF_MIN_MS, BACKOFF_MAX_MS] {
+            let delays: BTreeSet<Duration> = (0..200)
+                .map(|i| retry_delay(&format!("node-{i}"), backoff_ms))
+                .collect();
+            assert!(delays.iter().all(|delay| {
+                *delay >= Duration::from_millis(backoff_ms)
+                    && *delay <= Duration::from_millis(backoff_ms + backoff_ms / 2)
+            }));
+            assert!(delays.len() > 30, "{backoff_ms}: {} distinct delays", delays.len());
+        }
     }
 
     fn allocation(indices: Vec<u32>, uuids: Vec<&str>) -> WireAllocation {
