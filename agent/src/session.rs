@@ -1239,7 +1239,11 @@ mod tests {
                 *delay >= Duration::from_millis(backoff_ms)
                     && *delay <= Duration::from_millis(backoff_ms + backoff_ms / 2)
             }));
-            assert!(delays.len() > 30, "{backoff_ms}: {} distinct delays", delays.len());
+            assert!(
+                delays.len() > 30,
+                "{backoff_ms}: {} distinct delays",
+                delays.len()
+            );
         }
     }
 

@@ -1,6 +1,9 @@
-//! A seeded pseudo-random source for the simulators (`quotient-sim`, `quotient-eval`):
+//! A seeded pseudo-random source for the simulators (`quotient-sim`, `quotient-eval`, the chaos runs):
 //! SplitMix64 from one seed, so a seed replays the same history bit for bit. Nothing on a
 //! coordinator or agent draws from it.
+
+/// SplitMix64's increment of the state per number drawn (2^64 / the golden ratio).
+pub const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// A seeded pseudo-random source (SplitMix64: Steele, Lea and Flood, 2014).
 #[derive(Debug, Clone)]
@@ -20,7 +23,7 @@ impl Rng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(GOLDEN_GAMMA);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
