@@ -239,6 +239,7 @@ fn comparison_table(comparison: &Comparison) -> String {
         "UNDER BACKLOG",
         "USEFUL",
         "LOST GPU-H",
+        "OF IT UNCHECKPOINTED",
         "PREEMPTIONS",
         "LOOPS (>3)",
         "RECLAIM P50/P95 S",
@@ -251,6 +252,7 @@ fn comparison_table(comparison: &Comparison) -> String {
             format!("{:.1}%", run.utilisation_under_backlog * 100.0),
             format!("{:.1}%", run.useful_utilisation * 100.0),
             hours(run.lost_gpu_hours),
+            hours(run.lost_gpu_hours_uncheckpointed),
             run.preemptions.to_string(),
             run.jobs_preempted_over_3.to_string(),
             format!(

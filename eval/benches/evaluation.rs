@@ -4,7 +4,8 @@
 //! load, seed 1, and replays it with each policy (borrowing first come, first served), and
 //! Quotient's once more with the fair borrowing order. Prints one JSON line per run (its
 //! figures and how long the replay took), then one line of them all. `BENCH_GPUS`, `BENCH_DAYS`,
-//! `BENCH_SEED` and `BENCH_LOAD` change the workload.
+//! `BENCH_SEED` and `BENCH_LOAD` change the workload; `BENCH_RUNS` (e.g.
+//! `quotient-fifo,naive-victims-fifo`) replays only the runs it names, POLICY-ORDER each.
 
 use std::time::Instant;
 
@@ -52,7 +53,12 @@ fn main() {
     let runs = Policy::ALL
         .into_iter()
         .map(|policy| (policy, BorrowOrder::Fifo))
-        .chain([(Policy::Quotient, BorrowOrder::Fair)]);
+        .chain([(Policy::Quotient, BorrowOrder::Fair)])
+        .filter(|(policy, order)| {
+            let name = format!("{}-{}", policy.as_str(), order.as_str());
+            std::env::var("BENCH_RUNS")
+                .map_or(true, |runs| runs.split(',').any(|run| run.trim() == name))
+        });
     for (policy, borrow_order) in runs {
         let began = Instant::now();
         let replay = Options {
@@ -95,6 +101,7 @@ fn main() {
             "utilisation_under_backlog": report.utilisation_under_backlog,
             "useful_utilisation": report.useful_utilisation,
             "lost_gpu_hours": report.lost_gpu_hours,
+            "lost_gpu_hours_uncheckpointed": report.lost_gpu_hours_uncheckpointed,
             "preemptions": report.preemptions,
             "jobs_preempted_over_3": report.jobs_preempted_over_3,
             "reclaim_latency_s_p95": report.reclaims.latency_s_p95,

@@ -635,6 +635,13 @@ impl Engine<'_> {
         let available = u128::from(gpus) * u128::from(window_ms);
         let used: u128 = self.tracks.iter().map(|t| t.used_gpu_ms).sum();
         let lost: u128 = self.tracks.iter().map(|t| t.lost_gpu_ms).sum();
+        let lost_uncheckpointed: u128 = self
+            .jobs
+            .iter()
+            .zip(&self.tracks)
+            .filter(|(job, _)| job.checkpoint_ms == 0)
+            .map(|(_, track)| track.lost_gpu_ms)
+            .sum();
         let utilisation = ratio(self.busy_gpu_ms, available);
         RunReport {
             policy: policy.as_str().to_string(),
@@ -656,6 +663,7 @@ impl Engine<'_> {
             ),
             used_gpu_hours: hours(used),
             lost_gpu_hours: hours(lost),
+            lost_gpu_hours_uncheckpointed: hours(lost_uncheckpointed),
             useful_utilisation: utilisation * (1.0 - ratio(lost, used.max(1))),
             preemptions: self.preemptions.values().sum(),
             preemptions_by_kind: self.preemptions.clone(),

@@ -35,6 +35,10 @@ pub struct RunReport {
     pub used_gpu_hours: f64,
     /// GPU-hours of work lost to preemptions: run past the last checkpoint.
     pub lost_gpu_hours: f64,
+    /// The part of `lost_gpu_hours` lost by jobs that never checkpoint: each of their stops
+    /// loses the whole attempt. No victim order saves this work without stopping another
+    /// job of the same rank instead; checkpoints in the jobs do.
+    pub lost_gpu_hours_uncheckpointed: f64,
     /// The utilisation less the share of it spent on work later lost (`utilisation` x (1 -
     /// lost / used)): what of the fleet did work that stayed done. A victim order that loses
     /// less redoes less, so it can match another's useful utilisation with a lower one.

@@ -97,6 +97,10 @@ fn a_job_that_never_checkpoints_loses_the_whole_attempt() {
     let trace = RECLAIM.replace(", \"checkpoint_s\": 600", "");
     let report = run(&design, &trace, Policy::Quotient);
     assert!((report.lost_gpu_hours - 1_020.0 * 8.0 / 3_600.0).abs() < 1e-9);
+    assert_eq!(
+        report.lost_gpu_hours_uncheckpointed, report.lost_gpu_hours,
+        "all of it by a job that never checkpoints"
+    );
     // It starts over: a's jobs ran 3,600 s twice, 1,020 s lost, and b's 600 s.
     let used = 8.0 * (3_600.0 * 2.0 + 1_020.0 + 600.0) / 3_600.0;
     assert!((report.used_gpu_hours - used).abs() < 1e-9);
@@ -253,6 +257,9 @@ fn quotient_takes_the_victim_that_checkpointed_last_and_the_naive_order_the_newe
         (naive.lost_gpu_hours - hours(620.0)).abs() < 1e-9,
         "{naive:?}"
     );
+    // a4 never checkpoints; a3 does.
+    assert_eq!(quotient.lost_gpu_hours_uncheckpointed, 0.0);
+    assert_eq!(naive.lost_gpu_hours_uncheckpointed, naive.lost_gpu_hours);
 }
 
 /// Two shares borrow from `b`: `a`'s 8-GPU job borrows a node for 600 s, then `a`'s next
