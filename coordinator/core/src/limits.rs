@@ -16,6 +16,9 @@ pub const JOBS_MAX: usize = 50_000_000;
 pub const RECLAIM_CANDIDATES_SCAN_MAX: usize = 4_096;
 /// How many of its own jobs one in-share preemption attempt looks at.
 pub const IN_SHARE_CANDIDATES_SCAN_MAX: usize = 4_096;
+/// Once a node would do for a preemptor of one node, how many more victims of the same
+/// priority the search looks at for a node whose victims lose less work in all.
+pub const VICTIM_NODES_SCAN_MORE_MAX: usize = 256;
 /// The largest snapshot `State::from_snapshot_bytes` decodes.
 pub const SNAPSHOT_BYTES_MAX: usize = 4 << 30;
 /// How many times a job goes back to the queue because its attempt could not be launched

@@ -18,6 +18,12 @@ fn fleet(sim: &mut Sim, nodes: u32, gpus: u32) {
     }
 }
 
+fn share_with_in_share(name: &str, limit: u32) -> quotient_common::ShareSpec {
+    let mut s = share(name, Strategy::Lend, limit);
+    s.in_share_preemption = true;
+    s
+}
+
 fn lab(name: &str, limit: u32, borrow: Option<u32>, in_share: bool) -> quotient_common::ShareSpec {
     let mut s = share(name, Strategy::LendAndBorrow, limit);
     s.borrow_limit_percent = borrow;
@@ -281,6 +287,43 @@ fn victims_of_equal_priority_are_those_that_lose_the_least_work() {
     assert_eq!(victims, vec![a[0]], "the job that checkpointed last");
     sim.settle();
     assert_eq!(sim.state_of(urgent), JobState::Running);
+}
+
+/// Among nodes that victims of the lowest priority could clear, the one whose victims lose the
+/// least work in all (work at risk x their GPUs) is taken, not merely the node reached first
+/// in victim order: a 4-GPU job a little younger than a 1-GPU one would lose four times as
+/// much for a preemptor that needs one GPU.
+#[test]
+fn the_node_whose_victims_lose_least_in_all_is_taken() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 4);
+    sim.ok(Command::CreateShare(share_with_in_share("a", 8)));
+    let old = sim.submit(job("a", "old-1-gpu", 1, 1));
+    let busy = sim.submit(job("a", "busy-3-gpus", 5, 3));
+    sim.settle();
+    let young = sim.submit(job("a", "young-4-gpus", 1, 4));
+    sim.settle();
+    for id in [old, busy, young] {
+        assert_eq!(sim.state_of(id), JobState::Running);
+    }
+    let node_of = |sim: &Sim, id| sim.state.job(id).unwrap().placement[0].node;
+    assert_eq!(
+        node_of(&sim, old),
+        node_of(&sim, busy),
+        "packed on one node"
+    );
+    assert_ne!(node_of(&sim, old), node_of(&sim, young));
+    // Both priority-1 jobs have run about a second: per GPU the young one risks less, but
+    // stopping it loses 4 GPU-seconds against the old one's 1.
+    sim.time_ms += 1_000;
+    let urgent = sim.submit(job("a", "urgent", 9, 1));
+    let plan = sim.round();
+    let victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    assert_eq!(victims, vec![old], "the victim that loses least in all");
+    sim.settle();
+    assert_eq!(sim.state_of(urgent), JobState::Running);
+    assert_eq!(sim.state_of(young), JobState::Running);
+    assert_eq!(sim.state_of(busy), JobState::Running);
 }
 
 /// A reclaim that needs several borrowed jobs of one share applies whole, whatever order of
