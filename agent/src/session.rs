@@ -90,8 +90,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use quotient_common::agent_api::{
     ActualAttempt, AgentError, AgentRequest, AgentResponse, DesiredState, DiskUsage, Fence,
-    LeaderPatience, WireAllocation, WireIntent, DESIRED_ALLOCATIONS_MAX, REPORTS_PER_REQUEST_MAX,
-    WATCH_TIMEOUT_MS,
+    HeartbeatAnswer, LeaderPatience, WireAllocation, WireIntent, DESIRED_ALLOCATIONS_MAX,
+    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::transport::{Client, PeerConnection, RequestError, ALPN_AGENT};
 use quotient_common::{GpuDevice, HostInfo, JobReport, NodeInventory};
@@ -753,7 +753,7 @@ impl LeaderSession {
             AgentResponse::Error(error) => Err(ended_by(error)),
             other => Err(Ended::Lost(format!(
                 "unexpected answer to Register: {}",
-                describe(&other)
+                other.kind()
             ))),
         }
     }
@@ -811,11 +811,12 @@ impl LeaderSession {
             };
             let sent_at = Instant::now();
             let heard = connection.datagrams_received();
-            let unacknowledged = match connection
+            let result = connection
                 .request::<_, AgentResponse>(&request, deadline)
-                .await
-            {
-                Ok(AgentResponse::HeartbeatAck) => {
+                .await;
+            let heard_meanwhile = connection.datagrams_received() > heard;
+            let unacknowledged = match HeartbeatAnswer::of(result, heard_meanwhile) {
+                HeartbeatAnswer::Acknowledged => {
                     if let Some(failing) = patience.acknowledged() {
                         tracing::info!(
                             "the leader acknowledges heartbeats again, after {} ms",
@@ -826,15 +827,14 @@ impl LeaderSession {
                     self.record_ack(sent_at);
                     continue;
                 }
-                Ok(AgentResponse::Error(AgentError::Unavailable(why))) => {
+                HeartbeatAnswer::Unavailable(why) => {
                     self.shared
                         .links
                         .heartbeats_refused
                         .fetch_add(1, Ordering::Relaxed);
                     format!("refused: {why}")
                 }
-                // The leader's QUIC side sent something meanwhile: busy, not gone.
-                Err(RequestError::Timeout { .. }) if connection.datagrams_received() > heard => {
+                HeartbeatAnswer::Late => {
                     self.shared
                         .links
                         .heartbeats_late
@@ -842,19 +842,13 @@ impl LeaderSession {
                     format!("unanswered within {} ms", deadline.as_millis())
                 }
                 // Any other error is enough to look for the leader again.
-                Ok(AgentResponse::Error(error)) => {
+                HeartbeatAnswer::Error(error) => {
                     return match ended_by(error) {
                         Ended::Lost(why) => Ended::Refused(format!("heartbeat refused: {why}")),
                         ended => ended,
                     }
                 }
-                Ok(other) => {
-                    return Ended::Lost(format!(
-                        "unexpected answer to a heartbeat: {}",
-                        describe(&other)
-                    ))
-                }
-                Err(error) => return Ended::Lost(format!("heartbeat failed: {error}")),
+                HeartbeatAnswer::Failed(why) => return Ended::Lost(why),
             };
             match patience.unacknowledged(sent_at) {
                 Ok(()) => tracing::debug!(
@@ -909,7 +903,7 @@ impl LeaderSession {
                 },
                 Ok(other) => tracing::warn!(
                     "unexpected answer to a desired-state poll: {}",
-                    describe(&other)
+                    other.kind()
                 ),
                 Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
                 Err(RequestError::Timeout { .. }) => {
@@ -1042,7 +1036,7 @@ impl LeaderSession {
                     ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
                     Ended::Lost(why) | Ended::Refused(why) => why,
                 },
-                Ok(other) => format!("unexpected answer: {}", describe(&other)),
+                Ok(other) => format!("unexpected answer: {}", other.kind()),
                 Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
                 Err(error) => error.to_string(),
             };
@@ -1115,7 +1109,7 @@ impl LeaderSession {
                     ended @ (Ended::NotLeader(_) | Ended::NotRegistered) => return ended,
                     Ended::Lost(why) | Ended::Refused(why) => why,
                 },
-                Ok(other) => format!("unexpected answer: {}", describe(&other)),
+                Ok(other) => format!("unexpected answer: {}", other.kind()),
                 Err(RequestError::ConnectionLost(error)) => return Ended::Lost(error.to_string()),
                 Err(error) => error.to_string(),
             };
@@ -1132,17 +1126,6 @@ fn ended_by(error: AgentError) -> Ended {
         ),
         AgentError::NotRegistered => Ended::NotRegistered,
         other => Ended::Lost(other.to_string()),
-    }
-}
-
-fn describe(response: &AgentResponse) -> &'static str {
-    match response {
-        AgentResponse::Registered { .. } => "Registered",
-        AgentResponse::HeartbeatAck => "HeartbeatAck",
-        AgentResponse::Desired(_) => "Desired",
-        AgentResponse::Reported { .. } => "Reported",
-        AgentResponse::Error(_) => "Error",
-        AgentResponse::DiskUsageRecorded => "DiskUsageRecorded",
     }
 }
 

@@ -257,6 +257,67 @@ pub enum AgentResponse {
     DiskUsageRecorded,
 }
 
+impl AgentResponse {
+    /// The variant's name, for a message about an answer that was not the one expected.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AgentResponse::Registered { .. } => "Registered",
+            AgentResponse::HeartbeatAck => "HeartbeatAck",
+            AgentResponse::Desired(_) => "Desired",
+            AgentResponse::Reported { .. } => "Reported",
+            AgentResponse::Error(_) => "Error",
+            AgentResponse::DiskUsageRecorded => "DiskUsageRecorded",
+        }
+    }
+}
+
+/// What the answer to one heartbeat means: one reading for the agent's session and for the
+/// simulated fleet that stands in for thousands of agents, so that the benchmark's agents
+/// leave and keep their leader as the real one does.
+#[cfg(feature = "net")]
+#[derive(Debug)]
+pub enum HeartbeatAnswer {
+    /// Acknowledged: the lease runs from the heartbeat's send time.
+    Acknowledged,
+    /// Refused as unavailable: the leader is there but cannot show a quorum's recent
+    /// acknowledgement. Not acknowledged; try it again within [`LeaderPatience`].
+    Unavailable(String),
+    /// Unanswered by its deadline, but the leader's side of the connection sent datagrams
+    /// meanwhile: busy, not gone. Not acknowledged; try it again within [`LeaderPatience`].
+    Late,
+    /// Another error from the leader (not the leader, this node unknown to it, a refusal):
+    /// the session ends, by that error.
+    Error(AgentError),
+    /// The request failed, or the answer is not one a heartbeat gets: look for the leader.
+    Failed(String),
+}
+
+#[cfg(feature = "net")]
+impl HeartbeatAnswer {
+    /// Reads `result`, the heartbeat's answer; `heard_meanwhile` is whether the connection
+    /// received datagrams while it was awaited.
+    pub fn of(
+        result: Result<AgentResponse, crate::transport::RequestError>,
+        heard_meanwhile: bool,
+    ) -> HeartbeatAnswer {
+        match result {
+            Ok(AgentResponse::HeartbeatAck) => HeartbeatAnswer::Acknowledged,
+            Ok(AgentResponse::Error(AgentError::Unavailable(why))) => {
+                HeartbeatAnswer::Unavailable(why)
+            }
+            Err(crate::transport::RequestError::Timeout { .. }) if heard_meanwhile => {
+                HeartbeatAnswer::Late
+            }
+            Ok(AgentResponse::Error(error)) => HeartbeatAnswer::Error(error),
+            Ok(other) => HeartbeatAnswer::Failed(format!(
+                "unexpected answer to a heartbeat: {}",
+                other.kind()
+            )),
+            Err(error) => HeartbeatAnswer::Failed(format!("heartbeat failed: {error}")),
+        }
+    }
+}
+
 /// Why an agent request failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum AgentError {
@@ -313,4 +374,46 @@ pub enum LeaderResponse {
         end: bool,
     },
     Error(AgentError),
+}
+
+#[cfg(all(test, feature = "net"))]
+mod tests {
+    use super::*;
+    use crate::transport::RequestError;
+    use std::time::Duration;
+
+    #[test]
+    fn a_heartbeat_answer_reads_the_same_for_the_agent_and_the_simulated_fleet() {
+        let late = || {
+            Err(RequestError::Timeout {
+                after: Duration::from_millis(500),
+            })
+        };
+        assert!(matches!(
+            HeartbeatAnswer::of(Ok(AgentResponse::HeartbeatAck), false),
+            HeartbeatAnswer::Acknowledged
+        ));
+        let busy = AgentResponse::Error(AgentError::Unavailable("no quorum".into()));
+        assert!(matches!(
+            HeartbeatAnswer::of(Ok(busy), false),
+            HeartbeatAnswer::Unavailable(why) if why == "no quorum"
+        ));
+        // Late with datagrams heard: the leader is there. Late in silence: it is gone.
+        assert!(matches!(
+            HeartbeatAnswer::of(late(), true),
+            HeartbeatAnswer::Late
+        ));
+        assert!(matches!(
+            HeartbeatAnswer::of(late(), false),
+            HeartbeatAnswer::Failed(why) if why.contains("no answer within 500 ms")
+        ));
+        assert!(matches!(
+            HeartbeatAnswer::of(Ok(AgentResponse::Error(AgentError::NotRegistered)), true),
+            HeartbeatAnswer::Error(AgentError::NotRegistered)
+        ));
+        assert!(matches!(
+            HeartbeatAnswer::of(Ok(AgentResponse::DiskUsageRecorded), false),
+            HeartbeatAnswer::Failed(why) if why == "unexpected answer to a heartbeat: DiskUsageRecorded"
+        ));
+    }
 }

@@ -50,14 +50,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use quotient_common::agent_api::{
     ActualAttempt, ActualPhase, AgentError, AgentRequest, AgentResponse, DesiredState, Fence,
-    LeaderPatience, LeaderRequest, LeaderResponse, WireIntent, REPORTS_PER_REQUEST_MAX,
-    WATCH_TIMEOUT_MS,
+    HeartbeatAnswer, LeaderPatience, LeaderRequest, LeaderResponse, WireIntent,
+    REPORTS_PER_REQUEST_MAX, WATCH_TIMEOUT_MS,
 };
 use quotient_common::certs::{ca_files, CaIssuer, Role};
 use quotient_common::tls::{TlsFiles, TlsIdentity};
-use quotient_common::transport::{
-    client_endpoint, Client, PeerConnection, RequestError, ALPN_AGENT,
-};
+use quotient_common::transport::{client_endpoint, Client, PeerConnection, ALPN_AGENT};
 use quotient_common::{
     ClusterId, GpuClass, GpuDevice, HostInfo, JobEvent, JobId, JobReport, NodeInventory, Runtime,
 };
@@ -864,32 +862,31 @@ impl SimNode {
             };
             let deadline = Duration::from_millis(HEARTBEAT_DEADLINE_MS);
             let heard = connection.datagrams_received();
-            match connection
+            let result = connection
                 .request::<_, AgentResponse>(&request, deadline)
-                .await
-            {
-                Ok(AgentResponse::HeartbeatAck) => {
+                .await;
+            match HeartbeatAnswer::of(result, connection.datagrams_received() > heard) {
+                HeartbeatAnswer::Acknowledged => {
                     patience.acknowledged();
                     self.sim().last_ack = Some(sent_at);
                     self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                Ok(AgentResponse::Error(AgentError::Unavailable(_))) => {
+                HeartbeatAnswer::Unavailable(_) => {
                     self.stats
                         .heartbeats_refused
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                Err(RequestError::Timeout { .. }) if connection.datagrams_received() > heard => {
+                HeartbeatAnswer::Late => {
                     self.stats.heartbeats_late.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(AgentResponse::Error(error)) => {
+                HeartbeatAnswer::Error(error) => {
                     return match ended_by(error) {
                         Ended::Lost(why) => Ended::Refused(why),
                         ended => ended,
                     }
                 }
-                Ok(other) => return Ended::Lost(format!("unexpected answer: {other:?}")),
-                Err(error) => return Ended::Lost(error.to_string()),
+                HeartbeatAnswer::Failed(why) => return Ended::Lost(why),
             }
             if let Err(failing) = patience.unacknowledged(sent_at.into_std()) {
                 return Ended::Refused(format!(
