@@ -37,7 +37,9 @@ pub struct RunReport {
     pub lost_gpu_hours: f64,
     /// The part of `lost_gpu_hours` lost by jobs that never checkpoint: each of their stops
     /// loses the whole attempt. No victim order saves this work without stopping another
-    /// job of the same rank instead; checkpoints in the jobs do.
+    /// job of the same rank instead; checkpoints in the jobs do. (0 in a report written
+    /// before it was counted.)
+    #[serde(default)]
     pub lost_gpu_hours_uncheckpointed: f64,
     /// The utilisation less the share of it spent on work later lost (`utilisation` x (1 -
     /// lost / used)): what of the fleet did work that stayed done. A victim order that loses
