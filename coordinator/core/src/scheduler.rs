@@ -1326,7 +1326,7 @@ impl<'a> Round<'a> {
                 .iter()
                 .map(|n| (*n, scratch.slot(*n).expect("a known node")))
                 .collect();
-            let set: Vec<JobId> = taken
+            let mut set: Vec<JobId> = taken
                 .iter()
                 .copied()
                 .filter(|v| {
@@ -1335,6 +1335,17 @@ impl<'a> Round<'a> {
                         .any(|n| touched.get(n).is_some_and(|(_, vs)| vs.contains(v)))
                 })
                 .collect();
+            // The chosen nodes have room once their victims stop (nodes with room already
+            // come first); what may still be missing is the share's rules: the other victims
+            // taken, in candidate order, wherever they run, until those admit it.
+            for v in &taken {
+                if self.frees_enough(q, job, &nodes, scratch.available_total, &set) {
+                    break;
+                }
+                if !set.contains(v) {
+                    set.push(*v);
+                }
+            }
             if self.frees_enough(q, job, &nodes, scratch.available_total, &set) {
                 let set = self.fewest(q, job, &nodes, scratch.available_total, set);
                 return Some((chosen, set));

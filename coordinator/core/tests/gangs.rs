@@ -517,3 +517,30 @@ fn a_report_from_a_node_of_no_member_is_stale() {
     assert!(again.is_rejected());
     assert_ne!(sim.state_of(id), JobState::Preempting);
 }
+
+/// A gang held back only by its share's limit, with whole nodes free for it elsewhere, still
+/// preempts its share's lower-priority jobs: enough of them to bring it within the limit,
+/// wherever they run, and it is nominated to the free nodes.
+#[test]
+fn in_share_preemption_frees_quota_for_a_gang_that_has_room_elsewhere() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 4, 2);
+    let mut team = share("team", Strategy::Lend, 4);
+    team.in_share_preemption = true;
+    sim.ok(Command::CreateShare(team));
+    let low = sim.submit(gang("team", "low", 1, 2, 2));
+    sim.settle();
+    assert_eq!(sim.state_of(low), JobState::Running);
+    // Two nodes are free, but the share is at its limit of 4.
+    let high = sim.submit(gang("team", "high", 9, 2, 2));
+    let plan = sim.round();
+    assert_eq!(
+        plan.preemptions().collect::<Vec<_>>(),
+        vec![(low, PreemptionKind::InShare, Some(high))],
+        "{}",
+        reason(&sim, high)
+    );
+    sim.agents_stop();
+    sim.settle();
+    assert_eq!(sim.state_of(high), JobState::Running);
+}
