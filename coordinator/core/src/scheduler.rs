@@ -1150,8 +1150,15 @@ impl<'a> Round<'a> {
                 .take(IN_SHARE_CANDIDATES_SCAN_MAX)
                 .collect();
             candidates.sort_by_cached_key(|id| self.victim_key(self.job(*id)).0);
-            let mut candidates = candidates.into_iter();
-            if let Some((nodes, victims)) = self.choose_victims(q, job, || candidates.next()) {
+            let mut next = candidates.iter().copied();
+            let chosen = self.choose_victims(q, job, || next.next()).or_else(|| {
+                // No node's victims free room for it, but a node has room already and
+                // only the share's limit holds it back: victims anywhere free that.
+                let node = self.room_for(job)?;
+                let mut next = candidates.iter().copied();
+                self.choose_quota_victims(q, job, node, || next.next())
+            });
+            if let Some((nodes, victims)) = chosen {
                 self.nominate(q, job, nodes, victims, PreemptionKind::InShare);
             }
         }
@@ -1218,6 +1225,50 @@ impl<'a> Round<'a> {
             }
         }
         best.map(|(_, node, set)| (vec![node], set))
+    }
+
+    /// For a job of one node: the node it would be placed on now, best fit, were its share's
+    /// rules to admit it. `None` for a job of several nodes.
+    fn room_for(&self, job: &JobRecord) -> Option<NodeId> {
+        if job.is_gang() {
+            return None;
+        }
+        let scratch = self.classes.get(job.class())?;
+        ((job.gpus() as usize).max(1)..scratch.overlay.len()).find_map(|k| {
+            scratch.bucket(k).find(|node| {
+                node_runs(
+                    self.state,
+                    self.unreachable,
+                    &self.resources_used,
+                    job,
+                    *node,
+                )
+                .is_ok()
+            })
+        })
+    }
+
+    /// For a job of one node with room on `node` that only its share's rules hold back: the
+    /// fewest victims, taken in candidate order wherever they run, whose GPUs let the rules
+    /// admit it. It is nominated to `node`, whose free GPUs are kept for it meanwhile.
+    fn choose_quota_victims(
+        &self,
+        q: usize,
+        job: &'a JobRecord,
+        node: NodeId,
+        mut next_candidate: impl FnMut() -> Option<JobId>,
+    ) -> Option<(Vec<NodeId>, Vec<JobId>)> {
+        let scratch = self.classes.get(job.class())?;
+        let nodes = [(node, scratch.slot(node)?)];
+        let mut taken = Vec::new();
+        while let Some(id) = next_candidate() {
+            taken.push(id);
+            if self.frees_enough(q, job, &nodes, scratch.available_total, &taken) {
+                let set = self.fewest(q, job, &nodes, scratch.available_total, taken);
+                return Some((vec![node], set));
+            }
+        }
+        None
     }
 
     /// Drops from `set` every victim, earliest first, that `job` can do without on `nodes`.

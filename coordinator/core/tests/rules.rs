@@ -998,3 +998,36 @@ fn borrowers_take_idle_gpus_first_come_or_least_served_first() {
     assert_eq!(BorrowOrder::parse("fair"), Some(BorrowOrder::Fair));
     assert_eq!(BorrowOrder::parse("lifo"), None);
 }
+
+/// In-share preemption when no node's victims would free room for the job, but another node
+/// has room and only the share's limit holds the job back: victims wherever they run, enough
+/// for the limit, and the job is nominated to the room it has.
+#[test]
+fn in_share_preemption_frees_the_limit_when_room_is_elsewhere() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 3, 4);
+    sim.ok(Command::CreateShare(share_with_in_share("a", 4)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 8)));
+    // a's two low jobs of 2 GPUs on two nodes, each beside a 2-GPU job of b; node 3 is free.
+    let l1 = sim.submit(job("a", "l1", 1, 2));
+    let b1 = sim.submit(job("b", "b1", 1, 2));
+    sim.settle();
+    let l2 = sim.submit(job("a", "l2", 1, 2));
+    let b2 = sim.submit(job("b", "b2", 1, 2));
+    sim.settle();
+    let node_of = |sim: &Sim, id| sim.state.job(id).unwrap().placement[0].node;
+    assert_eq!(node_of(&sim, l1), node_of(&sim, b1));
+    assert_eq!(node_of(&sim, l2), node_of(&sim, b2));
+    assert_ne!(node_of(&sim, l1), node_of(&sim, l2));
+    let high = sim.submit(job("a", "high", 9, 4));
+    let plan = sim.round();
+    let mut victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
+    victims.sort();
+    assert_eq!(victims, vec![l1, l2], "both, for the limit");
+    sim.settle();
+    assert_eq!(sim.state_of(high), JobState::Running);
+    let free_node = sim.state.job(high).unwrap().placement[0].node;
+    assert!(![node_of(&sim, b1), node_of(&sim, b2)].contains(&free_node));
+    assert_eq!(sim.state_of(b1), JobState::Running);
+    assert_eq!(sim.state_of(b2), JobState::Running);
+}
