@@ -306,13 +306,8 @@ fn the_node_whose_victims_lose_least_in_all_is_taken() {
     for id in [old, busy, young] {
         assert_eq!(sim.state_of(id), JobState::Running);
     }
-    let node_of = |sim: &Sim, id| sim.state.job(id).unwrap().placement[0].node;
-    assert_eq!(
-        node_of(&sim, old),
-        node_of(&sim, busy),
-        "packed on one node"
-    );
-    assert_ne!(node_of(&sim, old), node_of(&sim, young));
+    assert_eq!(sim.nodes_of(old), sim.nodes_of(busy), "packed on one node");
+    assert_ne!(sim.nodes_of(old), sim.nodes_of(young));
     // Both priority-1 jobs have run about a second: per GPU the young one risks less, but
     // stopping it loses 4 GPU-seconds against the old one's 1.
     sim.time_ms += 1_000;
@@ -1015,10 +1010,9 @@ fn in_share_preemption_frees_the_limit_when_room_is_elsewhere() {
     let l2 = sim.submit(job("a", "l2", 1, 2));
     let b2 = sim.submit(job("b", "b2", 1, 2));
     sim.settle();
-    let node_of = |sim: &Sim, id| sim.state.job(id).unwrap().placement[0].node;
-    assert_eq!(node_of(&sim, l1), node_of(&sim, b1));
-    assert_eq!(node_of(&sim, l2), node_of(&sim, b2));
-    assert_ne!(node_of(&sim, l1), node_of(&sim, l2));
+    assert_eq!(sim.nodes_of(l1), sim.nodes_of(b1));
+    assert_eq!(sim.nodes_of(l2), sim.nodes_of(b2));
+    assert_ne!(sim.nodes_of(l1), sim.nodes_of(l2));
     let high = sim.submit(job("a", "high", 9, 4));
     let plan = sim.round();
     let mut victims: Vec<_> = plan.preemptions().map(|p| p.0).collect();
@@ -1026,8 +1020,8 @@ fn in_share_preemption_frees_the_limit_when_room_is_elsewhere() {
     assert_eq!(victims, vec![l1, l2], "both, for the limit");
     sim.settle();
     assert_eq!(sim.state_of(high), JobState::Running);
-    let free_node = sim.state.job(high).unwrap().placement[0].node;
-    assert!(![node_of(&sim, b1), node_of(&sim, b2)].contains(&free_node));
+    let free_node = sim.nodes_of(high);
+    assert!(![sim.nodes_of(b1), sim.nodes_of(b2)].contains(&free_node));
     assert_eq!(sim.state_of(b1), JobState::Running);
     assert_eq!(sim.state_of(b2), JobState::Running);
 }
