@@ -1296,7 +1296,9 @@ impl<'a> Round<'a> {
     /// For a job of several nodes: victims, in candidate order, that free `job.gpus()` GPUs
     /// on enough whole nodes (nodes with room already count without victims), all of one
     /// value of its `same` label if it has one. Victims that free nothing on a node the job
-    /// could use are passed over: GPUs scattered where it cannot run are no use to it.
+    /// could use are passed over, GPUs scattered where it cannot run being no use for room,
+    /// unless they are its own share's: those free part of its limit, and are taken when the
+    /// nodes have room and only the limit holds it back.
     fn choose_gang_victims(
         &self,
         q: usize,
@@ -1332,7 +1334,10 @@ impl<'a> Round<'a> {
         // Per node a victim touches: its slot and the victims there so far.
         let mut touched: BTreeMap<NodeId, (NodeSlot, Vec<JobId>)> = BTreeMap::new();
         let mut qualified: Vec<NodeId> = room.clone();
+        // Victims that free GPUs on nodes it could use, and those and its share's own
+        // victims elsewhere, which free part of its limit; both in candidate order.
         let mut taken: Vec<JobId> = Vec::new();
+        let mut seen: Vec<JobId> = Vec::new();
         let (mut freed, mut own_freed) = (0u64, 0u64);
         let share_name = self.queues[q].share.name.as_str();
         while let Some(id) = next_candidate() {
@@ -1356,12 +1361,18 @@ impl<'a> Round<'a> {
                     qualified.push(alloc.node);
                 }
             }
-            if !useful {
+            // A victim of its own share frees part of its limit wherever it runs; one of
+            // another share that frees nothing here is no use to it.
+            let own = victim.spec.share == share_name;
+            if !useful && !own {
                 continue;
             }
-            taken.push(id);
+            if useful {
+                taken.push(id);
+            }
+            seen.push(id);
             freed += u64::from(victim.total_gpus());
-            if victim.spec.share == share_name {
+            if own {
                 own_freed += u64::from(victim.total_gpus());
             }
             // Cheap tests first: enough nodes, and the quota with every victim taken so far.
@@ -1388,8 +1399,8 @@ impl<'a> Round<'a> {
                 .collect();
             // The chosen nodes have room once their victims stop (nodes with room already
             // come first); what may still be missing is the share's rules: the other victims
-            // taken, in candidate order, wherever they run, until those admit it.
-            for v in &taken {
+            // seen, in candidate order, wherever they run, until those admit it.
+            for v in &seen {
                 if self.frees_enough(q, job, &nodes, scratch.available_total, &set) {
                     break;
                 }

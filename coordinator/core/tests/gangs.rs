@@ -544,3 +544,49 @@ fn in_share_preemption_frees_quota_for_a_gang_that_has_room_elsewhere() {
     sim.settle();
     assert_eq!(sim.state_of(high), JobState::Running);
 }
+
+#[test]
+fn in_share_preemption_frees_quota_for_a_gang_from_jobs_on_nodes_it_cannot_use() {
+    // Two nodes of 4 GPUs are free, but the share's lower-priority jobs run on nodes of one
+    // GPU, which a gang of 4 GPUs a node cannot use. Their GPUs still count against the
+    // share's limit, so stopping them is what lets the gang start.
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 4);
+    for i in 0..2 {
+        sim.ok(Command::RegisterNode(node(
+            &format!("small-{i}"),
+            1,
+            "a10g",
+        )));
+    }
+    let mut team = share("team", Strategy::Lend, 8);
+    team.in_share_preemption = true;
+    sim.ok(Command::CreateShare(team));
+    let lows: Vec<JobId> = (0..2)
+        .map(|i| sim.submit(job("team", &format!("low-{i}"), 1, 1)))
+        .collect();
+    sim.settle();
+    for low in &lows {
+        assert_eq!(sim.state_of(*low), JobState::Running);
+        assert!(sim.nodes_of(*low)[0].starts_with("small-"), "best fit");
+    }
+    // 2 of the limit's 8 GPUs are held: the gang of 8 is 2 over it.
+    let high = sim.submit(gang("team", "high", 9, 2, 4));
+    let plan = sim.round();
+    let mut preempted: Vec<_> = plan.preemptions().collect();
+    preempted.sort();
+    assert_eq!(
+        preempted,
+        lows.iter()
+            .map(|low| (*low, PreemptionKind::InShare, Some(high)))
+            .collect::<Vec<_>>(),
+        "{}",
+        reason(&sim, high)
+    );
+    sim.agents_stop();
+    sim.settle();
+    assert_eq!(sim.state_of(high), JobState::Running);
+    let mut nodes = sim.nodes_of(high);
+    nodes.sort();
+    assert_eq!(nodes, vec!["node-0", "node-1"]);
+}
