@@ -1174,8 +1174,8 @@ impl<'a> Round<'a> {
     /// more), and takes the node whose set loses the least work in all
     /// ([`Round::loss_of`]; the first such node on a tie). Candidates come per GPU freed
     /// ([`Round::work_at_risk`]), so the node reached first can hold a large victim that
-    /// risks a little less per GPU and loses far more in all (BENCHMARKS.md: over 32 generated
-    /// months, 60.5% of the naive order's lost work against 65.6% taking the first node).
+    /// risks a little less per GPU and loses far more in all (BENCHMARKS.md, the evaluation's
+    /// notebook, "Thirty-two months", measures both).
     fn choose_victims(
         &self,
         q: usize,
