@@ -54,6 +54,7 @@ pub mod job_list;
 pub mod job_logs;
 pub mod job_submit;
 pub mod job_update;
+pub mod node_change;
 pub mod node_cordon;
 pub mod node_drain;
 pub mod node_list;

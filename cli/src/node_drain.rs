@@ -1,10 +1,7 @@
 //! `quotient node drain NAME`: cordons the node and moves its jobs elsewhere (checkpoint signal, grace period, requeue) (admin only).
 
-use anyhow::Context;
-use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::api::ApiRequest;
 
-use crate::client::{unexpected, Session};
-use crate::output::{self, OutputFormat};
 use crate::parse::parse_node_name;
 use crate::GlobalArgs;
 
@@ -17,22 +14,8 @@ pub struct NodeDrainArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: &NodeDrainArgs) -> anyhow::Result<()> {
-    let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::DrainNode {
         node: args.name.clone(),
     };
-    match session.call(request.clone())? {
-        ApiResponse::Done => {}
-        other => return Err(unexpected(&request, &other)),
-    }
-    match global.output {
-        OutputFormat::Table | OutputFormat::Csv => {
-            output::print_text(&format!("node {}: draining\n", args.name))
-        }
-        OutputFormat::Json => {
-            let node = crate::node_list::fetch(&mut session, &args.name)
-                .context("the node was changed, but reading it back failed")?;
-            output::print_json(&node)
-        }
-    }
+    crate::node_change::run(global, &args.name, request, "draining")
 }

@@ -1,10 +1,7 @@
 //! `quotient node uncordon NAME`: the node takes new jobs again (admin only).
 
-use anyhow::Context;
-use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_common::api::ApiRequest;
 
-use crate::client::{unexpected, Session};
-use crate::output::{self, OutputFormat};
 use crate::parse::parse_node_name;
 use crate::GlobalArgs;
 
@@ -17,22 +14,8 @@ pub struct NodeUncordonArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: &NodeUncordonArgs) -> anyhow::Result<()> {
-    let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::UncordonNode {
         node: args.name.clone(),
     };
-    match session.call(request.clone())? {
-        ApiResponse::Done => {}
-        other => return Err(unexpected(&request, &other)),
-    }
-    match global.output {
-        OutputFormat::Table | OutputFormat::Csv => {
-            output::print_text(&format!("node {}: uncordoned\n", args.name))
-        }
-        OutputFormat::Json => {
-            let node = crate::node_list::fetch(&mut session, &args.name)
-                .context("the node was changed, but reading it back failed")?;
-            output::print_json(&node)
-        }
-    }
+    crate::node_change::run(global, &args.name, request, "uncordoned")
 }
