@@ -14,6 +14,7 @@ use quotient_common::api::{
 use quotient_common::{ClusterId, JobId, JobState, NodeState};
 use quotient_core::{
     share_accounts, JobRecord, MemberStage, NodeRecord, ShareAccount, ShareRecord, State,
+    WaitReasons,
 };
 
 use crate::store::MemberId;
@@ -66,6 +67,15 @@ pub fn share_view_named(state: &State, name: &str) -> Option<ShareView> {
 
 /// A job as the CLI prints it.
 pub fn job_view(state: &State, job: &JobRecord) -> JobView {
+    job_view_with(state, job, &mut WaitReasons::default())
+}
+
+/// [`job_view`], with the queue heads that `reasons` has already looked up (a page of jobs).
+fn job_view_with<'s>(
+    state: &'s State,
+    job: &'s JobRecord,
+    reasons: &mut WaitReasons<'s>,
+) -> JobView {
     let node = job
         .allocation()
         .and_then(|alloc| state.node(alloc.node))
@@ -114,7 +124,7 @@ pub fn job_view(state: &State, job: &JobRecord) -> JobView {
         node,
         attempts: job.attempts,
         preemptions: job.preemptions,
-        reason: state.reason(job).map(|r| r.to_string()),
+        reason: reasons.of(state, job).map(|r| r.to_string()),
         last_preemption,
         preempted_for,
         gpu_indices: job
@@ -328,7 +338,12 @@ fn job_page_looking_at(
         page.push(job);
     }
     JobPage {
-        jobs: page.into_iter().map(|job| job_view(state, job)).collect(),
+        jobs: {
+            let mut reasons = WaitReasons::default();
+            page.into_iter()
+                .map(|job| job_view_with(state, job, &mut reasons))
+                .collect()
+        },
         next_page_token: next.map(job_page_token),
     }
 }

@@ -5,8 +5,7 @@ use quotient_common::{JobId, JobState};
 
 use crate::accounting::share_accounts;
 use crate::limits::LAUNCH_REQUEUES_MAX;
-use crate::reason::WaitReason;
-use crate::state::{State, StopCause};
+use crate::state::{State, StopCause, WaitReasons};
 
 /// What `quotient job explain` prints: a one-line summary and supporting lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,20 +21,9 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
     let mut details = Vec::new();
     let summary = match job.state {
         JobState::Runnable => {
-            let queue = state.queue(&job.spec.share, class);
-            // The queue's head is its first job that can fit: the scheduler passes over the
-            // others, so nothing waits behind them.
-            let head = queue.iter().copied().find(|id| {
-                state
-                    .job(*id)
-                    .is_some_and(|queued| state.never_fits(queued).is_none())
-            });
-            let reason = match (&state.reason(job), head) {
-                (Some(reason), _) => reason.to_string(),
-                (None, Some(head)) if head != id => {
-                    WaitReason::QueuedBehind { job: head }.to_string()
-                }
-                _ => "queued; the scheduler has not considered it yet".to_string(),
+            let reason = match WaitReasons::default().of(state, job) {
+                Some(reason) => reason.to_string(),
+                None => "queued; the scheduler has not considered it yet".to_string(),
             };
             let accounts = share_accounts(state);
             let mut holders: Vec<String> = accounts

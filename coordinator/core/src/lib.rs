@@ -65,5 +65,6 @@ pub use snapshot::{SnapshotCapture, SnapshotError, SNAPSHOT_STATE_MAGIC};
 pub use state::{
     mask_indices, Allocation, AuditEntry, IdempotencyKeys, JobRecord, MemberStage, NodeId,
     NodeRecord, Preemption, PreemptionKind, Revocation, ShareRecord, State, StateData, StopCause,
+    WaitReasons,
 };
 pub use validate::InvariantError;

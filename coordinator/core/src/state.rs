@@ -18,6 +18,7 @@ use crate::changes::Changes;
 use crate::command::JobEvent;
 use crate::index::Index;
 use crate::job_table::JobTable;
+use crate::limits::QUEUE_HEAD_SCAN_MAX;
 use crate::reason::WaitReason;
 
 /// A node's id: its slot in `StateData::nodes`, stable across re-registrations. A removed
@@ -678,6 +679,19 @@ impl State {
         self.index.queue(share, class).collect()
     }
 
+    /// The head of a share's queue of a class: its first job that can fit, among its first
+    /// [`QUEUE_HEAD_SCAN_MAX`]. The scheduler passes over jobs that can never fit, so nothing
+    /// waits behind them. `None` when none of those can fit.
+    pub fn queue_head_that_fits(&self, share: &str, class: &GpuClass) -> Option<JobId> {
+        self.index
+            .queue(share, class)
+            .take(QUEUE_HEAD_SCAN_MAX)
+            .find(|id| {
+                self.job(*id)
+                    .is_some_and(|queued| self.never_fits(queued).is_none())
+            })
+    }
+
     /// The jobs of a share and class holding GPUs, in rank order (priority desc, start asc).
     pub fn holding(&self, share: &str, class: &GpuClass) -> Vec<JobId> {
         self.index.holding(share, class).collect()
@@ -696,5 +710,34 @@ impl State {
     /// The idle quota of `reserve` shares for a class.
     pub fn index_reserved(&self, class: &GpuClass) -> u64 {
         self.index.reserved_idle(class)
+    }
+}
+
+/// Why jobs wait, as `job list`, `job get` and `explain` say it: a job's own reason
+/// ([`State::reason`]), or, for a RUNNABLE job with none behind its queue's head,
+/// [`WaitReason::QueuedBehind`] that head (the scheduler records a reason only for the heads
+/// it looked at). Remembers each queue's head, so a page of jobs looks up each queue once.
+#[derive(Debug, Default)]
+pub struct WaitReasons<'s> {
+    heads: BTreeMap<(&'s str, &'s GpuClass), Option<JobId>>,
+}
+
+impl<'s> WaitReasons<'s> {
+    /// Why `job` waits or how it ended; `None` when there is nothing to say.
+    pub fn of(&mut self, state: &'s State, job: &'s JobRecord) -> Option<WaitReason> {
+        if let Some(reason) = state.reason(job) {
+            return Some(reason);
+        }
+        if job.state != JobState::Runnable {
+            return None;
+        }
+        let share = job.spec.share.as_str();
+        let class = job.class();
+        let head = *self
+            .heads
+            .entry((share, class))
+            .or_insert_with(|| state.queue_head_that_fits(share, class));
+        head.filter(|head| *head != job.id)
+            .map(|job| WaitReason::QueuedBehind { job })
     }
 }

@@ -3,8 +3,10 @@
 mod support;
 
 use quotient_common::{JobEvent, JobState, NodeState, ShareState, ShareUpdate, Strategy};
+use quotient_core::limits::QUEUE_HEAD_SCAN_MAX;
 use quotient_core::{
     explain, plan, Command, Outcome, Plan, PlanAction, PreemptionKind, Rejection, WaitReason,
+    WaitReasons,
 };
 use support::*;
 
@@ -618,6 +620,82 @@ fn every_job_left_runnable_has_a_reason() {
         .unwrap()
         .summary
         .contains("queued behind"));
+}
+
+/// The reason `job list` and `job get` show for a RUNNABLE job the scheduler recorded none
+/// for: the job of its queue that it waits behind, the first one that can fit.
+#[test]
+fn a_job_behind_its_queues_head_shows_the_head_as_its_reason() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+    let never = sim.submit(job("a", "never", 9, 2));
+    let jobs: Vec<_> = (0..4)
+        .map(|i| sim.submit(job("a", &format!("j{i}"), 1, 1)))
+        .collect();
+    sim.settle();
+    // One lookup of the queue's head serves a page of jobs.
+    let mut reasons = WaitReasons::default();
+    let state = &sim.state;
+    let mut reason_of = |id| {
+        reasons
+            .of(state, state.job(id).unwrap())
+            .map(|r| r.to_string())
+    };
+    let never_reason = reason_of(never).unwrap();
+    assert!(
+        never_reason.contains("largest schedulable node"),
+        "it can never fit: {never_reason}"
+    );
+    assert_eq!(reason_of(jobs[0]), None, "it runs");
+    // The head has the scheduler's reason; those behind it wait behind it, not behind the
+    // job that can never fit.
+    let head = reason_of(jobs[1]).unwrap();
+    assert!(!head.contains("queued behind"), "{head}");
+    for j in &jobs[2..] {
+        assert_eq!(
+            reason_of(*j).unwrap(),
+            format!(
+                "queued behind {}, which is ahead of it in its share's queue",
+                jobs[1]
+            )
+        );
+    }
+}
+
+/// A queue's head is looked for among its first `QUEUE_HEAD_SCAN_MAX` jobs only: behind more
+/// jobs that can never fit, a waiting job gets no reason rather than a long search.
+#[test]
+fn the_search_for_a_queues_head_is_bounded() {
+    // A share whose one GPU is taken, `never` jobs that can never fit ahead in its queue, and
+    // two that could fit behind them.
+    let queue_behind = |never: usize| {
+        let mut sim = Sim::new();
+        fleet(&mut sim, 1, 1);
+        sim.ok(Command::CreateShare(share("a", Strategy::Lend, 1)));
+        sim.submit(job("a", "first", 1, 1));
+        sim.settle();
+        for i in 0..never {
+            sim.submit(job("a", &format!("never-{i}"), 9, 2));
+        }
+        let fits = [
+            sim.submit(job("a", "second", 1, 1)),
+            sim.submit(job("a", "third", 1, 1)),
+        ];
+        (sim, fits)
+    };
+    let (sim, [second, third]) = queue_behind(QUEUE_HEAD_SCAN_MAX - 1);
+    assert_eq!(
+        sim.state.queue_head_that_fits("a", &class("a10g")),
+        Some(second)
+    );
+    let reason = WaitReasons::default().of(&sim.state, sim.state.job(third).unwrap());
+    assert_eq!(reason, Some(WaitReason::QueuedBehind { job: second }));
+
+    let (sim, [_, third]) = queue_behind(QUEUE_HEAD_SCAN_MAX);
+    assert_eq!(sim.state.queue_head_that_fits("a", &class("a10g")), None);
+    let reason = WaitReasons::default().of(&sim.state, sim.state.job(third).unwrap());
+    assert_eq!(reason, None, "past the bound");
 }
 
 /// A preempted job that exits after its signal is requeued, not failed.
