@@ -714,9 +714,9 @@ impl State {
 }
 
 /// Why jobs wait, as `job list`, `job get` and `explain` say it: a job's own reason
-/// ([`State::reason`]), or, for a RUNNABLE job with none behind its queue's head,
-/// [`WaitReason::QueuedBehind`] that head (the scheduler records a reason only for the heads
-/// it looked at). Remembers each queue's head, so a page of jobs looks up each queue once.
+/// ([`State::reason`]), or, for a RUNNABLE job that has none and waits behind its queue's
+/// head, [`WaitReason::QueuedBehind`] that head (the scheduler records a reason only for the
+/// heads it looked at). Remembers each queue's head, so a page of jobs looks up each queue once.
 #[derive(Debug, Default)]
 pub struct WaitReasons<'s> {
     heads: BTreeMap<(&'s str, &'s GpuClass), Option<JobId>>,
