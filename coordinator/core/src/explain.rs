@@ -4,7 +4,7 @@ use quotient_common::duration::human_duration;
 use quotient_common::{JobId, JobState};
 
 use crate::accounting::share_accounts;
-use crate::limits::LAUNCH_REQUEUES_MAX;
+use crate::limits::{LAUNCH_REQUEUES_MAX, QUEUE_HEAD_SCAN_MAX};
 use crate::state::{State, StopCause, WaitReasons};
 
 /// What `quotient job explain` prints: a one-line summary and supporting lines.
@@ -23,6 +23,12 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
         JobState::Runnable => {
             let reason = match WaitReasons::default().of(state, job) {
                 Some(reason) => reason.to_string(),
+                // It can fit, so with no head found among the queue's first jobs, it is
+                // behind them all, and they can never fit.
+                None if state.queue_head_that_fits(&job.spec.share, class).is_none() => format!(
+                    "queued behind more than {QUEUE_HEAD_SCAN_MAX} jobs of its share's queue, none of which can ever fit (`quotient job list --share {}` gives their reasons); cancel them, or change what they exceed",
+                    job.spec.share
+                ),
                 None => "queued; the scheduler has not considered it yet".to_string(),
             };
             let accounts = share_accounts(state);

@@ -696,6 +696,14 @@ fn the_search_for_a_queues_head_is_bounded() {
     assert_eq!(sim.state.queue_head_that_fits("a", &class("a10g")), None);
     let reason = WaitReasons::default().of(&sim.state, sim.state.job(third).unwrap());
     assert_eq!(reason, None, "past the bound");
+    // explain says what it is behind, all the same.
+    let summary = explain(&sim.state, third).unwrap().summary;
+    assert!(
+        summary.contains(&format!(
+            "queued behind more than {QUEUE_HEAD_SCAN_MAX} jobs of its share's queue, none of which can ever fit"
+        )),
+        "{summary}"
+    );
 }
 
 /// A preempted job that exits after its signal is requeued, not failed.
