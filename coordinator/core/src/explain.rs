@@ -21,11 +21,12 @@ pub fn explain(state: &State, id: JobId) -> Option<Explanation> {
     let mut details = Vec::new();
     let summary = match job.state {
         JobState::Runnable => {
-            let reason = match WaitReasons::default().of(state, job) {
+            let mut reasons = WaitReasons::default();
+            let reason = match reasons.of(state, job) {
                 Some(reason) => reason.to_string(),
                 // It can fit, so with no head found among the queue's first jobs, it is
                 // behind them all, and they can never fit.
-                None if state.queue_head_that_fits(&job.spec.share, class).is_none() => format!(
+                None if reasons.head(state, &job.spec.share, class).is_none() => format!(
                     "queued behind more than {QUEUE_HEAD_SCAN_MAX} jobs of its share's queue, none of which can ever fit (`quotient job list --share {}` gives their reasons); cancel them, or change what they exceed",
                     job.spec.share
                 ),

@@ -19,8 +19,9 @@ pub const IN_SHARE_CANDIDATES_SCAN_MAX: usize = 4_096;
 /// Once a node would do for a preemptor of one node, how many more victims of the same
 /// priority the search looks at for a node whose victims lose less work in all.
 pub const VICTIM_NODES_SCAN_MORE_MAX: usize = 256;
-/// How many jobs of a queue [`crate::state::State::queue_head_that_fits`] looks at for its head: the
-/// first that can fit. Bounds what `job list` spends to say what each waiting job is behind.
+/// How many jobs of a queue [`crate::state::State::queue_head_that_fits`] looks at for its
+/// head, the first that can fit. Bounds what `job list` spends to say what each waiting job
+/// is behind.
 pub const QUEUE_HEAD_SCAN_MAX: usize = 1_024;
 /// The largest snapshot `State::from_snapshot_bytes` decodes.
 pub const SNAPSHOT_BYTES_MAX: usize = 4 << 30;

@@ -731,13 +731,16 @@ impl<'s> WaitReasons<'s> {
         if job.state != JobState::Runnable {
             return None;
         }
-        let share = job.spec.share.as_str();
-        let class = job.class();
-        let head = *self
+        self.head(state, &job.spec.share, job.class())
+            .filter(|head| *head != job.id)
+            .map(|job| WaitReason::QueuedBehind { job })
+    }
+
+    /// [`State::queue_head_that_fits`], looked up once per queue.
+    pub fn head(&mut self, state: &'s State, share: &'s str, class: &'s GpuClass) -> Option<JobId> {
+        *self
             .heads
             .entry((share, class))
-            .or_insert_with(|| state.queue_head_that_fits(share, class));
-        head.filter(|head| *head != job.id)
-            .map(|job| WaitReason::QueuedBehind { job })
+            .or_insert_with(|| state.queue_head_that_fits(share, class))
     }
 }
