@@ -1446,7 +1446,10 @@ impl<'a> Round<'a> {
     }
 
     /// Whether preempting `victims` makes room for `job` on every one of `nodes` (each
-    /// given with its slot) and lets its share's rules admit it.
+    /// given with its slot) and lets its share's rules admit it; and whether `nodes` may keep
+    /// what the victims do not free there meanwhile without taking reserve shares' idle
+    /// quota. (Victims elsewhere, which free part of the share's limit, free nothing on
+    /// `nodes`: what is kept for the job there must be free GPUs that no reserve share has.)
     fn frees_enough(
         &self,
         q: usize,
@@ -1457,6 +1460,7 @@ impl<'a> Round<'a> {
     ) -> bool {
         let queue = &self.queues[q];
         let share_name = queue.share.name.as_str();
+        let mut kept = 0u64;
         for (node, slot) in nodes {
             let freed_here: u32 = victims
                 .iter()
@@ -1467,6 +1471,15 @@ impl<'a> Round<'a> {
             if slot.available() + freed_here < job.gpus() {
                 return false;
             }
+            kept += u64::from(job.gpus().saturating_sub(freed_here));
+        }
+        let others_reserved = self.reserved(queue.class).saturating_sub(reserved_idle_of(
+            queue.share,
+            queue.class,
+            queue.usage + queue.kept,
+        ));
+        if available_total < kept + others_reserved {
+            return false;
         }
         let freed: u64 = victims
             .iter()

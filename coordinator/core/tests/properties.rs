@@ -1,7 +1,9 @@
 //! Property tests: safety and liveness of the core over random fleets, shares and histories.
 //!
 //! Each case prints its seed on failure; rerun it with `PROPTEST_SEED` or from the
-//! regression file proptest writes beside this test.
+//! regression file proptest writes beside this test. `PROPTEST_CASES=N` runs N cases of each
+//! property instead of the counts below, for a deeper search than `cargo test` makes (run it
+//! with `--release`: the default counts keep the suite quick).
 
 mod support;
 
@@ -90,6 +92,14 @@ enum Op {
     Round,
     Start,
     Stop,
+}
+
+/// `PROPTEST_CASES` when it is set to a number, else `default`.
+fn cases_or(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(default)
 }
 
 fn share_gen() -> impl proptest::strategy::Strategy<Value = ShareGen> {
@@ -636,7 +646,7 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases_or(96), ..ProptestConfig::default() })]
 
     /// Safety over random histories: no GPU given twice (validate), reserve idle quota never
     /// used by others, usage within caps, in-share victims of lower priority, cross-share
@@ -713,7 +723,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases_or(48), ..ProptestConfig::default() })]
 
     /// No starvation of big jobs: a job of several nodes at the head of its queue, within its
     /// share's limit, is placed once the GPUs it needs free up, though a stream of smaller
@@ -854,5 +864,110 @@ fn a_nominee_does_not_keep_what_its_victims_will_free() {
     model.run(&Op::Round);
     let reserve_job = *model.jobs.last().unwrap();
     assert_eq!(model.sim.state_of(reserve_job), JobState::Scheduled);
+    model.settle_fully();
+}
+
+/// Found by a deep run (`PROPTEST_CASES=60000`): a job of several nodes held back by its
+/// share's limit, whose victims run elsewhere, was nominated to two idle nodes and kept a
+/// GPU on each, though only one free GPU was not a reserve share's idle quota. What its
+/// victims free is elsewhere, so what its nodes keep meanwhile must be free GPUs that no
+/// reserve share has; until such GPUs are free, it waits and preempts nobody.
+#[test]
+fn a_nominee_with_victims_elsewhere_keeps_no_reserved_idle_quota() {
+    let g = |strategy, limits: Vec<u32>, in_share| ShareGen {
+        strategy,
+        limits,
+        borrow: None,
+        in_share,
+    };
+    let shares = [
+        g(Strategy::Reserve, vec![0, 4], false),
+        g(Strategy::LendAndBorrow, vec![0, 1], true),
+        g(Strategy::Reserve, vec![0, 3], false),
+    ];
+    // 11 GPUs, 7 of them the reserve shares' idle quota.
+    let mut model = Model::new(vec![(4, 1), (4, 1), (1, 0), (2, 1), (1, 1)], &shares);
+    let submit = |priority, gpus, nodes| Op::Submit {
+        share: 1,
+        class: 1,
+        priority,
+        gpus,
+        nodes,
+    };
+    // The low-priority job holds the share's 1 GPU; the urgent one borrows 2 of the 4 others
+    // may use; the gang of 2 (priority 1) would need the last 2, one of them still held.
+    for op in [
+        submit(0, 1, 1),
+        Op::Round,
+        submit(3, 2, 1),
+        submit(1, 1, 2),
+        Op::Round,
+    ] {
+        model.run(&op);
+    }
+    let ids = model.jobs.clone();
+    assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
+    assert_eq!(
+        model.sim.state_of(ids[0]),
+        JobState::Scheduled,
+        "not preempted"
+    );
+    let gang = model.sim.state.job(ids[2]).unwrap();
+    assert!(gang.nominations.is_empty(), "the gang keeps no nodes");
+    // Once the low-priority job ends, the gang borrows the 2 GPUs left to lend.
+    model.sim.finish(ids[0], 0);
+    model.settle_fully();
+    assert_ne!(model.sim.state_of(ids[2]), JobState::Runnable);
+}
+
+/// Found by the same run, for a job of one node: held back by its share's limit, with its
+/// only lower-priority job on a cordoned node, it was nominated to the node with room and
+/// kept a GPU there that was a reserve share's idle quota (the victim's GPU, on a cordoned
+/// node, would never have given it one).
+#[test]
+fn victims_on_a_cordoned_node_free_no_room() {
+    let g = |strategy, limits: Vec<u32>, in_share| ShareGen {
+        strategy,
+        limits,
+        borrow: None,
+        in_share,
+    };
+    let shares = [
+        g(Strategy::Lend, vec![0, 4], true),
+        g(Strategy::Lend, vec![0, 0], false),
+        g(Strategy::Reserve, vec![0, 2], false),
+        g(Strategy::Reserve, vec![0, 2], false),
+    ];
+    let mut model = Model::new(vec![(3, 1), (7, 1)], &shares);
+    let submit = |priority, gpus| Op::Submit {
+        share: 0,
+        class: 1,
+        priority,
+        gpus,
+        nodes: 1,
+    };
+    // The low-priority job runs on n0, which is then cordoned (it holds a job, so it is not
+    // removed); n1's 7 GPUs are all that can take jobs, 4 of them reserved.
+    for op in [
+        submit(0, 1),
+        Op::Round,
+        submit(1, 3),
+        submit(1, 1),
+        Op::Remove { node: 0 },
+        Op::Round,
+    ] {
+        model.run(&op);
+    }
+    let ids = model.jobs.clone();
+    assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
+    assert!(
+        model.sim.state.job(ids[2]).unwrap().nominations.is_empty(),
+        "nothing is kept for a job its victims cannot make room for"
+    );
+    assert_eq!(
+        model.sim.state_of(ids[0]),
+        JobState::Scheduled,
+        "not preempted"
+    );
     model.settle_fully();
 }
