@@ -1062,7 +1062,13 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        // 48 cases unless `PROPTEST_CASES` asks for a deeper search.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|cases| cases.parse().ok())
+                .unwrap_or(48)
+        ))]
 
         /// However a crash tears the last write (a run of its bytes lost, what follows it
         /// possibly kept, as when sectors land out of order), reopening gives exactly the
