@@ -774,39 +774,57 @@ proptest! {
     }
 }
 
+/// A share for the regression tests below, with no borrow limit.
+fn share_of(strategy: Strategy, limits: &[u32], in_share: bool) -> ShareGen {
+    ShareGen {
+        strategy,
+        limits: limits.to_vec(),
+        borrow: None,
+        in_share,
+    }
+}
+
+/// A job of `gpus` GPUs of class `class` on each of `nodes` nodes.
+fn submit_op(share: usize, class: usize, priority: u32, gpus: u32, nodes: u32) -> Op {
+    Op::Submit {
+        share,
+        class,
+        priority,
+        gpus,
+        nodes,
+    }
+}
+
+/// A model of `fleet` and `shares` that has run `ops`.
+fn model_after(fleet: Vec<(u32, usize)>, shares: &[ShareGen], ops: &[Op]) -> Model {
+    let mut model = Model::new(fleet, shares);
+    for op in ops {
+        model.run(op);
+    }
+    model
+}
+
 /// Found by CI: a reserve share's high-priority job nominated for in-share preemption keeps
 /// its GPUs free while its victim drains; those GPUs serve the share's quota, so another
 /// share's placement in the same round leaves the reserve whole.
 #[test]
 fn a_reserve_shares_nomination_serves_its_idle_quota() {
-    let g = |strategy, limits: Vec<u32>, in_share| ShareGen {
-        strategy,
-        limits,
-        borrow: None,
-        in_share,
-    };
     let shares = [
-        g(Strategy::Reserve, vec![0, 3], true),
-        g(Strategy::Lend, vec![0, 4], false),
-        g(Strategy::Lend, vec![0, 0], false),
+        share_of(Strategy::Reserve, &[0, 3], true),
+        share_of(Strategy::Lend, &[0, 4], false),
+        share_of(Strategy::Lend, &[0, 0], false),
     ];
-    let mut model = Model::new(vec![(7, 1)], &shares);
-    let submit = |share, priority, gpus| Op::Submit {
-        share,
-        class: 1,
-        priority,
-        gpus,
-        nodes: 1,
-    };
-    for op in [
-        submit(0, 1, 1),
-        Op::Round,
-        submit(1, 0, 2),
-        submit(0, 2, 3),
-        Op::Round,
-    ] {
-        model.run(&op);
-    }
+    let mut model = model_after(
+        vec![(7, 1)],
+        &shares,
+        &[
+            submit_op(0, 1, 1, 1, 1),
+            Op::Round,
+            submit_op(1, 1, 0, 2, 1),
+            submit_op(0, 1, 2, 3, 1),
+            Op::Round,
+        ],
+    );
     let ids = model.jobs.clone();
     assert_eq!(model.sim.state_of(ids[0]), JobState::Preempting);
     assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
@@ -823,35 +841,24 @@ fn a_reserve_shares_nomination_serves_its_idle_quota() {
 /// share's idle quota, so the reserve share could not have used it until the victim was gone.
 #[test]
 fn a_nominee_does_not_keep_what_its_victims_will_free() {
-    let g = |strategy, limits: Vec<u32>| ShareGen {
-        strategy,
-        limits,
-        borrow: None,
-        in_share: false,
-    };
     let shares = [
-        g(Strategy::Reserve, vec![1, 0]),
-        g(Strategy::Lend, vec![3, 0]),
-        g(Strategy::LendAndBorrow, vec![1, 0]),
+        share_of(Strategy::Reserve, &[1, 0], false),
+        share_of(Strategy::Lend, &[3, 0], false),
+        share_of(Strategy::LendAndBorrow, &[1, 0], false),
     ];
-    let mut model = Model::new(vec![(2, 0), (6, 0)], &shares);
-    let submit = |share, gpus| Op::Submit {
-        share,
-        class: 0,
-        priority: 0,
-        gpus,
-        nodes: 1,
-    };
-    for op in [
-        submit(1, 2),
-        submit(2, 3),
-        Op::Round,
-        submit(1, 1),
-        Op::Lose { node: 0 },
-        Op::Round,
-    ] {
-        model.run(&op);
-    }
+    let submit = |share, gpus| submit_op(share, 0, 0, gpus, 1);
+    let mut model = model_after(
+        vec![(2, 0), (6, 0)],
+        &shares,
+        &[
+            submit(1, 2),
+            submit(2, 3),
+            Op::Round,
+            submit(1, 1),
+            Op::Lose { node: 0 },
+            Op::Round,
+        ],
+    );
     let ids = model.jobs.clone();
     assert_eq!(model.sim.state_of(ids[1]), JobState::Preempting);
     let nominee = model.sim.state.job(ids[2]).unwrap();
@@ -874,37 +881,25 @@ fn a_nominee_does_not_keep_what_its_victims_will_free() {
 /// reserve share has; until such GPUs are free, it waits and preempts nobody.
 #[test]
 fn a_nominee_with_victims_elsewhere_keeps_no_reserved_idle_quota() {
-    let g = |strategy, limits: Vec<u32>, in_share| ShareGen {
-        strategy,
-        limits,
-        borrow: None,
-        in_share,
-    };
     let shares = [
-        g(Strategy::Reserve, vec![0, 4], false),
-        g(Strategy::LendAndBorrow, vec![0, 1], true),
-        g(Strategy::Reserve, vec![0, 3], false),
+        share_of(Strategy::Reserve, &[0, 4], false),
+        share_of(Strategy::LendAndBorrow, &[0, 1], true),
+        share_of(Strategy::Reserve, &[0, 3], false),
     ];
-    // 11 GPUs, 7 of them the reserve shares' idle quota.
-    let mut model = Model::new(vec![(4, 1), (4, 1), (1, 0), (2, 1), (1, 1)], &shares);
-    let submit = |priority, gpus, nodes| Op::Submit {
-        share: 1,
-        class: 1,
-        priority,
-        gpus,
-        nodes,
-    };
-    // The low-priority job holds the share's 1 GPU; the urgent one borrows 2 of the 4 others
-    // may use; the gang of 2 (priority 1) would need the last 2, one of them still held.
-    for op in [
-        submit(0, 1, 1),
-        Op::Round,
-        submit(3, 2, 1),
-        submit(1, 1, 2),
-        Op::Round,
-    ] {
-        model.run(&op);
-    }
+    // 11 GPUs, 7 of them the reserve shares' idle quota. The low-priority job holds the
+    // share's 1 GPU; the urgent one borrows 2 of the 4 others may use; the gang of 2
+    // (priority 1) would need the last 2, one of them still held.
+    let mut model = model_after(
+        vec![(4, 1), (4, 1), (1, 0), (2, 1), (1, 1)],
+        &shares,
+        &[
+            submit_op(1, 1, 0, 1, 1),
+            Op::Round,
+            submit_op(1, 1, 3, 2, 1),
+            submit_op(1, 1, 1, 1, 2),
+            Op::Round,
+        ],
+    );
     let ids = model.jobs.clone();
     assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
     assert_eq!(
@@ -926,38 +921,26 @@ fn a_nominee_with_victims_elsewhere_keeps_no_reserved_idle_quota() {
 /// node, would never have given it one).
 #[test]
 fn victims_on_a_cordoned_node_free_no_room() {
-    let g = |strategy, limits: Vec<u32>, in_share| ShareGen {
-        strategy,
-        limits,
-        borrow: None,
-        in_share,
-    };
     let shares = [
-        g(Strategy::Lend, vec![0, 4], true),
-        g(Strategy::Lend, vec![0, 0], false),
-        g(Strategy::Reserve, vec![0, 2], false),
-        g(Strategy::Reserve, vec![0, 2], false),
+        share_of(Strategy::Lend, &[0, 4], true),
+        share_of(Strategy::Lend, &[0, 0], false),
+        share_of(Strategy::Reserve, &[0, 2], false),
+        share_of(Strategy::Reserve, &[0, 2], false),
     ];
-    let mut model = Model::new(vec![(3, 1), (7, 1)], &shares);
-    let submit = |priority, gpus| Op::Submit {
-        share: 0,
-        class: 1,
-        priority,
-        gpus,
-        nodes: 1,
-    };
     // The low-priority job runs on n0, which is then cordoned (it holds a job, so it is not
     // removed); n1's 7 GPUs are all that can take jobs, 4 of them reserved.
-    for op in [
-        submit(0, 1),
-        Op::Round,
-        submit(1, 3),
-        submit(1, 1),
-        Op::Remove { node: 0 },
-        Op::Round,
-    ] {
-        model.run(&op);
-    }
+    let mut model = model_after(
+        vec![(3, 1), (7, 1)],
+        &shares,
+        &[
+            submit_op(0, 1, 0, 1, 1),
+            Op::Round,
+            submit_op(0, 1, 1, 3, 1),
+            submit_op(0, 1, 1, 1, 1),
+            Op::Remove { node: 0 },
+            Op::Round,
+        ],
+    );
     let ids = model.jobs.clone();
     assert_eq!(model.sim.state_of(ids[1]), JobState::Scheduled);
     assert!(
