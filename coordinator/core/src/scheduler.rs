@@ -1473,12 +1473,7 @@ impl<'a> Round<'a> {
             }
             kept += u64::from(job.gpus().saturating_sub(freed_here));
         }
-        let others_reserved = self.reserved(queue.class).saturating_sub(reserved_idle_of(
-            queue.share,
-            queue.class,
-            queue.usage + queue.kept,
-        ));
-        if available_total < kept + others_reserved {
+        if available_total < kept + self.others_reserved(q) {
             return false;
         }
         let freed: u64 = victims
@@ -1492,6 +1487,16 @@ impl<'a> Round<'a> {
             .map(|v| u64::from(v.total_gpus()))
             .sum();
         self.admits_after(q, job, available_total, freed, own_freed)
+    }
+
+    /// The idle quota of the reserve shares of queue `q`'s class other than its own share.
+    fn others_reserved(&self, q: usize) -> u64 {
+        let queue = &self.queues[q];
+        self.reserved(queue.class).saturating_sub(reserved_idle_of(
+            queue.share,
+            queue.class,
+            queue.usage + queue.kept,
+        ))
     }
 
     /// Whether `job`'s share's rules admit it once victims freeing `freed` GPUs of its class
@@ -1508,11 +1513,8 @@ impl<'a> Round<'a> {
         let usage = queue.usage - own_freed;
         // Usage drops by the share's own victims; its reserved idle grows if it is a reserve
         // share, which `admit` subtracts again as its own.
-        let reserved = self.reserved(queue.class).saturating_sub(reserved_idle_of(
-            queue.share,
-            queue.class,
-            queue.usage + queue.kept,
-        )) + reserved_idle_of(queue.share, queue.class, usage + queue.kept);
+        let reserved = self.others_reserved(q)
+            + reserved_idle_of(queue.share, queue.class, usage + queue.kept);
         matches!(
             admit(
                 queue.share,
