@@ -4,18 +4,36 @@
 
 use std::io::{self, Read};
 
+/// Reads `source` to its end, or `Ok(None)` when it holds more than `max` bytes (having read
+/// `max + 1` of them). A file's size on disk says nothing for `/dev/zero`, a pipe or a file
+/// that grows: the limit holds while reading.
+pub fn read_bytes_at_most(source: impl Read, max: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    source.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
+}
+
 /// Reads `source` to its end as UTF-8 text, or `Ok(None)` when it holds more than `max`
 /// bytes (having read `max + 1` of them). Text that is not UTF-8 is an
 /// [`io::ErrorKind::InvalidData`] error, as with [`Read::read_to_string`].
 pub fn read_text_at_most(source: impl Read, max: u64) -> io::Result<Option<String>> {
-    let mut bytes = Vec::new();
-    source.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
+    let Some(bytes) = read_bytes_at_most(source, max)? else {
         return Ok(None);
-    }
+    };
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+}
+
+/// Reads the file at `path`, or an [`io::ErrorKind::FileTooLarge`] error, naming `max`, when
+/// it holds more than `max` bytes.
+pub fn read_file_at_most(path: &std::path::Path, max: u64) -> io::Result<Vec<u8>> {
+    read_bytes_at_most(std::fs::File::open(path)?, max)?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("more than {max} bytes: is it the right file?"),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -30,6 +48,17 @@ mod tests {
         );
         assert_eq!(read_text_at_most(&b"five!"[..], 4).unwrap(), None);
         assert_eq!(read_text_at_most(&b""[..], 0).unwrap().as_deref(), Some(""));
+    }
+
+    #[test]
+    fn a_file_over_its_limit_is_an_error_that_names_the_limit() {
+        let error = read_file_at_most(std::path::Path::new("/dev/zero"), 4096).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::FileTooLarge);
+        assert!(
+            error.to_string().contains("more than 4096 bytes"),
+            "{error}"
+        );
+        assert_eq!(read_bytes_at_most(&b"abc"[..], 3).unwrap().unwrap(), b"abc");
     }
 
     #[test]

@@ -32,6 +32,9 @@ use crate::name::validate_name;
 use crate::SpecError;
 
 /// File name of the CA certificate inside a certificate directory.
+/// The largest PEM file (a certificate, a key, the CA) read: a certificate is a few KiB.
+pub const PEM_FILE_BYTES_MAX: u64 = 1 << 20;
+
 pub const CA_CERT_FILE: &str = "ca.pem";
 /// File name of the CA private key inside a certificate directory.
 pub const CA_KEY_FILE: &str = "ca-key.pem";
@@ -317,7 +320,8 @@ pub struct CertificateFacts {
 
 /// Reads the certificate in the PEM file `path`.
 pub fn certificate_facts(path: &Path) -> Result<CertificateFacts, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bytes = crate::bounded_read::read_file_at_most(path, PEM_FILE_BYTES_MAX)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes)
         .map_err(|e| format!("{} is not a PEM certificate: {e}", path.display()))?;
     let certificate = pem
@@ -522,7 +526,8 @@ fn ca_common_name(key: &KeyPair) -> String {
     format!("{CA_COMMON_NAME_PREFIX} {fingerprint}")
 }
 
-fn parse_san(san: &str) -> Result<SanType, CertError> {
+/// A subject alternative name as given on a command line: an IP address, else a DNS name.
+pub fn parse_san(san: &str) -> Result<SanType, CertError> {
     let invalid = |reason: &str| CertError::InvalidSan {
         san: san.to_string(),
         reason: reason.to_string(),
@@ -576,10 +581,13 @@ fn create_dir(dir: &Path) -> Result<(), CertError> {
 }
 
 fn read_to_string(path: &Path) -> Result<String, CertError> {
-    fs::read_to_string(path).map_err(|source| CertError::Io {
+    let io = |source| CertError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let bytes = crate::bounded_read::read_file_at_most(path, PEM_FILE_BYTES_MAX).map_err(io)?;
+    String::from_utf8(bytes)
+        .map_err(|error| io(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))
 }
 
 /// Writes the key, then the certificate, each only if absent; on failure removes what it
@@ -643,6 +651,17 @@ mod tests {
             .add(read_certificate(&dir.join(CA_CERT_FILE)))
             .unwrap();
         Arc::new(roots)
+    }
+
+    #[test]
+    fn a_pem_file_that_never_ends_is_refused_not_read_into_memory() {
+        let said = certificate_facts(Path::new("/dev/zero")).unwrap_err();
+        assert!(said.contains("more than 1048576 bytes"), "{said}");
+        let error = read_to_string(Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            error.to_string().contains("more than 1048576 bytes"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -9,7 +9,6 @@
 //! only, as QUIC requires. Servers demand a client certificate signed by the CA; there is no
 //! anonymous access anywhere in a cluster.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -343,11 +342,13 @@ impl TlsIdentity {
 }
 
 fn read(kind: TlsFileKind, path: &Path) -> Result<Vec<u8>, TlsError> {
-    fs::read(path).map_err(|source| TlsError::Read {
-        kind,
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::bounded_read::read_file_at_most(path, crate::certs::PEM_FILE_BYTES_MAX).map_err(
+        |source| TlsError::Read {
+            kind,
+            path: path.to_path_buf(),
+            source,
+        },
+    )
 }
 
 fn parse_certificates(

@@ -18,13 +18,17 @@
 //! restored member writes the records of the finished jobs the state still holds.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Vote};
 use quotient_common::api::{ApiError, ApiResponse, BACKUP_CHUNK_BYTES};
-use quotient_common::backup::parse_backup;
+use quotient_common::backup::{
+    parse_backup, parse_backup_header, BACKUP_HEADER_BYTES, BACKUP_TRAILER_BYTES,
+};
+use quotient_common::bounded_read::read_bytes_at_most;
 use quotient_common::ClusterId;
 
 use crate::context::Context;
@@ -36,9 +40,9 @@ use crate::store::{LogStore, MemberId};
 
 /// How long a backup waits for its snapshot to be built.
 pub const BACKUP_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
-/// The largest backup file read back: its header and the largest snapshot file.
+/// The largest backup file read back: its header, the largest snapshot file and the checksum.
 pub const BACKUP_FILE_BYTES_MAX: u64 =
-    quotient_common::backup::BACKUP_HEADER_BYTES as u64 + MAX_SNAPSHOT_FILE_BYTES;
+    (BACKUP_HEADER_BYTES + BACKUP_TRAILER_BYTES) as u64 + MAX_SNAPSHOT_FILE_BYTES;
 
 /// Answers one [`ApiRequest::Backup`](quotient_common::api::ApiRequest::Backup).
 pub async fn chunk(
@@ -121,7 +125,7 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the backup {} is {bytes} bytes, more than the largest state ({BACKUP_FILE_BYTES_MAX} bytes): is it a backup?", path.display())]
+    #[error("the backup {} is {bytes} bytes or more, more than the largest state ({BACKUP_FILE_BYTES_MAX} bytes): is it a backup?", path.display())]
     TooLarge { path: PathBuf, bytes: u64 },
     #[error("{}: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
@@ -173,17 +177,31 @@ pub async fn restore(
         source,
     };
     let bytes = std::fs::metadata(backup).map_err(read)?.len();
+    let too_large = |bytes| RestoreError::TooLarge {
+        path: backup.to_path_buf(),
+        bytes,
+    };
     if bytes > BACKUP_FILE_BYTES_MAX {
-        return Err(RestoreError::TooLarge {
-            path: backup.to_path_buf(),
-            bytes,
-        });
+        return Err(too_large(bytes));
     }
-    let file = std::fs::read(backup).map_err(read)?;
     let invalid = |reason: String| RestoreError::Invalid {
         path: backup.to_path_buf(),
         reason,
     };
+    // The size on disk says nothing for a device or a pipe (`/dev/zero`): the header is
+    // checked before the rest is read, and the limit holds while reading.
+    let mut opened = std::fs::File::open(backup).map_err(read)?;
+    let mut file = Vec::new();
+    (&mut opened)
+        .take(BACKUP_HEADER_BYTES as u64)
+        .read_to_end(&mut file)
+        .map_err(read)?;
+    parse_backup_header(&file).map_err(invalid)?;
+    let rest = read_bytes_at_most(opened, BACKUP_FILE_BYTES_MAX - BACKUP_HEADER_BYTES as u64)
+        .map_err(read)?
+        .ok_or_else(|| too_large(BACKUP_FILE_BYTES_MAX + 1))?;
+    file.extend_from_slice(&rest);
+    drop(rest);
     let (cluster, snapshot) = parse_backup(&file).map_err(invalid)?;
     let members: BTreeMap<MemberId, BasicNode> = peers
         .iter()

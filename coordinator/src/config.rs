@@ -271,15 +271,12 @@ impl Default for AwsTuning {
 /// and `job get` to show last week's runs and for retries and investigations, short enough
 /// that a busy fleet's state stays in memory; the history keeps them longer.
 pub const RETAIN_FINISHED_DEFAULT_MS: u64 = 7 * 86_400_000;
-/// The shortest retention allowed: a second.
-pub const RETAIN_FINISHED_MIN_MS: u64 = 1_000;
 /// Default most finished jobs kept: about 100 MiB of records at the worst.
 pub const RETAIN_FINISHED_MAX_DEFAULT: u64 = 100_000;
 /// Default time the shares' hourly usage is kept: 35 days, a month of charge-back with a
 /// few days to spare (about 840 buckets per share and class).
 pub const RETAIN_USAGE_DEFAULT_MS: u64 = 35 * 86_400_000;
-/// Default time the job history keeps a record: a year and a month, for a year's reports.
-pub const RETAIN_HISTORY_DEFAULT_MS: u64 = 400 * 86_400_000;
+pub use quotient_common::retention::{RETAIN_FINISHED_MIN_MS, RETAIN_HISTORY_DEFAULT_MS};
 /// Default window an idempotency key outlives its removed job.
 pub const IDEMPOTENCY_WINDOW_DEFAULT_MS: u64 = 86_400_000;
 
@@ -325,13 +322,20 @@ impl RetentionTuning {
     }
 }
 
+/// The largest config file read: a coordinator's settings take a few KiB.
+pub const CONFIG_FILE_BYTES_MAX: u64 = 1 << 20;
+
 impl CoordinatorConfig {
     /// Reads a TOML config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let bytes = quotient_common::bounded_read::read_file_at_most(path, CONFIG_FILE_BYTES_MAX)
+            .map_err(read)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|error| read(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))?;
         let config: CoordinatorConfig =
             toml::from_str(&text).map_err(|source| ConfigError::Parse {
                 path: path.to_path_buf(),
@@ -525,6 +529,15 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_config_file_that_never_ends_is_refused_not_read_into_memory() {
+        let error = CoordinatorConfig::from_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            error.to_string().contains("more than 1048576 bytes"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn peers_parse_and_bad_ones_say_why() {

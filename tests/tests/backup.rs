@@ -45,7 +45,8 @@ fn a_cluster_restored_from_a_backup_serves_the_backups_state() {
     // Proves backup and restore end to end: what was committed before the backup comes back
     // (shares, queued and cancelled jobs, the cluster id), what came after it does not, the
     // restored members elect a leader without `cluster init` and take writes; and restore
-    // refuses a data directory in use and a file that is no backup.
+    // refuses a data directory in use, a file that is no backup, an endless device and a
+    // damaged backup; backup refuses an `--out` that is a directory.
     let cluster = DevCluster::up(&["--nodes", "0"]);
     cluster.create_share("team", 2, "lend", &[]);
     let queued = cluster.submit("team", &["--name", "queued"], &["sleep", "100"]);
@@ -71,6 +72,19 @@ fn a_cluster_restored_from_a_backup_serves_the_backups_state() {
     .expect("backup prints JSON");
     assert_eq!(written["cluster"], cluster_id.as_str(), "{written}");
     assert!(written["bytes"].as_u64().unwrap_or(0) > 0, "{written}");
+    // An `--out` that is a directory is refused before anything is written, and a file
+    // beside the backup that happens to be named like its partial file is left alone.
+    let into_dir = cluster.run(&[
+        "cluster",
+        "backup",
+        "--out",
+        &cluster.root.path().display().to_string(),
+    ]);
+    assert_eq!(into_dir.status.code(), Some(2), "{into_dir:?}");
+    let beside = cluster.root.path().join("state.partial");
+    std::fs::write(&beside, b"not ours").expect("a file");
+    cluster.ok(&["cluster", "backup", "--out", &backup_text]);
+    assert_eq!(std::fs::read(&beside).expect("still there"), b"not ours");
     let after_backup = cluster.submit("team", &["--name", "after"], &["sleep", "100"]);
 
     let file = cluster.cluster_file();
@@ -112,6 +126,26 @@ fn a_cluster_restored_from_a_backup_serves_the_backups_state() {
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("not a Quotient backup"), "{said}");
+    // A device that never ends is refused on its first bytes, not read into memory.
+    let endless = restore("/dev/zero", &data_dir(&members[0]), "1", &peers);
+    assert!(!endless.status.success());
+    let said = String::from_utf8_lossy(&endless.stderr);
+    assert!(said.contains("not a Quotient backup"), "{said}");
+    // One byte changed inside the state (a job's priority, say) is caught by the checksum.
+    let mut damaged = std::fs::read(&backup).expect("the backup");
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x10;
+    let damaged_path = cluster.root.path().join("damaged.qbackup");
+    std::fs::write(&damaged_path, &damaged).expect("a file");
+    let refused = restore(
+        &damaged_path.display().to_string(),
+        &data_dir(&members[0]),
+        "1",
+        &peers,
+    );
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("damaged"), "{said}");
 
     for entry in &members {
         let id = entry["id"].to_string();
