@@ -5,6 +5,7 @@ use quotient_common::api::{AccessKeyView, ApiRequest, ApiResponse};
 
 use crate::client::{unexpected, Session};
 use crate::output::{self, rfc3339, OutputFormat, Table};
+use crate::parse::parse_user_name;
 use crate::GlobalArgs;
 
 /// Arguments of `quotient access-key create`.
@@ -12,7 +13,7 @@ use crate::GlobalArgs;
 pub struct AccessKeyCreateArgs {
     /// The user the key signs as (the name a certificate of theirs would carry): their shares
     /// and jobs are the key's.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_user_name)]
     pub user: String,
     /// The key signs as an admin (creates and changes quota shares) instead of a user.
     #[arg(long)]

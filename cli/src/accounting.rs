@@ -29,6 +29,25 @@ pub fn parse_time_ms(text: &str) -> Result<u64, String> {
         .map_err(|_| format!("invalid time {text:?}: before 1970"))
 }
 
+/// Refuses `--since` after `--until` (or `--since` in the future): such a window holds
+/// nothing, and an empty answer would look like no usage rather than a mistake. A common
+/// slip: `--since 1h --until 2h` means from an hour ago until two hours ago.
+fn check_window(since: Option<u64>, until: Option<u64>) -> Result<(), UsageError> {
+    let Some(since) = since else {
+        return Ok(());
+    };
+    let (end, what) = match until {
+        Some(until) => (until, "--until"),
+        None => (now_ms(), "now"),
+    };
+    if since > end {
+        return Err(UsageError(format!(
+            "--since is after {what}: the window holds nothing (durations count back from now, so `--since 2h --until 1h` is from two hours ago until one hour ago)"
+        )));
+    }
+    Ok(())
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -94,6 +113,7 @@ pub fn job_history(global: &GlobalArgs, args: &JobHistoryArgs) -> anyhow::Result
         ))
         .into());
     }
+    check_window(args.since, args.until)?;
     let mut session = Session::open(global.config.as_deref())?;
     let page = if args.all {
         let mut all = HistoryPage::default();
@@ -242,6 +262,7 @@ pub struct ShareUsageArgs {
 const USAGE_SINCE_DEFAULT_MS: u64 = 86_400_000;
 
 pub fn share_usage(global: &GlobalArgs, args: &ShareUsageArgs) -> anyhow::Result<()> {
+    check_window(args.since, args.until)?;
     let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::ShareUsage {
         share: args.share.clone(),

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use quotient_common::certs::{self, Role};
-use quotient_common::name::validate_name;
+
+use crate::parse::{parse_certificate_name, parse_san};
 
 /// The role as spelled on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,22 +41,16 @@ pub struct CertsIssueArgs {
     #[arg(long, value_enum)]
     pub role: RoleArg,
     /// The holder's name: 1-128 characters of A-Z, a-z, 0-9, '_' and '-'.
-    #[arg(long, value_name = "NAME", value_parser = parse_name)]
+    #[arg(long, value_name = "NAME", value_parser = parse_certificate_name)]
     pub name: String,
     /// Another host name or IP address the holder serves on (coordinators and agents); repeat
     /// for several. localhost and 127.0.0.1 are always included for them.
-    #[arg(long = "san", value_name = "HOST")]
+    #[arg(long = "san", value_name = "HOST", value_parser = parse_san)]
     pub sans: Vec<String>,
     /// How many days it is valid, 1-3650 [default: 365 for admins and users, 1825 for
     /// coordinators and agents]. The CLI warns in the last 14 days of its own.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=3650))]
     pub days: Option<u64>,
-}
-
-fn parse_name(name: &str) -> Result<String, String> {
-    validate_name("certificate", name)
-        .map(|()| name.to_string())
-        .map_err(|error| error.to_string())
 }
 
 /// Issues the certificate and says where it went.

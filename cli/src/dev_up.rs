@@ -109,8 +109,16 @@ pub struct DevUpArgs {
     /// How long finished jobs stay in the live state, e.g. 1h or 30s, passed to every
     /// coordinator as --retain-finished and kept in cluster.json for the ones started later
     /// [default: the coordinators' own, 7d; or as DIR has it].
-    #[arg(long, value_name = "DURATION", value_parser = crate::parse::parse_duration_ms)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_retain_finished)]
     pub retain_finished: Option<u64>,
+}
+
+/// `--retain-finished`: a duration the coordinators accept, refused as a usage error (exit 2)
+/// before anything is written to DIR.
+fn parse_retain_finished(text: &str) -> Result<u64, String> {
+    let ms = crate::parse::parse_duration_ms(text)?;
+    quotient_common::retention::check_retain_finished_ms(ms)?;
+    Ok(ms)
 }
 
 /// Nodes when `--nodes` is not given on a DIR without nodes.

@@ -152,7 +152,7 @@ pub fn spec(args: &JobSubmitArgs, fresh_key: String) -> Result<JobSpec, UsageErr
             "--retry-on needs --retries N: rules decide which failures use a retry".to_string(),
         ));
     }
-    spec.validate()
+    spec.validate_new()
         .map_err(|error| UsageError(error.to_string()))?;
     Ok(spec)
 }

@@ -187,6 +187,34 @@ pub fn parse_share_name(text: &str) -> Result<String, String> {
         .map_err(|error| error.to_string())
 }
 
+/// Parses a group name.
+pub fn parse_group_name(text: &str) -> Result<String, String> {
+    validate_name("group", text)
+        .map(|()| text.to_string())
+        .map_err(|error| error.to_string())
+}
+
+/// Parses a user name (the name in a user's certificate).
+pub fn parse_user_name(text: &str) -> Result<String, String> {
+    validate_name("user", text)
+        .map(|()| text.to_string())
+        .map_err(|error| error.to_string())
+}
+
+/// Parses a certificate's name (a user, an admin, a coordinator or an agent's node).
+pub fn parse_certificate_name(text: &str) -> Result<String, String> {
+    validate_name("certificate", text)
+        .map(|()| text.to_string())
+        .map_err(|error| error.to_string())
+}
+
+/// Parses a subject alternative name: an IP address or a DNS host name.
+pub fn parse_san(text: &str) -> Result<String, String> {
+    quotient_common::certs::parse_san(text)
+        .map(|_| text.to_string())
+        .map_err(|error| error.to_string())
+}
+
 /// Parses a job name.
 pub fn parse_job_name(text: &str) -> Result<String, String> {
     validate_name("job", text)

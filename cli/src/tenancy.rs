@@ -6,34 +6,39 @@ use quotient_common::api::{ApiRequest, ApiResponse};
 
 use crate::client::{unexpected, Session};
 use crate::output::{self, rfc3339, OutputFormat, Table};
-use crate::parse::{parse_time_limit_ms, UsageError};
+use crate::parse::{
+    parse_certificate_name, parse_group_name, parse_time_limit_ms, parse_user_name, UsageError,
+};
 use crate::GlobalArgs;
 
 /// Arguments of `quotient group create`.
 #[derive(Debug, clap::Args)]
 pub struct GroupCreateArgs {
     /// The group's name; shares name it as a member with `group:NAME`.
+    #[arg(value_parser = parse_group_name)]
     pub name: String,
     /// A user of the group (the name in their certificate); repeat for several.
-    #[arg(long = "user", value_name = "USER")]
+    #[arg(long = "user", value_name = "USER", value_parser = parse_user_name)]
     pub users: Vec<String>,
 }
 
 /// Arguments of `quotient group update`.
 #[derive(Debug, clap::Args)]
 pub struct GroupUpdateArgs {
+    #[arg(value_parser = parse_group_name)]
     pub name: String,
     /// A user to add; repeat for several.
-    #[arg(long = "add-user", value_name = "USER")]
+    #[arg(long = "add-user", value_name = "USER", value_parser = parse_user_name)]
     pub add: Vec<String>,
     /// A user to remove; repeat for several.
-    #[arg(long = "remove-user", value_name = "USER")]
+    #[arg(long = "remove-user", value_name = "USER", value_parser = parse_user_name)]
     pub remove: Vec<String>,
 }
 
 /// Arguments of `quotient group delete`.
 #[derive(Debug, clap::Args)]
 pub struct GroupDeleteArgs {
+    #[arg(value_parser = parse_group_name)]
     pub name: String,
 }
 
@@ -48,7 +53,7 @@ pub struct AuditArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_time_limit_ms)]
     pub since: Option<u64>,
     /// Only the entries of this user (the name in the certificate).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = parse_user_name)]
     pub user: Option<String>,
 }
 
@@ -56,7 +61,7 @@ pub struct AuditArgs {
 #[derive(Debug, clap::Args)]
 pub struct CertsRevokeArgs {
     /// The certificate's name (a user, an admin or an agent's node).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_certificate_name)]
     pub name: String,
     /// Its serial number (hex), recorded with the revocation.
     #[arg(long, value_name = "HEX")]
@@ -66,7 +71,7 @@ pub struct CertsRevokeArgs {
 /// Arguments of `quotient certs unrevoke`.
 #[derive(Debug, clap::Args)]
 pub struct CertsUnrevokeArgs {
-    #[arg(long)]
+    #[arg(long, value_parser = parse_certificate_name)]
     pub name: String,
 }
 

@@ -137,7 +137,14 @@ fn write_from_history(
         .as_deref()
         .context("--from-history needs --out DIR")?;
     let page = quotient_eval::trace::read_history(history)?;
-    let (jobs, skipped) = quotient_eval::trace::trace_from_history(&page);
+    let made = quotient_eval::trace::trace_from_history(&page);
+    let (jobs, skipped) = (made.jobs, made.never_ran);
+    if let Some(first) = &made.first_unusable {
+        eprintln!(
+            "note: {} records could not be trace lines and were left out; the first, {first}",
+            made.unusable
+        );
+    }
     std::fs::create_dir_all(out).with_context(|| format!("cannot make {}", out.display()))?;
     let path = out.join("jobs.jsonl");
     std::fs::write(&path, quotient_eval::trace::write_trace(&jobs))
@@ -145,7 +152,7 @@ fn write_from_history(
     match global.output {
         OutputFormat::Json => println!(
             "{}",
-            serde_json::json!({"trace": path.display().to_string(), "jobs": jobs.len(), "skipped": skipped})
+            serde_json::json!({"trace": path.display().to_string(), "jobs": jobs.len(), "skipped": skipped, "unusable": made.unusable})
         ),
         _ => println!(
             "wrote {} jobs to {} ({skipped} records of jobs that never ran left out)",

@@ -128,6 +128,48 @@ fn bad_arguments_are_usage_errors() {
         &["job", "list", "--state", "SLEEPING"],
         &["cluster", "add-member", "--id", "4", "--address", "nohost"],
         &["share", "list", "-o", "yaml"],
+        &[
+            "job",
+            "submit",
+            "--share",
+            "qs1",
+            "--gpus",
+            "1",
+            "--idempotency-key",
+            "",
+            "--",
+            "true",
+        ],
+        &["cluster", "backup", "--out", "/dev/null"],
+        &["job", "history", "--since", "1h", "--until", "2h"],
+        &["group", "create", "g 1"],
+        &["group", "update", "g1", "--add-user", "a b"],
+        &["access-key", "create", "--user", "a b"],
+        &["audit", "--user", "a/b"],
+        &["certs", "revoke", "--name", "a b"],
+        &["certs", "unrevoke", "--name", "a b"],
+        &[
+            "certs",
+            "issue",
+            "--dir",
+            "/nonexistent",
+            "--role",
+            "user",
+            "--name",
+            "ok",
+            "--san",
+            "bad host!",
+        ],
+        &[
+            "share",
+            "usage",
+            "--since",
+            "2026-12-02T00:00:00Z",
+            "--until",
+            "2026-12-01T00:00:00Z",
+        ],
+        &["share", "usage", "--since", "2999-01-01T00:00:00Z"],
+        &["cluster", "backup", "--out", "/"],
         &["frobnicate"],
     ];
     for arguments in cases {
@@ -144,6 +186,34 @@ fn bad_arguments_are_usage_errors() {
             "{arguments:?}: {}",
             stderr(&output)
         );
+    }
+}
+
+#[test]
+fn dev_up_refuses_a_retention_its_coordinators_would_refuse_before_writing_anything() {
+    // Proves `dev up --retain-finished` out of the coordinators' range is a usage error that
+    // leaves no cluster.json behind (one would make every later `dev up --dir` fail).
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("cluster");
+    let dir_text = dir.display().to_string();
+    for retain in ["0s", "999ms", "401d"] {
+        let output = quotient(
+            &["dev", "up", "--dir", &dir_text, "--retain-finished", retain],
+            None,
+            home.path(),
+        );
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{retain}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("finished jobs"),
+            "{}",
+            stderr(&output)
+        );
+        assert!(!dir.exists(), "{retain}: nothing written");
     }
 }
 

@@ -16,6 +16,7 @@
 //! - [`node`]: node inventory (GPUs per host) and node states.
 //! - [`spec_error`]: the validation error every spec returns, worded to say what to do.
 //! - [`rejection`]: why the state machine refused a command, carried whole to clients.
+//! - [`retention`]: the bounds of the retention of finished jobs.
 //! - [`rng`]: the seeded random source of the simulators.
 //! - [`version`]: the version of every encoding that outlives a process, and the error that
 //!   refuses one this build does not read.
@@ -55,6 +56,7 @@ pub mod name;
 pub mod node;
 pub mod packed;
 pub mod rejection;
+pub mod retention;
 pub mod retry;
 pub mod rng;
 pub mod share;

@@ -503,7 +503,7 @@ impl ApiService {
                     .await
             }
             ApiRequest::SubmitJob(mut spec) => {
-                spec.validate().map_err(invalid)?;
+                spec.validate_new().map_err(invalid)?;
                 if spec.name.is_none() {
                     spec.name = Some(generated_job_name(&spec, name_bits()));
                 }
@@ -605,7 +605,7 @@ impl ApiService {
                     .await
             }
             ApiRequest::SubmitServiceJob { spec, request } => {
-                spec.validate().map_err(invalid)?;
+                spec.validate_new().map_err(invalid)?;
                 match self
                     .write(as_caller(
                         caller,
@@ -1112,6 +1112,30 @@ impl ApiService {
         if address.rsplit_once(':').is_none() {
             return Err(ApiError::BadRequest(format!(
                 "address {address:?} has no port: write HOST:PORT"
+            )));
+        }
+        // Only the leader's membership says who is a voter (a follower redirects).
+        self.linearizable().await?;
+        let membership = self
+            .inner
+            .ctx
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .clone();
+        let membership = membership.membership();
+        if membership.voter_ids().any(|voter| voter == id) {
+            let known = membership
+                .get_node(&id)
+                .map(|node| node.addr.clone())
+                .unwrap_or_default();
+            if known == address {
+                // Already done: a retried add-member is answered as the first one was.
+                return Ok(ApiResponse::Done);
+            }
+            return Err(ApiError::Precondition(format!(
+                "coordinator {id} is already a voter, at {known}: to move it to {address}, remove it first (`quotient cluster remove-member {id}`), then add it with the new address and an empty data directory"
             )));
         }
         tracing::info!(id, %address, "adding a coordinator as a learner");

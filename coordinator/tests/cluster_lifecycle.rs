@@ -7,7 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use quotient_common::api::{ApiRequest, ApiResponse, HealthView};
+use quotient_client::ClientError;
+use quotient_common::api::{ApiError, ApiRequest, ApiResponse, HealthView};
 use support::{create_share, ids_of, job, jobs, jobs_on_each, shares, submit, Cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,6 +199,30 @@ async fn a_coordinator_joins_as_learner_then_voter_and_can_be_removed() {
     let fourth = status.members.iter().find(|m| m.id == 4).expect("member 4");
     assert_eq!(fourth.role, "follower", "{status:?}");
     cluster.wait_converged(&[1, 2, 3, 4]).await;
+
+    eprintln!("--- adding it again: the same address is done already, another is refused");
+    let again = admin
+        .call(ApiRequest::AddMember {
+            id: 4,
+            address: cluster.advertised_address(4),
+        })
+        .await;
+    assert!(matches!(again, Ok(ApiResponse::Done)), "{again:?}");
+    let moved = admin
+        .call(ApiRequest::AddMember {
+            id: 4,
+            address: "127.0.0.1:1".into(),
+        })
+        .await;
+    let Err(ClientError::Api(ApiError::Precondition(why))) = &moved else {
+        panic!("an existing voter at another address is refused: {moved:?}");
+    };
+    assert!(
+        why.contains("already a voter") && why.contains("remove-member 4"),
+        "{why}"
+    );
+    let status = cluster.status(&admin).await;
+    assert_eq!(status.members.len(), 4, "{status:?}");
 
     eprintln!("--- coordinator 4 is removed");
     let removed = admin.call(ApiRequest::RemoveMember { id: 4 }).await;

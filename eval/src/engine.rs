@@ -32,6 +32,10 @@ pub const EPOCH_MS: u64 = 1_736_121_600_000;
 
 /// The most rounds at one instant before the replay calls it a loop.
 const ROUNDS_PER_INSTANT_MAX: usize = 1_000;
+/// The shortest time between two checkpoint reports of one job: a job that checkpoints more
+/// often is reported at a multiple of its interval (docs/what-if.md). Without it, a trace
+/// whose jobs checkpoint every millisecond would take a report per millisecond to replay.
+pub const CHECKPOINT_REPORT_MIN_MS: u64 = 60_000;
 
 /// The choices a run is made with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -362,13 +366,20 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Schedules attempt `attempt`'s next checkpoint, if one falls before its work is done.
+    /// Schedules attempt `attempt`'s next checkpoint report, if one falls before its work is
+    /// done: at the job's next checkpoint, or for a job that checkpoints more often than
+    /// [`CHECKPOINT_REPORT_MIN_MS`], at the first of its checkpoints that far on (an agent
+    /// sees the marker, not every write of it; the work kept at a stop is counted from every
+    /// checkpoint all the same, in [`Engine::exit`]).
     fn next_checkpoint(&mut self, i: usize, attempt: u32) {
         let job = &self.jobs[i];
         let Some((_, started)) = self.tracks[i].running else {
             return;
         };
-        let every = job.checkpoint_ms;
+        let every = match job.checkpoint_ms {
+            0 => 0,
+            each => each * CHECKPOINT_REPORT_MIN_MS.div_ceil(each),
+        };
         let done = started + job.run_ms.saturating_sub(self.tracks[i].saved_ms).max(1);
         let next = self.now_ms + every;
         if every > 0 && next < done {

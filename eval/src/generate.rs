@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use quotient_common::rng::Rng;
 use quotient_common::Strategy;
 
-use crate::design::{FleetFile, PoolEntry, ShareEntry, SharesFile};
-use crate::trace::TraceJob;
+use crate::design::{FleetFile, PoolEntry, ShareEntry, SharesFile, FLEET_NODES_MAX};
+use crate::trace::{TraceJob, TRACE_JOBS_MAX};
 
 /// GPUs per generated node.
 pub const NODE_GPUS: u32 = 8;
@@ -135,6 +135,11 @@ const STRATEGIES: [Strategy; 8] = [
 
 /// Generates a design and a trace.
 pub fn generate(options: GenerateOptions) -> Result<Generated, String> {
+    generate_at_most(options, TRACE_JOBS_MAX)
+}
+
+/// [`generate`], refusing a workload of more than `jobs_max` jobs.
+fn generate_at_most(options: GenerateOptions, jobs_max: usize) -> Result<Generated, String> {
     if !(2..=26).contains(&options.shares) {
         return Err(format!("{} shares; give 2 to 26", options.shares));
     }
@@ -150,12 +155,22 @@ pub fn generate(options: GenerateOptions) -> Result<Generated, String> {
             options.load
         ));
     }
+    // The evaluation's own limits: a fleet it reads, and a trace it reads.
+    let gpus_max = FLEET_NODES_MAX * NODE_GPUS;
+    if options.gpus > gpus_max {
+        return Err(format!(
+            "{} GPUs; give at most {gpus_max} ({FLEET_NODES_MAX} nodes of {NODE_GPUS}), the largest fleet `what-if` replays",
+            options.gpus
+        ));
+    }
     let nodes = options.gpus.div_ceil(NODE_GPUS).max(1);
     let gpus = nodes * NODE_GPUS;
     if options.shares as u32 * NODE_GPUS > gpus {
         return Err(format!(
-            "{gpus} GPUs cannot give {} shares {NODE_GPUS} GPUs each; give more GPUs or fewer shares",
-            options.shares
+            "{} GPUs cannot give {} shares a node of {NODE_GPUS} GPUs each; give at least {} GPUs or fewer shares",
+            options.gpus,
+            options.shares,
+            options.shares as u32 * NODE_GPUS
         ));
     }
     let mut rng = Rng::new(options.seed);
@@ -272,6 +287,11 @@ pub fn generate(options: GenerateOptions) -> Result<Generated, String> {
                 _ => 10,
             };
             n += 1;
+            if jobs.len() == jobs_max {
+                return Err(format!(
+                    "the workload would hold more than {jobs_max} jobs, the most a trace may hold; give fewer GPUs, days or a lower load"
+                ));
+            }
             jobs.push(TraceJob {
                 submit_s: t.round(),
                 share: name.clone(),
@@ -318,6 +338,28 @@ mod tests {
             load: 0.9,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_fleet_or_a_workload_beyond_what_the_evaluation_reads_is_refused_at_once() {
+        let options = |gpus| GenerateOptions {
+            seed: 1,
+            gpus,
+            days: 1.0,
+            shares: 2,
+            load: 0.85,
+        };
+        for gpus in [FLEET_NODES_MAX * NODE_GPUS + 1, u32::MAX] {
+            let said = generate(options(gpus)).expect_err("refused");
+            assert!(said.contains("give at most 800000"), "{said}");
+        }
+        let said = generate(options(0)).expect_err("refused");
+        assert!(
+            said.starts_with("0 GPUs") && said.contains("at least 16"),
+            "{said}"
+        );
+        let said = generate_at_most(options(64), 10).expect_err("refused");
+        assert!(said.contains("more than 10 jobs"), "{said}");
     }
 
     #[test]

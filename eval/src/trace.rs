@@ -188,28 +188,41 @@ pub fn write_trace(jobs: &[TraceJob]) -> String {
     text
 }
 
+/// A trace made from a job history, and the records left out of it.
+#[derive(Debug, Default)]
+pub struct FromHistory {
+    /// Oldest submit first.
+    pub jobs: Vec<TraceJob>,
+    /// Records of jobs that never ran.
+    pub never_ran: usize,
+    /// Records a trace line cannot hold (no GPUs, a submit more than a year after the
+    /// earliest, say), and why the first of them could not.
+    pub unusable: usize,
+    pub first_unusable: Option<String>,
+}
+
 /// A trace from the records of `quotient job history --all -o json`: each job that held GPUs,
 /// submitted at its submit time (from the earliest's), with its share, priority, GPUs, nodes
 /// and class, running for as long as it held its GPUs, all attempts together (its GPU time
 /// over its GPUs: work that preemptions lost in the real fleet counts as work to do). The
-/// records do not say how often a job checkpointed, so no `checkpoint_s` is given. Returns the
-/// trace, oldest submit first, and how many records were left out (never ran).
-pub fn trace_from_history(page: &quotient_common::api::HistoryPage) -> (Vec<TraceJob>, usize) {
+/// records do not say how often a job checkpointed, so no `checkpoint_s` is given. Records of
+/// jobs that never ran, and records whose line `what-if` would refuse, are left out and
+/// counted, so that the trace written always reads back.
+pub fn trace_from_history(page: &quotient_common::api::HistoryPage) -> FromHistory {
     let start = page
         .records
         .iter()
         .map(|record| record.submitted_ms)
         .min()
         .unwrap_or(0);
-    let mut jobs = Vec::new();
-    let mut skipped = 0;
+    let mut made = FromHistory::default();
     for record in &page.records {
         let gpus = u64::from(record.gpus.max(1)) * u64::from(record.nodes.max(1));
         if record.first_started_ms.is_none() || record.gpu_ms < gpus {
-            skipped += 1;
+            made.never_ran += 1;
             continue;
         }
-        jobs.push(TraceJob {
+        let job = TraceJob {
             submit_s: (record.submitted_ms - start) as f64 / 1_000.0,
             share: record.share.clone(),
             name: Some(record.name.clone().unwrap_or_else(|| record.id.clone())),
@@ -219,10 +232,17 @@ pub fn trace_from_history(page: &quotient_common::api::HistoryPage) -> (Vec<Trac
             class: Some(record.gpu_class.clone()),
             run_s: (record.gpu_ms / gpus) as f64 / 1_000.0,
             checkpoint_s: None,
-        });
+        };
+        if let Err(why) = job.to_job() {
+            made.unusable += 1;
+            made.first_unusable
+                .get_or_insert_with(|| format!("{}: {why}", record.id));
+            continue;
+        }
+        made.jobs.push(job);
     }
-    jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s));
-    (jobs, skipped)
+    made.jobs.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s));
+    made
 }
 
 /// Reads a file `quotient job history --all -o json` wrote (at most [`TRACE_BYTES_MAX`]).
@@ -331,13 +351,32 @@ mod tests {
             ],
             next_page_token: None,
         };
-        let (jobs, skipped) = trace_from_history(&page);
-        assert_eq!(skipped, 1);
+        let made = trace_from_history(&page);
+        assert_eq!((made.never_ran, made.unusable), (1, 0));
+        let jobs = made.jobs;
         assert_eq!(jobs.len(), 2);
         assert_eq!((jobs[0].submit_s, jobs[0].run_s), (0.0, 60.0));
         assert_eq!((jobs[1].submit_s, jobs[1].run_s), (30.0, 3_600.0));
         assert_eq!((jobs[1].gpus, jobs[1].nodes, jobs[1].priority), (4, 2, 7));
         let read = parse_trace(&write_trace(&jobs)).unwrap();
         assert_eq!(read[1].class.as_ref().unwrap().as_str(), "h100");
+
+        // A record of no GPUs, and one submitted two years after the earliest, would be
+        // lines `what-if` refuses: they are left out and counted, the rest reads back.
+        let mut no_gpus = record("j-5", 40_000, true, 60_000);
+        no_gpus.gpus = 0;
+        let late = record("j-6", 2 * 366 * 86_400_000, true, 8 * 60_000);
+        let page = HistoryPage {
+            records: vec![record("j-3", 20_000, true, 8 * 60_000), no_gpus, late],
+            next_page_token: None,
+        };
+        let made = trace_from_history(&page);
+        assert_eq!((made.jobs.len(), made.never_ran, made.unusable), (1, 0, 2));
+        let first = made.first_unusable.unwrap();
+        assert!(
+            first.starts_with("j-5: ") && first.contains("gpus"),
+            "{first}"
+        );
+        assert_eq!(parse_trace(&write_trace(&made.jobs)).unwrap().len(), 1);
     }
 }

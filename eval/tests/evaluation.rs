@@ -74,6 +74,22 @@ fn a_reclaim_costs_the_work_since_the_last_checkpoint() {
 }
 
 #[test]
+fn jobs_that_checkpoint_every_millisecond_replay_and_keep_all_their_work() {
+    // Proves a trace of jobs that checkpoint far more often than an agent reports replays
+    // (a report per checkpoint would be 10^8 events here), and that a stop still keeps the
+    // work up to the last checkpoint: signalled at 1,000 s, exited at 1,020 s, nothing lost.
+    let trace = r#"
+{"submit_s": 0, "share": "a", "gpus": 8, "run_s": 100000, "checkpoint_s": 0.001}
+{"submit_s": 0, "share": "a", "gpus": 8, "run_s": 100000, "checkpoint_s": 0.001}
+{"submit_s": 1000, "share": "b", "gpus": 8, "run_s": 600}
+"#;
+    let report = run(&two_shares(), trace, Policy::Quotient);
+    assert_eq!(report.completed, 3);
+    assert_eq!(report.preemptions, 1);
+    assert!(report.lost_gpu_hours.abs() < 1e-9, "{report:?}");
+}
+
+#[test]
 fn static_partitioning_neither_lends_nor_preempts() {
     let design = two_shares();
     let report = run(&design, RECLAIM, Policy::Static);
