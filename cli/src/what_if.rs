@@ -102,6 +102,11 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for design_path in std::iter::once(shares).chain(&args.compare) {
         let design = read_design(design_path, fleet)?;
+        if let (count @ 1.., Some(first)) = design.never_fit(&jobs) {
+            eprintln!(
+                "note: {count} jobs of the trace can never start on this fleet and will count as never started ({first})"
+            );
+        }
         for policy in &policies {
             for order in &orders {
                 // Static partitions borrow nothing: one run is enough.

@@ -73,6 +73,51 @@ impl Design {
         self.nodes.iter().map(|node| node.gpus.len() as u64).sum()
     }
 
+    /// The trace's jobs that no placement could ever start on this fleet (a class it lacks,
+    /// more GPUs than any node of the class has, or more such nodes than there are), and a
+    /// sentence on the first of them. They wait to the end of a replay, counted as never
+    /// started; `what-if` says so before it runs, so that a typo in a class or a size is not
+    /// read as a verdict on the design.
+    pub fn never_fit(&self, jobs: &[crate::Job]) -> (usize, Option<String>) {
+        let mut count = 0;
+        let mut first = None;
+        for job in jobs {
+            let class = job.class.clone().or_else(|| {
+                let share = self.shares.iter().find(|share| share.name == job.share)?;
+                (share.limits.len() == 1).then(|| share.limits.keys().next().cloned())?
+            });
+            let Some(class) = class else { continue };
+            let sizes: Vec<usize> = self
+                .nodes
+                .iter()
+                .map(|node| node.gpus.iter().filter(|gpu| gpu.class == class).count())
+                .filter(|gpus| *gpus > 0)
+                .collect();
+            let fitting = sizes
+                .iter()
+                .filter(|gpus| **gpus >= job.gpus as usize)
+                .count();
+            if fitting >= job.nodes as usize {
+                continue;
+            }
+            count += 1;
+            first.get_or_insert_with(|| {
+                let why = match sizes.iter().max() {
+                    None => format!("the fleet has no {class} GPUs"),
+                    Some(largest) if *largest < job.gpus as usize => {
+                        format!("the largest {class} node has {largest} GPUs")
+                    }
+                    Some(_) => format!("{fitting} {class} nodes have that many"),
+                };
+                format!(
+                    "line {}: {} GPUs on each of {} nodes, but {why}",
+                    job.line, job.gpus, job.nodes
+                )
+            });
+        }
+        (count, first)
+    }
+
     /// The same design with every share turned to `reserve`: static partitioning, where no
     /// share lends or borrows.
     pub fn partitioned(&self) -> Design {

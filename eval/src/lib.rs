@@ -31,11 +31,10 @@ pub use trace::{read_trace, Job, TraceJob};
 /// Why an evaluation could not run, worded to say what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    // `error`, not `source`: the message already says it, and a chain printed whole would
+    // say it twice.
+    #[error("cannot read {path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("{path} is larger than {max} bytes; give a smaller file")]
     TooLarge { path: String, max: u64 },
     #[error("{path}, line {line}: {message}")]
@@ -57,9 +56,9 @@ pub enum EvalError {
 /// Reads a whole file of at most `max` bytes, checked before reading, and at most that many
 /// read whatever the file grows to meanwhile.
 pub fn read_limited(path: &Path, max: u64) -> Result<String, EvalError> {
-    let io = |source| EvalError::Io {
+    let io = |error| EvalError::Io {
         path: path.display().to_string(),
-        source,
+        error,
     };
     let too_large = || EvalError::TooLarge {
         path: path.display().to_string(),

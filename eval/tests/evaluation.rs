@@ -90,6 +90,30 @@ fn jobs_that_checkpoint_every_millisecond_replay_and_keep_all_their_work() {
 }
 
 #[test]
+fn jobs_no_node_of_the_fleet_could_hold_are_named_before_the_replay() {
+    let design = two_shares();
+    let jobs = parse_trace(
+        r#"
+{"submit_s": 0, "share": "a", "gpus": 8, "run_s": 60}
+{"submit_s": 0, "share": "a", "gpus": 9, "run_s": 60}
+{"submit_s": 0, "share": "a", "gpus": 8, "nodes": 3, "run_s": 60}
+{"submit_s": 0, "share": "b", "gpus": 1, "class": "a10g", "run_s": 60}
+"#,
+    )
+    .unwrap();
+    let (count, first) = design.never_fit(&jobs);
+    assert_eq!(count, 3);
+    let first = first.unwrap();
+    assert!(first.contains("largest h100 node has 8 GPUs"), "{first}");
+    let report = run(
+        &design,
+        "{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 8, \"nodes\": 3, \"run_s\": 60}",
+        Policy::Quotient,
+    );
+    assert_eq!(report.never_started, 1);
+}
+
+#[test]
 fn static_partitioning_neither_lends_nor_preempts() {
     let design = two_shares();
     let report = run(&design, RECLAIM, Policy::Static);
