@@ -90,11 +90,17 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
         anyhow::bail!("give --shares, --fleet and --trace, or --generate --out DIR");
     };
     let jobs = read_trace(trace)?;
-    let policies = if args.policy.is_empty() {
-        Policy::ALL.to_vec()
+    let mut policies: Vec<Policy> = Vec::new();
+    for policy in if args.policy.is_empty() {
+        Policy::ALL.as_slice()
     } else {
-        args.policy.clone()
-    };
+        args.policy.as_slice()
+    } {
+        // A policy named twice runs once: its rows would be the same.
+        if !policies.contains(policy) {
+            policies.push(*policy);
+        }
+    }
     let orders = match args.borrow_order.as_str() {
         "both" => vec![BorrowOrder::Fifo, BorrowOrder::Fair],
         order => vec![BorrowOrder::parse(order).context("a borrow order clap checked")?],
@@ -118,7 +124,8 @@ pub fn run(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()> {
                     check: false,
                     borrow_order: *order,
                 };
-                let mut run = evaluate(&design, &jobs, *policy, options)?;
+                let mut run = evaluate(&design, &jobs, *policy, options)
+                    .with_context(|| format!("replaying on {}", design_path.display()))?;
                 run.design = design_path.display().to_string();
                 runs.push(run);
             }
@@ -179,17 +186,35 @@ fn write_generated(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()>
     })
     .map_err(|e| anyhow::anyhow!("cannot generate: {e}"))?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot make {}", out.display()))?;
-    let write = |name: &str, text: String| -> anyhow::Result<PathBuf> {
+    // All three are written beside their places first and then renamed, so that a failed
+    // write leaves the folder's earlier set whole rather than mixed with the new one.
+    let files = [
+        ("shares.toml", generated.shares.to_toml()),
+        ("fleet.toml", generated.fleet.to_toml()),
+        (
+            "jobs.jsonl",
+            quotient_eval::trace::write_trace(&generated.jobs),
+        ),
+    ];
+    let mut written = Vec::new();
+    for (name, text) in files {
         let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(path)
-    };
-    let shares = write("shares.toml", generated.shares.to_toml())?;
-    let fleet = write("fleet.toml", generated.fleet.to_toml())?;
-    let trace = write(
-        "jobs.jsonl",
-        quotient_eval::trace::write_trace(&generated.jobs),
-    )?;
+        let partial = out.join(format!("{name}.partial"));
+        if let Err(error) = std::fs::write(&partial, text) {
+            for (_, partial) in &written {
+                let _ = std::fs::remove_file(partial);
+            }
+            let _ = std::fs::remove_file(&partial);
+            return Err(error).with_context(|| format!("cannot write {}", partial.display()));
+        }
+        written.push((path, partial));
+    }
+    for (path, partial) in &written {
+        std::fs::rename(partial, path).with_context(|| {
+            format!("cannot rename {} to {}", partial.display(), path.display())
+        })?;
+    }
+    let [shares, fleet, trace] = [0, 1, 2].map(|i| written[i].0.clone());
     let gpus: u32 = generated
         .fleet
         .pool

@@ -177,6 +177,39 @@ fn a_generated_design_replays_with_every_policy_and_compares() {
 }
 
 #[test]
+fn a_generate_that_fails_midway_leaves_the_earlier_files_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    std::fs::write(dir.path().join("shares.toml"), "earlier").unwrap();
+    // The trace cannot be written: a folder is in its way.
+    std::fs::create_dir(dir.path().join("jobs.jsonl.partial")).unwrap();
+    let output = quotient(&[
+        "what-if",
+        "--generate",
+        "--out",
+        &out,
+        "--gpus",
+        "64",
+        "--days",
+        "1",
+        "--share-count",
+        "2",
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("jobs.jsonl.partial"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("shares.toml")).unwrap(),
+        "earlier"
+    );
+    assert!(!dir.path().join("fleet.toml").exists());
+    assert!(!dir.path().join("shares.toml.partial").exists());
+}
+
+#[test]
 fn bad_files_and_flags_say_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -192,12 +225,16 @@ fn bad_files_and_flags_say_what_to_fix() {
     )
     .unwrap();
     let (s, f) = (path(d, "shares.toml"), path(d, "fleet.toml"));
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--trace", &path(d, "jobs.jsonl")],
             "line 2: missing field `run_s`",
         ),
         (&["--trace", &path(d, "other.jsonl")], "line 1 was refused"),
+        (
+            &["--trace", &path(d, "other.jsonl")],
+            &format!("replaying on {s}"),
+        ),
         (&["--trace", &path(d, "none.jsonl")], "cannot read"),
         (
             &["--trace", &path(d, "jobs.jsonl"), "--policy", "fifo"],
@@ -214,6 +251,51 @@ fn bad_files_and_flags_say_what_to_fix() {
     }
     let missing = quotient(&["what-if", "--shares", &s]);
     assert_eq!(missing.status.code(), Some(2), "{}", text(&missing.stderr));
+    // The OS's reason once, not repeated by the error chain.
+    let output = quotient(&[
+        "what-if",
+        "--shares",
+        &s,
+        "--fleet",
+        &f,
+        "--trace",
+        &path(d, "none.jsonl"),
+    ]);
+    assert_eq!(
+        text(&output.stderr).matches("os error 2").count(),
+        1,
+        "{}",
+        text(&output.stderr)
+    );
+    // A policy named twice runs once; a job no node could hold is named before the replay.
+    std::fs::write(
+        d.join("big.jsonl"),
+        "{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 16, \"run_s\": 60}\n",
+    )
+    .unwrap();
+    let output = quotient(&[
+        "what-if",
+        "--shares",
+        &s,
+        "--fleet",
+        &f,
+        "--trace",
+        &path(d, "big.jsonl"),
+        "--policy",
+        "static",
+        "--policy",
+        "static",
+        "-o",
+        "json",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let runs: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "{runs}");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("1 jobs of the trace can never start") && stderr.contains("line 1"),
+        "{stderr}"
+    );
 }
 
 #[test]
