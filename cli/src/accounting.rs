@@ -113,7 +113,9 @@ pub fn job_history(global: &GlobalArgs, args: &JobHistoryArgs) -> anyhow::Result
         ))
         .into());
     }
-    check_window(args.since, args.until)?;
+    if args.job.is_none() {
+        check_window(args.since, args.until)?;
+    }
     let mut session = Session::open(global.config.as_deref())?;
     let page = if args.all {
         let mut all = HistoryPage::default();
@@ -262,13 +264,14 @@ pub struct ShareUsageArgs {
 const USAGE_SINCE_DEFAULT_MS: u64 = 86_400_000;
 
 pub fn share_usage(global: &GlobalArgs, args: &ShareUsageArgs) -> anyhow::Result<()> {
-    check_window(args.since, args.until)?;
+    let since_ms = args
+        .since
+        .unwrap_or_else(|| now_ms().saturating_sub(USAGE_SINCE_DEFAULT_MS));
+    check_window(Some(since_ms), args.until)?;
     let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::ShareUsage {
         share: args.share.clone(),
-        since_ms: args
-            .since
-            .unwrap_or_else(|| now_ms().saturating_sub(USAGE_SINCE_DEFAULT_MS)),
+        since_ms,
         until_ms: args.until,
         by_day: args.by.is_some(),
     };

@@ -10,6 +10,7 @@ use quotient_common::job::{
     PRIORITY_MAX, TIME_LIMIT_MS_MAX, TIME_LIMIT_MS_MIN,
 };
 use quotient_common::name::validate_name;
+use quotient_common::share::{BORROW_LIMIT_PERCENT_MAX, SHARE_LIMIT_GPUS_MAX};
 use quotient_common::{GpuClass, RetryRule, Signal, GPUS_PER_NODE_MAX};
 
 /// A usage error found after clap parsed the arguments (e.g. a combination of flags, or a
@@ -32,10 +33,28 @@ pub fn parse_limit(text: &str) -> Result<(GpuClass, u32), String> {
             "invalid limit {text:?}: a limit must be at least 1 GPU"
         ));
     }
+    // Checked here, in GPUs: the state machine's own refusal words it as a length, and its
+    // words are part of the replicated audit log, so they stay.
+    if count > SHARE_LIMIT_GPUS_MAX {
+        return Err(format!(
+            "invalid limit {text:?}: a limit is at most {SHARE_LIMIT_GPUS_MAX} GPUs"
+        ));
+    }
     Ok((class, count))
 }
 
 pub use quotient_common::duration::parse_duration_ms;
+
+/// Parses `--borrow-limit` of `share create`: a percentage of the limit, 0 to the most a share
+/// may borrow.
+pub fn parse_borrow_percent(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(percent) if percent <= BORROW_LIMIT_PERCENT_MAX => Ok(percent),
+        _ => Err(format!(
+            "invalid borrow limit {text:?}: use a percentage 0-{BORROW_LIMIT_PERCENT_MAX}"
+        )),
+    }
+}
 
 /// Parses a grace period: a duration of at most an hour.
 pub fn parse_grace_period_ms(text: &str) -> Result<u64, String> {

@@ -27,7 +27,7 @@ pub struct ShareCreateArgs {
     #[arg(long, value_name = "STRATEGY")]
     pub strategy: Strategy,
     /// With lend-and-borrow: how much it may borrow, in percent of its limit (none = no cap).
-    #[arg(long = "borrow-limit", value_name = "PERCENT")]
+    #[arg(long = "borrow-limit", value_name = "PERCENT", value_parser = crate::parse::parse_borrow_percent)]
     pub borrow_limit_percent: Option<u32>,
     /// Let a higher-priority job of this share preempt a lower one of the same share.
     #[arg(long)]

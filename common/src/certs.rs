@@ -31,10 +31,10 @@ use serde::{Deserialize, Serialize};
 use crate::name::validate_name;
 use crate::SpecError;
 
-/// File name of the CA certificate inside a certificate directory.
 /// The largest PEM file (a certificate, a key, the CA) read: a certificate is a few KiB.
 pub const PEM_FILE_BYTES_MAX: u64 = 1 << 20;
 
+/// File name of the CA certificate inside a certificate directory.
 pub const CA_CERT_FILE: &str = "ca.pem";
 /// File name of the CA private key inside a certificate directory.
 pub const CA_KEY_FILE: &str = "ca-key.pem";

@@ -225,7 +225,6 @@ impl JobSpec {
         self.gpus.saturating_mul(self.nodes.max(1))
     }
 
-    /// Checks every field rule that needs no cluster state.
     /// [`JobSpec::validate`], and the rules for a spec a client submits now that the log's
     /// older entries were accepted without: the API and the command line check these; the
     /// state machine checks only `validate`, so that replaying its log gives what it gave.
@@ -242,6 +241,7 @@ impl JobSpec {
         Ok(())
     }
 
+    /// Checks every field rule that needs no cluster state.
     pub fn validate(&self) -> Result<(), SpecError> {
         if let Some(name) = &self.name {
             validate_name("job", name)?;

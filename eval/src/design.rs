@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use quotient_common::share::{BORROW_LIMIT_PERCENT_MAX, SHARE_LIMIT_GPUS_MAX};
 use quotient_common::{
     GpuClass, GpuDevice, HostInfo, NodeInventory, ShareSpec, ShareState, Strategy,
     GPUS_PER_NODE_MAX,
@@ -151,7 +152,22 @@ impl SharesFile {
             for (class, gpus) in &entry.limits {
                 let class =
                     GpuClass::parse(class).map_err(|e| format!("share {:?}: {e}", entry.name))?;
+                if *gpus > SHARE_LIMIT_GPUS_MAX {
+                    return Err(format!(
+                        "share {:?}: the limit for {class} is {gpus} GPUs; give at most {SHARE_LIMIT_GPUS_MAX}",
+                        entry.name
+                    ));
+                }
                 limits.insert(class, *gpus);
+            }
+            if let Some(percent) = entry
+                .borrow_limit_percent
+                .filter(|percent| *percent > BORROW_LIMIT_PERCENT_MAX)
+            {
+                return Err(format!(
+                    "share {:?}: borrow_limit_percent is {percent}; give at most {BORROW_LIMIT_PERCENT_MAX}",
+                    entry.name
+                ));
             }
             let spec = ShareSpec {
                 name: entry.name.clone(),
@@ -298,6 +314,21 @@ mod tests {
         )
         .unwrap();
         assert!(zero.specs().is_err());
+        let huge = SharesFile::parse(
+            "[[share]]\nname = \"a\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 1000001 }\n",
+        )
+        .unwrap();
+        let said = huge.specs().unwrap_err();
+        assert!(
+            said.contains("1000001 GPUs; give at most 1000000"),
+            "{said}"
+        );
+        let greedy = SharesFile::parse(
+            "[[share]]\nname = \"a\"\nstrategy = \"lend-and-borrow\"\nlimits = { h100 = 8 }\nborrow_limit_percent = 10001\n",
+        )
+        .unwrap();
+        let said = greedy.specs().unwrap_err();
+        assert!(said.contains("borrow_limit_percent is 10001"), "{said}");
         assert!(SharesFile::parse(
             "[[share]]\nname = \"a\"\nstrategy = \"share-all\"\nlimits = {}\n"
         )
