@@ -299,6 +299,14 @@ impl QuotientStateMachine {
         &self.shared.digest_checks
     }
 
+    /// Runs `f` on the current state and the index of the last entry it includes, read under
+    /// one lock so that the two agree (Raft's metrics report an apply a moment after it).
+    pub fn read_at<R>(&self, f: impl FnOnce(&State) -> R) -> (u64, R) {
+        let applied = self.shared.read_applied();
+        let index = applied.last_applied.map_or(0, |log_id| log_id.index);
+        (index, f(&applied.state))
+    }
+
     /// The id of the last applied log entry, if any.
     pub fn last_applied(&self) -> Option<LogId<MemberId>> {
         self.shared.read_applied().last_applied
