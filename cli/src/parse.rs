@@ -199,32 +199,31 @@ pub fn parse_signal(text: &str) -> Result<Signal, String> {
     Signal::parse(text).map_err(|error| error.to_string())
 }
 
-/// Parses a share name.
-pub fn parse_share_name(text: &str) -> Result<String, String> {
-    validate_name("share", text)
+/// `text` if it is a valid name of a `kind` (share, job, node, ...), else why not.
+fn name_of(kind: &str, text: &str) -> Result<String, String> {
+    validate_name(kind, text)
         .map(|()| text.to_string())
         .map_err(|error| error.to_string())
+}
+
+/// Parses a share name.
+pub fn parse_share_name(text: &str) -> Result<String, String> {
+    name_of("share", text)
 }
 
 /// Parses a group name.
 pub fn parse_group_name(text: &str) -> Result<String, String> {
-    validate_name("group", text)
-        .map(|()| text.to_string())
-        .map_err(|error| error.to_string())
+    name_of("group", text)
 }
 
 /// Parses a user name (the name in a user's certificate).
 pub fn parse_user_name(text: &str) -> Result<String, String> {
-    validate_name("user", text)
-        .map(|()| text.to_string())
-        .map_err(|error| error.to_string())
+    name_of("user", text)
 }
 
 /// Parses a certificate's name (a user, an admin, a coordinator or an agent's node).
 pub fn parse_certificate_name(text: &str) -> Result<String, String> {
-    validate_name("certificate", text)
-        .map(|()| text.to_string())
-        .map_err(|error| error.to_string())
+    name_of("certificate", text)
 }
 
 /// Parses a subject alternative name: an IP address or a DNS host name.
@@ -236,16 +235,12 @@ pub fn parse_san(text: &str) -> Result<String, String> {
 
 /// Parses a job name.
 pub fn parse_job_name(text: &str) -> Result<String, String> {
-    validate_name("job", text)
-        .map(|()| text.to_string())
-        .map_err(|error| error.to_string())
+    name_of("job", text)
 }
 
 /// Parses a node name.
 pub fn parse_node_name(text: &str) -> Result<String, String> {
-    validate_name("node", text)
-        .map(|()| text.to_string())
-        .map_err(|error| error.to_string())
+    name_of("node", text)
 }
 
 #[cfg(test)]

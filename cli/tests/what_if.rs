@@ -241,26 +241,21 @@ fn bad_files_and_flags_say_what_to_fix() {
             "unknown policy",
         ),
     ];
-    for (extra, needle) in cases {
+    let replay = |extra: &[&str]| {
         let mut arguments = vec!["what-if", "--shares", &s, "--fleet", &f];
         arguments.extend_from_slice(extra);
-        let output = quotient(&arguments);
-        assert!(!output.status.success(), "{arguments:?}");
+        quotient(&arguments)
+    };
+    for (extra, needle) in cases {
+        let output = replay(extra);
+        assert!(!output.status.success(), "{extra:?}");
         let stderr = text(&output.stderr);
-        assert!(stderr.contains(needle), "{arguments:?}: {stderr}");
+        assert!(stderr.contains(needle), "{extra:?}: {stderr}");
     }
     let missing = quotient(&["what-if", "--shares", &s]);
     assert_eq!(missing.status.code(), Some(2), "{}", text(&missing.stderr));
     // The OS's reason once, not repeated by the error chain.
-    let output = quotient(&[
-        "what-if",
-        "--shares",
-        &s,
-        "--fleet",
-        &f,
-        "--trace",
-        &path(d, "none.jsonl"),
-    ]);
+    let output = replay(&["--trace", &path(d, "none.jsonl")]);
     assert_eq!(
         text(&output.stderr).matches("os error 2").count(),
         1,
@@ -273,21 +268,9 @@ fn bad_files_and_flags_say_what_to_fix() {
         "{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 16, \"run_s\": 60}\n",
     )
     .unwrap();
-    let output = quotient(&[
-        "what-if",
-        "--shares",
-        &s,
-        "--fleet",
-        &f,
-        "--trace",
-        &path(d, "big.jsonl"),
-        "--policy",
-        "static",
-        "--policy",
-        "static",
-        "-o",
-        "json",
-    ]);
+    let big = path(d, "big.jsonl");
+    let twice = ["--trace", &big, "--policy", "static", "--policy", "static"];
+    let output = replay(&[&twice[..], &["-o", "json"]].concat());
     assert!(output.status.success(), "{}", text(&output.stderr));
     let runs: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "{runs}");
