@@ -1130,18 +1130,22 @@ impl ApiService {
             .membership_config
             .clone();
         let membership = membership.membership();
-        if membership.voter_ids().any(|voter| voter == id) {
-            let known = membership
-                .get_node(&id)
-                .map(|node| node.addr.clone())
-                .unwrap_or_default();
-            if known == address {
+        // Raft keeps a member's first address: adding it again at another one would answer
+        // as done and change nothing, so that is refused, learner or voter.
+        if let Some(known) = membership.get_node(&id).map(|node| node.addr.clone()) {
+            let voter = membership.voter_ids().any(|voter| voter == id);
+            if known != address {
+                let role = if voter { "a voter" } else { "a learner" };
+                return Err(ApiError::Precondition(format!(
+                    "coordinator {id} is already {role}, at {known}: to move it to {address}, remove it first (`quotient cluster remove-member {id}`), then add it with the new address and an empty data directory"
+                )));
+            }
+            if voter {
                 // Already done: a retried add-member is answered as the first one was.
                 return Ok(ApiResponse::Done);
             }
-            return Err(ApiError::Precondition(format!(
-                "coordinator {id} is already a voter, at {known}: to move it to {address}, remove it first (`quotient cluster remove-member {id}`), then add it with the new address and an empty data directory"
-            )));
+            // A learner at the same address (an earlier add that did not catch up in time):
+            // wait for it again and make it a voter.
         }
         tracing::info!(id, %address, "adding a coordinator as a learner");
         self.inner
