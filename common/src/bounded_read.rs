@@ -36,6 +36,13 @@ pub fn read_file_at_most(path: &std::path::Path, max: u64) -> io::Result<Vec<u8>
     })
 }
 
+/// Reads the file at `path` as UTF-8 text, with [`read_file_at_most`]'s limit; text that is
+/// not UTF-8 is an [`io::ErrorKind::InvalidData`] error.
+pub fn read_text_file_at_most(path: &std::path::Path, max: u64) -> io::Result<String> {
+    String::from_utf8(read_file_at_most(path, max)?)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +66,21 @@ mod tests {
             "{error}"
         );
         assert_eq!(read_bytes_at_most(&b"abc"[..], 3).unwrap().unwrap(), b"abc");
+    }
+
+    #[test]
+    fn a_text_file_is_checked_for_its_limit_and_for_utf8() {
+        let dir = std::env::temp_dir().join(format!("bounded-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = dir.join("text");
+        std::fs::write(&text, "héllo").unwrap();
+        assert_eq!(read_text_file_at_most(&text, 6).unwrap(), "héllo");
+        let error = read_text_file_at_most(&text, 5).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::FileTooLarge);
+        std::fs::write(&text, [0xffu8, 0xfe]).unwrap();
+        let error = read_text_file_at_most(&text, 16).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

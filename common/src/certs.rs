@@ -581,13 +581,12 @@ fn create_dir(dir: &Path) -> Result<(), CertError> {
 }
 
 fn read_to_string(path: &Path) -> Result<String, CertError> {
-    let io = |source| CertError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let bytes = crate::bounded_read::read_file_at_most(path, PEM_FILE_BYTES_MAX).map_err(io)?;
-    String::from_utf8(bytes)
-        .map_err(|error| io(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))
+    crate::bounded_read::read_text_file_at_most(path, PEM_FILE_BYTES_MAX).map_err(|source| {
+        CertError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// Writes the key, then the certificate, each only if absent; on failure removes what it

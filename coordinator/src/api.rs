@@ -783,16 +783,26 @@ impl ApiService {
                     node,
                     user: user.map(str::to_string),
                 };
-                Ok(ApiResponse::Events(self.inner.ctx.state_machine.read(
-                    |state| {
+                // A first page with nothing, for a job, share or node that neither exists
+                // nor left an event, is a typo rather than a quiet thing.
+                self.inner
+                    .ctx
+                    .state_machine
+                    .read(|state| {
                         let (events, newest) = state.events(&filter, limit);
-                        EventPage {
-                            events,
-                            newest,
-                            oldest: state.oldest_event(),
+                        let unknown = (after == 0 && events.is_empty())
+                            .then(|| state.unknown_event_subject(&filter))
+                            .flatten();
+                        match unknown {
+                            Some(rejection) => Err(ApiError::Rejected(rejection)),
+                            None => Ok(EventPage {
+                                events,
+                                newest,
+                                oldest: state.oldest_event(),
+                            }),
                         }
-                    },
-                )))
+                    })
+                    .map(ApiResponse::Events)
             }
             ApiRequest::Backup { snapshot, offset } => {
                 if snapshot.is_none() {

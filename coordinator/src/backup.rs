@@ -28,7 +28,6 @@ use quotient_common::api::{ApiError, ApiResponse, BACKUP_CHUNK_BYTES};
 use quotient_common::backup::{
     parse_backup, parse_backup_header, BACKUP_HEADER_BYTES, BACKUP_TRAILER_BYTES,
 };
-use quotient_common::bounded_read::read_bytes_at_most;
 use quotient_common::ClusterId;
 
 use crate::context::Context;
@@ -197,12 +196,21 @@ pub async fn restore(
         .read_to_end(&mut file)
         .map_err(read)?;
     parse_backup_header(&file).map_err(invalid)?;
-    let rest = read_bytes_at_most(opened, BACKUP_FILE_BYTES_MAX - BACKUP_HEADER_BYTES as u64)
-        .map_err(read)?
-        .ok_or_else(|| too_large(BACKUP_FILE_BYTES_MAX + 1))?;
-    file.extend_from_slice(&rest);
-    drop(rest);
+    // Read on into the same buffer (a backup of several GiB is held once, not twice).
+    opened
+        .take(BACKUP_FILE_BYTES_MAX + 1 - BACKUP_HEADER_BYTES as u64)
+        .read_to_end(&mut file)
+        .map_err(read)?;
+    if file.len() as u64 > BACKUP_FILE_BYTES_MAX {
+        return Err(too_large(BACKUP_FILE_BYTES_MAX + 1));
+    }
     let (cluster, snapshot) = parse_backup(&file).map_err(invalid)?;
+    // The snapshot follows the header: keep just it, moved in place rather than copied.
+    debug_assert_eq!(snapshot.as_ptr(), file[BACKUP_HEADER_BYTES..].as_ptr());
+    let snapshot_bytes = snapshot.len();
+    file.truncate(BACKUP_HEADER_BYTES + snapshot_bytes);
+    file.drain(..BACKUP_HEADER_BYTES);
+    let snapshot = file;
     let members: BTreeMap<MemberId, BasicNode> = peers
         .iter()
         .map(|(id, address)| (*id, BasicNode::new(address)))
@@ -211,7 +219,7 @@ pub async fn restore(
         dir: data_dir.to_path_buf(),
         reason,
     };
-    let last = write_restored_snapshot(data_dir, snapshot.to_vec(), members)
+    let last = write_restored_snapshot(data_dir, snapshot, members)
         .map_err(|error| invalid(format!("not a state this build can restore: {error}")))?;
     // The members start voting after the backup's term: a vote below the term of the last
     // entry would let a leader write entries that sort before the ones it holds.

@@ -328,14 +328,12 @@ pub const CONFIG_FILE_BYTES_MAX: u64 = 1 << 20;
 impl CoordinatorConfig {
     /// Reads a TOML config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let read = |source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let bytes = quotient_common::bounded_read::read_file_at_most(path, CONFIG_FILE_BYTES_MAX)
-            .map_err(read)?;
-        let text = String::from_utf8(bytes)
-            .map_err(|error| read(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))?;
+        let text =
+            quotient_common::bounded_read::read_text_file_at_most(path, CONFIG_FILE_BYTES_MAX)
+                .map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
         let config: CoordinatorConfig =
             toml::from_str(&text).map_err(|source| ConfigError::Parse {
                 path: path.to_path_buf(),

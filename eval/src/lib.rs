@@ -54,7 +54,8 @@ pub enum EvalError {
 }
 
 /// Reads a whole file of at most `max` bytes, checked before reading, and at most that many
-/// read whatever the file grows to meanwhile.
+/// read whatever the file grows to meanwhile. A byte-order mark at its start (some Windows
+/// editors write one) is dropped, so that the first line parses like the others.
 pub fn read_limited(path: &Path, max: u64) -> Result<String, EvalError> {
     let io = |error| EvalError::Io {
         path: path.display().to_string(),
@@ -68,7 +69,11 @@ pub fn read_limited(path: &Path, max: u64) -> Result<String, EvalError> {
     if file.metadata().map_err(io)?.len() > max {
         return Err(too_large());
     }
-    read_text_at_most(file, max)
+    let text = read_text_at_most(file, max)
         .map_err(io)?
-        .ok_or_else(too_large)
+        .ok_or_else(too_large)?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
 }

@@ -272,6 +272,19 @@ mod tests {
     }
 
     #[test]
+    fn a_file_that_starts_with_a_byte_order_mark_reads() {
+        let path = std::env::temp_dir().join(format!("trace-bom-{}.jsonl", std::process::id()));
+        std::fs::write(
+            &path,
+            "\u{feff}{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 1, \"run_s\": 5}\n",
+        )
+        .unwrap();
+        let jobs = read_trace(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(jobs.unwrap().len(), 1);
+    }
+
+    #[test]
     fn bad_lines_say_which_and_why() {
         let cases = [
             ("{\"submit_s\": 0, \"share\": \"a\", \"gpus\": 1, \"run_s\": 0}", "run_s"),

@@ -131,4 +131,19 @@ fn events_follow_what_happens_and_each_reader_sees_what_it_may() {
     assert!(dave_sees.iter().any(|e| e["kind"] == "node"));
     let admin = cluster.json(&["events", "--job", &private, "-o", "json"]);
     assert!(mentions(admin.as_array().expect("an array"), &private));
+
+    // A job, share or node that nothing knows is an error that names it, not an empty list.
+    for (flag, name, said) in [
+        ("--job", "j-999", "no job j-999"),
+        ("--share", "nope", "no share named nope"),
+        ("--node", "nowhere", "no node named nowhere"),
+    ] {
+        let out = cluster.run(&["events", flag, name]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} {name}: {stderr}");
+        assert!(
+            stderr.contains("NotFound") && stderr.contains(said),
+            "{stderr}"
+        );
+    }
 }

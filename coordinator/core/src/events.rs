@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use quotient_common::event::{Event, EventKind};
 use quotient_common::JobId;
 
+use crate::command::Rejection;
 use crate::state::{JobRecord, State, StopCause};
 
 /// The most events the state keeps (about 150 bytes each).
@@ -65,6 +66,26 @@ impl State {
     /// The caller of the command being applied, if any.
     pub(crate) fn acting(&self) -> Option<String> {
         self.acting.clone()
+    }
+
+    /// Why a reader that found no event of `filter`'s job, share or node is told it asked
+    /// about something unknown: the job, share or node is neither in the state nor in any
+    /// kept event. `None` when each one it names exists (its events are merely none yet).
+    pub fn unknown_event_subject(&self, filter: &EventFilter) -> Option<Rejection> {
+        if let Some(job) = filter.job.filter(|job| self.job(*job).is_none()) {
+            return Some(self.missing_job(job));
+        }
+        if let Some(share) = filter.share.as_ref().filter(|s| self.share(s).is_none()) {
+            return Some(Rejection::UnknownShare(share.clone()));
+        }
+        if let Some(node) = filter
+            .node
+            .as_ref()
+            .filter(|node| self.node_by_name(node).is_none())
+        {
+            return Some(Rejection::UnknownNode(node.clone()));
+        }
+        None
     }
 
     /// The events `filter` admits, oldest first, at most `limit`; and the number of the newest
