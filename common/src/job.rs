@@ -28,6 +28,11 @@ pub const COMMAND_ARGS_MAX: usize = 1_024;
 pub const FIELD_BYTES_MAX: usize = 16_384;
 /// The longest idempotency key.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+/// How a caller-scoped idempotency key starts ([`JobSpec::caller_scoped_key`]).
+pub const SCOPED_KEY_PREFIX: &str = "scoped:";
+/// The length of a caller-scoped idempotency key: the prefix and a SHA-256 in hex.
+pub const SCOPED_KEY_BYTES: usize = SCOPED_KEY_PREFIX.len() + 64;
+const _: () = assert!(SCOPED_KEY_BYTES <= IDEMPOTENCY_KEY_BYTES_MAX);
 /// The most bytes a job's command and environment may take at launch, counted as Linux's
 /// execve counts them ([`JobSpec::launch_bytes`]). execve refuses a launch (E2BIG, "Argument
 /// list too long") once arguments and environment together pass a quarter of the stack limit:
@@ -239,6 +244,25 @@ impl JobSpec {
             ));
         }
         Ok(())
+    }
+
+    /// The idempotency key as the coordinators keep it for a submit of `caller`: a key is the
+    /// caller's own, as AWS scopes a client token to its account, so two users who pick the
+    /// same key each get their own job (and neither learns of the other's). A digest of the
+    /// caller's name and the key, of a fixed [`SCOPED_KEY_BYTES`], so any key that passes
+    /// [`JobSpec::validate_new`] still fits the key limit once scoped.
+    pub fn caller_scoped_key(caller: &str, key: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let mut digest = Sha256::new();
+        digest.update((caller.len() as u64).to_le_bytes());
+        digest.update(caller.as_bytes());
+        digest.update(key.as_bytes());
+        let mut scoped = String::with_capacity(SCOPED_KEY_BYTES);
+        scoped.push_str(SCOPED_KEY_PREFIX);
+        for byte in digest.finalize() {
+            scoped.push_str(&format!("{byte:02x}"));
+        }
+        scoped
     }
 
     /// Checks every field rule that needs no cluster state.
@@ -526,6 +550,24 @@ mod tests {
         assert_eq!(job().validate(), Ok(()));
         assert_eq!(job().checkpoint_signal, Signal::Sigterm);
         assert_eq!(job().grace_period_ms, 30_000);
+    }
+
+    #[test]
+    fn a_scoped_key_is_the_callers_own_and_fits_the_limit() {
+        let alice = JobSpec::caller_scoped_key("alice", "k1");
+        assert_eq!(alice, JobSpec::caller_scoped_key("alice", "k1"));
+        assert_ne!(alice, JobSpec::caller_scoped_key("bob", "k1"));
+        assert_ne!(alice, JobSpec::caller_scoped_key("alice", "k2"));
+        // The caller's name and the key do not run together.
+        assert_ne!(
+            JobSpec::caller_scoped_key("ab", "c"),
+            JobSpec::caller_scoped_key("a", "bc")
+        );
+        let longest = JobSpec::caller_scoped_key(
+            &"n".repeat(crate::name::NAME_BYTES_MAX),
+            &"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX),
+        );
+        assert_eq!(longest.len(), SCOPED_KEY_BYTES);
     }
 
     #[test]

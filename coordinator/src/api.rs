@@ -504,6 +504,7 @@ impl ApiService {
             }
             ApiRequest::SubmitJob(mut spec) => {
                 spec.validate_new().map_err(invalid)?;
+                self.scope_idempotency_key(caller, &mut spec);
                 if spec.name.is_none() {
                     spec.name = Some(generated_job_name(&spec, name_bits()));
                 }
@@ -604,8 +605,9 @@ impl ApiService {
                 self.write_done_as(caller, Command::PutAwsObject { key, value })
                     .await
             }
-            ApiRequest::SubmitServiceJob { spec, request } => {
+            ApiRequest::SubmitServiceJob { mut spec, request } => {
                 spec.validate_new().map_err(invalid)?;
+                self.scope_idempotency_key(caller, &mut spec);
                 match self
                     .write(as_caller(
                         caller,
@@ -953,6 +955,36 @@ impl ApiService {
     }
 
     /// Why job `job` is not there: removed by retention, or unknown.
+    /// Makes `spec`'s idempotency key its caller's own ([`JobSpec::caller_scoped_key`]), so
+    /// that another user's submit with the same key is not answered with this one's job.
+    /// A key that a build before this scoping kept as it was sent, for a job of this caller
+    /// (or of no known owner), stays as it is: a submit resent across the upgrade is still
+    /// answered with the job it made.
+    fn scope_idempotency_key(&self, caller: &PeerIdentity, spec: &mut quotient_common::JobSpec) {
+        if !matches!(caller.role, Role::Admin | Role::User) {
+            return;
+        }
+        let Some(key) = spec.idempotency_key.take() else {
+            return;
+        };
+        let kept_unscoped = self.inner.ctx.state_machine.read(|state| {
+            state.idempotent_job(&key).is_some_and(|job| {
+                state.job(job).is_none_or(|record| {
+                    record
+                        .spec
+                        .owner
+                        .as_deref()
+                        .is_none_or(|owner| owner == caller.name)
+                })
+            })
+        });
+        spec.idempotency_key = Some(if kept_unscoped {
+            key
+        } else {
+            quotient_common::JobSpec::caller_scoped_key(&caller.name, &key)
+        });
+    }
+
     fn missing_job(&self, job: quotient_common::JobId) -> ApiError {
         ApiError::Rejected(
             self.inner

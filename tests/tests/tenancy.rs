@@ -4,7 +4,8 @@
 //! refuses the extra submit; a revoked user and admin are refused by every coordinator, one
 //! of them down when the revocation was committed, and a revoked agent's node is lost and
 //! stays so; a certificate revoked by its serial is refused while the next one of the same
-//! name works; the audit log shows each of these.
+//! name works; the audit log shows each of these; two users' submits with one idempotency
+//! key make a job each.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -124,6 +125,32 @@ fn members_owners_caps_revocation_and_the_audit_log() {
     );
     let mine = ok_as(&bob, &["job", "list", "--mine", "-o", "json"]);
     assert!(mine.contains(&bob_job), "{mine}");
+
+    eprintln!("--- an idempotency key is its user's own: the same key makes each user a job");
+    let keyed = |config: &Path| {
+        ok_as(
+            config,
+            &[
+                "job",
+                "submit",
+                "--share",
+                "open",
+                "--gpus",
+                "1",
+                "--idempotency-key",
+                "nightly-1",
+                "--",
+                "true",
+            ],
+        )
+    };
+    let alices = keyed(&alice);
+    let bobs = keyed(&bob);
+    assert_ne!(alices, bobs, "bob was answered with alice's job");
+    assert_eq!(keyed(&alice), alices, "alice's resend made another job");
+    assert_eq!(keyed(&bob), bobs, "bob's resend made another job");
+    let bobs_view = cluster.json(&["job", "get", &bobs, "-o", "json"]);
+    assert_eq!(bobs_view["owner"], "bob");
 
     eprintln!("--- another user may not cancel, update or read the owner's job; an admin may");
     forbidden(&bob, &["job", "cancel", &job]);

@@ -547,6 +547,12 @@ impl State {
         self.data.shares.values()
     }
 
+    /// The job a submit with idempotency key `key` made, while the key is kept (the job may
+    /// since have left the live state).
+    pub fn idempotent_job(&self, key: &str) -> Option<JobId> {
+        self.data.idempotency.get(key).copied()
+    }
+
     pub fn job(&self, id: JobId) -> Option<&JobRecord> {
         let slot = id.0.checked_sub(1)?;
         self.data.jobs.get(usize::try_from(slot).ok()?)
