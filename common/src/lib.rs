@@ -46,6 +46,8 @@ pub mod event;
 #[cfg(feature = "net")]
 pub mod frame;
 pub mod gpu_class;
+#[cfg(feature = "metrics")]
+pub mod http_door;
 pub mod job;
 pub mod job_name;
 pub mod job_report;

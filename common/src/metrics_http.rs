@@ -8,7 +8,8 @@
 //! Plain HTTP: it says nothing that is secret (share names, counts, timings) and changes
 //! nothing, and Prometheus and Kubernetes probes speak it without client certificates. Bind
 //! it to an address only the monitoring network reaches. Every request is a GET without a
-//! body, so no request body is read; axum answers anything else with 404 or 405.
+//! body, so no request body is read; axum answers anything else with 404 or 405. Its
+//! connections are limited in number and time as every HTTP door's ([`crate::http_door`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,11 +51,22 @@ impl MetricsServer {
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .with_state(source);
-        let task = tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
-                tracing::error!(%local_addr, "the metrics endpoint stopped: {error}");
-            }
-        });
+        // Connections counted and timed as every HTTP door's (`http_door`).
+        let limits = crate::http_door::DOOR_LIMITS;
+        let task = tokio::spawn(crate::http_door::accept_each(
+            listener,
+            limits,
+            "metrics",
+            move |stream, peer| {
+                let app = app.clone();
+                async move {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    if let Err(error) = crate::http_door::serve_http1(io, app, limits).await {
+                        tracing::debug!(%peer, %error, "a metrics connection ended");
+                    }
+                }
+            },
+        ));
         tracing::info!(%local_addr, "serving /metrics, /healthz and /readyz");
         Ok(MetricsServer { local_addr, task })
     }

@@ -16,6 +16,8 @@ then the launch walkthrough, then the rest.
 
 import json
 import os
+import socket
+import ssl
 import subprocess
 import time
 import unittest
@@ -293,6 +295,48 @@ class AwsBatch(unittest.TestCase):
         # Nothing was written by any of them.
         self.assertEqual(len(self.admin.list_service_jobs(jobQueue="q1")["jobSummaryList"]), before)
         self.assertNotIn("QS9", quotient("share", "list"))
+
+    def test_7b_connections_are_limited_in_number_and_time(self):
+        """No client, signed or not, can hold the endpoint's connections: headers that never
+        end are cut off, one address gets at most 128 connections (the next is closed unread,
+        while other addresses are served), and a body over the limit gets an AWS error."""
+        host, port = endpoints()[0].removeprefix("https://").rsplit(":", 1)
+        port = int(port)
+        tls = ssl.create_default_context(cafile=CA)
+        started = time.monotonic()
+        slow = tls.wrap_socket(
+            socket.create_connection((host, port), timeout=30, source_address=("127.0.0.2", 0)),
+            server_hostname=host,
+        )
+        slow.sendall(b"POST /v1/listquotashares HTTP/1.1\r\nHost: x\r\n")
+
+        def closed(sock):
+            try:
+                return sock.recv(1) == b""
+            except (ConnectionError, ssl.SSLError):
+                return True
+
+        held = [socket.create_connection((host, port), source_address=("127.0.0.3", 0)) for _ in range(128)]
+        try:
+            extra = socket.create_connection((host, port), timeout=5, source_address=("127.0.0.3", 0))
+            self.assertTrue(closed(extra), "a 129th connection from one address was served")
+            extra.close()
+            # Another address is served meanwhile.
+            self.admin.list_quota_shares(jobQueue="q1")
+        finally:
+            for sock in held:
+                sock.close()
+
+        with self.assertRaises(botocore.exceptions.ClientError) as caught:
+            self.admin.submit_service_job(
+                jobName="huge", jobQueue="q1", serviceJobType="SAGEMAKER_TRAINING", quotaShareName="QS1",
+                serviceRequestPayload="x" * (300 * 1024))
+        self.assertEqual(caught.exception.response["Error"]["Code"], "ClientException")
+        self.assertEqual(caught.exception.response["ResponseMetadata"]["HTTPStatusCode"], 413)
+
+        self.assertTrue(closed(slow), "headers that never ended held their connection")
+        self.assertLess(time.monotonic() - started, 25)
+        slow.close()
 
     def test_8_the_aws_cli_lists_quota_shares(self):
         env = dict(os.environ)

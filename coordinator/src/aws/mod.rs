@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +27,7 @@ use axum::Router;
 use hyper_util::rt::TokioIo;
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::certs::PeerIdentity;
+use quotient_common::http_door;
 use serde_json::Value;
 
 use crate::api::ApiService;
@@ -40,6 +41,8 @@ pub use instance_types::{InstanceType, InstanceTypes};
 pub const AWS_BODY_BYTES_MAX: usize = 256 * 1024;
 /// How long a client has to finish its TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// How long a request's body may take to arrive after its headers.
+pub const BODY_READ_TIMEOUT_MS: u64 = 10_000;
 /// How long a follower waits for an access key it does not know yet to be replicated to it,
 /// before it answers that the key is unknown.
 pub const KEY_CATCH_UP_MS: u64 = 2_000;
@@ -115,9 +118,10 @@ impl AwsServer {
             ctx,
             settings: Arc::new(settings),
         };
+        // The body is read by `handle` itself, within its limits of size and time.
         let app = Router::new()
             .fallback(handle)
-            .layer(DefaultBodyLimit::max(AWS_BODY_BYTES_MAX))
+            .layer(DefaultBodyLimit::disable())
             .with_state(door);
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let task = tokio::spawn(accept_loop(listener, acceptor, app));
@@ -139,19 +143,13 @@ async fn accept_loop(
     acceptor: tokio_rustls::TlsAcceptor,
     app: Router,
 ) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of descriptors, most likely: wait rather than spin.
-                tracing::warn!(%error, "the AWS endpoint could not accept a connection");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+    // Connections counted and timed as every HTTP door's (`http_door`): the handshake
+    // included, so that unfinished handshakes cannot pile up either.
+    let limits = http_door::DOOR_LIMITS;
+    http_door::accept_each(listener, limits, "aws", move |stream, peer| {
         let acceptor = acceptor.clone();
         let app = app.clone();
-        tokio::spawn(async move {
+        async move {
             let handshake = tokio::time::timeout(
                 Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS),
                 acceptor.accept(stream),
@@ -168,14 +166,41 @@ async fn accept_loop(
                     return;
                 }
             };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let served = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(error) = served {
+            if let Err(error) = http_door::serve_http1(TokioIo::new(stream), app, limits).await {
                 tracing::debug!(%peer, %error, "an AWS endpoint connection ended");
             }
-        });
+        }
+    })
+    .await;
+}
+
+/// The body of a request, read within [`BODY_READ_TIMEOUT_MS`] and [`AWS_BODY_BYTES_MAX`]:
+/// a client that sends less than it declared, or more than the limit, is answered with an
+/// AWS error rather than held.
+async fn read_body(body: Body) -> Result<Bytes, AwsError> {
+    match tokio::time::timeout(
+        Duration::from_millis(BODY_READ_TIMEOUT_MS),
+        axum::body::to_bytes(body, AWS_BODY_BYTES_MAX),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(AwsError {
+            status: 413,
+            code: "ClientException",
+            message: format!(
+                "the request body is larger than {AWS_BODY_BYTES_MAX} bytes, or ended early: \
+                 a request of this API is far smaller"
+            ),
+        }),
+        Err(_) => Err(AwsError {
+            status: 408,
+            code: "ClientException",
+            message: format!(
+                "the request body did not arrive within {} s: send it whole with the headers",
+                BODY_READ_TIMEOUT_MS / 1000
+            ),
+        }),
     }
 }
 
@@ -185,10 +210,13 @@ async fn handle(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let operation = uri.path().trim_end_matches('/').to_ascii_lowercase();
-    let result = answer(&door, &method, &uri, &headers, &body, &operation).await;
+    let result = match read_body(body).await {
+        Ok(body) => answer(&door, &method, &uri, &headers, &body, &operation).await,
+        Err(error) => Err(error),
+    };
     match result {
         Ok(value) => json_response(StatusCode::OK, &value),
         Err(error) => {
