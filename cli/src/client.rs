@@ -178,12 +178,13 @@ pub fn hint(request: &ApiRequest, error: &ClientError) -> Option<String> {
     let hint = match error {
         ClientError::Api(ApiError::Rejected(rejection)) => rejection_hint(rejection)?,
         ClientError::Api(ApiError::Unauthorized(_)) if request.needs_admin() => {
-            "this needs an admin certificate: point `cert` and `key` in the client config at one \
+            "point `cert` and `key` in the client config at an admin's certificate \
              (`quotient certs issue --role admin`)"
                 .to_string()
         }
         ClientError::Api(ApiError::Unauthorized(_)) => {
-            "this needs a user or admin certificate (`quotient certs issue --role user`)"
+            "point `cert` and `key` in the client config at a user's or an admin's certificate \
+             (`quotient certs issue --role user`)"
                 .to_string()
         }
         ClientError::Api(ApiError::NotFound(_)) => match request.unwrapped() {

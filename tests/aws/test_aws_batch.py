@@ -447,6 +447,13 @@ class AwsBatch(unittest.TestCase):
         self.assertEqual(qs4["capacityLimits"], [{"maxCapacity": 2, "capacityUnit": "ml.g5.xlarge"}])
         self.assertEqual(qs4["resourceSharingConfiguration"], {"strategy": "LEND_AND_BORROW", "borrowLimit": 50})
         self.assertEqual(qs4["preemptionConfiguration"], {"inSharePreemption": "ENABLED"})
+        # A borrow limit belongs to LEND_AND_BORROW alone, in an update as in a create.
+        with self.assertRaises(botocore.exceptions.ClientError) as caught:
+            self.admin.update_quota_share(
+                quotaShareArn="QS4", resourceSharingConfiguration={"strategy": "LEND", "borrowLimit": 50})
+        self.assertIn("only to the LEND_AND_BORROW", caught.exception.response["Error"]["Message"])
+        self.assertEqual(self.admin.describe_quota_share(quotaShareArn="QS4")["resourceSharingConfiguration"],
+                         {"strategy": "LEND_AND_BORROW", "borrowLimit": 50})
         # As on the command line, an enabled share is not deleted.
         with self.assertRaises(botocore.exceptions.ClientError) as caught:
             self.admin.delete_quota_share(quotaShareArn="QS4")

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use quotient_common::api::{ApiRequest, ApiResponse, AttemptView, JobView};
 use quotient_common::certs::PeerIdentity;
-use quotient_common::job::PRIORITY_MAX;
+use quotient_common::job::{PRIORITY_MAX, TIME_LIMIT_MS_MAX, TIME_LIMIT_MS_MIN};
 use quotient_common::retry::{RetryAction, RetryPolicy, RetryRule};
 use quotient_common::{JobId, JobSpec, JobState};
 use serde_json::{json, Map, Value};
@@ -138,26 +138,38 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
     spec.gpu_class = Some(instance.class.clone());
     spec.nodes = nodes;
     if let Some(priority) = integer(input, "schedulingPriority")? {
-        spec.priority = u32::try_from(priority)
-            .ok()
-            .filter(|p| *p <= PRIORITY_MAX)
-            .ok_or_else(|| {
-                AwsError::client(format!("schedulingPriority must be 0 to {PRIORITY_MAX}"))
-            })?;
+        spec.priority = scheduling_priority(priority)?;
     }
     spec.env = string_map(&payload, "Environment")?.into();
-    let mut limit_s: Option<i64> = None;
-    if let Some(stopping) = payload.get("StoppingCondition") {
-        limit_s = integer(stopping, "MaxRuntimeInSeconds")?;
-    }
-    if let Some(timeout) = input.get("timeoutConfig") {
-        if let Some(seconds) = integer(timeout, "attemptDurationSeconds")? {
-            limit_s = Some(limit_s.map_or(seconds, |limit| limit.min(seconds)));
+    let seconds_of = |value: Option<&Value>, field: &str| -> Result<Option<u64>, AwsError> {
+        let Some(value) = value.filter(|v| !v.is_null()) else {
+            return Ok(None);
+        };
+        if !value.is_object() {
+            return Err(AwsError::client(format!(
+                "the object holding {field} must be a JSON object"
+            )));
         }
-    }
-    if let Some(seconds) = limit_s {
-        let ms = u64::try_from(seconds).unwrap_or(0).saturating_mul(1_000);
-        spec.time_limit_ms = Some(ms);
+        let Some(seconds) = integer(value, field)? else {
+            return Ok(None);
+        };
+        let (min, max) = (TIME_LIMIT_MS_MIN / 1_000, TIME_LIMIT_MS_MAX / 1_000);
+        u64::try_from(seconds)
+            .ok()
+            .filter(|s| (min..=max).contains(s))
+            .map(Some)
+            .ok_or_else(|| {
+                AwsError::client(format!(
+                    "{field} {seconds} must be {min} to {max} (a year) seconds"
+                ))
+            })
+    };
+    let limits = [
+        seconds_of(payload.get("StoppingCondition"), "MaxRuntimeInSeconds")?,
+        seconds_of(input.get("timeoutConfig"), "attemptDurationSeconds")?,
+    ];
+    if let Some(seconds) = limits.into_iter().flatten().min() {
+        spec.time_limit_ms = Some(seconds * 1_000);
     }
     if let Some(retry) = input.get("retryStrategy") {
         let attempts = integer(retry, "attempts")?
@@ -167,23 +179,30 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
             .filter(|n| (1..=10).contains(n))
             .ok_or_else(|| AwsError::client("retryStrategy.attempts must be 1 to 10"))?;
         let mut rules = Vec::new();
-        if let Some(list) = retry.get("evaluateOnExit").and_then(Value::as_array) {
-            for rule in list {
-                let action = match required(rule, "action")?.to_ascii_uppercase().as_str() {
-                    "RETRY" => RetryAction::Retry,
-                    "EXIT" => RetryAction::Exit,
-                    other => {
-                        return Err(AwsError::client(format!(
-                            "evaluateOnExit action {other:?} must be RETRY or EXIT"
-                        )))
-                    }
-                };
-                rules.push(RetryRule {
-                    on_exit_code: None,
-                    on_reason: Some(string(rule, "onStatusReason")?.unwrap_or("*").to_string()),
-                    action,
-                });
+        let list = match retry.get("evaluateOnExit") {
+            None | Some(Value::Null) => &Vec::new(),
+            Some(Value::Array(list)) => list,
+            Some(_) => {
+                return Err(AwsError::client(
+                    "retryStrategy.evaluateOnExit must be a list of {action, onStatusReason}",
+                ))
             }
+        };
+        for rule in list {
+            let action = match required(rule, "action")?.to_ascii_uppercase().as_str() {
+                "RETRY" => RetryAction::Retry,
+                "EXIT" => RetryAction::Exit,
+                other => {
+                    return Err(AwsError::client(format!(
+                        "evaluateOnExit action {other:?} must be RETRY or EXIT"
+                    )))
+                }
+            };
+            rules.push(RetryRule {
+                on_exit_code: None,
+                on_reason: Some(string(rule, "onStatusReason")?.unwrap_or("*").to_string()),
+                action,
+            });
         }
         spec.retry = RetryPolicy {
             retries: attempts - 1,
@@ -193,7 +212,10 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
     if let Some(preemption) = input.get("preemptionConfiguration") {
         if let Some(retries) = integer(preemption, "preemptionRetriesBeforeTermination")? {
             spec.max_preemptions = Some(u32::try_from(retries).map_err(|_| {
-                AwsError::client("preemptionRetriesBeforeTermination must be at least 0")
+                AwsError::client(format!(
+                    "preemptionRetriesBeforeTermination {retries} must be 0 to {}",
+                    u32::MAX
+                ))
             })?);
         }
     }
@@ -249,8 +271,18 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
         "input_data_config": channels,
         "checkpoint_path": checkpoint,
     });
-    spec.env
-        .insert(SAGEMAKER_ENV.to_string(), contract.to_string());
+    let contract = contract.to_string();
+    // The contract travels as one variable, held to the limit of every variable's value.
+    if contract.len() > quotient_common::job::FIELD_BYTES_MAX {
+        return Err(AwsError::client(format!(
+            "the payload's HyperParameters, InputDataConfig, entrypoint and names take {} bytes \
+             as the container's training contract ({SAGEMAKER_ENV}); together they may take at \
+             most {}: pass large settings in a channel's data instead",
+            contract.len(),
+            quotient_common::job::FIELD_BYTES_MAX
+        )));
+    }
+    spec.env.insert(SAGEMAKER_ENV.to_string(), contract);
     spec.validate()
         .map_err(|error| AwsError::client(error.to_string()))?;
     Ok(spec)
@@ -603,18 +635,30 @@ pub(super) async fn list(
     Ok(answer)
 }
 
+/// `schedulingPriority` as a job's priority, or why not.
+fn scheduling_priority(priority: i64) -> Result<u32, AwsError> {
+    u32::try_from(priority)
+        .ok()
+        .filter(|p| *p <= PRIORITY_MAX)
+        .ok_or_else(|| {
+            AwsError::client(format!(
+                "schedulingPriority {priority} must be 0 to {PRIORITY_MAX}"
+            ))
+        })
+}
+
 pub(super) async fn update(
     door: &Door,
     caller: &PeerIdentity,
     input: &Value,
 ) -> Result<Value, AwsError> {
     let job = job_id(required(input, "jobId")?)?;
-    let priority = integer(input, "schedulingPriority")?
-        .and_then(|p| u32::try_from(p).ok())
-        .filter(|p| *p <= PRIORITY_MAX)
-        .ok_or_else(|| {
-            AwsError::client(format!("schedulingPriority must be 0 to {PRIORITY_MAX}"))
-        })?;
+    let priority = integer(input, "schedulingPriority")?.ok_or_else(|| {
+        AwsError::client(format!(
+            "schedulingPriority is required: the new priority, 0 to {PRIORITY_MAX}"
+        ))
+    })?;
+    let priority = scheduling_priority(priority)?;
     let (view, _) = service_job(door, caller, job).await?;
     door.call(caller, ApiRequest::UpdateJobPriority { job, priority })
         .await?;
@@ -767,6 +811,28 @@ mod tests {
             refused(submit(good.clone(), json!({"serviceJobType": "OTHER"})))
                 .contains("SAGEMAKER_TRAINING")
         );
+        let mut negative = good.clone();
+        negative["StoppingCondition"] = json!({"MaxRuntimeInSeconds": -5});
+        assert!(refused(submit(negative, json!({}))).contains("MaxRuntimeInSeconds -5 must be"));
+        for (extra, needle) in [
+            (json!({"timeoutConfig": 5}), "attemptDurationSeconds"),
+            (
+                json!({"retryStrategy": {"attempts": 2, "evaluateOnExit": "x"}}),
+                "evaluateOnExit must be a list",
+            ),
+            (
+                json!({"preemptionConfiguration": {"preemptionRetriesBeforeTermination": 1_i64 << 40}}),
+                "must be 0 to",
+            ),
+        ] {
+            assert!(
+                refused(submit(good.clone(), extra)).contains(needle),
+                "{needle}"
+            );
+        }
+        let mut large = good.clone();
+        large["HyperParameters"] = json!({"a": "x".repeat(9_000), "b": "y".repeat(9_000)});
+        assert!(refused(submit(large, json!({}))).contains("HyperParameters"));
         let mut no_share = submit(good, json!({}));
         no_share.as_object_mut().unwrap().remove("quotaShareName");
         assert!(refused(no_share).contains("quotaShareName"));

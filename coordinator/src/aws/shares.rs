@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use quotient_common::api::{ApiRequest, ApiResponse, ShareView};
 use quotient_common::certs::PeerIdentity;
-use quotient_common::share::{ShareSpec, ShareState, ShareUpdate, Strategy};
+use quotient_common::share::{
+    ShareSpec, ShareState, ShareUpdate, Strategy, BORROW_LIMIT_PERCENT_MAX,
+};
 use quotient_common::GpuClass;
 use serde_json::{json, Value};
 
@@ -72,14 +74,28 @@ fn enabled(field: &str, text: &str) -> Result<bool, AwsError> {
     }
 }
 
-/// `borrowLimit`: −1 (or absent) is no cap.
-fn borrow_limit(sharing: &Value) -> Result<Option<u32>, AwsError> {
-    match integer(sharing, "borrowLimit")? {
-        None | Some(-1) => Ok(None),
-        Some(percent) => u32::try_from(percent).map(Some).map_err(|_| {
-            AwsError::client("borrowLimit must be -1 (no cap) or a percentage of at least 0")
-        }),
+/// `borrowLimit` of a share of `strategy`: −1 (or absent) is no cap; only a
+/// `LEND_AND_BORROW` share takes one.
+fn borrow_limit(strategy: Strategy, sharing: &Value) -> Result<Option<u32>, AwsError> {
+    let percent = match integer(sharing, "borrowLimit")? {
+        None | Some(-1) => return Ok(None),
+        Some(percent) => percent,
+    };
+    if strategy != Strategy::LendAndBorrow {
+        return Err(AwsError::client(
+            "borrowLimit applies only to the LEND_AND_BORROW strategy",
+        ));
     }
+    u32::try_from(percent)
+        .ok()
+        .filter(|p| *p <= BORROW_LIMIT_PERCENT_MAX)
+        .map(Some)
+        .ok_or_else(|| {
+            AwsError::client(format!(
+                "borrowLimit {percent} must be -1 (no cap) or a percentage, 0 to \
+                 {BORROW_LIMIT_PERCENT_MAX}"
+            ))
+        })
 }
 
 pub(super) async fn create(
@@ -94,15 +110,7 @@ pub(super) async fn create(
         .get("resourceSharingConfiguration")
         .ok_or_else(|| AwsError::client("resourceSharingConfiguration is required"))?;
     let strategy = strategy(required(sharing, "strategy")?)?;
-    let borrow_limit_percent = match strategy {
-        Strategy::LendAndBorrow => borrow_limit(sharing)?,
-        _ if borrow_limit(sharing)?.is_some() => {
-            return Err(AwsError::client(
-                "borrowLimit applies only to the LEND_AND_BORROW strategy",
-            ))
-        }
-        _ => None,
-    };
+    let borrow_limit_percent = borrow_limit(strategy, sharing)?;
     let preemption = input
         .get("preemptionConfiguration")
         .ok_or_else(|| AwsError::client("preemptionConfiguration is required"))?;
@@ -157,10 +165,7 @@ pub(super) async fn update(
     if let Some(sharing) = input.get("resourceSharingConfiguration") {
         let strategy = strategy(required(sharing, "strategy")?)?;
         update.strategy = Some(strategy);
-        update.borrow_limit_percent = Some(match strategy {
-            Strategy::LendAndBorrow => borrow_limit(sharing)?,
-            _ => None,
-        });
+        update.borrow_limit_percent = Some(borrow_limit(strategy, sharing)?);
     }
     if let Some(preemption) = input.get("preemptionConfiguration") {
         update.in_share_preemption = Some(enabled(
