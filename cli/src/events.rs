@@ -118,6 +118,12 @@ pub fn run(global: &GlobalArgs, args: &EventsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn is_not_found(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<crate::failure::RequestFailed>()
+        .is_some_and(|failed| failed.code == quotient_common::error_code::ErrorCode::NotFound)
+}
+
 /// The newest [`JOB_EVENTS_SHOWN`] events of `job`, oldest first.
 pub fn job_events(session: &mut Session, job: JobId) -> anyhow::Result<Vec<Event>> {
     let args = EventsArgs {
@@ -130,7 +136,13 @@ pub fn job_events(session: &mut Session, job: JobId) -> anyhow::Result<Vec<Event
     let mut after = 0;
     let mut kept: Vec<Event> = Vec::new();
     loop {
-        let page = page(session, request(&args, after))?;
+        let page = match page(session, request(&args, after)) {
+            Ok(page) => page,
+            // Removed by retention since `job get` read it, with no event this reader sees:
+            // the job's view stands, with no events.
+            Err(error) if after == 0 && is_not_found(&error) => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
         let full = page.events.len() >= EVENT_PAGE_MAX as usize;
         after = next_after(after, &page);
         kept.extend(page.events);

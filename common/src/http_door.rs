@@ -3,11 +3,13 @@
 //! memory or tasks:
 //!
 //! - at most [`DoorLimits::connections_max`] connections at once, and at most
-//!   [`DoorLimits::connections_per_address_max`] from one IP address; a connection past either
-//!   is closed as soon as it is accepted, before anything of it is read;
-//! - a request's headers must arrive within [`DoorLimits::header_read_timeout`] (counted from
-//!   the connection's start for its first request, from a request's first byte after that);
-//! - a connection lives at most [`DoorLimits::connection_age_max`], then ends after the
+//!   [`DoorLimits::connections_per_address_max`] from one IP address (an IPv6 address counts
+//!   by its /64, which one host holds whole); a connection past either is closed as soon as it
+//!   is accepted, before anything of it is read;
+//! - a connection waiting for a request's headers (a new one, or one idle after an answer)
+//!   gets [`DoorLimits::header_read_timeout`] for them, then is closed (hyper's header
+//!   timeout, which runs whenever the connection waits for a request);
+//! - a busy connection lives at most [`DoorLimits::connection_age_max`], then ends after the
 //!   request in flight (clients reconnect, as they do after any keep-alive close).
 //!
 //! A door that reads request bodies bounds their time and size itself (the AWS endpoint does).
@@ -83,17 +85,18 @@ impl Admission {
 
     /// Counts a connection from `address`, or says why it must be closed.
     pub fn admit(&self, address: IpAddr) -> Result<Admitted, Refused> {
+        let address = counted_as(address);
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         if counts.total >= self.limits.connections_max {
             return Err(Refused::Full(self.limits.connections_max));
         }
-        let from_address = counts.by_address.entry(address).or_default();
-        if *from_address >= self.limits.connections_per_address_max {
+        let from_address = counts.by_address.get(&address).copied().unwrap_or(0);
+        if from_address >= self.limits.connections_per_address_max {
             return Err(Refused::AddressFull(
                 self.limits.connections_per_address_max,
             ));
         }
-        *from_address += 1;
+        counts.by_address.insert(address, from_address + 1);
         counts.total += 1;
         Ok(Admitted {
             counts: Arc::clone(&self.counts),
@@ -104,6 +107,20 @@ impl Admission {
     /// How many connections are open now.
     pub fn open(&self) -> usize {
         self.counts.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+}
+
+/// The address a connection from `address` counts under: an IPv4 address (mapped into IPv6
+/// or not) as itself, an IPv6 address by its /64, since one host is given a whole /64.
+fn counted_as(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => address,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from_bits(
+                v6.to_bits() & !((1u128 << 64) - 1),
+            )),
+        },
     }
 }
 
@@ -192,6 +209,18 @@ mod tests {
 
     #[test]
     fn connections_are_counted_in_all_and_by_address_until_dropped() {
+        // One host's IPv6 /64 counts as one address, an IPv4-mapped one as the IPv4 one.
+        let v6 = Admission::new(limits(8, 1));
+        let _first = v6.admit("2001:db8::1".parse().unwrap()).unwrap();
+        assert!(v6.admit("2001:db8::ffff:2".parse().unwrap()).is_err());
+        let _other = v6.admit("2001:db8:0:1::1".parse().unwrap()).unwrap();
+        let _v4 = v6.admit("10.0.0.9".parse().unwrap()).unwrap();
+        assert!(v6.admit("::ffff:10.0.0.9".parse().unwrap()).is_err());
+        // A limit of none admits nothing and keeps no count.
+        let none = Admission::new(limits(8, 0));
+        assert!(none.admit("10.0.0.1".parse().unwrap()).is_err());
+        assert!(none.counts.lock().unwrap().by_address.is_empty());
+
         let admission = Admission::new(limits(3, 2));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();

@@ -214,6 +214,24 @@ fn in_session(tag: Option<WriteTag>, request: ApiRequest) -> ApiRequest {
     }
 }
 
+/// The idempotency key the coordinators keep for `caller`'s submit with `key`: the caller's
+/// own ([`quotient_common::JobSpec::caller_scoped_key`]), so that another user's submit with
+/// the same key makes its own job and learns nothing of this one. A key that a build before
+/// this scoping kept as it was sent, for a live job of this caller, stays as it is, so that
+/// a submit resent across the upgrade is still answered with the job it made. A pure
+/// function of the replicated state, so every coordinator keeps the same key.
+fn stored_idempotency_key(state: &quotient_core::State, caller: &str, key: String) -> String {
+    let kept_unscoped = state
+        .idempotent_job(&key)
+        .and_then(|job| state.job(job))
+        .is_some_and(|record| record.spec.owner.as_deref() == Some(caller));
+    if kept_unscoped {
+        key
+    } else {
+        quotient_common::JobSpec::caller_scoped_key(caller, &key)
+    }
+}
+
 /// `command` made for `caller`: an admin's or a user's is checked and audited by `apply`
 /// ([`Command::As`]); another role's (none reaches a write) as it is.
 fn as_caller(caller: &PeerIdentity, command: Command) -> Command {
@@ -954,12 +972,7 @@ impl ApiService {
         }
     }
 
-    /// Why job `job` is not there: removed by retention, or unknown.
-    /// Makes `spec`'s idempotency key its caller's own ([`JobSpec::caller_scoped_key`]), so
-    /// that another user's submit with the same key is not answered with this one's job.
-    /// A key that a build before this scoping kept as it was sent, for a job of this caller
-    /// (or of no known owner), stays as it is: a submit resent across the upgrade is still
-    /// answered with the job it made.
+    /// Makes `spec`'s idempotency key its caller's own ([`stored_idempotency_key`]).
     fn scope_idempotency_key(&self, caller: &PeerIdentity, spec: &mut quotient_common::JobSpec) {
         if !matches!(caller.role, Role::Admin | Role::User) {
             return;
@@ -967,24 +980,15 @@ impl ApiService {
         let Some(key) = spec.idempotency_key.take() else {
             return;
         };
-        let kept_unscoped = self.inner.ctx.state_machine.read(|state| {
-            state.idempotent_job(&key).is_some_and(|job| {
-                state.job(job).is_none_or(|record| {
-                    record
-                        .spec
-                        .owner
-                        .as_deref()
-                        .is_none_or(|owner| owner == caller.name)
-                })
-            })
-        });
-        spec.idempotency_key = Some(if kept_unscoped {
-            key
-        } else {
-            quotient_common::JobSpec::caller_scoped_key(&caller.name, &key)
-        });
+        spec.idempotency_key = Some(
+            self.inner
+                .ctx
+                .state_machine
+                .read(|state| stored_idempotency_key(state, &caller.name, key)),
+        );
     }
 
+    /// Why job `job` is not there: removed by retention, or unknown.
     fn missing_job(&self, job: quotient_common::JobId) -> ApiError {
         ApiError::Rejected(
             self.inner
@@ -1347,6 +1351,33 @@ mod tests {
     use quotient_common::api::JobView;
 
     use super::*;
+
+    #[test]
+    fn a_key_kept_unscoped_answers_only_its_own_users_live_job() {
+        use crate::test_log::Log;
+        let mut log = Log::new();
+        log.create_share("s", 1);
+        // An earlier build kept alice's key as she sent it.
+        let mut spec = quotient_common::JobSpec::new("s", 1, 1, vec!["true".into()]);
+        spec.idempotency_key = Some("k".into());
+        log.apply(Command::As {
+            caller: quotient_core::Caller {
+                name: "alice".into(),
+                admin: false,
+            },
+            command: Box::new(Command::SubmitJob(spec)),
+        });
+        assert_eq!(stored_idempotency_key(&log.state, "alice", "k".into()), "k");
+        let bobs = stored_idempotency_key(&log.state, "bob", "k".into());
+        assert_eq!(
+            bobs,
+            quotient_common::JobSpec::caller_scoped_key("bob", "k")
+        );
+        assert_eq!(
+            stored_idempotency_key(&log.state, "alice", "other".into()),
+            quotient_common::JobSpec::caller_scoped_key("alice", "other")
+        );
+    }
 
     /// A job view with every name at its longest.
     fn long_job_view() -> JobView {

@@ -196,7 +196,13 @@ pub async fn restore(
         .read_to_end(&mut file)
         .map_err(read)?;
     parse_backup_header(&file).map_err(invalid)?;
-    // Read on into the same buffer (a backup of several GiB is held once, not twice).
+    // Read on into the same buffer (a backup of several GiB is held once, not twice), sized
+    // for the file as it is on disk (a device or a pipe says 0 and grows as read).
+    file.reserve_exact(
+        usize::try_from(bytes)
+            .unwrap_or(0)
+            .saturating_sub(file.len()),
+    );
     opened
         .take(BACKUP_FILE_BYTES_MAX + 1 - BACKUP_HEADER_BYTES as u64)
         .read_to_end(&mut file)

@@ -69,11 +69,11 @@ pub fn read_limited(path: &Path, max: u64) -> Result<String, EvalError> {
     if file.metadata().map_err(io)?.len() > max {
         return Err(too_large());
     }
-    let text = read_text_at_most(file, max)
+    let mut text = read_text_at_most(file, max)
         .map_err(io)?
         .ok_or_else(too_large)?;
-    Ok(match text.strip_prefix('\u{feff}') {
-        Some(rest) => rest.to_string(),
-        None => text,
-    })
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8());
+    }
+    Ok(text)
 }

@@ -14,6 +14,7 @@ The tests run in order (unittest sorts them by name): setup through the AWS guid
 then the launch walkthrough, then the rest.
 """
 
+import http.client
 import json
 import os
 import socket
@@ -333,6 +334,14 @@ class AwsBatch(unittest.TestCase):
                 serviceRequestPayload="x" * (300 * 1024))
         self.assertEqual(caught.exception.response["Error"]["Code"], "ClientException")
         self.assertEqual(caught.exception.response["ResponseMetadata"]["HTTPStatusCode"], 413)
+
+        # A chunked body over the limit (no length declared) is cut off with the same error.
+        chunked = http.client.HTTPSConnection(host, port, context=tls, timeout=30)
+        chunked.request("POST", "/v1/listquotashares", body=iter([b"x" * 65536] * 5), encode_chunked=True)
+        answer = chunked.getresponse()
+        self.assertEqual(answer.status, 413)
+        self.assertEqual(answer.getheader("x-amzn-ErrorType"), "ClientException")
+        chunked.close()
 
         self.assertTrue(closed(slow), "headers that never ended held their connection")
         self.assertLess(time.monotonic() - started, 25)

@@ -68,9 +68,11 @@ impl State {
         self.acting.clone()
     }
 
-    /// Why a reader that found no event of `filter`'s job, share or node is told it asked
-    /// about something unknown: the job, share or node is neither in the state nor in any
-    /// kept event. `None` when each one it names exists (its events are merely none yet).
+    /// Why a reader whose query found no event is told it asked about something unknown: the
+    /// job, share or node `filter` names is not in the live state. `None` when each one it
+    /// names exists (its events are merely none yet, or not the reader's to see). A share or
+    /// node deleted since still has its kept events read; only a query that finds none of
+    /// them (past `--since`, say) is answered this way.
     pub fn unknown_event_subject(&self, filter: &EventFilter) -> Option<Rejection> {
         if let Some(job) = filter.job.filter(|job| self.job(*job).is_none()) {
             return Some(self.missing_job(job));

@@ -141,13 +141,13 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
         spec.priority = scheduling_priority(priority)?;
     }
     spec.env = string_map(&payload, "Environment")?.into();
-    let seconds_of = |value: Option<&Value>, field: &str| -> Result<Option<u64>, AwsError> {
+    let seconds_of = |value: Option<&Value>, holder: &str, field: &str| {
         let Some(value) = value.filter(|v| !v.is_null()) else {
             return Ok(None);
         };
         if !value.is_object() {
             return Err(AwsError::client(format!(
-                "the object holding {field} must be a JSON object"
+                "{holder} must be a JSON object (with {field})"
             )));
         }
         let Some(seconds) = integer(value, field)? else {
@@ -165,8 +165,16 @@ fn spec_of(types: &InstanceTypes, input: &Value) -> Result<JobSpec, AwsError> {
             })
     };
     let limits = [
-        seconds_of(payload.get("StoppingCondition"), "MaxRuntimeInSeconds")?,
-        seconds_of(input.get("timeoutConfig"), "attemptDurationSeconds")?,
+        seconds_of(
+            payload.get("StoppingCondition"),
+            "StoppingCondition",
+            "MaxRuntimeInSeconds",
+        )?,
+        seconds_of(
+            input.get("timeoutConfig"),
+            "timeoutConfig",
+            "attemptDurationSeconds",
+        )?,
     ];
     if let Some(seconds) = limits.into_iter().flatten().min() {
         spec.time_limit_ms = Some(seconds * 1_000);
@@ -815,7 +823,10 @@ mod tests {
         negative["StoppingCondition"] = json!({"MaxRuntimeInSeconds": -5});
         assert!(refused(submit(negative, json!({}))).contains("MaxRuntimeInSeconds -5 must be"));
         for (extra, needle) in [
-            (json!({"timeoutConfig": 5}), "attemptDurationSeconds"),
+            (
+                json!({"timeoutConfig": 5}),
+                "timeoutConfig must be a JSON object",
+            ),
             (
                 json!({"retryStrategy": {"attempts": 2, "evaluateOnExit": "x"}}),
                 "evaluateOnExit must be a list",

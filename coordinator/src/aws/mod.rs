@@ -177,7 +177,23 @@ async fn accept_loop(
 /// The body of a request, read within [`BODY_READ_TIMEOUT_MS`] and [`AWS_BODY_BYTES_MAX`]:
 /// a client that sends less than it declared, or more than the limit, is answered with an
 /// AWS error rather than held.
-async fn read_body(body: Body) -> Result<Bytes, AwsError> {
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, AwsError> {
+    let too_large = || AwsError {
+        status: 413,
+        code: "ClientException",
+        message: format!(
+            "the request body is larger than {AWS_BODY_BYTES_MAX} bytes: a request of this API \
+             is far smaller"
+        ),
+    };
+    // A body declared too large is refused before any of it is read.
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|bytes| bytes > AWS_BODY_BYTES_MAX as u64) {
+        return Err(too_large());
+    }
     match tokio::time::timeout(
         Duration::from_millis(BODY_READ_TIMEOUT_MS),
         axum::body::to_bytes(body, AWS_BODY_BYTES_MAX),
@@ -185,14 +201,17 @@ async fn read_body(body: Body) -> Result<Bytes, AwsError> {
     .await
     {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(AwsError {
-            status: 413,
-            code: "ClientException",
-            message: format!(
-                "the request body is larger than {AWS_BODY_BYTES_MAX} bytes, or ended early: \
-                 a request of this API is far smaller"
-            ),
-        }),
+        Ok(Err(error)) => {
+            let error = error.into_inner();
+            if error.is::<http_body_util::LengthLimitError>() {
+                Err(too_large())
+            } else {
+                Err(AwsError::client(format!(
+                    "the request body could not be read ({error}): send it whole, as its \
+                     Content-Length or chunks declare"
+                )))
+            }
+        }
         Err(_) => Err(AwsError {
             status: 408,
             code: "ClientException",
@@ -213,7 +232,7 @@ async fn handle(
     body: Body,
 ) -> Response {
     let operation = uri.path().trim_end_matches('/').to_ascii_lowercase();
-    let result = match read_body(body).await {
+    let result = match read_body(&headers, body).await {
         Ok(body) => answer(&door, &method, &uri, &headers, &body, &operation).await,
         Err(error) => Err(error),
     };
