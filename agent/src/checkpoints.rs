@@ -26,7 +26,9 @@ pub const SCAN_EVERY_MS: u64 = 1_000;
 /// The time of the newest checkpoint in `dir`, by the convention above; `None` when there is
 /// none (or the directory cannot be read).
 pub fn newest(dir: &Path) -> Option<SystemTime> {
-    if let Ok(meta) = std::fs::metadata(dir.join(MARKER)) {
+    // The marker and the entries as they are, never through a link: the agent runs as root,
+    // and a link's target's time is not the job's to learn (nor a checkpoint of its own).
+    if let Ok(meta) = std::fs::symlink_metadata(dir.join(MARKER)) {
         return meta.modified().ok();
     }
     std::fs::read_dir(dir)

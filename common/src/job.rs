@@ -243,6 +243,9 @@ impl JobSpec {
                     .into(),
             ));
         }
+        if let Some(image) = &self.payload.image {
+            check_image_reference(image).map_err(SpecError::Field)?;
+        }
         Ok(())
     }
 
@@ -537,6 +540,109 @@ impl std::str::FromStr for JobState {
     }
 }
 
+/// The longest image name Docker takes (its repository, registry included).
+pub const IMAGE_NAME_BYTES_MAX: usize = 255;
+
+/// Whether `image` is a reference Docker can pull or run: `[HOST[:PORT]/]PATH[:TAG][@DIGEST]`,
+/// its path in lowercase components of letters and digits joined by `.`, `_`, `__` or `-`
+/// runs, a tag of at most 128 of letters, digits, `_`, `.` and `-`, not starting with `.` or
+/// `-`. A job naming anything else would wait for an image no node can ever run.
+pub fn check_image_reference(image: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "image {image:?} is not an image reference ({why}): use [HOST[:PORT]/]NAME[:TAG][@DIGEST], \
+             e.g. registry.local:5000/team/trainer:1.2"
+        ))
+    };
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let Some((algorithm, hex)) = digest.split_once(':') else {
+            return bad("a digest is ALGORITHM:HEX");
+        };
+        let algorithm_ok = !algorithm.is_empty()
+            && algorithm
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+._-".contains(&b));
+        if !algorithm_ok || hex.len() < 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return bad("a digest is ALGORITHM:HEX, e.g. sha256: and 64 hex digits");
+        }
+    }
+    // A tag follows the last ':' after the last '/' (a ':' before it is a registry's port).
+    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[last_slash..].rfind(':') {
+        Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
+        None => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let ok = !tag.is_empty()
+            && tag.len() <= 128
+            && !tag.starts_with(['.', '-'])
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !ok {
+            return bad(
+                "a tag is 1-128 of letters, digits, '_', '.' and '-', not starting with '.' or '-'",
+            );
+        }
+    }
+    if name.is_empty() || name.len() > IMAGE_NAME_BYTES_MAX {
+        return bad("its name is 1-255 characters");
+    }
+    let mut components: Vec<&str> = name.split('/').collect();
+    // The first component is a registry host when it has a '.' or a ':' or is localhost.
+    let first = components[0];
+    if components.len() > 1
+        && (first.contains(['.', ':'])
+            || first == "localhost"
+            || first.bytes().any(|b| b.is_ascii_uppercase()))
+    {
+        let (host, port) = match first.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (first, None),
+        };
+        let host_ok = !host.is_empty()
+            && host.split('.').all(|label| {
+                !label.is_empty()
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        let port_ok = port
+            .is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+        if !host_ok || !port_ok {
+            return bad("a registry is HOST or HOST:PORT");
+        }
+        components.remove(0);
+    }
+    for component in components {
+        // Lowercase letters and digits, separated by '.', '_', '__' or runs of '-'.
+        let bytes = component.as_bytes();
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let ok = !bytes.is_empty()
+            && alnum(bytes[0])
+            && alnum(bytes[bytes.len() - 1])
+            && bytes.iter().all(|&b| alnum(b) || b"._-".contains(&b))
+            && !component.contains("..")
+            && !component.contains("___")
+            && !component.contains("._")
+            && !component.contains("_.")
+            && !component.contains(".-")
+            && !component.contains("-.")
+            && !component.contains("_-")
+            && !component.contains("-_");
+        if !ok {
+            return bad("each part of its name is lowercase letters and digits, joined by '.', '_', '__' or '-'");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,6 +674,50 @@ mod tests {
             &"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX),
         );
         assert_eq!(longest.len(), SCOPED_KEY_BYTES);
+    }
+
+    #[test]
+    fn image_references_are_checked_as_docker_reads_them() {
+        for good in [
+            "busybox",
+            "trainer:1",
+            "quotient-test-busybox:latest",
+            "team/trainer:1.2",
+            "registry.local:5000/team/trainer:1.2",
+            "localhost/x",
+            "Registry.Local/team/x",
+            "a__b/c-d--e/f.g:TAG_1-x",
+            "repo/x@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "repo/x:1@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(check_image_reference(good), Ok(()), "{good}");
+        }
+        let long = "a".repeat(300);
+        for bad in [
+            "../../x",
+            "UPPER:tag",
+            "x:",
+            "x:-tag",
+            "/x",
+            "x/",
+            "a..b",
+            "a b",
+            "x@sha256",
+            "x@sha256:zz",
+            "host:99999999/x",
+            long.as_str(),
+        ] {
+            assert!(check_image_reference(bad).is_err(), "{bad}");
+        }
+        let mut spec = JobSpec::new("s", 1, 1, vec![]);
+        spec.payload.image = Some("../../x".into());
+        assert!(spec
+            .validate_new()
+            .unwrap_err()
+            .to_string()
+            .contains("not an image reference"));
+        spec.payload.image = Some("trainer:1".into());
+        assert!(spec.validate_new().is_ok());
     }
 
     #[test]

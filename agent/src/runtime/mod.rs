@@ -498,13 +498,36 @@ fn lookup_user_by_uid(uid: u32) -> Option<JobUser> {
 }
 
 /// Hands `path` to the job user, when the agent runs as someone else (root): the job must be
-/// able to write its working dir and checkpoint dir.
+/// able to write its working dir and checkpoint dir. Never through a link: a link a job left
+/// where the agent expects its own file would otherwise hand the link's target (any file of
+/// the host) to the job.
 pub(crate) fn give_to(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
     if !user.differs_from_agent() {
         return Ok(());
     }
-    std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))
+    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))
         .map_err(|error| RuntimeError::io("hand to the job user", path, error))
+}
+
+/// Makes `path` a directory of the job user's, whose parent exists, never following a link
+/// at `path`: whatever a job left there that is not a directory (a link to a host directory,
+/// a file) is removed first. Directories under a job's checkpoint dir, which the job writes
+/// and which outlives its attempts, are made this way.
+pub(crate) fn real_dir_for(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_dir() => {}
+        Ok(_) => {
+            std::fs::remove_file(path).map_err(|error| {
+                RuntimeError::io("remove what is not a directory at", path, error)
+            })?;
+            std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?;
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?;
+        }
+        Err(error) => return Err(RuntimeError::io("look at", path, error)),
+    }
+    give_to(path, user)
 }
 
 /// Creates the attempt's working dir fresh (whatever an earlier try left there is removed)
@@ -526,10 +549,14 @@ pub(crate) fn create_work_dir(path: &Path, user: &JobUser) -> Result<(), Runtime
     give_to(path, user)
 }
 
-/// Creates the job's checkpoint dir if missing and hands it to the job user.
+/// Creates the job's checkpoint dir if missing (its parents the agent's own) and hands it to
+/// the job user.
 pub(crate) fn create_checkpoint_dir(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
-    std::fs::create_dir_all(path).map_err(|error| RuntimeError::io("create", path, error))?;
-    give_to(path, user)
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| RuntimeError::io("create", parent, error))?;
+    }
+    real_dir_for(path, user)
 }
 
 /// The whole environment of a process job, and nothing of the agent's: a minimal `PATH`,

@@ -68,6 +68,8 @@ pub const SHIM_SHELL: &str = "/bin/sh";
 /// How often the orphan watchdog reads the lease file, in whole seconds (`sleep` takes no
 /// fractions in POSIX).
 pub const WATCHDOG_POLL_S: u64 = 1;
+/// The most of an exit file read: the shim writes a number and a newline.
+const EXIT_FILE_BYTES_MAX: u64 = 64;
 /// How long after the lease's expiry the orphan watchdog acts: longer than the agent's own
 /// executor tick, so a live agent fences first and marks the lease file.
 pub const WATCHDOG_SLACK_MS: u64 = 500;
@@ -218,9 +220,13 @@ impl ProcessRuntime {
         read_pid_file(&self.pid_file(job, attempt))
     }
 
-    /// The exit code the shim recorded, if any.
+    /// The exit code the shim recorded, if any. The file is the job user's to write, so it is
+    /// read with a limit: an exit code is a few bytes, and a job that grew its file to
+    /// gigabytes would otherwise have the agent read them all, again and again.
     fn recorded_exit_code(&self, job: JobId, attempt: u32) -> Option<i32> {
-        let text = std::fs::read_to_string(self.exit_file(job, attempt)).ok()?;
+        let file = std::fs::File::open(self.exit_file(job, attempt)).ok()?;
+        let text =
+            quotient_common::bounded_read::read_text_at_most(file, EXIT_FILE_BYTES_MAX).ok()??;
         text.trim().parse().ok()
     }
 

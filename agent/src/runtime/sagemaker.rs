@@ -27,7 +27,7 @@ use quotient_common::job_report::EXIT_REASON_BYTES_MAX;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{give_to, JobUser, LaunchSpec, RuntimeError};
+use super::{create_checkpoint_dir, give_to, real_dir_for, JobUser, LaunchSpec, RuntimeError};
 
 /// The job variable that makes a job a SageMaker training job.
 pub const CONTRACT_ENV: &str = "QUOTIENT_SAGEMAKER";
@@ -101,14 +101,16 @@ fn host_name(rank: usize) -> String {
     format!("algo-{}", rank + 1)
 }
 
-fn create(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
-    std::fs::create_dir_all(path).map_err(|error| RuntimeError::io("create", path, error))?;
-    give_to(path, user)
-}
-
+/// Writes `value` to `path`, a new file (never through a link left there), the job user's.
 fn write_json(path: &Path, value: &Value, user: &JobUser) -> Result<(), RuntimeError> {
+    use std::io::Write;
     let text = serde_json::to_string_pretty(value).expect("JSON values encode");
-    std::fs::write(path, text).map_err(|error| RuntimeError::io("write", path, error))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|error| RuntimeError::io("write", path, error))?;
     give_to(path, user)
 }
 
@@ -125,18 +127,21 @@ pub fn prepare(
     let root = attempt_dir(&spec.work_dir);
     let (input, output) = (root.join("input"), root.join("output"));
     let config = input.join("config");
-    create(&config, user)?;
-    create(&output.join("data"), user)?;
-    for dir in [&root, &input, &output] {
-        give_to(dir, user)?;
+    // Each directory on its own, parents first, never through a link: the checkpoint dir is
+    // the job's to write and outlives its attempts, so a link to a host directory left there
+    // as `model` would otherwise be handed to the job and mounted into its container.
+    let data = input.join("data");
+    for dir in [&root, &input, &config, &data, &output, &output.join("data")] {
+        real_dir_for(dir, user)?;
     }
     for channel in contract.input_data_config.keys() {
-        create(&input.join("data").join(channel), user)?;
+        real_dir_for(&data.join(channel), user)?;
     }
     let model = spec.checkpoint_dir.join("model");
     let checkpoints = spec.checkpoint_dir.join("checkpoints");
-    create(&model, user)?;
-    create(&checkpoints, user)?;
+    create_checkpoint_dir(&spec.checkpoint_dir, user)?;
+    real_dir_for(&model, user)?;
+    real_dir_for(&checkpoints, user)?;
     let resource_config = json!({
         "current_host": current,
         "current_instance_type": contract.instance_type,
@@ -276,8 +281,19 @@ fn cpus(spec: &LaunchSpec) -> u64 {
 /// [`EXIT_REASON_BYTES_MAX`] bytes of it, if it left any.
 pub fn failure_reason(work_dir: &Path) -> Option<String> {
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = attempt_dir(work_dir).join("output").join("failure");
-    let file = std::fs::File::open(path).ok()?;
+    // The job's own file, read by root: never through a link (which could name any file of
+    // the host, whose first bytes would become the job's reason), and a FIFO neither blocks
+    // the open nor is read.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
     let mut bytes = Vec::new();
     file.take(EXIT_REASON_BYTES_MAX as u64 * 4)
         .read_to_end(&mut bytes)
@@ -390,6 +406,52 @@ mod tests {
     }
 
     #[test]
+    fn a_link_the_job_left_in_its_checkpoint_dir_is_replaced_not_followed() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path(), CONTRACT, Rendezvous::single(None, 29_500));
+        let contract = contract(&spec).unwrap().unwrap();
+        std::fs::create_dir_all(&spec.work_dir).unwrap();
+        // A host directory the job must not get, and the job's links to it from its
+        // checkpoint dir (which outlives attempts) and from its fresh work dir.
+        let host = dir.path().join("host-dir");
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&spec.checkpoint_dir).unwrap();
+        std::os::unix::fs::symlink(&host, spec.checkpoint_dir.join("model")).unwrap();
+        std::fs::write(spec.checkpoint_dir.join("checkpoints"), "a file").unwrap();
+        std::os::unix::fs::symlink(&host, attempt_dir(&spec.work_dir)).unwrap();
+        // As root (CI), the job user is another one, so a followed link would show as a
+        // change of the host directory's owner.
+        let root = unsafe { libc::geteuid() } == 0;
+        let user = if root {
+            JobUser {
+                name: "nobody".into(),
+                uid: 65_534,
+                gid: 65_534,
+            }
+        } else {
+            JobUser::current()
+        };
+        let before = std::fs::metadata(&host).unwrap().uid();
+        prepare(&spec, &contract, &user).unwrap();
+        for made in [
+            spec.checkpoint_dir.join("model"),
+            spec.checkpoint_dir.join("checkpoints"),
+            attempt_dir(&spec.work_dir),
+        ] {
+            let meta = std::fs::symlink_metadata(&made).unwrap();
+            assert!(meta.file_type().is_dir(), "{}", made.display());
+            assert_eq!(meta.uid(), user.uid, "{}", made.display());
+        }
+        assert_eq!(std::fs::metadata(&host).unwrap().uid(), before);
+        assert_eq!(
+            std::fs::read_dir(&host).unwrap().count(),
+            0,
+            "nothing written there"
+        );
+    }
+
+    #[test]
     fn a_job_of_one_node_is_algo_1() {
         let dir = tempfile::tempdir().unwrap();
         let spec = spec(dir.path(), CONTRACT, Rendezvous::single(None, 29_500));
@@ -430,6 +492,12 @@ mod tests {
         let cut = failure_reason(&work).unwrap();
         assert!(cut.len() <= EXIT_REASON_BYTES_MAX && cut.starts_with('é'));
         std::fs::write(output.join("failure"), "\n").unwrap();
+        assert_eq!(failure_reason(&work), None);
+        // A link the job left there is not followed, whatever it names.
+        let secret = work.join("secret");
+        std::fs::write(&secret, "host secret").unwrap();
+        std::fs::remove_file(output.join("failure")).unwrap();
+        std::os::unix::fs::symlink(&secret, output.join("failure")).unwrap();
         assert_eq!(failure_reason(&work), None);
     }
 }
