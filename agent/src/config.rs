@@ -440,6 +440,11 @@ pub fn resolve_job_user(
     current: impl Fn() -> crate::runtime::JobUser,
 ) -> Result<crate::runtime::JobUser, JobUserError> {
     match job_user {
+        Some(crate::runtime::PER_JOB) if agent_uid != 0 => Err(JobUserError::NotPermitted(
+            crate::runtime::PER_JOB.to_string(),
+            agent_uid,
+        )),
+        Some(crate::runtime::PER_JOB) => Ok(crate::runtime::JobUser::per_job()),
         Some(name) => {
             let user = lookup(name).ok_or_else(|| JobUserError::Unknown(name.to_string()))?;
             if agent_uid != 0 && user.uid != agent_uid {
@@ -725,8 +730,24 @@ mod tests {
             name: name.to_string(),
             uid,
             gid: uid,
+            per_job: false,
         };
         let lookup = |name: &str| (name == "trainer").then(|| user("trainer", 1500));
+        // A uid per job, for a root agent only; each job's own, the same on every call.
+        let per_job = resolve_job_user(Some("per-job"), false, 0, lookup, || user("root", 0));
+        let per_job = per_job.unwrap();
+        let first = per_job.for_job(quotient_common::JobId(7));
+        assert_eq!(
+            (first.uid, first.gid),
+            (crate::runtime::PER_JOB_UID_FIRST + 7, first.uid)
+        );
+        assert_eq!(per_job.for_job(quotient_common::JobId(7)), first);
+        assert_ne!(per_job.for_job(quotient_common::JobId(8)).uid, first.uid);
+        assert!(first.differs_from_agent() || unsafe { libc::geteuid() } == first.uid);
+        assert!(matches!(
+            resolve_job_user(Some("per-job"), false, 1000, lookup, || user("alice", 1000)),
+            Err(JobUserError::NotPermitted(_, 1000))
+        ));
         let as_root = || user("root", 0);
         let as_alice = || user("alice", 1000);
         assert_eq!(

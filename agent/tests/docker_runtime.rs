@@ -700,6 +700,41 @@ async fn docker_job_runs_as_the_job_user() {
     assert!(env.lines().any(|line| line == "TRAIN_EPOCHS=3"), "{env}");
 }
 
+/// With `--job-user per-job` a container runs as its job's own uid and group, and can write
+/// its checkpoint dir, which is that uid's alone.
+#[tokio::test]
+async fn docker_job_runs_as_its_own_uid_with_a_uid_per_job() {
+    use quotient_agent::runtime::{JobUser, PER_JOB_UID_FIRST};
+    use std::os::unix::fs::MetadataExt;
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("per-job").await else {
+        return;
+    };
+    let runtime = runtime.with_job_user(JobUser::per_job());
+    let spec = launch(
+        state.path(),
+        75,
+        1,
+        Some(IMAGE),
+        shell(r#"id -u > "$QUOTIENT_CHECKPOINT_DIR/uid"; id -g >> "$QUOTIENT_CHECKPOINT_DIR/uid""#),
+    );
+    let handle = runtime.start(&spec).await.unwrap();
+    assert_eq!(
+        runtime.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(0))
+    );
+    let own = (PER_JOB_UID_FIRST + 75).to_string();
+    let ids = std::fs::read_to_string(spec.checkpoint_dir.join("uid")).unwrap();
+    assert_eq!(
+        ids.split_whitespace().collect::<Vec<_>>(),
+        [own.as_str(), own.as_str()]
+    );
+    let dir = std::fs::metadata(&spec.checkpoint_dir).unwrap();
+    assert_eq!(
+        (dir.uid(), dir.mode() & 0o777),
+        (PER_JOB_UID_FIRST + 75, 0o700)
+    );
+}
+
 /// The HostConfig of a container, as `docker inspect` shows it: (NanoCpus, Memory, MemorySwap).
 fn container_limits(id: &str) -> (i64, i64, i64) {
     let output = Command::new("docker")

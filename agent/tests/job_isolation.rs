@@ -163,6 +163,59 @@ async fn a_process_job_runs_as_the_job_user() {
     assert_eq!(owner.uid(), nobody.uid);
 }
 
+/// With `--job-user per-job`, each job runs as a uid of its own (the same one on every
+/// attempt), and another job on the node can neither read its working dir, checkpoint dir or
+/// log nor change the exit code recorded for it.
+#[tokio::test]
+async fn with_a_uid_per_job_jobs_cannot_reach_each_other() {
+    use quotient_agent::runtime::{JobUser, PER_JOB_UID_FIRST};
+    if !root_or_skip("with_a_uid_per_job_jobs_cannot_reach_each_other") {
+        return;
+    }
+    let state = open_state_dir();
+    let runtime = ProcessRuntime::new(state.path()).with_job_user(JobUser::per_job());
+    let victim = launch(
+        state.path(),
+        72,
+        1,
+        None,
+        shell(
+            r#"echo secret > "$QUOTIENT_CHECKPOINT_DIR/kept"; echo secret > "$HOME/scratch"; echo secret; id -u > "$QUOTIENT_CHECKPOINT_DIR/uid"; exit 3"#,
+        ),
+    );
+    let handle = runtime.start(&victim).await.unwrap();
+    assert_eq!(
+        runtime.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(3))
+    );
+    let kept = std::fs::read_to_string(victim.checkpoint_dir.join("uid")).unwrap();
+    assert_eq!(kept.trim(), (PER_JOB_UID_FIRST + 72).to_string());
+
+    let victims_exit = state.path().join("jobs").join("j-72-1.exit");
+    let script = format!(
+        r#"id -u > "$QUOTIENT_CHECKPOINT_DIR/uid"
+try() {{ if "$@" >/dev/null 2>&1; then echo "$1 $2: allowed"; else echo "$1 $2: denied"; fi; }}
+{{ try cat {kept}; try cat {scratch}; try cat {log}; try ls {checkpoints};
+   try sh -c 'echo 0 > {exit}'; }} > "$QUOTIENT_CHECKPOINT_DIR/tries""#,
+        kept = victim.checkpoint_dir.join("kept").display(),
+        scratch = victim.work_dir.join("scratch").display(),
+        log = victim.log_path.display(),
+        checkpoints = victim.checkpoint_dir.display(),
+        exit = victims_exit.display(),
+    );
+    let snoop = launch(state.path(), 71, 1, None, shell(&script));
+    let handle = runtime.start(&snoop).await.unwrap();
+    assert_eq!(
+        runtime.wait(&handle, WAIT_DEADLINE).await.unwrap(),
+        Some(Some(0))
+    );
+    let read = |name: &str| std::fs::read_to_string(snoop.checkpoint_dir.join(name)).unwrap();
+    assert_eq!(read("uid").trim(), (PER_JOB_UID_FIRST + 71).to_string());
+    let tries = read("tries");
+    assert_eq!(tries.matches("denied").count(), 5, "{tries}");
+    assert_eq!(std::fs::read_to_string(&victims_exit).unwrap().trim(), "3");
+}
+
 fn agent(args: &[&str]) -> std::process::Output {
     let state = tempfile::tempdir().unwrap();
     Command::new(env!("CARGO_BIN_EXE_quotient-agent"))

@@ -444,13 +444,14 @@ impl Runtime for DockerRuntime {
                 "the Docker runtime needs an image (submit with --image)".to_string(),
             ));
         };
-        create_checkpoint_dir(&spec.checkpoint_dir, &self.user)?;
+        let user = self.user.for_job(spec.job);
+        create_checkpoint_dir(&spec.checkpoint_dir, &user)?;
         let checkpoint_dir = spec.checkpoint_dir.display().to_string();
         // A SageMaker training job also gets SageMaker's files, dirs and variables.
         let sagemaker = match super::sagemaker::contract(spec).map_err(invalid)? {
             Some(contract) => {
-                super::create_work_dir(&spec.work_dir, &self.user)?;
-                Some(super::sagemaker::prepare(spec, &contract, &self.user)?)
+                super::create_work_dir(&spec.work_dir, &user)?;
+                Some(super::sagemaker::prepare(spec, &contract, &user)?)
             }
             None => None,
         };
@@ -482,7 +483,7 @@ impl Runtime for DockerRuntime {
                 .as_ref()
                 .and_then(|prepared| prepared.hostname.clone()),
             env: Some(env),
-            user: (!self.user.is_root()).then(|| format!("{}:{}", self.user.uid, self.user.gid)),
+            user: (!user.is_root()).then(|| format!("{}:{}", user.uid, user.gid)),
             labels: Some(self.labels(spec)),
             host_config: Some(HostConfig {
                 binds: Some(binds),
@@ -548,8 +549,7 @@ impl Runtime for DockerRuntime {
         .into_iter()
         .flatten()
         {
-            std::fs::create_dir_all(&dir)
-                .map_err(|error| RuntimeError::io("create", &dir, error))?;
+            super::create_private_dir(&dir)?;
         }
         let since_file = self.since_file(spec.job, spec.attempt);
         match std::fs::remove_file(&since_file) {

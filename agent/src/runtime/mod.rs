@@ -416,9 +416,48 @@ pub struct JobUser {
     pub name: String,
     pub uid: u32,
     pub gid: u32,
+    /// `--job-user per-job`: each job runs as a uid (and group) of its own,
+    /// [`JobUser::for_job`]; `name`, `uid` and `gid` are then only placeholders.
+    pub per_job: bool,
 }
 
+/// What `--job-user` takes for a uid per job.
+pub const PER_JOB: &str = "per-job";
+/// The first uid (and gid) of the jobs' own, with `--job-user per-job`: job `j-N` runs as
+/// `PER_JOB_UID_FIRST + N mod PER_JOB_UID_COUNT`, the same on every node and every attempt,
+/// so that its checkpoint dir stays its own. Far above the ids that distributions and
+/// directories hand out, and below 2^31 (tools that read ids as signed).
+pub const PER_JOB_UID_FIRST: u32 = 1 << 30;
+/// How many uids jobs take: two jobs share one only if their ids are 2^30 apart.
+pub const PER_JOB_UID_COUNT: u32 = 1 << 30;
+
 impl JobUser {
+    /// A uid of its own for every job ([`PER_JOB`]).
+    pub fn per_job() -> JobUser {
+        JobUser {
+            name: PER_JOB.to_string(),
+            uid: PER_JOB_UID_FIRST,
+            gid: PER_JOB_UID_FIRST,
+            per_job: true,
+        }
+    }
+
+    /// The user `job` runs as: this one, or with [`PER_JOB`] the job's own uid and group
+    /// (with no entry in the password database: the job gets `HOME`, and `USER` and
+    /// `LOGNAME` set to this user's name).
+    pub fn for_job(&self, job: quotient_common::JobId) -> JobUser {
+        if !self.per_job {
+            return self.clone();
+        }
+        let id = PER_JOB_UID_FIRST + (job.0 % u64::from(PER_JOB_UID_COUNT)) as u32;
+        JobUser {
+            name: format!("quotient-{job}"),
+            uid: id,
+            gid: id,
+            per_job: false,
+        }
+    }
+
     /// The user the agent itself runs as.
     pub fn current() -> JobUser {
         // SAFETY: geteuid and getegid cannot fail.
@@ -426,7 +465,12 @@ impl JobUser {
         let name = lookup_user_by_uid(uid)
             .map(|user| user.name)
             .unwrap_or_else(|| uid.to_string());
-        JobUser { name, uid, gid }
+        JobUser {
+            name,
+            uid,
+            gid,
+            per_job: false,
+        }
     }
 
     /// Whether this is root.
@@ -465,6 +509,7 @@ pub fn lookup_user(name: &str) -> Option<JobUser> {
         name: name.to_string(),
         uid: entry.pw_uid,
         gid: entry.pw_gid,
+        per_job: false,
     })
 }
 
@@ -494,6 +539,7 @@ fn lookup_user_by_uid(uid: u32) -> Option<JobUser> {
         name,
         uid: entry.pw_uid,
         gid: entry.pw_gid,
+        per_job: false,
     })
 }
 
@@ -550,13 +596,25 @@ pub(crate) fn create_work_dir(path: &Path, user: &JobUser) -> Result<(), Runtime
 }
 
 /// Creates the job's checkpoint dir if missing (its parents the agent's own) and hands it to
-/// the job user.
+/// the job user, readable by that user alone.
 pub(crate) fn create_checkpoint_dir(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::PermissionsExt;
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|error| RuntimeError::io("create", parent, error))?;
     }
-    real_dir_for(path, user)
+    real_dir_for(path, user)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        .map_err(|error| RuntimeError::io("set the mode of", path, error))
+}
+
+/// Creates `dir`, the agent's own, readable by the agent alone: the jobs' logs are written
+/// through the descriptors the agent opens for them, and read back by the agent.
+pub(crate) fn create_private_dir(dir: &Path) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|error| RuntimeError::io("create", dir, error))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|error| RuntimeError::io("set the mode of", dir, error))
 }
 
 /// The whole environment of a process job, and nothing of the agent's: a minimal `PATH`,

@@ -52,8 +52,9 @@ use serde::{Deserialize, Serialize};
 
 use super::cgroup::Cgroups;
 use super::{
-    create_checkpoint_dir, create_work_dir, exit_code_of, give_to, process_environment,
-    read_log_tail, FoundJob, JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError,
+    create_checkpoint_dir, create_private_dir, create_work_dir, exit_code_of, give_to,
+    process_environment, read_log_tail, FoundJob, JobHandle, JobStatus, JobUser, LaunchSpec,
+    Runtime, RuntimeError,
 };
 
 /// The folder under the state dir that holds pid and exit files.
@@ -321,18 +322,19 @@ impl Runtime for ProcessRuntime {
                 });
             }
         }
-        create_checkpoint_dir(&spec.checkpoint_dir, &self.user)?;
-        create_work_dir(&spec.work_dir, &self.user)?;
-        for dir in [
-            self.jobs_dir(),
-            spec.log_path
+        let user = self.user.for_job(spec.job);
+        create_checkpoint_dir(&spec.checkpoint_dir, &user)?;
+        create_work_dir(&spec.work_dir, &user)?;
+        let jobs_dir = self.jobs_dir();
+        std::fs::create_dir_all(&jobs_dir)
+            .map_err(|error| RuntimeError::io("create", &jobs_dir, error))?;
+        create_private_dir(
+            &spec
+                .log_path
                 .parent()
                 .map(Path::to_path_buf)
                 .unwrap_or_else(|| self.state_dir.clone()),
-        ] {
-            std::fs::create_dir_all(&dir)
-                .map_err(|error| RuntimeError::io("create", &dir, error))?;
-        }
+        )?;
         let exit_file = self.exit_file(spec.job, spec.attempt);
         match std::fs::remove_file(&exit_file) {
             Ok(()) => {}
@@ -341,7 +343,7 @@ impl Runtime for ProcessRuntime {
         }
         std::fs::File::create(&exit_file)
             .map_err(|error| RuntimeError::io("create", &exit_file, error))?;
-        give_to(&exit_file, &self.user)?;
+        give_to(&exit_file, &user)?;
         let log = std::fs::File::create(&spec.log_path)
             .map_err(|error| RuntimeError::io("create log", &spec.log_path, error))?;
         let log_err = log
@@ -370,9 +372,17 @@ impl Runtime for ProcessRuntime {
             // Nothing of the agent's own environment.
             .env_clear()
             .envs(process_environment(spec));
-        if self.user.differs_from_agent() {
+        if user.differs_from_agent() {
             // As root, std also clears the supplementary groups (setgroups(0)) before setuid.
-            command.uid(self.user.uid).gid(self.user.gid);
+            command.uid(user.uid).gid(user.gid);
+        }
+        if self.user.per_job {
+            // No password entry names the job's own uid: say who it is where tools look.
+            for variable in ["USER", "LOGNAME"] {
+                if !spec.env.contains_key(variable) {
+                    command.env(variable, &user.name);
+                }
+            }
         }
         if let Some(cgroups) = &self.cgroups {
             let cgroup = cgroups

@@ -428,6 +428,7 @@ mod tests {
                 name: "nobody".into(),
                 uid: 65_534,
                 gid: 65_534,
+                per_job: false,
             }
         } else {
             JobUser::current()
