@@ -119,6 +119,16 @@ impl Cgroups {
                 .map_err(|error| format!("cannot read /proc/self/mountinfo: {error}"))?;
             set_up_v1(&mountinfo, &proc_cgroup)?
         };
+        // A jobs' cgroup that another user made (a root agent before this one, say) may be
+        // there and not ours to write: find out now, so that limits are said to be off at
+        // start rather than every launch failing.
+        let jobs_dirs = match &layout {
+            Layout::V2 { jobs } => vec![jobs.clone()],
+            Layout::V1 { memory, cpu } => vec![memory.clone(), cpu.clone()],
+        };
+        for dir in jobs_dirs {
+            check_can_make_cgroups(&dir, owner)?;
+        }
         Ok(Cgroups {
             layout,
             owner: owner.to_string(),
@@ -408,6 +418,25 @@ fn set_up_v1(mountinfo: &str, proc_cgroup: &str) -> Result<Layout, String> {
     Ok(Layout::V1 { memory, cpu })
 }
 
+/// Makes and removes a cgroup under `dir`, or says why it cannot.
+fn check_can_make_cgroups(dir: &Path, owner: &str) -> Result<(), String> {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let probe = dir.join(format!(
+        "{owner}.probe-{}-{}",
+        std::process::id(),
+        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&probe)
+        .and_then(|()| std::fs::remove_dir(&probe))
+        .map_err(|error| {
+            format!(
+                "cannot make a job's cgroup under {}: {error} (made by another user, such as \
+                 a root agent before this one? remove it, or run this agent as its owner)",
+                dir.display()
+            )
+        })
+}
+
 fn create_dir_if_missing(dir: &Path) -> std::io::Result<()> {
     match std::fs::create_dir(dir) {
         Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => Err(error),
@@ -655,5 +684,19 @@ mod tests {
         assert_eq!(parse_cpu_max("max 100000\n"), None);
         assert_eq!(parse_cpu_max("50000 100000"), Some(500));
         assert_eq!(parse_cpu_max(""), None);
+    }
+
+    #[test]
+    fn a_jobs_cgroup_the_agent_cannot_make_cgroups_under_is_said_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check_can_make_cgroups(dir.path(), "node-1"), Ok(()));
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "the probe is gone"
+        );
+        let missing = dir.path().join("quotient-jobs");
+        let why = check_can_make_cgroups(&missing, "node-1").unwrap_err();
+        assert!(why.contains("cannot make a job's cgroup under"), "{why}");
     }
 }
