@@ -549,9 +549,16 @@ pub const IMAGE_NAME_BYTES_MAX: usize = 255;
 /// `-`. A job naming anything else would wait for an image no node can ever run.
 pub fn check_image_reference(image: &str) -> Result<(), String> {
     let bad = |why: &str| {
+        // A long name is shown by its start: the message must stay readable.
+        let mut shown = image.len().min(80);
+        while !image.is_char_boundary(shown) {
+            shown -= 1;
+        }
+        let more = if shown < image.len() { "..." } else { "" };
         Err(format!(
-            "image {image:?} is not an image reference ({why}): use [HOST[:PORT]/]NAME[:TAG][@DIGEST], \
-             e.g. registry.local:5000/team/trainer:1.2"
+            "image {:?}{more} is not an image reference ({why}): use \
+             [HOST[:PORT]/]NAME[:TAG][@DIGEST], e.g. registry.local:5000/team/trainer:1.2",
+            &image[..shown]
         ))
     };
     let (rest, digest) = match image.split_once('@') {

@@ -35,7 +35,13 @@ fn largest_job(share: &str, index: usize) -> JobSpec {
     let tag = format!("{index:04}");
     spec.name = Some(format!("{tag}{}", "n".repeat(NAME_BYTES_MAX - tag.len())));
     spec.gpu_class = Some(long_class());
-    spec.payload.image = Some("i".repeat(FIELD_BYTES_MAX));
+    // The longest reference Docker reads: a name of 255, a tag of 128 and a digest.
+    spec.payload.image = Some(format!(
+        "{}:{}@sha256:{}",
+        "i".repeat(quotient_common::job::IMAGE_NAME_BYTES_MAX),
+        "t".repeat(128),
+        "0".repeat(64)
+    ));
     spec.idempotency_key = Some(format!(
         "{tag}{}",
         "k".repeat(IDEMPOTENCY_KEY_BYTES_MAX - tag.len())
@@ -52,7 +58,7 @@ fn largest_job(share: &str, index: usize) -> JobSpec {
     let rest = LAUNCH_BYTES_MAX - spec.launch_bytes() - LAUNCH_STRING_OVERHEAD_BYTES - 1;
     spec.payload.command.push("b".repeat(rest));
     assert_eq!(spec.launch_bytes(), LAUNCH_BYTES_MAX - 1);
-    spec.validate().expect("the largest job is valid");
+    spec.validate_new().expect("the largest job is valid");
     spec
 }
 
