@@ -59,8 +59,13 @@ pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
     let days = args.days.unwrap_or(certs::default_validity_days(role));
     let files =
         certs::issue_for(&args.dir, role, &args.name, &args.sans, days).with_context(|| {
+            let article = if role.to_string().starts_with(['a', 'e', 'i', 'o', 'u']) {
+                "an"
+            } else {
+                "a"
+            };
             format!(
-                "cannot issue a {role} certificate for {} in {}",
+                "cannot issue {article} {role} certificate for {} in {}",
                 args.name,
                 args.dir.display()
             )

@@ -590,9 +590,13 @@ fn wait_until_nodes_ready(
             Ok(nodes) => agents
                 .iter()
                 .filter(|agent| {
-                    !nodes
-                        .iter()
-                        .any(|node| node.name == agent.name && node.state == "ready")
+                    // Up: heard from, whether it takes work or an admin cordoned or drains it
+                    // (that state outlives `dev down`; `node uncordon` ends it).
+                    !nodes.iter().any(|node| {
+                        node.name == agent.name
+                            && !node.unreachable
+                            && matches!(node.state.as_str(), "ready" | "cordoned" | "draining")
+                    })
                 })
                 .map(|agent| agent.name.clone())
                 .collect(),

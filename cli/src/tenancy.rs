@@ -6,9 +6,7 @@ use quotient_common::api::{ApiRequest, ApiResponse};
 
 use crate::client::{unexpected, Session};
 use crate::output::{self, rfc3339, OutputFormat, Table};
-use crate::parse::{
-    parse_certificate_name, parse_group_name, parse_time_limit_ms, parse_user_name, UsageError,
-};
+use crate::parse::{parse_certificate_name, parse_group_name, parse_user_name, UsageError};
 use crate::GlobalArgs;
 
 /// Arguments of `quotient group create`.
@@ -49,8 +47,9 @@ pub struct GroupListArgs {}
 /// Arguments of `quotient audit`.
 #[derive(Debug, clap::Args)]
 pub struct AuditArgs {
-    /// Only the entries of the last DURATION, e.g. 24h, 90m or 7d.
-    #[arg(long, value_name = "DURATION", value_parser = parse_time_limit_ms)]
+    /// Only the entries since then: how long ago (24h, 90m, 7d) or an RFC 3339 time, as for
+    /// `job history`.
+    #[arg(long, value_name = "TIME", value_parser = crate::accounting::parse_time_ms)]
     pub since: Option<u64>,
     /// Only the entries of this user (the name in the certificate).
     #[arg(long, value_name = "NAME", value_parser = parse_user_name)]
@@ -140,12 +139,7 @@ pub fn group_list(global: &GlobalArgs, _args: &GroupListArgs) -> anyhow::Result<
 }
 
 pub fn audit(global: &GlobalArgs, args: &AuditArgs) -> anyhow::Result<()> {
-    let since_ms = args.since.map(|ago| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        now.saturating_sub(ago)
-    });
+    let since_ms = args.since;
     let mut session = Session::open(global.config.as_deref())?;
     let request = ApiRequest::Audit {
         since_ms,

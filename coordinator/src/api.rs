@@ -1183,7 +1183,7 @@ impl ApiService {
             if known != address {
                 let role = if voter { "a voter" } else { "a learner" };
                 return Err(ApiError::Precondition(format!(
-                    "coordinator {id} is already {role}, at {known}: to move it to {address}, remove it first (`quotient cluster remove-member {id}`), then add it with the new address and an empty data directory"
+                    "coordinator {id} is already {role}, at {known}: to move it to {address}, remove it first (`quotient cluster remove-member --id {id}`), then add it with the new address and an empty data directory"
                 )));
             }
             if voter {
@@ -1233,7 +1233,7 @@ impl ApiService {
         let membership = metrics.membership_config.membership();
         if membership.get_node(&id).is_none() {
             return Err(ApiError::NotFound(format!(
-                "no coordinator {id} in the cluster"
+                "coordinator {id} is not a member: `quotient cluster status` lists the members"
             )));
         }
         tracing::info!(id, "removing a coordinator");

@@ -163,6 +163,12 @@ pub async fn restore(
                 .join(","),
         });
     }
+    if data_dir.exists() && !data_dir.is_dir() {
+        return Err(RestoreError::Write {
+            dir: data_dir.to_path_buf(),
+            reason: "it is not a directory: give --data-dir an empty or missing directory".into(),
+        });
+    }
     for name in [SNAPSHOT_FILE_NAME, "raft.redb", IDENTITY_FILE_NAME] {
         if data_dir.join(name).exists() {
             return Err(RestoreError::NotEmpty {

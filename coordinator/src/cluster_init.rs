@@ -5,6 +5,8 @@
 //! the entries it had acknowledged. Here the coordinator that receives the request, which must
 //! have joined no cluster yet:
 //!
+//! 0. is the initial peer of the lowest id (so two inits cannot make two clusters), and takes
+//!    one init at a time;
 //! 1. makes the cluster id (`--cluster-id` when given, else 128 random bits) and records it in
 //!    its data directory;
 //! 2. initialises Raft with itself as the only voter, and waits to lead;
@@ -73,6 +75,22 @@ pub async fn init(
     let my_address = peers.get(&me).cloned().ok_or_else(|| {
         ApiError::BadRequest(format!("coordinator {me} is not among its own --peers"))
     })?;
+    // One coordinator may bootstrap: the lowest id of the initial peers. Two inits sent at
+    // once to two coordinators would otherwise make two clusters, each taking some of the
+    // peers (found by probing); sent to this one, they are taken one at a time below.
+    if let Some((&first, address)) = peers.iter().next().filter(|(id, _)| **id != me) {
+        return Err(ApiError::Precondition(format!(
+            "a cluster is initialised by its initial peer of the lowest id, coordinator {first}: \
+             send `quotient cluster init --coordinator {address}` there"
+        )));
+    }
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = ONE_AT_A_TIME.lock().await;
+    if let Some(cluster) = identity.cluster() {
+        return Err(ApiError::Precondition(format!(
+            "coordinator {me} already belongs to cluster {cluster}: a cluster is initialised once; add coordinators to it as members"
+        )));
+    }
     let cluster = match identity.configured() {
         Some(cluster) => cluster,
         None => new_cluster_id()?,

@@ -98,6 +98,7 @@ pub enum ConfigError {
 
 /// Raft timing and compaction knobs; the defaults suit a LAN.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RaftTuning {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
@@ -137,6 +138,7 @@ impl Default for RaftTuning {
 /// `agent_lease_ms` without an answer (checkpoint signal, grace period, kill), must have
 /// killed them, so a requeued job never runs twice at once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AgentTuning {
     pub agent_lease_ms: u64,
     pub agent_heartbeat_ms: u64,
@@ -178,7 +180,7 @@ pub const GANG_START_TIMEOUT_DEFAULT_MS: u64 = 300_000;
 
 /// How the leader schedules: preferences of its own, not replicated state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct SchedulingTuning {
     /// The node label a job of several nodes is placed in as few values of as fit it.
     pub topology_key: String,
@@ -201,6 +203,7 @@ impl Default for SchedulingTuning {
 
 /// Everything a coordinator needs to start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CoordinatorConfig {
     /// This coordinator's Raft id; must be one of `peers` on first start.
     pub id: u64,
@@ -244,7 +247,7 @@ pub struct CoordinatorConfig {
 
 /// The AWS Batch–compatible endpoint's settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AwsTuning {
     /// Where to serve it over HTTPS; `None` serves nothing.
     pub listen: Option<SocketAddr>,
@@ -283,7 +286,7 @@ pub const IDEMPOTENCY_WINDOW_DEFAULT_MS: u64 = 86_400_000;
 /// How long finished jobs stay in the live state (docs/retention.md). The leader's settings:
 /// it puts them in each `ExpireFinished` it proposes, so the replicas apply the same ones.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetentionTuning {
     /// How long a finished job stays after its end.
     pub finished_ms: u64,
@@ -383,6 +386,7 @@ impl CoordinatorConfig {
                 self.id
             ));
         }
+        let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
         for (id, address) in &self.peers {
             if *id == 0 {
                 return invalid("peer id 0 is reserved: number coordinators from 1".into());
@@ -390,6 +394,12 @@ impl CoordinatorConfig {
             if address.rsplit_once(':').is_none() {
                 return invalid(format!(
                     "peer {id} address {address:?} has no port: write HOST:PORT"
+                ));
+            }
+            if let Some(other) = seen.insert(address.as_str(), *id) {
+                return invalid(format!(
+                    "peers {other} and {id} have the same address {address}: each coordinator \
+                     needs an address of its own"
                 ));
             }
         }
@@ -611,5 +621,47 @@ mod tests {
         );
         let bad = format!("{base}[scheduling]\nborrow_order = \"lifo\"\n");
         assert!(toml::from_str::<CoordinatorConfig>(&bad).is_err());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_and_partial_tables_take_defaults() {
+        // Found by probing: a misplaced `retain_finished = "1h"` was ignored, and the
+        // coordinator ran with the default a week long.
+        let base = "id = 1\nlisten = \"127.0.0.1:7401\"\ndata_dir = \"/tmp/q1\"\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n[peers]\n1 = \"127.0.0.1:7401\"\n";
+        for (extra, key) in [
+            ("retain_finished = \"1h\"\n", "retain_finished"),
+            ("[retention]\nfinished = 60000\n", "finished"),
+            ("[raft]\nheartbeat_ms = 100\n", "heartbeat_ms"),
+        ] {
+            let text = if extra.starts_with('[') {
+                format!("{base}{extra}")
+            } else {
+                format!("{extra}{base}")
+            };
+            let error = toml::from_str::<CoordinatorConfig>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("unknown field") && error.contains(key),
+                "{error}"
+            );
+        }
+        let partial = format!(
+            "{base}[raft]\nheartbeat_interval_ms = 100\n[agents]\nagent_lease_ms = 20000\n"
+        );
+        let config: CoordinatorConfig = toml::from_str(&partial).expect("parses");
+        assert_eq!(config.raft.heartbeat_interval_ms, 100);
+        assert_eq!(
+            config.raft.election_timeout_min_ms,
+            RaftTuning::default().election_timeout_min_ms
+        );
+        assert_eq!(config.agents.agent_lease_ms, 20_000);
+        let twice = base.replace(
+            "[peers]\n1 = \"127.0.0.1:7401\"\n",
+            "[peers]\n1 = \"127.0.0.1:7401\"\n2 = \"127.0.0.1:7401\"\n",
+        );
+        let config: CoordinatorConfig = toml::from_str(&twice).expect("parses");
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("the same address"), "{error}");
     }
 }

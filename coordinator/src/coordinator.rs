@@ -106,6 +106,13 @@ impl Coordinator {
         if tls.identity().role != Role::Coordinator {
             return Err(CoordinatorError::WrongRole(tls.identity().to_string()));
         }
+        if config.data_dir.exists() && !config.data_dir.is_dir() {
+            return Err(CoordinatorError::Config(ConfigError::Invalid(format!(
+                "the data directory {} is not a directory: give --data-dir a directory (an \
+                 empty or missing one for a new coordinator)",
+                config.data_dir.display()
+            ))));
+        }
         let data_dir = config.data_dir.clone();
         let (mut log_store, state_machine) =
             tokio::task::spawn_blocking(move || store::open(&data_dir).map_err(|e| e.to_string()))

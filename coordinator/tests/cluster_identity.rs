@@ -43,8 +43,36 @@ async fn a_member_of_another_cluster_is_refused_by_every_exchange_naming_both_id
         other => panic!("a second init must be refused: {other:?}"),
     }
 
+    eprintln!("--- init is refused by an initial peer that is not the lowest id");
+    // A follower of an id above 1, so that a lower one is among its peers.
+    let other_member = *cluster
+        .ids_except(&[leader])
+        .iter()
+        .max()
+        .expect("two followers");
+    cluster.kill(other_member);
+    std::fs::remove_dir_all(cluster.data_dir(other_member)).expect("wipe");
+    cluster.start_member_with_peers(
+        other_member,
+        format!(
+            "1={},{other_member}={}",
+            cluster.address(1),
+            cluster.address(other_member)
+        ),
+    );
+    let refused = cluster
+        .client_of("alice", vec![cluster.address(other_member)])
+        .with_call_timeout(INIT_WITHIN)
+        .call(ApiRequest::InitCluster)
+        .await;
+    match refused {
+        Err(ClientError::Api(error @ ApiError::Precondition(_))) => {
+            assert!(error.to_string().contains("coordinator 1"), "{error}")
+        }
+        other => panic!("init by a peer not of the lowest id must be refused: {other:?}"),
+    }
+
     eprintln!("--- coordinator 3 becomes a cluster of its own");
-    let other_member = cluster.ids_except(&[leader])[0];
     cluster.kill(other_member);
     std::fs::remove_dir_all(cluster.data_dir(other_member)).expect("wipe");
     cluster.start_member_alone(other_member);

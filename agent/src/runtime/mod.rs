@@ -603,7 +603,26 @@ pub(crate) fn create_checkpoint_dir(path: &Path, user: &JobUser) -> Result<(), R
         std::fs::create_dir_all(parent)
             .map_err(|error| RuntimeError::io("create", parent, error))?;
     }
-    real_dir_for(path, user)?;
+    // Its parent is the agent's, so no job put what may be in its place: that is left alone
+    // and the launch fails, saying so.
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_dir() => {}
+        Ok(_) => {
+            return Err(RuntimeError::io(
+                "use as the checkpoint dir",
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "something that is not a directory is in its place",
+                ),
+            ))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?
+        }
+        Err(error) => return Err(RuntimeError::io("look at", path, error)),
+    }
+    give_to(path, user)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
         .map_err(|error| RuntimeError::io("set the mode of", path, error))
 }

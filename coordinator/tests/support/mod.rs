@@ -296,7 +296,7 @@ impl Cluster {
         self.start_member_with_peers(id, peers);
     }
 
-    fn start_member_with_peers(&mut self, id: u64, peers: String) {
+    pub fn start_member_with_peers(&mut self, id: u64, peers: String) {
         let certs_dir = self.certs.dir.clone();
         let extra = self.extra_args.clone();
         let member = self.members.get_mut(&id).expect("a member of the cluster");
