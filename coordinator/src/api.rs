@@ -1187,11 +1187,30 @@ impl ApiService {
                 )));
             }
             if voter {
+                // A voter that refuses the leader (its data directory was lost, say) is not
+                // made whole by adding it again: say what is.
+                if let Some(why) = self.inner.ctx.peers.refusal(id) {
+                    return Err(ApiError::Precondition(format!(
+                        "coordinator {id} is a voter already, but it refuses the leader: {why}; a \
+                         voter whose data directory was lost is removed first (`quotient cluster \
+                         remove-member --id {id}`), then added again with an empty one"
+                    )));
+                }
                 // Already done: a retried add-member is answered as the first one was.
                 return Ok(ApiResponse::Done);
             }
             // A learner at the same address (an earlier add that did not catch up in time):
             // wait for it again and make it a voter.
+        }
+        if let Some(other) = membership
+            .nodes()
+            .find(|(other, node)| **other != id && node.addr == address)
+            .map(|(other, _)| *other)
+        {
+            return Err(ApiError::Precondition(format!(
+                "{address} is the address of coordinator {other} already: each coordinator needs \
+                 an address of its own"
+            )));
         }
         tracing::info!(id, %address, "adding a coordinator as a learner");
         self.inner

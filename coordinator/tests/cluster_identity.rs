@@ -124,6 +124,20 @@ async fn a_member_of_another_cluster_is_refused_by_every_exchange_naming_both_id
     );
     assert!(cluster.log_text(leader).contains(&theirs));
 
+    eprintln!("--- adding it again at its address is refused, saying it refuses the leader");
+    let again = admin
+        .call(ApiRequest::AddMember {
+            id: other_member,
+            address: cluster.address(other_member),
+        })
+        .await;
+    match again {
+        Err(ClientError::Api(error @ ApiError::Precondition(_))) => {
+            assert!(error.to_string().contains("refuses the leader"), "{error}")
+        }
+        other => panic!("adding a voter that refuses the leader must be refused: {other:?}"),
+    }
+
     eprintln!("--- a client of our cluster is refused by it, naming both");
     let refused = cluster
         .client_of("alice", vec![cluster.address(other_member)])

@@ -218,9 +218,20 @@ async fn a_coordinator_joins_as_learner_then_voter_and_can_be_removed() {
         panic!("an existing voter at another address is refused: {moved:?}");
     };
     assert!(
-        why.contains("already a voter") && why.contains("remove-member 4"),
+        why.contains("already a voter") && why.contains("remove-member --id 4"),
         "{why}"
     );
+    // Another id at a member's address is refused at once, not waited for.
+    let twin = admin
+        .call(ApiRequest::AddMember {
+            id: 5,
+            address: cluster.advertised_address(4),
+        })
+        .await;
+    let Err(ClientError::Api(ApiError::Precondition(why))) = &twin else {
+        panic!("a second id at a member's address is refused: {twin:?}");
+    };
+    assert!(why.contains("address of coordinator 4"), "{why}");
     let status = cluster.status(&admin).await;
     assert_eq!(status.members.len(), 4, "{status:?}");
 
