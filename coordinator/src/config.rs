@@ -624,6 +624,13 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_in_deploy_reads_and_validates() {
+        let text = include_str!("../../deploy/examples/coordinator-1.toml");
+        let config: CoordinatorConfig = toml::from_str(text).expect("the example parses");
+        config.validate().expect("the example is valid");
+    }
+
+    #[test]
     fn unknown_keys_are_refused_and_partial_tables_take_defaults() {
         // Found by probing: a misplaced `retain_finished = "1h"` was ignored, and the
         // coordinator ran with the default a week long.
