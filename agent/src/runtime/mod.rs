@@ -560,20 +560,44 @@ pub(crate) fn give_to(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
 /// a file) is removed first. Directories under a job's checkpoint dir, which the job writes
 /// and which outlives its attempts, are made this way.
 pub(crate) fn real_dir_for(path: &Path, user: &JobUser) -> Result<(), RuntimeError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_dir() => {}
-        Ok(_) => {
-            std::fs::remove_file(path).map_err(|error| {
-                RuntimeError::io("remove what is not a directory at", path, error)
-            })?;
-            std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?;
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?;
-        }
-        Err(error) => return Err(RuntimeError::io("look at", path, error)),
-    }
+    ensure_dir(path, InPlace::Remove)?;
     give_to(path, user)
+}
+
+/// What [`ensure_dir`] does with something at its path that is not a directory.
+#[derive(Clone, Copy)]
+enum InPlace {
+    /// Removes it (a link or file a job left where the agent makes a directory).
+    Remove,
+    /// Leaves it and fails, naming it (it is in a place only the agent writes).
+    Refuse,
+}
+
+/// Makes `path` a directory, whose parent exists, never following a link at `path`.
+fn ensure_dir(path: &Path, in_place: InPlace) -> Result<(), RuntimeError> {
+    let create =
+        || std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error));
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_dir() => Ok(()),
+        Ok(_) => match in_place {
+            InPlace::Remove => {
+                std::fs::remove_file(path).map_err(|error| {
+                    RuntimeError::io("remove what is not a directory at", path, error)
+                })?;
+                create()
+            }
+            InPlace::Refuse => Err(RuntimeError::io(
+                "use as a directory",
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "something that is not a directory is in its place",
+                ),
+            )),
+        },
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => create(),
+        Err(error) => Err(RuntimeError::io("look at", path, error)),
+    }
 }
 
 /// Creates the attempt's working dir fresh (whatever an earlier try left there is removed)
@@ -605,23 +629,7 @@ pub(crate) fn create_checkpoint_dir(path: &Path, user: &JobUser) -> Result<(), R
     }
     // Its parent is the agent's, so no job put what may be in its place: that is left alone
     // and the launch fails, saying so.
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_dir() => {}
-        Ok(_) => {
-            return Err(RuntimeError::io(
-                "use as the checkpoint dir",
-                path,
-                std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "something that is not a directory is in its place",
-                ),
-            ))
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(path).map_err(|error| RuntimeError::io("create", path, error))?
-        }
-        Err(error) => return Err(RuntimeError::io("look at", path, error)),
-    }
+    ensure_dir(path, InPlace::Refuse)?;
     give_to(path, user)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
         .map_err(|error| RuntimeError::io("set the mode of", path, error))

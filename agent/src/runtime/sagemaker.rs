@@ -27,7 +27,7 @@ use quotient_common::job_report::EXIT_REASON_BYTES_MAX;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{create_checkpoint_dir, give_to, real_dir_for, JobUser, LaunchSpec, RuntimeError};
+use super::{give_to, real_dir_for, JobUser, LaunchSpec, RuntimeError};
 
 /// The job variable that makes a job a SageMaker training job.
 pub const CONTRACT_ENV: &str = "QUOTIENT_SAGEMAKER";
@@ -114,8 +114,8 @@ fn write_json(path: &Path, value: &Value, user: &JobUser) -> Result<(), RuntimeE
     give_to(path, user)
 }
 
-/// Writes the contract's files for `spec` (whose work dir the caller made) and says what to
-/// give the container.
+/// Writes the contract's files for `spec` (whose work dir and checkpoint dir the caller made)
+/// and says what to give the container.
 pub fn prepare(
     spec: &LaunchSpec,
     contract: &Contract,
@@ -139,7 +139,6 @@ pub fn prepare(
     }
     let model = spec.checkpoint_dir.join("model");
     let checkpoints = spec.checkpoint_dir.join("checkpoints");
-    create_checkpoint_dir(&spec.checkpoint_dir, user)?;
     real_dir_for(&model, user)?;
     real_dir_for(&checkpoints, user)?;
     let resource_config = json!({
@@ -358,6 +357,7 @@ mod tests {
         let spec = spec(dir.path(), CONTRACT, meet);
         let contract = contract(&spec).unwrap().unwrap();
         std::fs::create_dir_all(&spec.work_dir).unwrap();
+        std::fs::create_dir_all(&spec.checkpoint_dir).unwrap();
         let prepared = prepare(&spec, &contract, &JobUser::current()).unwrap();
         let config = attempt_dir(&spec.work_dir).join("input/config");
         assert_eq!(
@@ -458,6 +458,7 @@ mod tests {
         let spec = spec(dir.path(), CONTRACT, Rendezvous::single(None, 29_500));
         let contract = contract(&spec).unwrap().unwrap();
         std::fs::create_dir_all(&spec.work_dir).unwrap();
+        std::fs::create_dir_all(&spec.checkpoint_dir).unwrap();
         let prepared = prepare(&spec, &contract, &JobUser::current()).unwrap();
         assert_eq!(prepared.hostname.as_deref(), Some("algo-1"));
         assert!(prepared.extra_hosts.is_empty());
