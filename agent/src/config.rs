@@ -197,6 +197,11 @@ pub struct RunFlags {
     /// cgroup's memory limit if lower]. Set it lower to keep some for the host.
     #[arg(long, value_name = "SIZE", value_parser = parse_memory, env = "QUOTIENT_AGENT_MEMORY")]
     pub memory: Option<u64>,
+    /// The most processes and threads one job may have (a cgroup's `pids.max`, Docker's
+    /// `--pids-limit`), so that a fork bomb cannot take every process id of the host; 0: no
+    /// limit [default: a quarter of the kernel's pid_max, at least 1024].
+    #[arg(long, value_name = "N", env = "QUOTIENT_AGENT_JOB_PIDS_MAX")]
+    pub job_pids_max: Option<u64>,
     /// Keep an idle connection open to every coordinator, opening the missing ones at a
     /// random moment within this long after registering, e.g. 60s or 2m; `off` keeps only the
     /// leader's. A failover then needs no new TLS handshake: the agent registers with the new
@@ -407,6 +412,9 @@ pub struct AgentConfig {
     pub cpu_millis: Option<u32>,
     /// `--memory`, in bytes: what the node reports instead of what it detects.
     pub memory_bytes: Option<u64>,
+    /// `--job-pids-max` as given (0: no limit; `None`: the default, see
+    /// [`crate::runtime::cgroup::default_pids_max`]).
+    pub job_pids_max: Option<u64>,
     /// How often the agent looks again at its images and Docker.
     pub host_recheck_ms: u64,
     /// `--label`s, by key.
@@ -556,6 +564,7 @@ impl RunFlags {
             allow_root_jobs: self.allow_root_jobs,
             cpu_millis: self.cpus,
             memory_bytes: self.memory,
+            job_pids_max: self.job_pids_max,
             host_recheck_ms: self.host_recheck_ms.max(100),
             labels,
             advertise_address: self.advertise_address.clone(),

@@ -107,6 +107,16 @@ pub enum RunError {
     DockerRequired(RuntimeError),
 }
 
+/// The most processes and threads a job may have, from `--job-pids-max` (0: no limit;
+/// absent: [`cgroup::default_pids_max`]).
+pub fn job_pids_max(given: Option<u64>) -> Option<u64> {
+    match given {
+        Some(0) => None,
+        Some(max) => Some(max),
+        None => cgroup::default_pids_max(),
+    }
+}
+
 /// Who jobs run as, from the agent's flags: see [`resolve_job_user`].
 pub fn job_user(config: &AgentConfig) -> Result<JobUser, JobUserError> {
     // SAFETY: geteuid cannot fail.
@@ -205,9 +215,20 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let mut process = ProcessRuntime::new(&config.state_dir)
         .with_orphan_watchdog(&lease_file)
         .with_job_user(user.clone());
+    let pids_max = job_pids_max(config.job_pids_max);
     match Cgroups::set_up(&cgroup::owner_name(&config.name, &config.state_dir)) {
         Ok(cgroups) => {
+            let cgroups = cgroups.with_pids_max(pids_max);
             tracing::info!(cgroups = %cgroups.describe(), "CPU and memory limits are enforced: process jobs run in cgroups of their own, containers under Docker's limits");
+            match pids_max {
+                Some(max) if cgroups.limits_pids() => {
+                    tracing::info!(pids_max = max, "each job may have at most this many processes and threads (--job-pids-max)")
+                }
+                Some(_) => tracing::warn!(
+                    "the process limit (--job-pids-max) is NOT enforced for process jobs: the pids cgroup controller is not available to the agent (containers still get Docker's)"
+                ),
+                None => tracing::warn!("jobs may have any number of processes (--job-pids-max 0)"),
+            }
             process = process.with_cgroups(Arc::new(cgroups));
         }
         Err(why) => tracing::warn!(
@@ -225,6 +246,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 log_max_bytes: Some(config.disk.log_max_bytes),
                 watchdog: Some((program, lease_file)),
                 user,
+                pids_max,
             })
         }
     };

@@ -735,13 +735,14 @@ async fn docker_job_runs_as_its_own_uid_with_a_uid_per_job() {
     );
 }
 
-/// The HostConfig of a container, as `docker inspect` shows it: (NanoCpus, Memory, MemorySwap).
-fn container_limits(id: &str) -> (i64, i64, i64) {
+/// The HostConfig of a container, as `docker inspect` shows it: (NanoCpus, Memory, MemorySwap,
+/// PidsLimit), the last 0 when there is none.
+fn container_limits(id: &str) -> (i64, i64, i64, i64) {
     let output = Command::new("docker")
         .args([
             "inspect",
             "--format",
-            "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.MemorySwap}}",
+            "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.MemorySwap}} {{with .HostConfig.PidsLimit}}{{.}}{{else}}0{{end}}",
             id,
         ])
         .output()
@@ -751,17 +752,19 @@ fn container_limits(id: &str) -> (i64, i64, i64) {
         .split_whitespace()
         .map(|number| number.parse().unwrap())
         .collect();
-    assert_eq!(numbers.len(), 3, "docker inspect said {text:?}");
-    (numbers[0], numbers[1], numbers[2])
+    assert_eq!(numbers.len(), 4, "docker inspect said {text:?}");
+    (numbers[0], numbers[1], numbers[2], numbers[3])
 }
 
 /// A container gets the CPUs and memory the coordinators set aside for it as Docker's own
-/// limits (NanoCpus, Memory, and no swap beyond it); one without limits gets none.
+/// limits (NanoCpus, Memory, and no swap beyond it), and the agent's `--job-pids-max` as its
+/// PidsLimit; one without limits gets none.
 #[tokio::test]
 async fn docker_job_gets_its_cpu_and_memory_limits() {
     let Some((runtime, _node, _cleanup, state)) = runtime_for("limits").await else {
         return;
     };
+    let runtime = runtime.with_pids_max(Some(64));
     let mut spec = launch(state.path(), 81, 1, Some(IMAGE), shell("sleep 30"));
     spec.limits = quotient_agent::runtime::JobLimits {
         cpu_millis: 1_500,
@@ -770,13 +773,14 @@ async fn docker_job_gets_its_cpu_and_memory_limits() {
     let handle = runtime.start(&spec).await.unwrap();
     assert_eq!(
         container_limits(&handle.id),
-        (1_500_000_000, 64 << 20, 64 << 20)
+        (1_500_000_000, 64 << 20, 64 << 20, 64)
     );
     runtime.kill(&handle).await.unwrap();
     runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    let runtime = runtime.with_pids_max(None);
 
     let unlimited = launch(state.path(), 82, 1, Some(IMAGE), shell("true"));
     let handle = runtime.start(&unlimited).await.unwrap();
-    assert_eq!(container_limits(&handle.id), (0, 0, 0));
+    assert_eq!(container_limits(&handle.id), (0, 0, 0, 0));
     runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
 }

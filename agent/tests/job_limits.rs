@@ -89,20 +89,22 @@ async fn a_process_job_over_its_memory_limit_is_killed() {
 }
 
 /// The job itself, from /proc/self/cgroup, finds its cgroup's cpu and memory limits set to
-/// what its attempt was given.
+/// what its attempt was given, and its process limit to the agent's `--job-pids-max`.
 #[tokio::test]
 async fn a_process_job_runs_in_its_own_cgroup_with_its_limits() {
     let Some(cgroups) = cgroups() else {
         return;
     };
     let state = tempfile::tempdir().unwrap();
+    let cgroups = Arc::new((*cgroups).clone().with_pids_max(Some(321)));
     let runtime = ProcessRuntime::new(state.path()).with_cgroups(cgroups.clone());
     let script = match cgroups.version() {
         CgroupVersion::V2 => {
             r#"dir=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
 echo "$dir" > "$QUOTIENT_CHECKPOINT_DIR/cgroup"
 cat "$dir/cpu.max" > "$QUOTIENT_CHECKPOINT_DIR/cpu"
-cat "$dir/memory.max" > "$QUOTIENT_CHECKPOINT_DIR/memory""#
+cat "$dir/memory.max" > "$QUOTIENT_CHECKPOINT_DIR/memory"
+cat "$dir/pids.max" > "$QUOTIENT_CHECKPOINT_DIR/pids" || echo none > "$QUOTIENT_CHECKPOINT_DIR/pids""#
         }
         CgroupVersion::V1 => {
             r#"memory=$(grep -E '^[0-9]+:([^:]*,)?memory(,[^:]*)?:' /proc/self/cgroup | cut -d: -f3)
@@ -112,7 +114,9 @@ for mount in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpu,cpuacct; do
   [ -f "$mount$cpu/cpu.cfs_quota_us" ] && cpudir=$mount$cpu
 done
 echo "$(cat "$cpudir/cpu.cfs_quota_us") $(cat "$cpudir/cpu.cfs_period_us")" > "$QUOTIENT_CHECKPOINT_DIR/cpu"
-cat "/sys/fs/cgroup/memory$memory/memory.limit_in_bytes" > "$QUOTIENT_CHECKPOINT_DIR/memory""#
+cat "/sys/fs/cgroup/memory$memory/memory.limit_in_bytes" > "$QUOTIENT_CHECKPOINT_DIR/memory"
+pids=$(grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3)
+cat "/sys/fs/cgroup/pids$pids/pids.max" > "$QUOTIENT_CHECKPOINT_DIR/pids" || echo none > "$QUOTIENT_CHECKPOINT_DIR/pids""#
         }
     };
     let mut spec = launch(state.path(), 92, 3, None, shell(script));
@@ -144,6 +148,62 @@ cat "/sys/fs/cgroup/memory$memory/memory.limit_in_bytes" > "$QUOTIENT_CHECKPOINT
     );
     assert_eq!(read("cpu"), "150000 100000");
     assert_eq!(read("memory"), (64u64 << 20).to_string());
+    if cgroups.limits_pids() {
+        assert_eq!(read("pids"), "321");
+    } else {
+        eprintln!("\n!!!!!!!! the pids controller is not available here: the process limit is not checked\n");
+        assert!(!in_ci(), "this CI host has a pids hierarchy");
+    }
     runtime.remove(&handle).await.unwrap();
     assert!(cgroups.dirs(JobId(92), 3).iter().all(|dir| !dir.exists()));
+}
+
+/// A job held to 16 processes and threads cannot start 40: the forks past its limit fail,
+/// and the host's other processes never see it take more.
+#[tokio::test]
+async fn a_process_job_cannot_fork_past_its_process_limit() {
+    let Some(cgroups) = cgroups() else {
+        return;
+    };
+    if !cgroups.limits_pids() {
+        eprintln!("\n!!!!!!!! SKIPPING: the pids controller is not available here\n");
+        assert!(!in_ci(), "this CI host has a pids hierarchy");
+        return;
+    }
+    let cgroups = Arc::new((*cgroups).clone().with_pids_max(Some(16)));
+    let state = tempfile::tempdir().unwrap();
+    let runtime = ProcessRuntime::new(state.path()).with_cgroups(cgroups.clone());
+    // Each child that starts says so, then lives a while; a fork that fails says nothing
+    // (and ends the script: dash gives up on a failed fork).
+    let script = r#"i=0
+while [ $i -lt 40 ]; do
+  sh -c 'echo x >> "$QUOTIENT_CHECKPOINT_DIR/started"; sleep 5' &
+  i=$((i+1))
+done
+wait"#;
+    let spec = launch(state.path(), 93, 1, None, shell(script));
+    let handle = runtime.start(&spec).await.unwrap();
+    runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    // The children outlive the script: count them once their count holds for half a second.
+    let count = || {
+        std::fs::read_to_string(spec.checkpoint_dir.join("started"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let mut started = count();
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = count();
+        if now == started && now > 0 {
+            break;
+        }
+        started = now;
+    }
+    assert!(
+        (1..16).contains(&started),
+        "{started} of 40 children started under a limit of 16: {}",
+        runtime.logs(&handle).await.unwrap()
+    );
+    runtime.remove(&handle).await.unwrap();
 }

@@ -7,7 +7,9 @@
 //! see [`owner_name`]),
 //! with the attempt's limits ([`JobLimits`]): CPU time (`cpu.max`, `<millis × 100> 100000`:
 //! per 100 ms period) and memory (`memory.max`, with `memory.swap.max` 0 so the limit holds
-//! swap included). The job's first process enters it in the forked child before it execs
+//! swap included), and the number of its processes and threads (`pids.max`, the agent's
+//! `--job-pids-max`, so that a fork bomb in one job cannot take every process id of the host
+//! from the others and the agent; see [`default_pids_max`]). The job's first process enters it in the forked child before it execs
 //! ([`JobCgroup::enter`]: one `write(2)` of `0` to `cgroup.procs`, async-signal-safe), so the
 //! job and everything it forks is in it from its first instruction. Once the attempt has
 //! exited and been reported, [`Cgroups::release`] logs whether the OOM killer killed in it,
@@ -25,14 +27,19 @@
 //!   with its own cgroup namespace) `quotient-jobs` is made right there.
 //!
 //! The base must offer the `cpu` and `memory` controllers (`cgroup.controllers`), and the
-//! agent enables them in the base's and `quotient-jobs`' `cgroup.subtree_control`.
+//! agent enables them in the base's and `quotient-jobs`' `cgroup.subtree_control`, with
+//! `pids` where the base offers it too.
 //!
 //! # cgroups v1 (legacy and hybrid hosts)
 //! When `/sys/fs/cgroup` is not v2, the `cpu` and `memory` v1 hierarchies are used instead:
 //! `quotient-jobs/<node>-<state>.<job>-<attempt>` under the agent's own cgroup in each, with
 //! `cpu.cfs_quota_us`/`cpu.cfs_period_us` and `memory.limit_in_bytes` (and
-//! `memory.memsw.limit_in_bytes` where swap is accounted). v1 has no rule against internal
+//! `memory.memsw.limit_in_bytes` where swap is accounted), and in the `pids` hierarchy where
+//! one is mounted (`pids.max`). v1 has no rule against internal
 //! processes, so the agent stays where it is.
+//!
+//! Where the `pids` controller is missing, the agent says at start that the process limit is
+//! not enforced ([`Cgroups::limits_pids`]).
 //!
 //! When neither works (not root, no delegation, another process sharing the agent's v2
 //! cgroup) [`Cgroups::set_up`] says why, and the agent runs process jobs without limits and
@@ -68,10 +75,15 @@ pub enum CgroupVersion {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Layout {
-    /// `quotient-jobs` in the unified hierarchy.
-    V2 { jobs: PathBuf },
-    /// `quotient-jobs` in the memory and in the cpu hierarchy.
-    V1 { memory: PathBuf, cpu: PathBuf },
+    /// `quotient-jobs` in the unified hierarchy; `pids`: whether its `pids` controller is on.
+    V2 { jobs: PathBuf, pids: bool },
+    /// `quotient-jobs` in the memory and in the cpu hierarchy, and in the pids hierarchy
+    /// where one is mounted.
+    V1 {
+        memory: PathBuf,
+        cpu: PathBuf,
+        pids: Option<PathBuf>,
+    },
 }
 
 /// Where this agent puts its process jobs' cgroups.
@@ -80,6 +92,8 @@ pub struct Cgroups {
     layout: Layout,
     /// What prefixes each attempt's cgroup: [`owner_name`].
     owner: String,
+    /// The most processes and threads an attempt may have (`pids.max`), when limited.
+    pids_max: Option<u64>,
 }
 
 /// An attempt's cgroup, ready for its first process to enter.
@@ -123,8 +137,12 @@ impl Cgroups {
         // there and not ours to write: find out now, so that limits are said to be off at
         // start rather than every launch failing.
         let jobs_dirs = match &layout {
-            Layout::V2 { jobs } => vec![jobs.clone()],
-            Layout::V1 { memory, cpu } => vec![memory.clone(), cpu.clone()],
+            Layout::V2 { jobs, .. } => vec![jobs.clone()],
+            Layout::V1 { memory, cpu, pids } => {
+                let mut dirs = vec![memory.clone(), cpu.clone()];
+                dirs.extend(pids.clone());
+                dirs
+            }
         };
         for dir in jobs_dirs {
             check_can_make_cgroups(&dir, owner)?;
@@ -132,7 +150,23 @@ impl Cgroups {
         Ok(Cgroups {
             layout,
             owner: owner.to_string(),
+            pids_max: None,
         })
+    }
+
+    /// Holds every attempt from now on to `max` processes and threads (`pids.max`); `None` or
+    /// 0: no limit. Without the `pids` controller ([`Cgroups::limits_pids`]) it does nothing.
+    pub fn with_pids_max(mut self, max: Option<u64>) -> Cgroups {
+        self.pids_max = max.filter(|max| *max > 0);
+        self
+    }
+
+    /// Whether the `pids` controller is there to hold attempts to [`Cgroups::with_pids_max`].
+    pub fn limits_pids(&self) -> bool {
+        match &self.layout {
+            Layout::V2 { pids, .. } => *pids,
+            Layout::V1 { pids, .. } => pids.is_some(),
+        }
     }
 
     pub fn version(&self) -> CgroupVersion {
@@ -145,10 +179,14 @@ impl Cgroups {
     /// Where the jobs' cgroups are, for the agent's log.
     pub fn describe(&self) -> String {
         match &self.layout {
-            Layout::V2 { jobs } => format!("cgroups v2 under {}", jobs.display()),
-            Layout::V1 { memory, cpu } => {
+            Layout::V2 { jobs, .. } => format!("cgroups v2 under {}", jobs.display()),
+            Layout::V1 { memory, cpu, pids } => {
+                let pids = pids
+                    .as_ref()
+                    .map(|pids| format!(", {}", pids.display()))
+                    .unwrap_or_default();
                 format!(
-                    "cgroups v1 under {} and {}",
+                    "cgroups v1 under {}, {}{pids}",
                     memory.display(),
                     cpu.display()
                 )
@@ -156,12 +194,17 @@ impl Cgroups {
         }
     }
 
-    /// The attempt's cgroup dirs (one per hierarchy).
+    /// The attempt's cgroup dirs (one per hierarchy: v2's, or v1's memory, cpu and pids
+    /// where there is one, in that order).
     pub fn dirs(&self, job: JobId, attempt: u32) -> Vec<PathBuf> {
         let name = format!("{}.{job}-{attempt}", self.owner);
         match &self.layout {
-            Layout::V2 { jobs } => vec![jobs.join(name)],
-            Layout::V1 { memory, cpu } => vec![memory.join(&name), cpu.join(name)],
+            Layout::V2 { jobs, .. } => vec![jobs.join(name)],
+            Layout::V1 { memory, cpu, pids } => {
+                let mut dirs = vec![memory.join(&name), cpu.join(&name)];
+                dirs.extend(pids.as_ref().map(|pids| pids.join(&name)));
+                dirs
+            }
         }
     }
 
@@ -184,6 +227,7 @@ impl Cgroups {
         let cpu_quota_us = (limits.cpu_millis > 0)
             .then(|| (u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1_000).max(CPU_QUOTA_MIN_US));
         let memory = (limits.memory_bytes > 0).then_some(limits.memory_bytes);
+        let pids_max = self.pids_max.filter(|_| self.limits_pids());
         match &self.layout {
             Layout::V2 { .. } => {
                 let dir = &dirs[0];
@@ -193,6 +237,9 @@ impl Cgroups {
                 write_file(&dir.join("memory.max"), &max)?;
                 if memory.is_some() {
                     write_optional(&dir.join("memory.swap.max"), "0")?;
+                }
+                if let Some(max) = pids_max {
+                    write_file(&dir.join("pids.max"), &max.to_string())?;
                 }
             }
             Layout::V1 { .. } => {
@@ -213,6 +260,9 @@ impl Cgroups {
                         &CPU_PERIOD_US.to_string(),
                     )?;
                     write_file(&cpu_dir.join("cpu.cfs_quota_us"), &us.to_string())?;
+                }
+                if let (Some(max), Some(pids_dir)) = (pids_max, dirs.get(2)) {
+                    write_file(&pids_dir.join("pids.max"), &max.to_string())?;
                 }
             }
         }
@@ -372,26 +422,39 @@ fn set_up_v2(mount: &Path, proc_cgroup: &str) -> Result<Layout, String> {
             .map_err(|error| format!("cannot move the agent into {}: {error}", leaf.display()))?;
         tracing::info!(cgroup = %leaf.display(), "moved the agent into a cgroup of its own, beside its jobs'");
     }
-    enable_controllers(&base)?;
+    let pids = controllers.split_whitespace().any(|have| have == "pids");
+    let wanted: &[&str] = if pids {
+        &["cpu", "memory", "pids"]
+    } else {
+        &["cpu", "memory"]
+    };
+    enable_controllers(&base, wanted)?;
     let jobs = base.join(JOBS_CGROUP);
     create_dir_if_missing(&jobs)
         .map_err(|error| format!("cannot create {}: {error}", jobs.display()))?;
-    enable_controllers(&jobs)?;
-    Ok(Layout::V2 { jobs })
+    enable_controllers(&jobs, wanted)?;
+    Ok(Layout::V2 { jobs, pids })
 }
 
-fn enable_controllers(dir: &Path) -> Result<(), String> {
+/// Enables the `wanted` controllers for the children of `dir`.
+fn enable_controllers(dir: &Path, wanted: &[&str]) -> Result<(), String> {
     let file = dir.join("cgroup.subtree_control");
     let enabled = std::fs::read_to_string(&file).unwrap_or_default();
-    if ["cpu", "memory"]
+    if wanted
         .iter()
         .all(|wanted| enabled.split_whitespace().any(|have| have == *wanted))
     {
         return Ok(());
     }
-    write_file(&file, "+cpu +memory").map_err(|error| {
+    let line = wanted
+        .iter()
+        .map(|controller| format!("+{controller}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    write_file(&file, &line).map_err(|error| {
         format!(
-            "cannot enable the cpu and memory controllers in {}: {error}",
+            "cannot enable the {} controllers in {}: {error}",
+            wanted.join(", "),
             file.display()
         )
     })
@@ -415,7 +478,26 @@ fn set_up_v1(mountinfo: &str, proc_cgroup: &str) -> Result<Layout, String> {
     }
     let cpu = jobs.pop().expect("two hierarchies");
     let memory = jobs.pop().expect("two hierarchies");
-    Ok(Layout::V1 { memory, cpu })
+    // The pids hierarchy is optional: without it, attempts are not held to a process count.
+    let pids = match (v1_mount(mountinfo, "pids"), v1_path(proc_cgroup, "pids")) {
+        (Some((mount, root)), Some(path)) => {
+            let dir = under(&mount, &root, path).join(JOBS_CGROUP);
+            create_dir_if_missing(&dir)
+                .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+            Some(dir)
+        }
+        _ => None,
+    };
+    Ok(Layout::V1 { memory, cpu, pids })
+}
+
+/// The default of `--job-pids-max`: a quarter of the host's process ids (`kernel.pid_max`),
+/// so that no single job can take them all from the other jobs and the agent; at least 1,024.
+/// `None` when `pid_max` cannot be read.
+pub fn default_pids_max() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok()?;
+    let pid_max: u64 = text.trim().parse().ok()?;
+    Some((pid_max / 4).max(1_024))
 }
 
 /// Makes and removes a cgroup under `dir`, or says why it cannot.
@@ -646,15 +728,19 @@ mod tests {
         assert_eq!(
             layout,
             Layout::V2 {
-                jobs: service.join(JOBS_CGROUP)
+                jobs: service.join(JOBS_CGROUP),
+                pids: true,
             }
         );
         let read = |path: PathBuf| std::fs::read_to_string(path).unwrap();
         assert_eq!(read(service.join(AGENT_CGROUP).join("cgroup.procs")), me);
-        assert_eq!(read(service.join("cgroup.subtree_control")), "+cpu +memory");
+        assert_eq!(
+            read(service.join("cgroup.subtree_control")),
+            "+cpu +memory +pids"
+        );
         assert_eq!(
             read(service.join(JOBS_CGROUP).join("cgroup.subtree_control")),
-            "+cpu +memory"
+            "+cpu +memory +pids"
         );
 
         // Already in the leaf: nothing moves, the parent holds the jobs.
@@ -662,6 +748,19 @@ mod tests {
         std::fs::write(service.join(AGENT_CGROUP).join("cgroup.procs"), "").unwrap();
         assert!(set_up_v2(root.path(), in_leaf).is_ok());
         assert_eq!(read(service.join(AGENT_CGROUP).join("cgroup.procs")), "");
+
+        // Without the pids controller: set up all the same, without a process limit.
+        std::fs::write(service.join("cgroup.controllers"), "cpu memory\n").unwrap();
+        std::fs::write(service.join("cgroup.subtree_control"), "").unwrap();
+        let layout = set_up_v2(root.path(), in_leaf).expect("set up without pids");
+        assert_eq!(
+            layout,
+            Layout::V2 {
+                jobs: service.join(JOBS_CGROUP),
+                pids: false,
+            }
+        );
+        assert_eq!(read(service.join("cgroup.subtree_control")), "+cpu +memory");
 
         // Shared with another process: refused.
         std::fs::write(service.join("cgroup.procs"), format!("{me}\n1\n")).unwrap();

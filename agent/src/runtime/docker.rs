@@ -162,6 +162,8 @@ pub struct DockerRuntime {
     state_dir: PathBuf,
     /// Who containers run as.
     user: JobUser,
+    /// The most processes and threads a container may have (Docker's `PidsLimit`).
+    pids_max: Option<u64>,
     /// This agent's [`instance_id`], on every container it starts.
     instance: String,
     /// The log follower of each container this runtime follows, by container id.
@@ -220,6 +222,7 @@ impl DockerRuntime {
             log_config: None,
             state_dir: state_dir.to_path_buf(),
             user: JobUser::current(),
+            pids_max: None,
             followers: Mutex::new(HashMap::new()),
             instance: instance_id(state_dir)?,
         })
@@ -289,6 +292,12 @@ impl DockerRuntime {
         }
         tracing::warn!(container = %id, "the container's log was not all written within {LOG_DRAIN_MAX_MS} ms of its exit; reporting the exit anyway (the follower goes on)");
         true
+    }
+
+    /// Holds every container to `max` processes and threads (`None`: no limit).
+    pub fn with_pids_max(mut self, max: Option<u64>) -> DockerRuntime {
+        self.pids_max = max.filter(|max| *max > 0);
+        self
     }
 
     /// Bounds each container's log to about `max_bytes` through the daemon's own rotation,
@@ -497,6 +506,7 @@ impl Runtime for DockerRuntime {
                 memory: spec.limits.docker_memory(),
                 // As for a process job: the memory limit holds swap included.
                 memory_swap: spec.limits.docker_memory(),
+                pids_limit: self.pids_max.and_then(|max| i64::try_from(max).ok()),
                 // The members of a job of several nodes reach each other at their hosts'
                 // addresses: they share the host's network.
                 network_mode: spec.rendezvous.is_gang().then(|| "host".to_string()),

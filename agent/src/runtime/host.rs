@@ -49,6 +49,8 @@ pub struct DockerSetup {
     /// The `quotient-agent` binary and the lease file, for the orphan watchdog.
     pub watchdog: Option<(PathBuf, PathBuf)>,
     pub user: JobUser,
+    /// `--job-pids-max`, resolved: the most processes and threads a container may have.
+    pub pids_max: Option<u64>,
 }
 
 impl DockerSetup {
@@ -57,7 +59,8 @@ impl DockerSetup {
         let mut runtime =
             DockerRuntime::connect(&self.node, &self.state_dir, self.gpu_device_requests)
                 .await?
-                .with_job_user(self.user.clone());
+                .with_job_user(self.user.clone())
+                .with_pids_max(self.pids_max);
         if let Some(max_bytes) = self.log_max_bytes {
             runtime = runtime.with_log_cap(max_bytes).await;
         }
@@ -285,6 +288,7 @@ mod tests {
                 log_max_bytes: None,
                 watchdog: None,
                 user: JobUser::current(),
+                pids_max: None,
             }),
         );
         let error = with_docker_host("unix:///nonexistent/quotient-test.sock", async {
