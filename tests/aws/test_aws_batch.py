@@ -290,6 +290,9 @@ class AwsBatch(unittest.TestCase):
             "AccessDeniedException",
         )
         self.assertEqual(code(lambda: self.admin.describe_compute_environments()), "UnknownOperationException")
+        # A nextToken this endpoint never gave is refused, not taken as a place to start.
+        self.assertEqual(code(lambda: self.admin.list_quota_shares(jobQueue="q1", nextToken="../\u0000garbage")), "ClientException")
+        self.assertEqual(code(lambda: self.admin.describe_job_queues(nextToken=" ")), "ClientException")
         self.assertEqual(code(lambda: self.admin.submit_service_job(
             jobName="bad", jobQueue="q1", serviceJobType="SAGEMAKER_TRAINING", quotaShareName="QS1",
             serviceRequestPayload=payload("bad", instance="ml.nope.xlarge"))), "ClientException")

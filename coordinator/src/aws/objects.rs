@@ -111,7 +111,7 @@ async fn describe(
         Some(n) if (1..=1000).contains(&n) => n as usize,
         Some(_) => return Err(AwsError::client("maxResults must be 1 to 1000")),
     };
-    let after = string(input, "nextToken")?.map(str::to_string);
+    let after = next_token(input)?;
     let prefix = format!("{kind}/");
     let mut found = Vec::new();
     let mut next = None;
@@ -137,6 +137,20 @@ async fn describe(
         }
     }
     Ok((found, next))
+}
+
+/// The `nextToken` of a list of names (objects, quota shares): the last name of the page
+/// before, so a token that is no name is none this endpoint gave.
+pub(super) fn next_token(input: &Value) -> Result<Option<String>, AwsError> {
+    let Some(token) = string(input, "nextToken")? else {
+        return Ok(None);
+    };
+    if quotient_common::name::validate_name("nextToken", token).is_err() {
+        return Err(AwsError::client(
+            "nextToken is not one this endpoint gave: pass the nextToken of the answer before, or none to start from the first page",
+        ));
+    }
+    Ok(Some(token.to_string()))
 }
 
 fn with_next(mut answer: Value, next: Option<String>) -> Value {

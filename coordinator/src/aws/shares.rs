@@ -320,7 +320,7 @@ pub(super) async fn list(
         Some(n) if (1..=1000).contains(&n) => n as usize,
         Some(_) => return Err(AwsError::client("maxResults must be 1 to 1000")),
     };
-    let after = string(input, "nextToken")?.map(str::to_string);
+    let after = super::objects::next_token(input)?;
     let ApiResponse::Shares(shares) = door.call(caller, ApiRequest::ListShares).await? else {
         return Err(AwsError::server("unexpected answer to a share list"));
     };
