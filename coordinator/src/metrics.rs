@@ -515,12 +515,66 @@ impl MetricsSource for CoordinatorDoor {
             return Err("not a member of a cluster yet (`quotient cluster init` or `quotient cluster add-member`)".into());
         }
         let raft = self.ctx.raft.metrics().borrow().clone();
-        if let Err(fatal) = &raft.running_state {
-            return Err(format!("raft stopped: {fatal}"));
-        }
-        match raft.current_leader {
-            Some(_) => Ok(()),
-            None => Err(format!("no leader known in term {}", raft.current_term)),
-        }
+        readiness(&raft)
+    }
+}
+
+/// Whether a coordinator that has joined a cluster is ready, from its Raft's metrics: Raft
+/// runs, this coordinator is still a member (the last membership it has does not leave it
+/// out, as `cluster remove-member` does), and it knows a leader.
+pub fn readiness(raft: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> Result<(), String> {
+    if let Err(fatal) = &raft.running_state {
+        return Err(format!("raft stopped: {fatal}"));
+    }
+    let membership = raft.membership_config.membership();
+    if membership.nodes().next().is_some() && membership.get_node(&raft.id).is_none() {
+        return Err(format!(
+            "coordinator {} is no longer a member of its cluster (removed with `quotient cluster \
+             remove-member`): stop it, and wipe its data dir before adding it again",
+            raft.id
+        ));
+    }
+    match raft.current_leader {
+        Some(_) => Ok(()),
+        None => Err(format!("no leader known in term {}", raft.current_term)),
+    }
+}
+
+#[cfg(test)]
+mod readiness_tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+
+    use openraft::{BasicNode, Membership, RaftMetrics, StoredMembership};
+
+    use super::readiness;
+
+    fn metrics(id: u64, members: &[u64], leader: Option<u64>) -> RaftMetrics<u64, BasicNode> {
+        let nodes: BTreeMap<u64, BasicNode> = members
+            .iter()
+            .map(|member| (*member, BasicNode::new(format!("127.0.0.1:{}", 7400 + member))))
+            .collect();
+        let voters: BTreeSet<u64> = nodes.keys().copied().collect();
+        let mut metrics = RaftMetrics::new_initial(id);
+        metrics.membership_config = Arc::new(StoredMembership::new(
+            None,
+            Membership::new(vec![voters], nodes),
+        ));
+        metrics.current_leader = leader;
+        metrics
+    }
+
+    /// A member that knows a leader is ready; one that the last membership leaves out (removed)
+    /// is not, and says what to do, even though it still remembers a leader.
+    #[test]
+    fn a_removed_coordinator_is_not_ready() {
+        assert_eq!(readiness(&metrics(2, &[1, 2, 3], Some(1))), Ok(()));
+        let removed = readiness(&metrics(4, &[1, 2, 3], Some(1))).unwrap_err();
+        assert!(
+            removed.contains("no longer a member") && removed.contains("remove-member"),
+            "{removed}"
+        );
+        let leaderless = readiness(&metrics(2, &[1, 2, 3], None)).unwrap_err();
+        assert!(leaderless.contains("no leader"), "{leaderless}");
     }
 }
