@@ -103,12 +103,13 @@ pub enum ApiRequest {
     /// leader. A client sends it once a follower's redirect led to an address it cannot
     /// reach (coordinators that know each other by names or addresses of a network the
     /// client is not on), so that the follower forwards it instead.
-    ViaLeader(Box<ApiRequest>),
+    ViaLeader(#[serde(deserialize_with = "crate::nesting::shallow_box")] Box<ApiRequest>),
     /// `request` of `caller` (the identity URI of its certificate, `quotient://ROLE/NAME`),
     /// forwarded by a follower to the leader. Only a coordinator's certificate may send it;
     /// the leader authorises `request` as `caller`'s.
     Forwarded {
         caller: String,
+        #[serde(deserialize_with = "crate::nesting::shallow_box")]
         request: Box<ApiRequest>,
     },
     /// `request`, for the coordinators of cluster `cluster` only: one of another cluster
@@ -116,6 +117,7 @@ pub enum ApiRequest {
     /// every request in it.
     InCluster {
         cluster: ClusterId,
+        #[serde(deserialize_with = "crate::nesting::shallow_box")]
         request: Box<ApiRequest>,
     },
     /// Bootstraps a new cluster on the coordinator it is sent to, once: that coordinator makes
@@ -238,6 +240,7 @@ pub enum ApiRequest {
     /// [`ApiRequest::ViaLeader`] and inside [`ApiRequest::InCluster`].
     InSession {
         tag: WriteTag,
+        #[serde(deserialize_with = "crate::nesting::shallow_box")]
         request: Box<ApiRequest>,
     },
 }

@@ -55,6 +55,7 @@ pub mod log_format;
 #[cfg(feature = "metrics")]
 pub mod metrics_http;
 pub mod name;
+pub mod nesting;
 pub mod node;
 pub mod packed;
 pub mod rejection;

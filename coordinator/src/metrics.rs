@@ -552,7 +552,12 @@ mod readiness_tests {
     fn metrics(id: u64, members: &[u64], leader: Option<u64>) -> RaftMetrics<u64, BasicNode> {
         let nodes: BTreeMap<u64, BasicNode> = members
             .iter()
-            .map(|member| (*member, BasicNode::new(format!("127.0.0.1:{}", 7400 + member))))
+            .map(|member| {
+                (
+                    *member,
+                    BasicNode::new(format!("127.0.0.1:{}", 7400 + member)),
+                )
+            })
             .collect();
         let voters: BTreeSet<u64> = nodes.keys().copied().collect();
         let mut metrics = RaftMetrics::new_initial(id);

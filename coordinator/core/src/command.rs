@@ -102,6 +102,7 @@ pub enum Command {
     /// log when the caller is an admin or is refused for lack of rights.
     As {
         caller: Caller,
+        #[serde(deserialize_with = "quotient_common::nesting::shallow_box")]
         command: Box<Command>,
     },
     /// A refusal for lack of rights decided outside `apply` (a role without the right, logs of
@@ -161,6 +162,7 @@ pub enum Command {
     /// most once, however many copies of it are logged.
     InSession {
         tag: quotient_common::api::WriteTag,
+        #[serde(deserialize_with = "quotient_common::nesting::shallow_box")]
         command: Box<Command>,
     },
 }
