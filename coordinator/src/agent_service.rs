@@ -62,6 +62,57 @@ pub struct AgentService {
 
 struct Inner {
     ctx: Context,
+    /// Paces each node's writes to the Raft log (registrations, reports).
+    pacer: WritePacer,
+}
+
+/// Registrations of one node written per second, once its burst is spent.
+pub const REGISTERS_PER_SECOND: f64 = 1.0;
+/// Registrations of one node written at once, before [`REGISTERS_PER_SECOND`] holds.
+pub const REGISTERS_BURST: f64 = 5.0;
+/// Job reports of one node written per second, once its burst is spent.
+pub const REPORTS_PER_SECOND: f64 = 1_000.0;
+/// Job reports of one node written at once (a journal sent again after a failover).
+pub const REPORTS_BURST: f64 = 4_096.0;
+
+/// Each node's writes to the Raft log, paced: every write of a node costs the log, the disks
+/// and the replication of every coordinator, so an agent (a compromised host, or one in a
+/// loop) that registers or reports without end waits instead of filling the log (found by
+/// probing the wire, RELIABILITY.md). A request over its node's pace is delayed, never
+/// refused: a real agent's bursts (a registration after each failover, its journal sent
+/// again) fit in the burst and are not slowed. The pace is this coordinator's, in memory.
+#[derive(Default)]
+struct WritePacer {
+    /// By (node, what): when the node's next write of that kind is due (a GCRA's theoretical
+    /// arrival time).
+    due: std::sync::Mutex<std::collections::HashMap<(String, &'static str), tokio::time::Instant>>,
+}
+
+impl WritePacer {
+    /// How long `node` waits, from `now`, before it writes `count` more of `what`, at
+    /// `per_second` with `burst`.
+    fn delay(
+        &self,
+        now: tokio::time::Instant,
+        node: &str,
+        what: &'static str,
+        count: usize,
+        per_second: f64,
+        burst: f64,
+    ) -> Duration {
+        let mut due = self
+            .due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if due.len() > 100_000 {
+            due.retain(|_, at| *at > now);
+        }
+        let at = due.entry((node.to_string(), what)).or_insert(now);
+        let start = (*at).max(now);
+        *at = start + Duration::from_secs_f64(count as f64 / per_second);
+        let allowed = now + Duration::from_secs_f64(burst / per_second);
+        at.saturating_duration_since(allowed)
+    }
 }
 
 impl std::fmt::Debug for AgentService {
@@ -120,8 +171,11 @@ fn not_proposed_error(error: NotProposed) -> AgentError {
 /// The report as it is replicated: the launch message cut again, as the agent should have,
 /// since it is kept with the job.
 fn bounded(mut report: JobReport) -> JobReport {
-    if let JobEvent::LaunchFailed { message, .. } = &mut report.event {
-        *message = bounded_launch_message(message);
+    match &mut report.event {
+        JobEvent::LaunchFailed { message, .. } => *message = bounded_launch_message(message),
+        // As many bytes as a launch message (`EXIT_REASON_BYTES_MAX`), cut the same way.
+        JobEvent::ExitedWithReason { reason, .. } => *reason = bounded_launch_message(reason),
+        _ => {}
     }
     report
 }
@@ -129,7 +183,10 @@ fn bounded(mut report: JobReport) -> JobReport {
 impl AgentService {
     pub fn new(ctx: &Context) -> AgentService {
         AgentService {
-            inner: Arc::new(Inner { ctx: ctx.clone() }),
+            inner: Arc::new(Inner {
+                ctx: ctx.clone(),
+                pacer: WritePacer::default(),
+            }),
         }
     }
 
@@ -289,6 +346,29 @@ impl AgentService {
         }
     }
 
+    /// Waits until `node` may write `count` more of `what` ([`WritePacer`]).
+    async fn pace(
+        &self,
+        node: &str,
+        what: &'static str,
+        count: usize,
+        per_second: f64,
+        burst: f64,
+    ) {
+        let delay = self.inner.pacer.delay(
+            tokio::time::Instant::now(),
+            node,
+            what,
+            count,
+            per_second,
+            burst,
+        );
+        if !delay.is_zero() {
+            tracing::debug!(%node, what, delay_ms = delay.as_millis() as u64, "pacing a node's writes");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
     fn term(&self) -> u64 {
         self.inner.ctx.raft.metrics().borrow().current_term
     }
@@ -322,6 +402,8 @@ impl AgentService {
                     .map_err(|error| bad_request(error.to_string()))?;
                 let node = inventory.name.clone();
                 let gpus = inventory.gpus.len();
+                self.pace(&node, "register", 1, REGISTERS_PER_SECOND, REGISTERS_BURST)
+                    .await;
                 // A registration is news from the node: its lease clock is fresh before the
                 // state shows it registered, so the lease check never sees it registered and
                 // silent and marks it lost just after (the race docs/simulation.md tells).
@@ -485,6 +567,14 @@ impl AgentService {
                 other.node, other.job, other.attempt
             )));
         }
+        self.pace(
+            node,
+            "report",
+            reports.len(),
+            REPORTS_PER_SECOND,
+            REPORTS_BURST,
+        )
+        .await;
         let proposals = reports.iter().map(|report| {
             let command = Command::ReportJob(bounded(report.clone()));
             self.inner.ctx.proposer.propose(command)
@@ -511,5 +601,67 @@ impl AgentService {
         }
         self.after_write();
         Ok(AgentResponse::Reported { rejected })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's burst is written at once; past it, its writes wait their turn at the pace,
+    /// and another node's are not slowed by it.
+    #[test]
+    fn a_nodes_writes_past_its_burst_wait_their_turn() {
+        let pacer = WritePacer::default();
+        let mut now = tokio::time::Instant::now();
+        let delay = |node: &str, what: &'static str, count: usize, rate: f64, burst: f64| {
+            pacer.delay(now, node, what, count, rate, burst)
+        };
+        for _ in 0..5 {
+            assert_eq!(delay("a", "register", 1, 1.0, 5.0), Duration::ZERO);
+        }
+        assert_eq!(delay("a", "register", 1, 1.0, 5.0), Duration::from_secs(1));
+        assert_eq!(delay("a", "register", 1, 1.0, 5.0), Duration::from_secs(2));
+        assert_eq!(delay("b", "register", 1, 1.0, 5.0), Duration::ZERO);
+        assert_eq!(delay("a", "report", 256, 1_000.0, 4_096.0), Duration::ZERO);
+        // Time spent restores the burst.
+        now += Duration::from_secs(60);
+        let delay = |node: &str, what: &'static str, count: usize, rate: f64, burst: f64| {
+            pacer.delay(now, node, what, count, rate, burst)
+        };
+        assert_eq!(delay("a", "register", 1, 1.0, 5.0), Duration::ZERO);
+        // 20 requests of 256 reports: the first 16 fit the burst, the rest wait.
+        let delays: Vec<Duration> = (0..20)
+            .map(|_| delay("c", "report", 256, 1_000.0, 4_096.0))
+            .collect();
+        assert!(
+            delays[..16].iter().all(|delay| delay.is_zero()),
+            "{delays:?}"
+        );
+        assert_eq!(delays[19], Duration::from_millis(4 * 256));
+    }
+
+    /// A job's own failure reason is cut to `EXIT_REASON_BYTES_MAX` before it is replicated,
+    /// as a launch failure's message is.
+    #[test]
+    fn a_reason_is_cut_before_it_is_replicated() {
+        let report = JobReport {
+            node: "gpu-1".into(),
+            job: quotient_common::JobId(1),
+            attempt: 1,
+            event: JobEvent::ExitedWithReason {
+                code: 1,
+                reason: "x".repeat(2_000_000),
+            },
+        };
+        let JobEvent::ExitedWithReason { reason, .. } = bounded(report).event else {
+            panic!("the event is kept");
+        };
+        assert!(
+            reason.len() <= quotient_common::job_report::EXIT_REASON_BYTES_MAX
+                && reason.ends_with("..."),
+            "{} bytes",
+            reason.len()
+        );
     }
 }
