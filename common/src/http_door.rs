@@ -85,7 +85,7 @@ impl Admission {
 
     /// Counts a connection from `address`, or says why it must be closed.
     pub fn admit(&self, address: IpAddr) -> Result<Admitted, Refused> {
-        let address = counted_as(address);
+        let address = crate::transport::counted_as(address);
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         if counts.total >= self.limits.connections_max {
             return Err(Refused::Full(self.limits.connections_max));
@@ -107,20 +107,6 @@ impl Admission {
     /// How many connections are open now.
     pub fn open(&self) -> usize {
         self.counts.lock().unwrap_or_else(|p| p.into_inner()).total
-    }
-}
-
-/// The address a connection from `address` counts under: an IPv4 address (mapped into IPv6
-/// or not) as itself, an IPv6 address by its /64, since one host is given a whole /64.
-fn counted_as(address: IpAddr) -> IpAddr {
-    match address {
-        IpAddr::V4(_) => address,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from_bits(
-                v6.to_bits() & !((1u128 << 64) - 1),
-            )),
-        },
     }
 }
 

@@ -74,6 +74,15 @@ pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// A handshake takes the server about a millisecond of CPU, so this many are a fraction of
 /// a second of work, far inside any client's deadline.
 pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 128;
+/// Most handshakes a server works on at once for one address ([`counted_as`]), so that one
+/// host that starts handshakes and never finishes them cannot hold all
+/// [`HANDSHAKES_IN_FLIGHT_MAX`] (found by probing the wire). Loopback is not counted: a
+/// process on the server's own host, such as a whole test fleet, is trusted with more.
+pub const HANDSHAKES_PER_ADDRESS_MAX: usize = 16;
+/// Once this many handshakes are under way, a connection attempt from an address QUIC has
+/// not validated is first sent a Retry, which it answers only from the address it claims: a
+/// sender of spoofed packets then holds no handshake at all. Below it, connections take no
+/// extra round trip.
 /// Deadline of a client's connect, handshake included (milliseconds).
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// Deadline of the server side of a handshake (milliseconds).
@@ -267,7 +276,66 @@ pub fn transport_config() -> TransportConfig {
 pub struct Server {
     endpoint: quinn::Endpoint,
     handshakes: Arc<tokio::sync::Semaphore>,
+    /// The most handshakes at once ([`HANDSHAKES_IN_FLIGHT_MAX`], or as set).
+    handshakes_max: usize,
+    /// Handshakes under way by address ([`HANDSHAKES_PER_ADDRESS_MAX`]).
+    by_address: Arc<Mutex<std::collections::HashMap<IpAddr, usize>>>,
     refused: Arc<AtomicU64>,
+}
+
+/// The address a connection from `address` counts under: an IPv4 address (mapped into IPv6
+/// or not) as itself, an IPv6 address by its /64, since one host is given a whole /64.
+pub fn counted_as(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => address,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
+/// One handshake of an address under way; leaves its count when dropped.
+#[derive(Debug)]
+struct AddressSlot {
+    counts: Arc<Mutex<std::collections::HashMap<IpAddr, usize>>>,
+    address: IpAddr,
+}
+
+impl AddressSlot {
+    /// A slot for `address`, unless it has [`HANDSHAKES_PER_ADDRESS_MAX`] already; loopback
+    /// always gets one, uncounted.
+    fn take(
+        counts: &Arc<Mutex<std::collections::HashMap<IpAddr, usize>>>,
+        address: IpAddr,
+    ) -> Option<Option<AddressSlot>> {
+        let address = counted_as(address);
+        if address.is_loopback() {
+            return Some(None);
+        }
+        let mut map = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let count = map.entry(address).or_insert(0);
+        if *count >= HANDSHAKES_PER_ADDRESS_MAX {
+            return None;
+        }
+        *count += 1;
+        Some(Some(AddressSlot {
+            counts: counts.clone(),
+            address,
+        }))
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = map.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.address);
+            }
+        }
+    }
 }
 
 /// A quinn endpoint on a UDP socket bound to `address`, with buffers of [`UDP_BUFFER_BYTES`]
@@ -342,6 +410,8 @@ impl Server {
         Ok(Server {
             endpoint,
             handshakes: Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX)),
+            handshakes_max: HANDSHAKES_IN_FLIGHT_MAX,
+            by_address: Arc::default(),
             refused: Arc::default(),
         })
     }
@@ -349,6 +419,7 @@ impl Server {
     /// Works on at most `max` handshakes at once instead of [`HANDSHAKES_IN_FLIGHT_MAX`].
     pub fn with_handshakes_in_flight_max(mut self, max: usize) -> Self {
         self.handshakes = Arc::new(tokio::sync::Semaphore::new(max));
+        self.handshakes_max = max;
         self
     }
 
@@ -376,15 +447,35 @@ impl Server {
     /// handshake with [`Incoming::handshake`] in a task of its own, so that one slow client
     /// does not hold up the others. An attempt that arrives while [`HANDSHAKES_IN_FLIGHT_MAX`]
     /// others are in hand (returned and not yet through their handshake) is refused here,
-    /// before any cryptography, and counted in [`Server::handshakes_refused`].
+    /// before any cryptography, and counted in [`Server::handshakes_refused`]; so is one from
+    /// an address with [`HANDSHAKES_PER_ADDRESS_MAX`] in hand. Once a quarter of the
+    /// handshakes are in hand, an attempt from an address QUIC has not validated is sent a
+    /// Retry first.
     pub async fn accept(&self) -> Option<Incoming> {
         loop {
             let incoming = self.endpoint.accept().await?;
+            let in_hand = self.handshakes_max - self.handshakes.available_permits();
+            if in_hand >= self.handshakes_max / 4
+                && !incoming.remote_address_validated()
+                && incoming.may_retry()
+            {
+                // Costs one stateless packet; the client comes back with a token that proves
+                // its address.
+                let _ = incoming.retry();
+                continue;
+            }
+            let Some(slot) = AddressSlot::take(&self.by_address, incoming.remote_address().ip())
+            else {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                incoming.refuse();
+                continue;
+            };
             match self.handshakes.clone().try_acquire_owned() {
                 Ok(permit) => {
                     return Some(Incoming {
                         incoming,
                         _permit: permit,
+                        _slot: slot,
                     })
                 }
                 Err(_) => {
@@ -413,6 +504,7 @@ impl Server {
 pub struct Incoming {
     incoming: quinn::Incoming,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _slot: Option<AddressSlot>,
 }
 
 impl Incoming {
@@ -951,6 +1043,36 @@ impl RequestStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handshakes_are_counted_by_address_and_loopback_is_not() {
+        let counts = Arc::default();
+        let host: IpAddr = "10.0.0.7".parse().unwrap();
+        let slots: Vec<_> = (0..HANDSHAKES_PER_ADDRESS_MAX)
+            .map(|_| AddressSlot::take(&counts, host).expect("a slot"))
+            .collect();
+        assert!(AddressSlot::take(&counts, host).is_none(), "one over");
+        assert!(AddressSlot::take(&counts, "::ffff:10.0.0.7".parse().unwrap()).is_none());
+        assert!(AddressSlot::take(&counts, "10.0.0.8".parse().unwrap()).is_some());
+        // A host's IPv6 /64 is one address.
+        let v6: Vec<_> = (0..HANDSHAKES_PER_ADDRESS_MAX)
+            .map(|n| {
+                AddressSlot::take(&counts, format!("2001:db8::{n:x}").parse().unwrap())
+                    .expect("a slot")
+            })
+            .collect();
+        assert!(AddressSlot::take(&counts, "2001:db8::ffff:1".parse().unwrap()).is_none());
+        for _ in 0..100 {
+            assert!(matches!(
+                AddressSlot::take(&counts, "127.0.0.1".parse().unwrap()),
+                Some(None)
+            ));
+        }
+        drop(slots);
+        drop(v6);
+        assert!(AddressSlot::take(&counts, host).is_some(), "freed");
+        assert!(counts.lock().unwrap().is_empty(), "no count is left behind");
+    }
 
     #[test]
     fn a_failed_handshake_says_what_to_check() {
