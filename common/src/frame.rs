@@ -44,6 +44,62 @@ use crate::version::{self, Encoding, VersionError, Writer};
 /// The largest frame body anyone sends or accepts, in bytes (16 MiB). Large enough for a
 /// Raft snapshot of a big cluster's state, small enough to buffer per request.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// Most bytes of request bodies one connection's streams may be reading at once: a peer may
+/// open hundreds of streams, each announcing a frame of [`MAX_FRAME_BYTES`], and without a
+/// bound one connection could make a server hold gigabytes for a read deadline (found by
+/// probing the wire). A stream past it waits, within its read deadline, for the others.
+pub const CONNECTION_BODY_BYTES_MAX: u32 = 2 * MAX_FRAME_BYTES as u32;
+/// Most bytes of request bodies all of a process's connections may be reading at once.
+pub const PROCESS_BODY_BYTES_MAX: u32 = 1 << 30;
+
+/// What request bodies a connection may be reading at once: its own
+/// [`CONNECTION_BODY_BYTES_MAX`] and its share of the process's [`PROCESS_BODY_BYTES_MAX`].
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    connection: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// The process's budget, shared by every connection.
+static PROCESS_BUDGET: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| {
+        std::sync::Arc::new(tokio::sync::Semaphore::new(PROCESS_BODY_BYTES_MAX as usize))
+    });
+
+impl BodyBudget {
+    /// A new connection's budget.
+    pub fn for_connection() -> BodyBudget {
+        BodyBudget {
+            connection: std::sync::Arc::new(tokio::sync::Semaphore::new(
+                CONNECTION_BODY_BYTES_MAX as usize,
+            )),
+        }
+    }
+
+    /// Waits until `bytes` more may be read; they are given back when the guard drops.
+    async fn take(&self, bytes: u32) -> Option<BodyGuard> {
+        let connection = self
+            .connection
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .ok()?;
+        let process = PROCESS_BUDGET
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .ok()?;
+        Some(BodyGuard {
+            _connection: connection,
+            _process: process,
+        })
+    }
+}
+
+/// Bytes of a [`BodyBudget`] held while a body is read and decoded.
+struct BodyGuard {
+    _connection: tokio::sync::OwnedSemaphorePermit,
+    _process: tokio::sync::OwnedSemaphorePermit,
+}
 
 const _: () = assert!(crate::api::API_FRAME_BYTES_MAX == MAX_FRAME_BYTES);
 
@@ -312,7 +368,18 @@ pub async fn read_request_frame<T: WireMessage>(
     reader: &mut (impl AsyncRead + Unpin + ?Sized),
     max_bytes: usize,
 ) -> Result<(T, u16), FrameError> {
-    let (version, body) = read_body(reader, max_bytes, &T::ENCODING, Reading::Request).await?;
+    read_request_frame_within(reader, max_bytes, None).await
+}
+
+/// [`read_request_frame`], reading the body only once `budget` has room for it, and holding
+/// that room until the body is decoded.
+pub async fn read_request_frame_within<T: WireMessage>(
+    reader: &mut (impl AsyncRead + Unpin + ?Sized),
+    max_bytes: usize,
+    budget: Option<&BodyBudget>,
+) -> Result<(T, u16), FrameError> {
+    let (version, body, _room) =
+        read_body_within(reader, max_bytes, &T::ENCODING, Reading::Request, budget).await?;
     Ok((
         T::decode_version(version, &body, Reading::Request)?,
         version,
@@ -337,6 +404,18 @@ async fn read_body(
     encoding: &Encoding,
     reading: Reading,
 ) -> Result<(u16, Vec<u8>), FrameError> {
+    let (version, body, _) = read_body_within(reader, max_bytes, encoding, reading, None).await?;
+    Ok((version, body))
+}
+
+/// [`read_body`], taking room in `budget` for the body before reading it.
+async fn read_body_within(
+    reader: &mut (impl AsyncRead + Unpin + ?Sized),
+    max_bytes: usize,
+    encoding: &Encoding,
+    reading: Reading,
+    budget: Option<&BodyBudget>,
+) -> Result<(u16, Vec<u8>, Option<BodyGuard>), FrameError> {
     let limit = max_bytes.min(MAX_FRAME_BYTES);
     let mut header = [0u8; HEADER_BYTES];
     let received = read_until_full(reader, &mut header).await?;
@@ -383,6 +462,11 @@ async fn read_body(
             limit,
         });
     }
+    let room = match budget {
+        // `length` is at most MAX_FRAME_BYTES here, so it fits a u32.
+        Some(budget) => budget.take(length as u32).await,
+        None => None,
+    };
     let mut body = Vec::with_capacity((length as usize).min(INITIAL_BODY_CAPACITY_BYTES));
     reader.take(length).read_to_end(&mut body).await?;
     if (body.len() as u64) < length {
@@ -391,7 +475,7 @@ async fn read_body(
             received: body.len() as u64,
         });
     }
-    Ok((version, body))
+    Ok((version, body, room))
 }
 
 /// Reads until `buffer` is full or the stream ends; returns how many bytes arrived.
@@ -413,6 +497,24 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection reads at most two frames' worth of bodies at once: the third waits until
+    /// one of the others is decoded.
+    #[tokio::test]
+    async fn a_connection_reads_at_most_its_budget_of_bodies_at_once() {
+        let budget = BodyBudget::for_connection();
+        let frame = MAX_FRAME_BYTES as u32;
+        let first = budget.take(frame).await.expect("room");
+        let _second = budget.take(frame).await.expect("room");
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), budget.take(1));
+        assert!(waiting.await.is_err(), "a third body waits");
+        // Another connection is not held up by this one.
+        let other = BodyBudget::for_connection();
+        assert!(other.take(frame).await.is_some());
+        drop(first);
+        let third = tokio::time::timeout(std::time::Duration::from_secs(5), budget.take(frame));
+        assert!(third.await.expect("room once the first is done").is_some());
+    }
     use serde::Deserialize;
     use std::collections::BTreeMap;
     use std::pin::Pin;

@@ -706,6 +706,8 @@ pub struct PeerConnection {
     /// revoked serials of its name.
     serial: Option<String>,
     alpn: Vec<u8>,
+    /// What request bodies its streams may be reading at once ([`frame::BodyBudget`]).
+    budget: frame::BodyBudget,
 }
 
 impl PeerConnection {
@@ -751,6 +753,7 @@ impl PeerConnection {
             peer,
             serial,
             alpn,
+            budget: frame::BodyBudget::for_connection(),
         })
     }
 
@@ -821,7 +824,10 @@ impl PeerConnection {
     /// the connection deliberately.
     pub async fn accept_request(&self) -> Result<Option<RequestStream>, TransportError> {
         match self.connection.accept_bi().await {
-            Ok((send, recv)) => Ok(Some(RequestStream::new(send, recv))),
+            Ok((send, recv)) => Ok(Some(RequestStream {
+                budget: Some(self.budget.clone()),
+                ..RequestStream::new(send, recv)
+            })),
             Err(ConnectionError::ApplicationClosed(_) | ConnectionError::LocallyClosed) => Ok(None),
             Err(error) => Err(TransportError::ConnectionLost(error)),
         }
@@ -917,6 +923,8 @@ pub struct RequestStream {
     recv: RecvStream,
     /// The version the request came in, once read: the answer is written in it.
     version: Option<u16>,
+    /// Its connection's room for request bodies, if it counts any.
+    budget: Option<frame::BodyBudget>,
 }
 
 impl RequestStream {
@@ -926,6 +934,7 @@ impl RequestStream {
             send,
             recv,
             version: None,
+            budget: None,
         }
     }
 
@@ -938,7 +947,11 @@ impl RequestStream {
         &mut self,
         deadline: Duration,
     ) -> Result<Req, RequestError> {
-        let read = frame::read_request_frame::<Req>(&mut self.recv, MAX_FRAME_BYTES);
+        let read = frame::read_request_frame_within::<Req>(
+            &mut self.recv,
+            MAX_FRAME_BYTES,
+            self.budget.as_ref(),
+        );
         let result = tokio::time::timeout(deadline, read).await;
         let error = match result {
             Ok(Ok((request_message, version))) => {
