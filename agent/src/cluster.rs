@@ -105,7 +105,7 @@ impl AgentCluster {
 }
 
 fn read(path: &Path) -> Result<Option<ClusterId>, ClusterFileError> {
-    let file = match File::open(path) {
+    let file = match quotient_common::bounded_read::open_regular(path) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {

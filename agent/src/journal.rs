@@ -165,7 +165,7 @@ impl Journal {
             path: path.clone(),
             problem,
         };
-        let file = match std::fs::File::open(&path) {
+        let file = match quotient_common::bounded_read::open_regular(&path) {
             Ok(file) => {
                 let text = read_text_at_most(file, JOURNAL_BYTES_MAX)
                     .map_err(|source| JournalError::Io {

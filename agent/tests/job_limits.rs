@@ -173,11 +173,12 @@ async fn a_process_job_cannot_fork_past_its_process_limit() {
     let cgroups = Arc::new((*cgroups).clone().with_pids_max(Some(16)));
     let state = tempfile::tempdir().unwrap();
     let runtime = ProcessRuntime::new(state.path()).with_cgroups(cgroups.clone());
-    // Each child that starts says so, then lives a while; a fork that fails says nothing
-    // (and ends the script: dash gives up on a failed fork).
+    // Each child that starts says so, then becomes a sleep (forking nothing, so none ends
+    // early and frees its place); a fork that fails says nothing (and ends the script: dash
+    // gives up on a failed fork).
     let script = r#"i=0
 while [ $i -lt 40 ]; do
-  sh -c 'echo x >> "$QUOTIENT_CHECKPOINT_DIR/started"; sleep 5' &
+  sh -c 'echo x >> "$QUOTIENT_CHECKPOINT_DIR/started"; exec sleep 5' &
   i=$((i+1))
 done
 wait"#;

@@ -8,7 +8,6 @@
 //! mistyped path to a large file should fail at once rather than fill memory.
 
 use std::ffi::OsString;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -138,7 +137,7 @@ pub fn load(flag: Option<&Path>) -> anyhow::Result<ClientConfig> {
 /// chose it and how to make one.
 pub fn load_from(location: &ConfigLocation) -> anyhow::Result<ClientConfig> {
     let path = &location.path;
-    let file = match fs::File::open(path) {
+    let file = match quotient_common::bounded_read::open_regular(path) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => bail!(
             "no client config at {} (from {}); {MAKE_ONE_HINT}",
@@ -239,7 +238,7 @@ mod tests {
         assert!(error.contains("quotient dev up"), "{error}");
 
         let big = dir.path().join("big.toml");
-        fs::write(&big, vec![b'#'; CONFIG_BYTES_MAX as usize + 10]).unwrap();
+        std::fs::write(&big, vec![b'#'; CONFIG_BYTES_MAX as usize + 10]).unwrap();
         let location = ConfigLocation {
             path: big,
             source: "--config",

@@ -3,6 +3,31 @@
 //! refused after at most one byte more than the limit.
 
 use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+
+/// Opens `path` for reading only if it is a regular file (links followed): a FIFO put in a
+/// file's place would block `open` until a writer came, hanging the process at start with no
+/// word (found by probing), and a device or a directory is never one of Quotient's files. The
+/// open does not wait for a FIFO's writer (`O_NONBLOCK`, which changes nothing for a regular
+/// file). A path that is not a regular file is an [`io::ErrorKind::InvalidInput`] error
+/// saying so.
+pub fn open_regular(path: &std::path::Path) -> io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file (a directory, a device or a pipe): put the file itself there",
+                path.display()
+            ),
+        ));
+    }
+    Ok(file)
+}
 
 /// Reads `source` to its end, or `Ok(None)` when it holds more than `max` bytes (having read
 /// `max + 1` of them). A file's size on disk says nothing for `/dev/zero`, a pipe or a file
@@ -28,7 +53,7 @@ pub fn read_text_at_most(source: impl Read, max: u64) -> io::Result<Option<Strin
 /// Reads the file at `path`, or an [`io::ErrorKind::FileTooLarge`] error, naming `max`, when
 /// it holds more than `max` bytes.
 pub fn read_file_at_most(path: &std::path::Path, max: u64) -> io::Result<Vec<u8>> {
-    read_bytes_at_most(std::fs::File::open(path)?, max)?.ok_or_else(|| {
+    read_bytes_at_most(open_regular(path)?, max)?.ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::FileTooLarge,
             format!("more than {max} bytes: is it the right file?"),
@@ -47,6 +72,31 @@ pub fn read_text_file_at_most(path: &std::path::Path, max: u64) -> io::Result<St
 mod tests {
     use super::*;
 
+    /// A FIFO, a device or a directory in a file's place is refused at once, without waiting
+    /// for a writer or reading without end; a regular file (through a link too) opens.
+    #[test]
+    fn only_regular_files_are_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        for path in [
+            fifo.as_path(),
+            std::path::Path::new("/dev/zero"),
+            dir.path(),
+        ] {
+            let error = open_regular(path).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{error}");
+            assert!(error.to_string().contains("not a regular file"), "{error}");
+        }
+        let file = dir.path().join("file");
+        std::fs::write(&file, "text").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_text_file_at_most(&link, 4).unwrap(), "text");
+    }
+
     #[test]
     fn text_up_to_the_limit_is_read_and_one_byte_more_is_refused() {
         assert_eq!(
@@ -59,7 +109,10 @@ mod tests {
 
     #[test]
     fn a_file_over_its_limit_is_an_error_that_names_the_limit() {
-        let error = read_file_at_most(std::path::Path::new("/dev/zero"), 4096).unwrap_err();
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'x'; 4097]).unwrap();
+        let error = read_file_at_most(&big, 4096).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::FileTooLarge);
         assert!(
             error.to_string().contains("more than 4096 bytes"),

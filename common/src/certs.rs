@@ -655,8 +655,13 @@ mod tests {
     #[test]
     fn a_pem_file_that_never_ends_is_refused_not_read_into_memory() {
         let said = certificate_facts(Path::new("/dev/zero")).unwrap_err();
+        assert!(said.contains("not a regular file"), "{said}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.pem");
+        std::fs::write(&big, vec![b'-'; 1_048_577]).unwrap();
+        let said = certificate_facts(&big).unwrap_err();
         assert!(said.contains("more than 1048576 bytes"), "{said}");
-        let error = read_to_string(Path::new("/dev/zero")).unwrap_err();
+        let error = read_to_string(&big).unwrap_err();
         assert!(
             error.to_string().contains("more than 1048576 bytes"),
             "{error}"

@@ -541,6 +541,11 @@ mod tests {
     #[test]
     fn a_config_file_that_never_ends_is_refused_not_read_into_memory() {
         let error = CoordinatorConfig::from_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(error.to_string().contains("not a regular file"), "{error}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("coordinator.toml");
+        std::fs::write(&big, vec![b'#'; 1_048_577]).unwrap();
+        let error = CoordinatorConfig::from_file(&big).unwrap_err();
         assert!(
             error.to_string().contains("more than 1048576 bytes"),
             "{error}"

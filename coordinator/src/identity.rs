@@ -304,7 +304,7 @@ impl ClusterIdentity {
 
 /// The identity file's contents, or `None` when there is none.
 fn read_identity_file(path: &Path) -> Result<Option<IdentityFile>, IdentityError> {
-    let file = match File::open(path) {
+    let file = match quotient_common::bounded_read::open_regular(path) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {

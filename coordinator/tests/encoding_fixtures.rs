@@ -30,7 +30,7 @@ use quotient_common::{
 use quotient_coordinator::store::log_store::DB_FILE_NAME;
 use quotient_coordinator::store::state_machine::SNAPSHOT_FILE_NAME;
 use quotient_coordinator::store::type_config::Entry;
-use quotient_coordinator::store::wal::{Wal, WAL_DIR_NAME};
+use quotient_coordinator::store::wal::{Wal, WAL_DIR_NAME, ZERO_AHEAD_BYTES};
 use quotient_coordinator::store::{self, Request};
 use quotient_core::{Command, JobEvent, JobReport, State};
 
@@ -325,8 +325,8 @@ async fn write_data_dir(dir: &Path) {
     let mut database = redb::Database::open(dir.join(DB_FILE_NAME)).expect("open the database");
     while database.compact().expect("compact the database") {}
     drop(database);
-    // The segment is filled with zeros ahead of the writes; the fixture keeps its records.
-    // The log reads the end of the file as it reads zeros.
+    // The segment is filled with zeros ahead of the writes; the fixture keeps its records,
+    // and the tests give the zeros back (`pad_segments`) before they open it.
     for segment in std::fs::read_dir(dir.join(WAL_DIR_NAME)).expect("the log's directory") {
         let path = segment.expect("a segment").path();
         let bytes = std::fs::read(&path).expect("read a segment");
@@ -346,11 +346,36 @@ fn log_version_of(name: &str) -> u16 {
         .unwrap_or(1)
 }
 
+/// Copies a fixture's data dir to `to` as the build that wrote it left it: with the zeros its
+/// log segments were written ahead with, which were cut from the fixtures to keep them small
+/// (a segment shorter than that is one cut short, and is refused).
+fn copy_fixture(from: &Path, to: &Path) {
+    support::copy_dir(from, to);
+    pad_segments(to);
+}
+
+/// Gives the log segments of the data dir `dir` back the zeros that were cut from them.
+fn pad_segments(dir: &Path) {
+    let log = dir.join(WAL_DIR_NAME);
+    for item in std::fs::read_dir(&log).expect("the fixture's log") {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(item.expect("a segment").path())
+            .expect("open a segment");
+        let written = file.metadata().expect("its size").len();
+        file.set_len(written.div_ceil(4096).max(1) * 4096)
+            .expect("its zeros");
+        if written < ZERO_AHEAD_BYTES {
+            file.set_len(ZERO_AHEAD_BYTES).expect("its zeros");
+        }
+    }
+}
+
 /// Opens a copy of the fixture `name` as a coordinator does, checks the log, vote and committed
 /// id, and returns the state after the snapshot and the committed entries past it.
 async fn open_fixture(name: &str) -> State {
     let copy = tempfile::tempdir().expect("tempdir");
-    support::copy_dir(&fixtures().join(name), copy.path());
+    copy_fixture(&fixtures().join(name), copy.path());
     let (mut log, mut state_machine) = store::open(copy.path()).expect("the fixture opens");
     assert_eq!(
         log.read_vote().await.expect("vote"),
@@ -501,8 +526,9 @@ async fn this_build_writes_the_fixture_of_its_versions_byte_for_byte() {
     );
     let written = tempfile::tempdir().expect("tempdir");
     write_data_dir(written.path()).await;
+    pad_segments(written.path());
     let committed = tempfile::tempdir().expect("tempdir");
-    support::copy_dir(&fixture, committed.path());
+    copy_fixture(&fixture, committed.path());
     let records = |dir: &Path| {
         let (wal, recovered) = Wal::open(dir, None).expect("the log opens");
         let entries = wal.read(0, u64::MAX - 1).expect("the entries read");

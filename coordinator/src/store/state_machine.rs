@@ -607,7 +607,7 @@ pub(crate) fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 /// Reads `dir/snapshot.bin`: its metadata and its state bytes, or `None` if there is none.
 fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFileError> {
     let path = dir.join(SNAPSHOT_FILE_NAME);
-    let mut file = match File::open(&path) {
+    let file = match quotient_common::bounded_read::open_regular(&path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -618,10 +618,13 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFil
             "file of {len} bytes exceeds the limit of {MAX_SNAPSHOT_FILE_BYTES} bytes"
         )));
     }
-    let capacity = usize::try_from(len)
-        .map_err(|_| SnapshotFileError::Corrupted(format!("file of {len} bytes")))?;
-    let mut bytes = Vec::with_capacity(capacity);
-    file.read_to_end(&mut bytes)?;
+    // The limit holds while reading too: a file that grows meanwhile is refused.
+    let bytes = quotient_common::bounded_read::read_bytes_at_most(file, MAX_SNAPSHOT_FILE_BYTES)?
+        .ok_or_else(|| {
+        SnapshotFileError::Corrupted(format!(
+            "file grew past the limit of {MAX_SNAPSHOT_FILE_BYTES} bytes while read"
+        ))
+    })?;
     let (meta, state) = snapshot_of_file(bytes, &path)?;
     Ok(Some((meta, state)))
 }

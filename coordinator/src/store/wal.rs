@@ -24,8 +24,11 @@
 //! # Writing
 //!
 //! A write appends its records with one `pwrite` and one `fdatasync`. Segments are filled with
-//! zeros ahead of the writes ([`ZERO_AHEAD_BYTES`] at a time), so a sync writes data pages
-//! only and never has to journal a new file size; a segment is closed after
+//! zeros ahead of the writes ([`ZERO_AHEAD_BYTES`] at a time, synced before the write that
+//! needed them), so a sync writes data pages only and never has to journal a new file size,
+//! and no record ever runs past the end of its file; a segment is made under a temporary name
+//! (`.partial`), zero-filled and synced, then renamed, so a segment is never shorter than its
+//! first zeros, and its size is always a multiple of 4 KiB. A segment is closed after
 //! [`SEGMENT_BYTES_MAX`] and the next one opens with the committed id as its first record, so
 //! the newest committed id survives the removal of older segments.
 //!
@@ -37,7 +40,10 @@
 //! write torn by a crash, and it and everything after it is discarded (and zeroed), unless a
 //! whole later write follows it: a later write is started only after the one before is synced,
 //! so that can only be damage, and opening refuses it with what to do. A bad record in an
-//! earlier segment is damage too.
+//! earlier segment is damage too, and so is a segment cut short: one shorter than its first
+//! zeros, of a size no write leaves, or with a record that runs past its end (a crash cannot
+//! do that, see Writing: a member that read such a log as a torn write would drop entries it
+//! had acknowledged, and the cluster could lose committed writes; found by probing).
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -57,6 +63,10 @@ pub const WAL_DIR_NAME: &str = "raft-wal";
 pub const SEGMENT_BYTES_MAX: u64 = 16 * 1024 * 1024;
 /// How far ahead of the writes a segment is filled with zeros.
 pub const ZERO_AHEAD_BYTES: u64 = 1024 * 1024;
+/// A segment's size is always a multiple of this.
+const ZERO_FILL_ALIGN: u64 = 4096;
+/// What a segment is called while it is being made.
+const PARTIAL_SUFFIX: &str = ".partial";
 /// The largest payload a record holds: an encoded entry's limit.
 pub const RECORD_PAYLOAD_MAX: usize = MAX_ENTRY_BYTES;
 /// A segment file larger than this is not one of ours and is refused before it is read.
@@ -270,6 +280,8 @@ enum Slot<'a> {
     End,
     Valid(Parsed<'a>),
     Invalid(&'static str),
+    /// A record that runs past the end of the file: the file was cut, never a torn write.
+    Cut(&'static str),
 }
 
 fn parse_record(bytes: &[u8]) -> Slot<'_> {
@@ -277,7 +289,7 @@ fn parse_record(bytes: &[u8]) -> Slot<'_> {
         return if bytes.iter().all(|b| *b == 0) {
             Slot::End
         } else {
-            Slot::Invalid("a record header runs past the end")
+            Slot::Cut("a record header runs past the end of the file: it was cut short")
         };
     }
     let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
@@ -299,7 +311,7 @@ fn parse_record(bytes: &[u8]) -> Slot<'_> {
     }
     let size = padded(HEADER_BYTES + len);
     if bytes.len() < HEADER_BYTES + len {
-        return Slot::Invalid("a record runs past the end");
+        return Slot::Cut("a record runs past the end of the file: it was cut short");
     }
     let payload = &bytes[HEADER_BYTES..HEADER_BYTES + len];
     let mut crc = crc32fast::Hasher::new();
@@ -368,6 +380,7 @@ pub fn scan_segment<'a>(
                     torn: None,
                 })
             }
+            Slot::Cut(what) => return Err(Damage { offset, what }),
             Slot::Invalid(what) => {
                 if !last || later_write_follows(&bytes[offset..], batch) {
                     return Err(Damage { offset, what });
@@ -413,8 +426,16 @@ impl Wal {
         let mut numbers = Vec::new();
         for item in std::fs::read_dir(&dir).map_err(io_error(&dir))? {
             let item = item.map_err(io_error(&dir))?;
-            if let Some(number) = item.file_name().to_str().and_then(parse_segment_name) {
+            let name = item.file_name();
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            if let Some(number) = parse_segment_name(name) {
                 numbers.push(number);
+            } else if name.ends_with(PARTIAL_SUFFIX) {
+                // A segment whose making a crash cut short: it was never written to.
+                let path = item.path();
+                std::fs::remove_file(&path).map_err(io_error(&path))?;
             }
         }
         numbers.sort_unstable();
@@ -430,9 +451,20 @@ impl Wal {
                 .write(true)
                 .open(&path)
                 .map_err(io_error(&path))?;
-            let size = file.metadata().map_err(io_error(&path))?.len();
+            let metadata = file.metadata().map_err(io_error(&path))?;
+            let size = metadata.len();
             if size > SEGMENT_FILE_BYTES_MAX {
                 return Err(WalError::TooLarge { path, size });
+            }
+            if !metadata.is_file() || size < ZERO_AHEAD_BYTES || size % ZERO_FILL_ALIGN != 0 {
+                // Made whole before its name was given, and only ever grown by synced
+                // multiples of 4 KiB: anything else was cut, or is not a segment at all.
+                return Err(WalError::Damaged {
+                    path,
+                    offset: size,
+                    what: "the segment is shorter than a segment is ever made, or of a size no \
+                           write leaves: it was cut short or replaced",
+                });
             }
             let mut bytes = vec![0u8; usize::try_from(size).unwrap_or(usize::MAX)];
             file.read_exact_at(&mut bytes, 0).map_err(io_error(&path))?;
@@ -524,7 +556,8 @@ impl Wal {
         Ok((wal, Recovered { committed }))
     }
 
-    /// Creates segment `number`, zero-filled ahead and synced, its directory entry too.
+    /// Creates segment `number`, zero-filled ahead and synced under a temporary name, then
+    /// renamed, its directory entry synced too.
     fn create_segment(
         dir: &Path,
         number: u64,
@@ -532,14 +565,28 @@ impl Wal {
         committed: Option<Stored>,
     ) -> Result<Active, WalError> {
         let path = dir.join(segment_name(number));
+        let partial = dir.join(format!("{}{PARTIAL_SUFFIX}", segment_name(number)));
+        match std::fs::remove_file(&partial) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                return Err(io_error(&partial)(error))
+            }
+            _ => {}
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
-            .open(&path)
-            .map_err(io_error(&path))?;
-        zero_fill(&file, 0, ZERO_AHEAD_BYTES).map_err(io_error(&path))?;
-        file.sync_all().map_err(io_error(&path))?;
+            .open(&partial)
+            .map_err(io_error(&partial))?;
+        zero_fill(&file, 0, ZERO_AHEAD_BYTES).map_err(io_error(&partial))?;
+        file.sync_all().map_err(io_error(&partial))?;
+        if path.exists() {
+            return Err(io_error(&path)(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a segment of that number is already there",
+            )));
+        }
+        std::fs::rename(&partial, &path).map_err(io_error(&path))?;
         sync_dir(dir).map_err(io_error(dir))?;
         Ok(Active {
             number,
@@ -631,8 +678,11 @@ impl Wal {
         let end = start + bytes.len() as u64;
         let path = active.path.clone();
         if end > active.zeroed_end {
-            let to = (end + ZERO_AHEAD_BYTES).div_ceil(4096) * 4096;
+            let to = (end + ZERO_AHEAD_BYTES).div_ceil(ZERO_FILL_ALIGN) * ZERO_FILL_ALIGN;
             zero_fill(&active.file, active.zeroed_end, to).map_err(io_error(&path))?;
+            // The new size is durable before any record lands in it: a crash can then tear a
+            // record, but never leave one running past the end of the file.
+            active.file.sync_data().map_err(io_error(&path))?;
             active.zeroed_end = to;
         }
         active
@@ -777,7 +827,7 @@ impl Wal {
                         what: "another record where an entry was written",
                     })
                 }
-                Slot::End | Slot::Invalid(_) => {
+                Slot::End | Slot::Invalid(_) | Slot::Cut(_) => {
                     return Err(WalError::Damaged {
                         path,
                         offset: location.offset,
@@ -881,6 +931,7 @@ mod tests {
         encode_record(&mut bytes, KIND_ENTRY, VERSION_UNRECORDED, 1, 1, b"old");
         encode_record(&mut bytes, KIND_COMMITTED, 7, 0, 1, b"c-newer");
         encode_record(&mut bytes, KIND_ENTRY, 7, 2, 2, b"newer");
+        bytes.resize(ZERO_AHEAD_BYTES as usize, 0);
         std::fs::write(log_dir.join(segment_name(1)), &bytes).expect("write a segment");
         let (wal, recovered) = Wal::open(dir.path(), None).expect("open");
         let versions: Vec<(u64, u16)> = wal
@@ -944,6 +995,46 @@ mod tests {
             error.to_string().contains("move the data directory away"),
             "{error}"
         );
+    }
+
+    /// A segment cut short is damage, never a torn write: cut inside its records (a member
+    /// that read it as torn would drop entries it had acknowledged), or to nothing; a segment
+    /// whose making a crash interrupted (still `.partial`) is removed and the log opens.
+    #[test]
+    fn a_segment_cut_short_is_refused_and_a_partial_one_is_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log_dir = dir.path().join(WAL_DIR_NAME);
+        let segment = log_dir.join(segment_name(1));
+        {
+            let (wal, _) = Wal::open(dir.path(), None).expect("open");
+            write_entries(&wal, &[entry(1, "first")]);
+            write_entries(&wal, &[entry(2, "second"), entry(3, "third")]);
+        }
+        let whole = std::fs::read(&segment).expect("read");
+        let records = padded(HEADER_BYTES + 5) as u64;
+        for cut in [records + 20, 2 * records + 7, 0, 4096] {
+            let file = OpenOptions::new().write(true).open(&segment).expect("open");
+            file.set_len(cut).expect("cut");
+            drop(file);
+            let error = Wal::open(dir.path(), None).expect_err("a cut segment is refused");
+            assert!(
+                error.to_string().contains("cut short")
+                    && error.to_string().contains("remove-member"),
+                "cut at {cut}: {error}"
+            );
+            std::fs::write(&segment, &whole).expect("restore");
+        }
+        std::fs::write(
+            log_dir.join("seg-0000000000000002.wal.partial"),
+            b"half made",
+        )
+        .expect("a partial segment");
+        let (wal, _) = Wal::open(dir.path(), None).expect("opens");
+        assert_eq!(
+            read(&wal, 0, 10),
+            vec![entry(1, "first"), entry(2, "second"), entry(3, "third")]
+        );
+        assert!(!log_dir.join("seg-0000000000000002.wal.partial").exists());
     }
 
     #[test]
