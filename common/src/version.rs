@@ -105,11 +105,13 @@ pub const RAFT_LOG: Encoding = Encoding {
 };
 
 /// The snapshot file's layout (`snapshot.bin`: header, metadata, state), in its first bytes
-/// (`QSNAP001`, `QSNAP002`). Version 1 held the state without a version of its own, as
-/// [`SNAPSHOT_STATE`] version 1; version 2 holds the state as it travels, with its version.
+/// (`QSNAP001`, `QSNAP002`, `QSNAP003`). Version 1 held the state without a version of its
+/// own, as [`SNAPSHOT_STATE`] version 1; version 2 holds the state as it travels, with its
+/// version; version 3 ends with a CRC32 of the rest, checked when it is read. Only the file
+/// changes, not what travels: coordinators of versions 2 and 3 replicate to each other.
 pub const SNAPSHOT_FILE: Encoding = Encoding {
     name: "the snapshot file",
-    current: 2,
+    current: 3,
     oldest: 1,
 };
 

@@ -50,7 +50,7 @@ pub enum CoordinatorError {
     Tls(#[from] TlsError),
     #[error("the certificate names {0}, but a coordinator needs a coordinator certificate; issue one with `quotient certs issue --role coordinator --name NAME`")]
     WrongRole(String),
-    #[error("cannot open the raft storage: {0}; check the data directory (is another coordinator using it?)")]
+    #[error("cannot open the raft storage: {0}")]
     Storage(String),
     #[error("cannot start raft: {0}")]
     Raft(String),

@@ -103,7 +103,12 @@ impl History {
             path: path.clone(),
             message,
         };
-        let db = Database::create(&path).map_err(|e| error(e.to_string()))?;
+        let db = crate::store::open_database(
+            &path,
+            "the history is this coordinator's own copy: stop it, move the file away and start \
+             it again (it makes a new one; docs/operations.md says what is kept)",
+        )
+        .map_err(error)?;
         let txn = db.begin_write().map_err(|e| error(e.to_string()))?;
         txn.open_table(RECORDS).map_err(|e| error(e.to_string()))?;
         txn.open_table(BY_JOB).map_err(|e| error(e.to_string()))?;

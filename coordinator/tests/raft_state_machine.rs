@@ -698,6 +698,7 @@ async fn a_snapshot_file_of_a_newer_layout_or_state_is_refused_naming_both_versi
     let mut newer_state = written.clone();
     newer_state[state_at + 2..state_at + 4]
         .copy_from_slice(&(SNAPSHOT_STATE.current + 1).to_le_bytes());
+    reseal(&mut newer_state);
     std::fs::write(&path, &newer_state).expect("write");
     let error = QuotientStateMachine::open(dir.path())
         .expect_err("a newer state is refused")
@@ -712,6 +713,49 @@ async fn a_snapshot_file_of_a_newer_layout_or_state_is_refused_naming_both_versi
 
     std::fs::write(&path, &written).expect("write");
     let sm = QuotientStateMachine::open(dir.path()).expect("this build's file opens");
+    assert!(has_node(&sm, "gpu-a"));
+}
+
+/// A snapshot file with its checksum made again for `bytes` (the CRC32 of all but its last
+/// four bytes, in them).
+fn reseal(bytes: &mut [u8]) {
+    let end = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..end]);
+    bytes[end..].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[tokio::test]
+async fn a_snapshot_file_changed_on_disk_is_refused_by_its_checksum() {
+    // Proves a byte changed in a snapshot file, even one that still decodes (a job's command,
+    // say), is refused when the file is read, naming the file, instead of loaded as the state.
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_a_snapshot_of_gpu_a(dir.path()).await;
+    let path = dir.path().join(SNAPSHOT_FILE_NAME);
+    let written = std::fs::read(&path).expect("read");
+    let name_at = written
+        .windows(5)
+        .position(|window| window == b"gpu-a")
+        .expect("the node's name is in the file");
+    let mut changed = written.clone();
+    changed[name_at + 4] = b'b';
+    std::fs::write(&path, &changed).expect("write");
+    let error = QuotientStateMachine::open(dir.path())
+        .expect_err("a changed file is refused")
+        .to_string();
+    assert!(
+        error.contains(SNAPSHOT_FILE_NAME) && error.contains("checksum"),
+        "{error}"
+    );
+    // A change to the checksum itself is refused the same way; the file as written opens.
+    let mut changed = written.clone();
+    *changed.last_mut().expect("bytes") ^= 1;
+    std::fs::write(&path, &changed).expect("write");
+    let error = QuotientStateMachine::open(dir.path())
+        .expect_err("a changed checksum is refused")
+        .to_string();
+    assert!(error.contains("checksum"), "{error}");
+    std::fs::write(&path, &written).expect("write");
+    let sm = QuotientStateMachine::open(dir.path()).expect("the file as written opens");
     assert!(has_node(&sm, "gpu-a"));
 }
 

@@ -93,7 +93,13 @@ impl<C: VersionedEntries> RaftLogStore<C> {
         })?;
         let path = data_dir.join(DB_FILE_NAME);
         let opening = || format!("opening raft log database {}", path.display());
-        let db = Database::create(&path).map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?;
+        let db = super::open_database(&path, super::RAFT_DB_FIX).map_err(|message| {
+            StorageError::from(StorageIOError::new(
+                ErrorSubject::Store,
+                ErrorVerb::Read,
+                AnyError::error(message),
+            ))
+        })?;
         // Create the table up front so that read transactions always find it.
         let created = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;

@@ -62,6 +62,50 @@ pub async fn resume_as_follower(
     Ok(true)
 }
 
+/// Opens (or creates) the redb database at `path`, saying what went wrong in words that name
+/// the file: one that is not a regular file, one another process holds open (another
+/// coordinator on the same data dir), and one so damaged that redb gives up on it (it panics
+/// on some damage, a cut or a hugely grown file among them: found by probing). `fix` says what
+/// to do about a damaged one. Blocks on file I/O.
+pub fn open_database(path: &Path, fix: &str) -> Result<redb::Database, String> {
+    if let Ok(metadata) = std::fs::metadata(path) {
+        if !metadata.is_file() {
+            return Err(format!(
+                "{} is not a regular file (a directory, a device or a pipe): {fix}",
+                path.display()
+            ));
+        }
+    }
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        redb::Database::create(path)
+    }));
+    match opened {
+        Ok(Ok(database)) => Ok(database),
+        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => Err(format!(
+            "{} is open in another process: is another coordinator using this data directory?",
+            path.display()
+        )),
+        Ok(Err(error)) => Err(format!("cannot open {}: {error}; {fix}", path.display())),
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no reason given");
+            Err(format!(
+                "{} is damaged: the database library gave up reading it ({why}); {fix}",
+                path.display()
+            ))
+        }
+    }
+}
+
+/// What to do about a damaged `raft.redb`: the member's Raft state cannot be trusted.
+pub const RAFT_DB_FIX: &str = "this member's Raft state cannot be trusted: move the data \
+    directory away, start the coordinator on an empty one, then remove it from the cluster and \
+    add it back as a new member (`quotient cluster remove-member --id ID`, then `quotient cluster \
+    add-member --id ID --address ADDR`)";
+
 /// Opens (or creates) both halves of a coordinator's Raft storage in `data_dir`.
 ///
 /// Blocks on file I/O: call it at startup.

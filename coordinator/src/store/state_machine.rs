@@ -11,11 +11,15 @@
 //! never read, and on a full disk it holds the space the next snapshot needs.
 //!
 //! The snapshot file is `QSNAP | version (3 ASCII digits) | meta length (u64 LE) | state length
-//! (u64 LE) | meta | state`, with the metadata in the store's codec and the state in
+//! (u64 LE) | meta | state | CRC32 (u32 LE, of everything before it; from version 3)`, with
+//! the metadata in the store's codec and the state in
 //! `State::to_snapshot_bytes`; every length is checked against a named limit before anything
 //! is allocated. The version is the file's layout (`quotient_common::version::SNAPSHOT_FILE`):
 //! in version 1 (`QSNAP001`) the state had no header of its own and was version 1 of the
-//! state's encoding; in version 2 it starts with its own version, as it travels to followers.
+//! state's encoding; in version 2 it starts with its own version, as it travels to followers;
+//! version 3 ends with a checksum, so that a byte changed on disk is refused when the file is
+//! read instead of loaded as the state (found by probing: a change that still decoded was
+//! served until the digest check caught it).
 //! A file of version 1 is read as the state it holds, with that header added, so what a
 //! follower is sent is always the same form. Building one holds
 //! the state's lock only to capture it (`State::capture_snapshot`: the small fields encoded,
@@ -64,10 +68,12 @@ const SNAPSHOT_MAGIC: [u8; 5] = *b"QSNAP";
 
 /// Magic, version, metadata length, state length.
 const SNAPSHOT_HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + 3 + 8 + 8;
+/// The CRC32 that ends a snapshot file of version 3 and later.
+const SNAPSHOT_CHECKSUM_BYTES: usize = 4;
 
 /// The largest snapshot file that is read back: header, metadata and the largest state.
 pub const MAX_SNAPSHOT_FILE_BYTES: u64 =
-    (SNAPSHOT_HEADER_BYTES + MAX_ENTRY_BYTES + SNAPSHOT_BYTES_MAX) as u64;
+    (SNAPSHOT_HEADER_BYTES + MAX_ENTRY_BYTES + SNAPSHOT_BYTES_MAX + SNAPSHOT_CHECKSUM_BYTES) as u64;
 
 type Meta = SnapshotMeta<MemberId, BasicNode>;
 type Membership = StoredMembership<MemberId, BasicNode>;
@@ -550,12 +556,24 @@ fn write_snapshot_file(dir: &Path, meta: &Meta, state: &[u8]) -> Result<(), Snap
     let path = dir.join(SNAPSHOT_FILE_NAME);
     let file = File::create(&tmp)?;
     let mut writer = BufWriter::new(file);
-    writer.write_all(&SNAPSHOT_MAGIC)?;
-    writer.write_all(format!("{:03}", SNAPSHOT_FILE.current).as_bytes())?;
-    writer.write_all(&(meta_bytes.len() as u64).to_le_bytes())?;
-    writer.write_all(&(state.len() as u64).to_le_bytes())?;
-    writer.write_all(&meta_bytes)?;
-    writer.write_all(state)?;
+    let mut crc = crc32fast::Hasher::new();
+    let version = format!("{:03}", SNAPSHOT_FILE.current);
+    let lengths = [
+        (meta_bytes.len() as u64).to_le_bytes(),
+        (state.len() as u64).to_le_bytes(),
+    ];
+    for part in [
+        &SNAPSHOT_MAGIC[..],
+        version.as_bytes(),
+        &lengths[0],
+        &lengths[1],
+        &meta_bytes,
+        state,
+    ] {
+        crc.update(part);
+        writer.write_all(part)?;
+    }
+    writer.write_all(&crc.finalize().to_le_bytes())?;
     let file = writer.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     drop(file);
@@ -634,6 +652,10 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFil
 fn snapshot_of_file(mut bytes: Vec<u8>, path: &Path) -> Result<(Meta, Vec<u8>), SnapshotFileError> {
     let (version, meta, state_start) = parse_snapshot_header(&bytes, path)?;
     // One arm per layout this build reads: the state in the form it travels in.
+    // Version 3 ends with its checksum, checked by `parse_snapshot_header`.
+    if version >= 3 {
+        bytes.truncate(bytes.len() - SNAPSHOT_CHECKSUM_BYTES);
+    }
     match version {
         1 => {
             // The state of the first layout is version 1 of its encoding, without a header.
@@ -768,12 +790,26 @@ fn parse_snapshot_header(
 ) -> Result<(u16, Meta, usize), SnapshotFileError> {
     let (version, meta_len, state_len) = parse_header_prefix(bytes, path)?;
     let state_start = SNAPSHOT_HEADER_BYTES + meta_len;
-    if state_start + state_len != bytes.len() {
+    let checksum = if version >= 3 {
+        SNAPSHOT_CHECKSUM_BYTES
+    } else {
+        0
+    };
+    let end = state_start + state_len;
+    if end + checksum != bytes.len() {
         return Err(SnapshotFileError::Corrupted(format!(
             "header says {} bytes, file has {}",
-            state_start + state_len,
+            end + checksum,
             bytes.len()
         )));
+    }
+    if checksum > 0 {
+        let stored = u32::from_le_bytes(bytes[end..].try_into().expect("four bytes"));
+        if crc32fast::hash(&bytes[..end]) != stored {
+            return Err(SnapshotFileError::Corrupted(
+                "its checksum does not match: the file changed after it was written".to_string(),
+            ));
+        }
     }
     let meta = decode_value(&bytes[SNAPSHOT_HEADER_BYTES..state_start])?;
     Ok((version, meta, state_start))
