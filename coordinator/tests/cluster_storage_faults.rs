@@ -100,3 +100,49 @@ async fn a_log_write_fails_on(role: Role) {
         assert_eq!(ids_of(&seen), expected, "coordinator {id}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_log_was_lost_stays_out_until_added_again_and_no_leader_falls() {
+    // Proves a member whose whole log directory was lost (its vote and identity kept) comes
+    // back saying it holds no Raft state and waits to be added again, taking no part (a
+    // member that took part with a log gone backwards made each leader in turn fall, found
+    // by probing the files on disk); its leader stays, and the other two serve on.
+    let mut cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let lost = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let others = cluster.ids_except(&[lost]);
+    create_share(&cluster.admin(), "team").await;
+    let client = cluster.client_of("bob", cluster.addresses());
+    let mut acknowledged = Vec::new();
+    for n in 1..=3 {
+        acknowledged.push(submit(&client, job("team", n)).await);
+    }
+    cluster.wait_converged(&[1, 2, 3]).await;
+
+    eprintln!("--- coordinator {lost} loses its log directory and starts again");
+    cluster.kill(lost);
+    std::fs::remove_dir_all(cluster.data_dir(lost).join("raft-wal")).expect("remove its log");
+    cluster.start_member(lost);
+    for n in 4..=6 {
+        acknowledged.push(submit(&client, job("team", n)).await);
+    }
+    cluster.wait_converged(&others).await;
+    assert_eq!(
+        cluster.wait_for_leader(&others).await,
+        leader,
+        "the leader did not fall"
+    );
+    let log = cluster.log_text(lost);
+    assert!(
+        log.contains("holds no Raft state") && log.contains("add-member"),
+        "the member says it waits to be added again:\n{log}"
+    );
+    let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
+    for (id, seen) in jobs_on_each(&cluster, &others).await {
+        assert_eq!(ids_of(&seen), expected, "coordinator {id}");
+    }
+}
