@@ -13,6 +13,12 @@
 //!    state happens on the apply path (copy-on-write, as a snapshot's); encoding and hashing it
 //!    run on the blocking pool.
 //!
+//! A replica marked diverged stops campaigning (`raft.runtime_config().elect(false)`, checked every
+//! interval): it still follows, so the cluster keeps its quorum, but it never leads, since a
+//! leader's digest is the one the others are measured against (found by probing: a member
+//! whose snapshot was changed on disk won an election, and `cluster health` then named the
+//! two healthy members diverged).
+//!
 //! Replicas that applied the same log hold the same state, so their digests at the same index
 //! are equal; a difference means the state came from elsewhere (a data directory restored from
 //! another cluster or time), a disk fault the log's checksums missed, or a bug.
@@ -116,8 +122,14 @@ pub async fn run(ctx: Context) {
     // compare yet.
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut campaigns = true;
     loop {
         ticks.tick().await;
+        if campaigns && state_machine.digest_checks().problem().is_some() {
+            campaigns = false;
+            raft.runtime_config().elect(false);
+            tracing::error!("this coordinator's state diverged from the leader's: it no longer campaigns to lead (it still follows); replace its data directory as its health says");
+        }
         let (running, leader) = {
             let metrics = raft.metrics();
             let metrics = metrics.borrow();

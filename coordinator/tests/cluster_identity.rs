@@ -325,11 +325,28 @@ async fn a_replica_whose_state_diverged_reports_itself_unhealthy() {
     assert!(cluster.log_text(follower).contains("has diverged"));
     let leader_health = cluster.health(leader).await.expect("the leader answers");
     assert!(leader_health.healthy, "{leader_health:?}");
+
+    eprintln!("--- the leader stops: the diverged member votes, but never leads");
+    poll_until("the diverged member to stop campaigning", CONVERGE, || {
+        let cluster = &cluster;
+        async move {
+            cluster
+                .log_text(follower)
+                .contains("no longer campaigns")
+                .then_some(())
+        }
+    })
+    .await;
+    cluster.kill(leader);
+    let others = cluster.ids_except(&[leader]);
+    let new_leader = cluster.wait_for_leader(&others).await;
+    assert_ne!(new_leader, follower, "the diverged member led");
+    submit(&cluster.client_of_ids("alice", &others), job("team", 99)).await;
 }
 
 /// Adds a share to the state in a snapshot file, keeping its header and metadata: the file
 /// is the magic and its version (8 bytes), the metadata's and the state's lengths (8 bytes
-/// each, little endian), the metadata, then the state.
+/// each, little endian), the metadata, the state, then a CRC32 of the rest.
 fn alter_snapshot(path: &std::path::Path) {
     let bytes = std::fs::read(path).expect("the follower has a snapshot");
     let length = |at: usize| {
@@ -356,5 +373,8 @@ fn alter_snapshot(path: &std::path::Path) {
     let mut out = bytes[..state_at].to_vec();
     out[16..24].copy_from_slice(&(altered.len() as u64).to_le_bytes());
     out.extend_from_slice(&altered);
+    // The file's own checksum (layout 3) made again, as a bug rather than the disk would.
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
     std::fs::write(path, out).expect("rewrite the snapshot");
 }
