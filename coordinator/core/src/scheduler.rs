@@ -612,11 +612,18 @@ impl<'a> Round<'a> {
                 continue;
             };
             let waiting_on = self.state.index.preempting_for.get(&id);
-            if self.try_place_nominated(q, job, nodes) {
+            // In-share preemption is only for a higher-priority job: one whose priority was
+            // lowered to its victims' or below since gives up what is being freed for it (its
+            // victims stop all the same, and come back to their GPUs as the queue's order says).
+            let outranked = waiting_on.into_iter().flatten().any(|victim| {
+                let victim = self.job(*victim);
+                victim.spec.share == job.spec.share && victim.priority() >= job.priority()
+            });
+            if !outranked && self.try_place_nominated(q, job, nodes) {
                 continue;
             }
             let victims: Vec<JobId> = waiting_on.into_iter().flatten().copied().collect();
-            if !victims.is_empty() {
+            if !outranked && !victims.is_empty() {
                 let node_name = self.node_names(nodes);
                 self.queues[q].nominated = true;
                 self.queues[q].blocked = Some((
@@ -626,7 +633,7 @@ impl<'a> Round<'a> {
                         victims,
                     }),
                 ));
-            } else if job.is_gang() && self.may_hold(q, job, nodes) {
+            } else if !outranked && job.is_gang() && self.may_hold(q, job, nodes) {
                 // A job of several nodes keeps its nodes while the jobs on them end, so that
                 // smaller jobs do not take each GPU as it frees.
                 let qualify = self.gang_qualify(job, nodes);

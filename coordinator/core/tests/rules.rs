@@ -439,6 +439,33 @@ fn a_priority_update_triggers_in_share_preemption() {
     assert_eq!(sim.state_of(running), JobState::Runnable);
 }
 
+/// A job whose priority is lowered below its in-share victim's while the victim stops gives
+/// up the GPUs being freed for it: the victim runs again once stopped, and the job is not
+/// placed ahead of it only to be preempted at once (which, with max_preemptions 0, failed
+/// it; found by probing the scheduling contract end to end).
+#[test]
+fn a_job_lowered_below_its_in_share_victim_gives_up_the_gpus_freed_for_it() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 1);
+    sim.ok(Command::CreateShare(lab("a", 1, Some(0), true)));
+    let low = sim.submit(job("a", "low", 1, 1));
+    sim.settle();
+    let mut spec = job("a", "high", 5, 1);
+    spec.max_preemptions = Some(0);
+    let high = sim.submit(spec);
+    sim.round();
+    assert_eq!(sim.state_of(low), JobState::Preempting, "stopped for high");
+    sim.ok(Command::UpdateJobPriority {
+        job: high,
+        priority: 0,
+    });
+    sim.settle();
+    assert_eq!(sim.state_of(low), JobState::Running, "it runs again");
+    assert_eq!(sim.state_of(high), JobState::Runnable, "it waits, not failed");
+    let record = sim.state.job(high).expect("high");
+    assert_eq!(record.preemptions, 0, "never placed, so never preempted");
+}
+
 /// max_preemptions 0 fails a job on its first preemption.
 #[test]
 fn max_preemptions_zero_fails_the_job_on_first_preemption() {
