@@ -720,9 +720,10 @@ impl State {
 }
 
 /// Why jobs wait, as `job list`, `job get` and `explain` say it: a job's own reason
-/// ([`State::reason`]), or, for a RUNNABLE job that has none and waits behind its queue's
-/// head, [`WaitReason::QueuedBehind`] that head (the scheduler records a reason only for the
-/// heads it looked at). Remembers each queue's head, so a page of jobs looks up each queue once.
+/// ([`State::reason`]), or, for a RUNNABLE job that waits behind its queue's head and has no
+/// reason of its own or one about the queue (given when it was the head),
+/// [`WaitReason::QueuedBehind`] that head (the scheduler records a reason only for the heads
+/// it looked at). Remembers each queue's head, so a page of jobs looks up each queue once.
 #[derive(Debug, Default)]
 pub struct WaitReasons<'s> {
     heads: BTreeMap<(&'s str, &'s GpuClass), Option<JobId>>,
@@ -731,15 +732,30 @@ pub struct WaitReasons<'s> {
 impl<'s> WaitReasons<'s> {
     /// Why `job` waits or how it ended; `None` when there is nothing to say.
     pub fn of(&mut self, state: &'s State, job: &'s JobRecord) -> Option<WaitReason> {
-        if let Some(reason) = state.reason(job) {
-            return Some(reason);
+        let reason = state.reason(job);
+        // A reason about the queue's place (its limit, free capacity) was given to the job as
+        // its queue's head; once another job heads the queue, the job waits behind that one.
+        // Reasons about the job itself (GPUs freed or nodes held for it, a failed launch, one
+        // it can never fit) stay.
+        let about_the_queue = matches!(
+            reason,
+            None | Some(
+                WaitReason::ShareLimit { .. }
+                    | WaitReason::BorrowLimit { .. }
+                    | WaitReason::NoBorrowableCapacity { .. }
+                    | WaitReason::NoFreeCapacity { .. }
+                    | WaitReason::Fragmented { .. }
+                    | WaitReason::NodeUnfit { .. }
+                    | WaitReason::QueuedBehind { .. }
+            )
+        );
+        if job.state != JobState::Runnable || !about_the_queue || state.never_fits(job).is_some() {
+            return reason;
         }
-        if job.state != JobState::Runnable {
-            return None;
+        match self.head(state, &job.spec.share, job.class()) {
+            Some(head) if head != job.id => Some(WaitReason::QueuedBehind { job: head }),
+            _ => reason,
         }
-        self.head(state, &job.spec.share, job.class())
-            .filter(|head| *head != job.id)
-            .map(|job| WaitReason::QueuedBehind { job })
     }
 
     /// [`State::queue_head_that_fits`], looked up once per queue.

@@ -461,7 +461,11 @@ fn a_job_lowered_below_its_in_share_victim_gives_up_the_gpus_freed_for_it() {
     });
     sim.settle();
     assert_eq!(sim.state_of(low), JobState::Running, "it runs again");
-    assert_eq!(sim.state_of(high), JobState::Runnable, "it waits, not failed");
+    assert_eq!(
+        sim.state_of(high),
+        JobState::Runnable,
+        "it waits, not failed"
+    );
     let record = sim.state.job(high).expect("high");
     assert_eq!(record.preemptions, 0, "never placed, so never preempted");
 }
@@ -692,6 +696,46 @@ fn a_job_behind_its_queues_head_shows_the_head_as_its_reason() {
 
 /// A queue's head is looked for among its first `QUEUE_HEAD_SCAN_MAX` jobs only: behind more
 /// jobs that can never fit, a waiting job gets no reason rather than a long search.
+/// A job that was its queue's head and is no longer (a higher-priority job came, or another
+/// was raised above it) says which job it waits behind, not the reason it was given as the
+/// head (found by probing: the old reason stayed in `job list`, `job get` and `explain`).
+#[test]
+fn a_former_head_says_which_job_it_waits_behind() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 2)));
+    sim.submit(job("b", "x", 5, 2));
+    sim.settle();
+    let y = sim.submit(job("b", "y", 1, 1));
+    sim.settle();
+    let reason_of =
+        |sim: &Sim, id| WaitReasons::default().of(&sim.state, sim.state.job(id).unwrap());
+    assert!(
+        matches!(reason_of(&sim, y), Some(WaitReason::ShareLimit { .. })),
+        "{:?}",
+        reason_of(&sim, y)
+    );
+    let z = sim.submit(job("b", "z", 3, 1));
+    sim.settle();
+    assert_eq!(
+        reason_of(&sim, y),
+        Some(WaitReason::QueuedBehind { job: z })
+    );
+    sim.ok(Command::UpdateJobPriority {
+        job: y,
+        priority: 4,
+    });
+    sim.settle();
+    assert_eq!(
+        reason_of(&sim, z),
+        Some(WaitReason::QueuedBehind { job: y })
+    );
+    assert!(matches!(
+        reason_of(&sim, y),
+        Some(WaitReason::ShareLimit { .. })
+    ));
+}
+
 #[test]
 fn the_search_for_a_queues_head_is_bounded() {
     // A share whose one GPU is taken, `never` jobs that can never fit ahead in its queue, and
