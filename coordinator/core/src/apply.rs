@@ -376,6 +376,19 @@ impl State {
                 job.reason = Some(Box::new(WaitReason::Ended("cancelled while queued".into())));
                 job.ended_ms = Some(job.stamp(ctx.time_ms));
             });
+        } else if job.state == JobState::Preempting
+            && matches!(job.stop.as_deref(), Some(StopCause::Preempted(_)))
+        {
+            // Already being stopped, maybe for a job that waits for its GPUs: the preemption
+            // stays (so the scheduler still counts its GPUs as being freed for that job, and
+            // stops no other job for it), and the reason says it ends CANCELLED when it
+            // exits, not counted as a preemption (found by probing: replacing the preemption
+            // made the scheduler stop a second job for the same need).
+            self.update_job(id, |job| {
+                job.reason = Some(Box::new(WaitReason::Ended(
+                    CANCELLED_WHILE_PREEMPTED.into(),
+                )));
+            });
         } else {
             // It holds GPUs: the agent stops it like a preemption, and the GPUs stay held
             // until it has exited, so they are never given to two jobs.
@@ -634,8 +647,18 @@ impl State {
             job.placement.clear();
             job.exit_code = code;
             job.started_ms = None;
+            let cancelled_while_preempted = matches!(
+                job.reason.as_deref(),
+                Some(WaitReason::Ended(text)) if text == CANCELLED_WHILE_PREEMPTED
+            );
             match job.stop.take().map(|stop| *stop) {
                 Some(StopCause::Cancelled) => {
+                    end_attempt(job, now, code, "cancelled".into());
+                    job.state = JobState::Cancelled;
+                    job.reason = Some(Box::new(WaitReason::Ended("cancelled".into())));
+                    job.ended_ms = Some(now);
+                }
+                Some(StopCause::Preempted(_)) if cancelled_while_preempted => {
                     end_attempt(job, now, code, "cancelled".into());
                     job.state = JobState::Cancelled;
                     job.reason = Some(Box::new(WaitReason::Ended("cancelled".into())));
@@ -1295,6 +1318,12 @@ impl State {
 
 /// The reason of an attempt stopped at its time limit, as retry rules match it.
 pub const TIME_LIMIT_REASON: &str = "time limit";
+
+/// The reason of a job cancelled while it was being preempted, until it exits: its
+/// preemption is kept (the GPUs it frees stay promised to the job it was stopped for), and it
+/// ends CANCELLED, its preemption not counted.
+pub const CANCELLED_WHILE_PREEMPTED: &str =
+    "cancelled while being preempted: it ends when it exits";
 
 /// Records the end of a job's current attempt in its history.
 fn end_attempt(job: &mut JobRecord, now: u64, code: Option<i32>, outcome: String) {

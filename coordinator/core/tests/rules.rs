@@ -470,6 +470,51 @@ fn a_job_lowered_below_its_in_share_victim_gives_up_the_gpus_freed_for_it() {
     assert_eq!(record.preemptions, 0, "never placed, so never preempted");
 }
 
+/// A job cancelled while it is being preempted for another stays that job's victim: its GPUs
+/// are still freed for it, no second job is stopped for the same need, and it ends CANCELLED
+/// without its preemption counted (found by probing: the cancel made the scheduler stop a
+/// second borrowed job for a lender's job of one GPU).
+#[test]
+fn a_victim_cancelled_in_its_grace_period_is_not_replaced_by_another() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 3);
+    sim.ok(Command::CreateShare(lab("g", 1, None, false)));
+    sim.ok(Command::CreateShare(share("r", Strategy::Lend, 2)));
+    let g: Vec<_> = (0..3)
+        .map(|n| sim.submit(job("g", &format!("g{n}"), 1, 1)))
+        .collect();
+    sim.settle();
+    assert!(g.iter().all(|id| sim.state_of(*id) == JobState::Running));
+    let r = sim.submit(job("r", "r", 1, 1));
+    sim.round();
+    let stopping: Vec<_> = g
+        .iter()
+        .filter(|id| sim.state_of(**id) == JobState::Preempting)
+        .copied()
+        .collect();
+    assert_eq!(stopping.len(), 1, "one borrowed job stops for r's one GPU");
+    sim.ok(Command::CancelJob { job: stopping[0] });
+    for _ in 0..3 {
+        let plan = sim.round();
+        assert!(
+            !plan
+                .actions
+                .iter()
+                .any(|action| matches!(action, PlanAction::Preempt { .. })),
+            "no second job is stopped: {plan:?}"
+        );
+    }
+    sim.settle();
+    assert_eq!(sim.state_of(stopping[0]), JobState::Cancelled);
+    assert_eq!(sim.state.job(stopping[0]).unwrap().counted_preemptions, 0);
+    assert_eq!(sim.state_of(r), JobState::Running);
+    let running = g
+        .iter()
+        .filter(|id| sim.state_of(**id) == JobState::Running)
+        .count();
+    assert_eq!(running, 2, "the other borrowed jobs run on");
+}
+
 /// max_preemptions 0 fails a job on its first preemption.
 #[test]
 fn max_preemptions_zero_fails_the_job_on_first_preemption() {
