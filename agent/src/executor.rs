@@ -258,6 +258,8 @@ impl<R: Runtime> Executor<R> {
                 JobStatus::Exited { code } => LocalPhase::Exited { code },
             };
             tracing::info!(job = %key.0, attempt = key.1, ?phase, "found an attempt of this agent");
+            let stopped_by_watchdog = matches!(phase, LocalPhase::Exited { .. })
+                && self.runtime.stopped_by_watchdog(&found.handle);
             self.jobs.insert(
                 key,
                 LocalAttempt {
@@ -267,7 +269,9 @@ impl<R: Runtime> Executor<R> {
                         attempt: key.1,
                         phase,
                         signalled_at_ms: None,
-                        killed: false,
+                        // Exited while the agent was away, stopped by its watchdog: a stop
+                        // by the agent, not the job's own exit.
+                        killed: stopped_by_watchdog,
                         checkpoint_signal: found.checkpoint_signal,
                         grace_period_ms: found.grace_period_ms,
                     },
@@ -288,6 +292,10 @@ impl<R: Runtime> Executor<R> {
                 Ok(JobStatus::Exited { code }) => {
                     tracing::info!(job = %tracked.local.job, attempt = tracked.local.attempt, ?code, "attempt exited");
                     tracked.local.phase = LocalPhase::Exited { code };
+                    if self.runtime.stopped_by_watchdog(&tracked.handle) {
+                        tracing::info!(job = %tracked.local.job, attempt = tracked.local.attempt, "its watchdog had stopped it (the agent's lease ran out): reported as stopped by the agent");
+                        tracked.local.killed = true;
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(job = %tracked.local.job, "cannot read the attempt's status: {error}")

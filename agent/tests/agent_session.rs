@@ -582,13 +582,33 @@ async fn agent_killed_outright_leaves_no_job_running_past_its_lease() {
         std::fs::read_to_string(&exit_file)
             .unwrap_or_default()
             .trim(),
-        WATCHDOG_KILLED_EXIT_CODE.to_string()
+        format!("stopped {WATCHDOG_KILLED_EXIT_CODE}"),
+        "the watchdog says it stopped the job"
     );
     assert_eq!(
         std::fs::read_to_string(&signals).unwrap().lines().count(),
         1,
         "one checkpoint signal"
     );
+
+    // --- started again, the agent reports the watchdog's stop as a stop by the agent (the
+    // job goes back to the queue), never as the job's own exit (found by probing: a job that
+    // exited 0 on its checkpoint signal was reported SUCCEEDED)
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LEASE_MS);
+    let stopped = JobEvent::ExitedAfterSignal {
+        code: Some(WATCHDOG_KILLED_EXIT_CODE),
+    };
+    wait_until("the stop is reported as the agent's", || {
+        reported(&leader, 13, stopped.clone())
+    })
+    .await;
+    assert!(!reported(
+        &leader,
+        13,
+        JobEvent::Exited {
+            code: WATCHDOG_KILLED_EXIT_CODE
+        }
+    ));
     assert_eq!(node.starts(13), 1);
 }
 

@@ -474,6 +474,7 @@ async fn process_watchdog_stops_a_job_once_the_agents_lease_file_runs_out() {
         Some(3),
         "the exit code is recorded as without a watchdog"
     );
+    assert!(!runtime.stopped_by_watchdog(&handle), "it ended on its own");
 
     let trapping = launch(state.path(), 42, 1, None, shell(TRAPPING_JOB));
     let handle = runtime.start(&trapping).await.unwrap();
@@ -503,6 +504,10 @@ async fn process_watchdog_stops_a_job_once_the_agents_lease_file_runs_out() {
         code,
         Some(0),
         "the job's own exit code after its checkpoint"
+    );
+    assert!(
+        runtime.stopped_by_watchdog(&handle),
+        "the watchdog stopped it: a stop by the agent, not the job's own exit"
     );
     let log = std::fs::read_to_string(&trapping.log_path).unwrap();
     assert!(log.contains("the agent's lease ran out"), "{log}");

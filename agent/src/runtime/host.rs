@@ -200,6 +200,10 @@ impl Runtime for HostRuntime {
         Ok(found)
     }
 
+    fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
+        !is_container(handle) && self.process.stopped_by_watchdog(handle)
+    }
+
     async fn remove(&self, handle: &JobHandle) -> Result<(), RuntimeError> {
         if is_container(handle) {
             self.docker().await?.remove(handle).await

@@ -291,6 +291,13 @@ pub trait Runtime: Send + Sync {
     /// Every attempt this agent started on this host (by pid file or label), running or not.
     fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send;
 
+    /// Whether an exited attempt was stopped by the host's own watchdog (the agent's lease ran
+    /// out while the agent could not act): reported as a stop by the agent, not as the job's
+    /// own exit. Only the process runtime's watchdog leaves that on record.
+    fn stopped_by_watchdog(&self, _handle: &JobHandle) -> bool {
+        false
+    }
+
     /// Forgets an exited attempt: its pid file or its container. Logs stay.
     fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
@@ -350,6 +357,10 @@ impl<R: Runtime> Runtime for std::sync::Arc<R> {
 
     fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send {
         (**self).list_own()
+    }
+
+    fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
+        (**self).stopped_by_watchdog(handle)
     }
 
     fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {

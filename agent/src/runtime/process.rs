@@ -118,11 +118,12 @@ if [ -n "$lease_file" ]; then
       sleep "$poll_s"
     done
     echo "quotient: the agent's lease ran out (expiry $expiry ms, now $now ms since boot); stopping the job" >&2
+    printf 'stopped\n' > "$exit_file"
     [ "$mark" = fencing ] || kill -s "$signal" 0
     end=$(( now + grace_ms ))
     while now && [ "$now" -lt "$end" ]; do sleep "$poll_s"; done
     echo "quotient: grace period over; killing the job" >&2
-    printf '%s\n' "$killed_code" > "$exit_file"
+    printf 'stopped %s\n' "$killed_code" > "$exit_file"
     kill -s KILL 0
   ) &
   watchdog=$!
@@ -130,8 +131,20 @@ fi
 "$@"
 code=$?
 [ -z "$watchdog" ] || kill -s KILL "$watchdog" 2>/dev/null
-printf '%s\n' "$code" > "$exit_file"
+stopped=
+IFS=' ' read -r first rest < "$exit_file" 2>/dev/null && [ "$first" = stopped ] && stopped='stopped '
+printf '%s%s\n' "$stopped" "$code" > "$exit_file"
 exit "$code""#;
+
+/// An exit file's text: the code, and whether the watchdog stopped the job (`stopped 0`,
+/// `stopped 137`, or `stopped` alone while the job has not exited yet).
+pub fn parse_exit_record(text: &str) -> (Option<i32>, bool) {
+    let text = text.trim();
+    match text.strip_prefix("stopped") {
+        Some(rest) => (rest.trim().parse().ok(), true),
+        None => (text.parse().ok(), false),
+    }
+}
 
 /// What the pid file records about one attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,10 +238,20 @@ impl ProcessRuntime {
     /// read with a limit: an exit code is a few bytes, and a job that grew its file to
     /// gigabytes would otherwise have the agent read them all, again and again.
     fn recorded_exit_code(&self, job: JobId, attempt: u32) -> Option<i32> {
+        self.recorded_exit(job, attempt)?.0
+    }
+
+    /// What the shim recorded: the exit code, if any, and whether the watchdog stopped the
+    /// job (`stopped` before the code: the agent's lease ran out). The file is the job
+    /// user's to write, so it is read with a limit: an exit code is a few bytes, and a job
+    /// that grew its file to gigabytes would otherwise have the agent read them all, again
+    /// and again. (A job can write `stopped` itself: it then only sends itself back to the
+    /// queue, as a stop by its agent.)
+    fn recorded_exit(&self, job: JobId, attempt: u32) -> Option<(Option<i32>, bool)> {
         let file = std::fs::File::open(self.exit_file(job, attempt)).ok()?;
         let text =
             quotient_common::bounded_read::read_text_at_most(file, EXIT_FILE_BYTES_MAX).ok()??;
-        text.trim().parse().ok()
+        Some(parse_exit_record(&text))
     }
 
     fn status_of(&self, record: &PidRecord) -> Result<JobStatus, RuntimeError> {
@@ -469,6 +492,11 @@ impl Runtime for ProcessRuntime {
         self.signal_group(handle, libc::SIGKILL)
     }
 
+    fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
+        self.recorded_exit(handle.job, handle.attempt)
+            .is_some_and(|(_, stopped)| stopped)
+    }
+
     async fn status(&self, handle: &JobHandle) -> Result<JobStatus, RuntimeError> {
         match self.read_record(handle.job, handle.attempt)? {
             Some(record) => self.status_of(&record),
@@ -608,6 +636,18 @@ fn reap(pid: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The exit file's record: a code, or `stopped` before it when the watchdog stopped the
+    /// job (alone while the job has not exited yet); anything else is no code.
+    #[test]
+    fn exit_records_parse() {
+        assert_eq!(parse_exit_record("3\n"), (Some(3), false));
+        assert_eq!(parse_exit_record("stopped 0\n"), (Some(0), true));
+        assert_eq!(parse_exit_record("stopped 137"), (Some(137), true));
+        assert_eq!(parse_exit_record("stopped\n"), (None, true));
+        assert_eq!(parse_exit_record(""), (None, false));
+        assert_eq!(parse_exit_record("garbage"), (None, false));
+    }
 
     /// Runs the shim with `touch MARKER` as the job; `gate` is what the agent writes on its
     /// stdin before closing it. Whether the job ran, and the exit file's text.
