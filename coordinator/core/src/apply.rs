@@ -606,13 +606,11 @@ impl State {
             return;
         }
         self.update_job(id, |job| {
-            job.stop = Some(Box::new(StopCause::Preempted(Preemption {
-                kind: PreemptionKind::AgentStopped,
-                for_job: None,
-                for_share: None,
-                at_ms: ctx.time_ms,
-                node: node.to_string(),
-            })));
+            job.stop = Some(stopped_without_a_job(
+                PreemptionKind::AgentStopped,
+                node.to_string(),
+                ctx.time_ms,
+            ));
             job.state = JobState::Preempting;
         });
     }
@@ -632,13 +630,7 @@ impl State {
         self.update_job(id, |job| {
             job.placement[rank as usize].stage = MemberStage::Exited { code: None };
             if !stopping {
-                job.stop = Some(Box::new(StopCause::Preempted(Preemption {
-                    kind,
-                    for_job: None,
-                    for_share: None,
-                    at_ms: ctx.time_ms,
-                    node: node_name,
-                })));
+                job.stop = Some(stopped_without_a_job(kind, node_name, ctx.time_ms));
                 job.state = JobState::Preempting;
             }
         });
@@ -675,14 +667,15 @@ impl State {
                 job.reason.as_deref(),
                 Some(WaitReason::Ended(text)) if text == CANCELLED_WHILE_PREEMPTED
             );
-            match job.stop.take().map(|stop| *stop) {
+            let stop = job.stop.take().map(|stop| *stop);
+            // Cancelled while it was being preempted: it ends as a cancel.
+            let stop = if cancelled_while_preempted {
+                Some(StopCause::Cancelled)
+            } else {
+                stop
+            };
+            match stop {
                 Some(StopCause::Cancelled) => {
-                    end_attempt(job, now, code, "cancelled".into());
-                    job.state = JobState::Cancelled;
-                    job.reason = Some(Box::new(WaitReason::Ended("cancelled".into())));
-                    job.ended_ms = Some(now);
-                }
-                Some(StopCause::Preempted(_)) if cancelled_while_preempted => {
                     end_attempt(job, now, code, "cancelled".into());
                     job.state = JobState::Cancelled;
                     job.reason = Some(Box::new(WaitReason::Ended("cancelled".into())));
@@ -904,13 +897,11 @@ impl State {
             JobEvent::ExitedAfterSignal { code } => {
                 // The agent stopped it on its own (its lease ran out, a GPU failed).
                 self.update_job(id, |job| {
-                    job.stop = Some(Box::new(StopCause::Preempted(Preemption {
-                        kind: PreemptionKind::AgentStopped,
-                        for_job: None,
-                        for_share: None,
-                        at_ms: ctx.time_ms,
+                    job.stop = Some(stopped_without_a_job(
+                        PreemptionKind::AgentStopped,
                         node,
-                    })))
+                        ctx.time_ms,
+                    ))
                 });
                 self.finish_stop(id, code, ctx);
             }
@@ -1338,6 +1329,18 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// A stop of `kind` on `node` at `at_ms` that frees GPUs for no job in particular (the node
+/// or its agent stopped the job, not the scheduling rules).
+fn stopped_without_a_job(kind: PreemptionKind, node: String, at_ms: u64) -> Box<StopCause> {
+    Box::new(StopCause::Preempted(Preemption {
+        kind,
+        for_job: None,
+        for_share: None,
+        at_ms,
+        node,
+    }))
 }
 
 /// The reason of an attempt stopped at its time limit, as retry rules match it.
