@@ -79,10 +79,11 @@ pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 128;
 /// [`HANDSHAKES_IN_FLIGHT_MAX`] (found by probing the wire). Loopback is not counted: a
 /// process on the server's own host, such as a whole test fleet, is trusted with more.
 pub const HANDSHAKES_PER_ADDRESS_MAX: usize = 16;
-/// Once this many handshakes are under way, a connection attempt from an address QUIC has
-/// not validated is first sent a Retry, which it answers only from the address it claims: a
-/// sender of spoofed packets then holds no handshake at all. Below it, connections take no
-/// extra round trip.
+/// Once `1 / RETRY_IN_HAND_DIVISOR` of the handshakes a server takes are under way, a
+/// connection attempt from an address QUIC has not validated is first sent a Retry, which it
+/// answers only from the address it claims: a sender of spoofed packets then holds no
+/// handshake at all. Below it, connections take no extra round trip.
+pub const RETRY_IN_HAND_DIVISOR: usize = 4;
 /// Deadline of a client's connect, handshake included (milliseconds).
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// Deadline of the server side of a handshake (milliseconds).
@@ -455,7 +456,7 @@ impl Server {
         loop {
             let incoming = self.endpoint.accept().await?;
             let in_hand = self.handshakes_max - self.handshakes.available_permits();
-            if in_hand >= self.handshakes_max / 4
+            if in_hand >= self.handshakes_max / RETRY_IN_HAND_DIVISOR
                 && !incoming.remote_address_validated()
                 && incoming.may_retry()
             {
