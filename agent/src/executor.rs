@@ -587,11 +587,21 @@ impl<R: Runtime> Executor<R> {
                 ) {
                     self.remember_finished(job, attempt);
                 }
-                // A failed SageMaker job may have said why (`/opt/ml/output/failure`).
+                // A failed SageMaker job may have said why (`/opt/ml/output/failure`); else
+                // the runtime may tell (the out-of-memory killer, a command not found).
                 let event = match event {
                     JobEvent::Exited { code } if code != 0 => {
                         let work = work_dir(&self.state_dir, job, attempt);
-                        match crate::runtime::sagemaker::failure_reason(&work) {
+                        let reason = match crate::runtime::sagemaker::failure_reason(&work) {
+                            Some(reason) => Some(reason),
+                            None => match self.jobs.get(&(job, attempt)) {
+                                Some(tracked) => {
+                                    self.runtime.exit_reason(&tracked.handle, code).await
+                                }
+                                None => None,
+                            },
+                        };
+                        match reason {
                             Some(reason) => JobEvent::ExitedWithReason { code, reason },
                             None => JobEvent::Exited { code },
                         }

@@ -784,3 +784,33 @@ async fn docker_job_gets_its_cpu_and_memory_limits() {
     assert_eq!(container_limits(&handle.id), (0, 0, 0, 0));
     runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
 }
+
+/// A container the out-of-memory killer ends at its memory limit says so in its exit's
+/// reason (Docker's `OOMKilled`), not only with code 137.
+#[tokio::test]
+async fn a_container_over_its_memory_limit_says_why_it_ended() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("oom").await else {
+        return;
+    };
+    let mut spec = launch(
+        state.path(),
+        83,
+        1,
+        Some(IMAGE),
+        shell("x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}"),
+    );
+    spec.limits = quotient_agent::runtime::JobLimits {
+        cpu_millis: 0,
+        memory_bytes: 32 << 20,
+    };
+    let handle = runtime.start(&spec).await.unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(137)), "killed at its limit");
+    let reason = runtime.exit_reason(&handle, 137).await;
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|reason| reason.contains("out-of-memory killer")),
+        "the exit says why: {reason:?}"
+    );
+}

@@ -79,6 +79,13 @@ async fn a_process_job_over_its_memory_limit_is_killed() {
     );
     let kills = cgroups.oom_kills(JobId(91), 1);
     assert!(kills.is_some_and(|kills| kills > 0), "oom_kill = {kills:?}");
+    let reason = runtime.exit_reason(&handle, 137).await;
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|reason| reason.contains("out-of-memory killer")),
+        "the exit says why: {reason:?}"
+    );
     let dirs = cgroups.dirs(JobId(91), 1);
     assert!(dirs.iter().all(|dir| dir.is_dir()));
     runtime.remove(&handle).await.unwrap();

@@ -225,6 +225,30 @@ async fn process_job_that_ignores_the_signal_is_killed_after_the_grace_period() 
     );
 }
 
+/// A command that is not there exits 127, as a shell says it, and the report says what that
+/// code usually means (the job's own code otherwise says nothing of why; found by probing).
+#[tokio::test]
+async fn a_command_not_found_is_reported_with_what_its_code_means() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    let missing = job_spec(None, vec!["/nonexistent/quotient-no-such-command".into()]);
+    let desired = desired_one(1, 33, 1, &missing, Intent::Run);
+    let reports = step_until(&mut executor, &desired, "its exit", is_exit).await;
+    let events = events_of(&reports, 33, 1);
+    assert!(
+        events.iter().any(|event| matches!(
+            event,
+            JobEvent::ExitedWithReason { code: 127, reason } if reason.contains("no such command")
+        )),
+        "{events:?}"
+    );
+}
+
 /// Exit codes are reported as they are: 0 and non-zero.
 #[tokio::test]
 async fn process_exit_codes_are_reported() {

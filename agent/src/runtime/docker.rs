@@ -615,6 +615,14 @@ impl Runtime for DockerRuntime {
         self.send_signal(handle, "SIGKILL").await
     }
 
+    async fn exit_reason(&self, handle: &JobHandle, code: i32) -> Option<String> {
+        let inspected = self.docker.inspect_container(&handle.id, None).await.ok()?;
+        if inspected.state.and_then(|state| state.oom_killed) == Some(true) {
+            return Some(super::OUT_OF_MEMORY_REASON.to_string());
+        }
+        super::shell_exit_reason(code)
+    }
+
     async fn status(&self, handle: &JobHandle) -> Result<JobStatus, RuntimeError> {
         let inspected = match self.docker.inspect_container(&handle.id, None).await {
             Ok(inspected) => inspected,

@@ -204,6 +204,14 @@ impl Runtime for HostRuntime {
         !is_container(handle) && self.process.stopped_by_watchdog(handle)
     }
 
+    async fn exit_reason(&self, handle: &JobHandle, code: i32) -> Option<String> {
+        if is_container(handle) {
+            self.docker().await.ok()?.exit_reason(handle, code).await
+        } else {
+            self.process.exit_reason(handle, code).await
+        }
+    }
+
     async fn remove(&self, handle: &JobHandle) -> Result<(), RuntimeError> {
         if is_container(handle) {
             self.docker().await?.remove(handle).await

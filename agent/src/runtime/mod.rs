@@ -298,6 +298,17 @@ pub trait Runtime: Send + Sync {
         false
     }
 
+    /// Why an exited attempt's `code` is what it is, when the runtime can tell more than the
+    /// code: the out-of-memory killer ended it at its memory limit, or its command was not
+    /// found. Asked before the attempt is removed; reported with the exit.
+    fn exit_reason(
+        &self,
+        _handle: &JobHandle,
+        _code: i32,
+    ) -> impl Future<Output = Option<String>> + Send {
+        async { None }
+    }
+
     /// Forgets an exited attempt: its pid file or its container. Logs stay.
     fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
@@ -363,6 +374,14 @@ impl<R: Runtime> Runtime for std::sync::Arc<R> {
         (**self).stopped_by_watchdog(handle)
     }
 
+    fn exit_reason(
+        &self,
+        handle: &JobHandle,
+        code: i32,
+    ) -> impl Future<Output = Option<String>> + Send {
+        (**self).exit_reason(handle, code)
+    }
+
     fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {
         (**self).remove(handle)
     }
@@ -382,6 +401,25 @@ impl<R: Runtime> Runtime for std::sync::Arc<R> {
         (**self).wait(handle, timeout)
     }
 }
+
+/// The reason a shell's own exit codes stand for: 127, a command not found; 126, one found but
+/// not executable. A job may exit with these codes itself, so the words say what they usually
+/// mean and where to look.
+pub fn shell_exit_reason(code: i32) -> Option<String> {
+    match code {
+        127 => Some(
+            "the code a shell gives when it finds no such command: check the job's command and its log (`quotient job logs`)".to_string(),
+        ),
+        126 => Some(
+            "the code a shell gives when a command is not executable: check the job's command and its permissions".to_string(),
+        ),
+        _ => None,
+    }
+}
+
+/// The reason of an attempt the out-of-memory killer ended.
+pub const OUT_OF_MEMORY_REASON: &str =
+    "killed by the out-of-memory killer: the job reached its memory limit (--memory)";
 
 /// How a runtime numbers the GPUs it exposes in `CUDA_VISIBLE_DEVICES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

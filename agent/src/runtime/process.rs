@@ -492,6 +492,18 @@ impl Runtime for ProcessRuntime {
         self.signal_group(handle, libc::SIGKILL)
     }
 
+    async fn exit_reason(&self, handle: &JobHandle, code: i32) -> Option<String> {
+        let oom_killed = self
+            .cgroups
+            .as_ref()
+            .and_then(|cgroups| cgroups.oom_kills(handle.job, handle.attempt))
+            .is_some_and(|kills| kills > 0);
+        if oom_killed && code == 128 + libc::SIGKILL {
+            return Some(super::OUT_OF_MEMORY_REASON.to_string());
+        }
+        super::shell_exit_reason(code)
+    }
+
     fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
         self.recorded_exit(handle.job, handle.attempt)
             .is_some_and(|(_, stopped)| stopped)

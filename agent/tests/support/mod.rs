@@ -157,7 +157,9 @@ pub async fn step_until<R: Runtime>(
 pub fn is_exit(report: &JobReport) -> bool {
     matches!(
         report.event,
-        JobEvent::Exited { .. } | JobEvent::ExitedAfterSignal { .. }
+        JobEvent::Exited { .. }
+            | JobEvent::ExitedWithReason { .. }
+            | JobEvent::ExitedAfterSignal { .. }
     )
 }
 
