@@ -119,18 +119,14 @@ impl State {
                         job.gpus()
                     ));
                 }
-                // A job being stopped may hold GPUs its node no longer reports (its agent came
-                // back without them): they stay held until the agent reports the exit.
-                let stopping = job.stop.is_some();
                 for index in alloc.gpu_indices() {
-                    let gpu = node.gpus.iter().find(|g| g.index == index);
-                    if gpu.is_none() && !stopping {
+                    let Some(gpu) = node.gpus.iter().find(|g| g.index == index) else {
                         return fail(format!(
                             "{} holds missing GPU {index} of {}",
                             job.id, node.name
                         ));
-                    }
-                    if let Some(gpu) = gpu.filter(|gpu| &gpu.class != job.class() && !stopping) {
+                    };
+                    if &gpu.class != job.class() {
                         return fail(format!(
                             "{} holds a {} GPU for a {} job",
                             job.id,
