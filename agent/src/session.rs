@@ -1130,14 +1130,17 @@ fn ended_by(error: AgentError) -> Ended {
 }
 
 /// Whether one allocation fits this node: GPU indices it has, each once, UUIDs (when given)
-/// that match them.
+/// that match them. A stop needs no GPU: an allocation to stop may name GPUs this node no
+/// longer has (it came back without them), and is taken, so that the attempt is stopped, or
+/// reported stopped when it does not run here.
 pub fn check_allocation(
     allocation: &WireAllocation,
     gpus: &BTreeMap<u32, String>,
 ) -> Result<(), String> {
+    let stop = allocation.intent == WireIntent::Stop;
     let mut seen = BTreeSet::new();
     for index in &allocation.gpu_indices {
-        if !gpus.contains_key(index) {
+        if !stop && !gpus.contains_key(index) {
             return Err(format!(
                 "GPU index {index} does not exist on this node (it has {})",
                 gpus.len()
@@ -1147,7 +1150,7 @@ pub fn check_allocation(
             return Err(format!("GPU index {index} is named twice"));
         }
     }
-    if !allocation.gpu_uuids.is_empty() {
+    if !allocation.gpu_uuids.is_empty() && !stop {
         if allocation.gpu_uuids.len() != allocation.gpu_indices.len() {
             return Err("GPU UUIDs and indices differ in number".to_string());
         }
@@ -1261,6 +1264,11 @@ mod tests {
             .contains("does not exist"));
         assert!(check_allocation(&allocation(vec![0, 0], vec![]), &gpus).is_err());
         assert!(check_allocation(&allocation(vec![0], vec!["GPU-b"]), &gpus).is_err());
+        // A stop is taken even on GPUs the node no longer has, UUID and all: it starts
+        // nothing, and its attempt must be stopped or reported stopped.
+        let mut stop = allocation(vec![5], vec![""]);
+        stop.intent = WireIntent::Stop;
+        assert_eq!(check_allocation(&stop, &gpus), Ok(()));
     }
 
     /// Heartbeat deadlines stay within a quarter of the lease.
