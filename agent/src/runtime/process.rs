@@ -234,9 +234,7 @@ impl ProcessRuntime {
         read_pid_file(&self.pid_file(job, attempt))
     }
 
-    /// The exit code the shim recorded, if any. The file is the job user's to write, so it is
-    /// read with a limit: an exit code is a few bytes, and a job that grew its file to
-    /// gigabytes would otherwise have the agent read them all, again and again.
+    /// The exit code the shim recorded, if any ([`ProcessRuntime::recorded_exit`]).
     fn recorded_exit_code(&self, job: JobId, attempt: u32) -> Option<i32> {
         self.recorded_exit(job, attempt)?.0
     }

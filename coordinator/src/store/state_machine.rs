@@ -650,12 +650,11 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, SnapshotFil
 /// The metadata and the state (in the form it travels in) of a whole snapshot file's `bytes`,
 /// read from `path`.
 fn snapshot_of_file(mut bytes: Vec<u8>, path: &Path) -> Result<(Meta, Vec<u8>), SnapshotFileError> {
-    let (version, meta, state_start) = parse_snapshot_header(&bytes, path)?;
+    let (version, meta, state) = parse_snapshot_header(&bytes, path)?;
+    let state_start = state.start;
+    // What follows the state (version 3's checksum, checked by `parse_snapshot_header`).
+    bytes.truncate(state.end);
     // One arm per layout this build reads: the state in the form it travels in.
-    // Version 3 ends with its checksum, checked by `parse_snapshot_header`.
-    if version >= 3 {
-        bytes.truncate(bytes.len() - SNAPSHOT_CHECKSUM_BYTES);
-    }
     match version {
         1 => {
             // The state of the first layout is version 1 of its encoding, without a header.
@@ -782,12 +781,12 @@ fn parse_header_prefix(
     Ok((version, meta_len, state_len))
 }
 
-/// Checks the header of a whole snapshot file at `path`; returns its layout's version, the
-/// metadata and where the state starts.
+/// Checks the header (and, from version 3, the checksum) of a whole snapshot file at `path`;
+/// returns its layout's version, the metadata and where the state is.
 fn parse_snapshot_header(
     bytes: &[u8],
     path: &Path,
-) -> Result<(u16, Meta, usize), SnapshotFileError> {
+) -> Result<(u16, Meta, std::ops::Range<usize>), SnapshotFileError> {
     let (version, meta_len, state_len) = parse_header_prefix(bytes, path)?;
     let state_start = SNAPSHOT_HEADER_BYTES + meta_len;
     let checksum = if version >= 3 {
@@ -812,7 +811,7 @@ fn parse_snapshot_header(
         }
     }
     let meta = decode_value(&bytes[SNAPSHOT_HEADER_BYTES..state_start])?;
-    Ok((version, meta, state_start))
+    Ok((version, meta, state_start..end))
 }
 
 /// Reads one little-endian u64 length as a usize.
