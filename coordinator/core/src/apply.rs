@@ -436,7 +436,9 @@ impl State {
                 id
             }
         };
-        // Jobs on GPUs the node no longer reports cannot be running there.
+        // Jobs on GPUs the node no longer reports cannot go on there: they are stopped as
+        // their agent's stop, and hold their GPUs until the agent reports the exit (it may
+        // still run the attempt; started elsewhere meanwhile, it would run twice at once).
         let present: u64 = inventory
             .gpus
             .iter()
@@ -455,7 +457,7 @@ impl State {
                     .all(|g| &g.class == j.class())
             });
             if alloc.gpu_mask & !present != 0 || !class_ok {
-                self.member_lost(job, id, PreemptionKind::AgentStopped, ctx);
+                self.stop_for_missing_gpus(job, &inventory.name, ctx);
             }
         }
         let node = &mut self.data.nodes[id.0 as usize];
@@ -591,6 +593,26 @@ impl State {
         self.index.refresh_node(&record);
         self.note_node(id);
         Outcome::Done
+    }
+
+    /// Job `id` has a member on GPUs that `node` no longer reports: unless it is stopping
+    /// already, it is stopped as its agent's own stop (`agent-stopped`: the checkpoint signal,
+    /// the grace period, a kill), and its GPUs stay held until the agent reports that the
+    /// attempt exited (at once, when the agent does not have it), so that the job is not
+    /// started elsewhere while the old attempt may still run (found by probing: the new
+    /// attempt started 21 ms after the old one's kill, with nothing to order them).
+    fn stop_for_missing_gpus(&mut self, id: JobId, node: &str, ctx: ApplyCtx) {
+        if self.job(id).is_none_or(|job| job.stop.is_some()) {
+            return;
+        }
+        self.update_job(id, |job| {
+            job.stop = Some(stopped_without_a_job(
+                PreemptionKind::AgentStopped,
+                node.to_string(),
+                ctx.time_ms,
+            ));
+            job.state = JobState::Preempting;
+        });
     }
 
     /// The member of job `id` on `node` is gone without its agent reporting its exit (its

@@ -119,14 +119,18 @@ impl State {
                         job.gpus()
                     ));
                 }
+                // A job being stopped may hold GPUs its node no longer reports (its agent came
+                // back without them): they stay held until the agent reports the exit.
+                let stopping = job.stop.is_some();
                 for index in alloc.gpu_indices() {
-                    let Some(gpu) = node.gpus.iter().find(|g| g.index == index) else {
+                    let gpu = node.gpus.iter().find(|g| g.index == index);
+                    if gpu.is_none() && !stopping {
                         return fail(format!(
                             "{} holds missing GPU {index} of {}",
                             job.id, node.name
                         ));
-                    };
-                    if &gpu.class != job.class() {
+                    }
+                    if let Some(gpu) = gpu.filter(|gpu| &gpu.class != job.class() && !stopping) {
                         return fail(format!(
                             "{} holds a {} GPU for a {} job",
                             job.id,

@@ -220,3 +220,49 @@ fn a_plan_made_before_a_removal_places_nothing_on_the_removed_node() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A node that registers again without the GPUs a job runs on (its agent came back with fewer,
+/// or of another class) stops that job as its agent's stop, and the job keeps its GPUs until
+/// the agent reports the attempt's exit: it is not placed elsewhere while the old attempt may
+/// still run (found by probing: the new attempt started 21 ms after the old one's kill, with
+/// nothing to order them). Once the exit is reported, it goes back to the queue and runs on.
+#[test]
+fn a_job_on_gpus_its_node_no_longer_has_waits_for_their_exit_before_it_moves() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 2, 1);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
+    let id = sim.submit(job("a", "j", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(id), JobState::Running);
+    let first = sim.nodes_of(id)[0].clone();
+    let mut without = node(&first, 1, "a10g");
+    without.gpus.clear();
+    sim.ok(Command::RegisterNode(without));
+    assert_eq!(
+        sim.state_of(id),
+        JobState::Preempting,
+        "stopped, not requeued"
+    );
+    let plan = sim.round();
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|action| matches!(action, PlanAction::Place { job, .. } if *job == id)),
+        "placed elsewhere before its exit: {plan:?}"
+    );
+    let record = sim.state.job(id).unwrap();
+    assert_eq!(
+        record.last_preemption.as_deref().map(|p| p.kind),
+        None,
+        "counted only once the exit comes"
+    );
+    sim.report(
+        id,
+        quotient_common::JobEvent::ExitedAfterSignal { code: Some(0) },
+    );
+    assert_eq!(sim.state_of(id), JobState::Runnable);
+    sim.settle();
+    assert_eq!(sim.state_of(id), JobState::Running);
+    assert_ne!(sim.nodes_of(id)[0], first, "it runs on the other node");
+}
