@@ -969,11 +969,26 @@ impl LeaderSession {
             .map(|attempt| (attempt.job, attempt.attempt))
             .collect();
         let mut allocations = Vec::new();
-        for allocation in state.allocations {
+        for mut allocation in state.allocations {
             if let Err(problem) = check_allocation(&allocation, &gpus) {
-                tracing::error!(job = %allocation.job, attempt = allocation.attempt, fence = ?state.fence,
-                    "refused an allocation: {problem}; nothing started");
-                continue;
+                let here = actual.contains(&(allocation.job, allocation.attempt));
+                if !here || allocation.intent == WireIntent::Stop {
+                    tracing::error!(job = %allocation.job, attempt = allocation.attempt, fence = ?state.fence,
+                        "refused an allocation: {problem}; nothing started");
+                    continue;
+                }
+                // An attempt running here that its allocation no longer fits (the node came
+                // back without its GPU, say): stopped as a stop is, with its checkpoint
+                // signal and grace period, rather than killed for want of an allocation.
+                // The coordinators stop such a job themselves once they see the node.
+                tracing::warn!(job = %allocation.job, attempt = allocation.attempt, fence = ?state.fence,
+                    "the allocation of an attempt running here does not fit this node: {problem}; stopping it with its checkpoint signal");
+                allocation.intent = WireIntent::Stop;
+                if let Err(problem) = check_allocation(&allocation, &gpus) {
+                    tracing::error!(job = %allocation.job, attempt = allocation.attempt, fence = ?state.fence,
+                        "refused an allocation: {problem}");
+                    continue;
+                }
             }
             if allocation.intent == WireIntent::Stop
                 && !actual.contains(&(allocation.job, allocation.attempt))

@@ -136,11 +136,16 @@ impl Agent {
                 node.state.to_str().unwrap(),
                 "--runtime",
                 runtime,
-                "--simulated-gpus",
-                "2xa10g",
                 "--lease-ms",
                 &lease_ms.to_string(),
             ])
+            // Two GPUs unless the test gives its own.
+            .args(
+                (!node.agent_args.iter().any(|a| a == "--simulated-gpus"))
+                    .then_some(["--simulated-gpus", "2xa10g"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&node.agent_args)
             // The tests run as root in CI: jobs may run as root there (see --job-user).
             .args(running_as_root().then_some("--allow-root-jobs"))
@@ -923,6 +928,74 @@ async fn agent_refuses_an_allocation_for_gpus_it_lacks() {
     assert!(!node.checkpoint_dir(9).exists());
     assert!(!leader.state().reports.iter().any(|r| r.job == JobId(9)));
     assert!(agent.is_running());
+}
+
+/// An agent restarted with fewer GPUs (the job's GPU gone from its inventory) still stops the
+/// job it adopted when the leader says so: the stop names a GPU the node no longer has, and
+/// the job gets its checkpoint signal and is reported stopped. The coordinators keep such a
+/// job's GPUs until that report comes (`quotient-core`, `node_removal.rs`), so it never runs
+/// elsewhere while this attempt may still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restarted_without_a_jobs_gpu_stops_it_with_its_signal_when_told() {
+    restarted_without_a_jobs_gpu(WireIntent::Stop).await;
+}
+
+/// The same, while the leader still asks the attempt to run on the GPU that is gone (it has
+/// not seen the node's new inventory yet): the agent stops it as it would a stop, with its
+/// checkpoint signal, instead of killing it for want of an allocation it can accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restarted_without_a_jobs_gpu_stops_it_with_its_signal_while_told_to_run() {
+    restarted_without_a_jobs_gpu(WireIntent::Run).await;
+}
+
+async fn restarted_without_a_jobs_gpu(intent: WireIntent) {
+    let mut node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 4, vec![1], WireIntent::Run)],
+    ));
+    let mut agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the job starts", || node.starts(4) == 1).await;
+    wait_until("the job is reported running", || {
+        reported(&leader, 4, JobEvent::Running)
+    })
+    .await;
+
+    // SAFETY: kill(2) on the agent process this test started and still owns.
+    unsafe {
+        libc::kill(agent.child.id() as i32, libc::SIGTERM);
+    }
+    wait_for("the agent to exit on SIGTERM", || {
+        let status = agent.child.try_wait().ok().flatten();
+        async move { status }
+    })
+    .await;
+    assert!(job_pid_alive(&node.state, 4), "the job outlives its agent");
+    // What the leader asks of the attempt once the agent is back.
+    leader.set_desired(desired(1, 2, vec![allocation(NODE, 4, vec![1], intent)]));
+    let registrations_before = leader.state().registrations.len();
+    node.agent_args = vec!["--simulated-gpus".into(), "1xa10g".into()];
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    wait_until("the restarted agent registers", || {
+        leader.state().registrations.len() > registrations_before
+    })
+    .await;
+    assert_eq!(
+        leader.state().registrations.last().unwrap().0.gpus.len(),
+        1,
+        "it registers with one GPU"
+    );
+    let checkpoint = node.checkpoint_dir(4).join("checkpoint");
+    wait_until("the job gets its checkpoint signal", || checkpoint.exists()).await;
+    wait_until("the stop is reported as ExitedAfterSignal", || {
+        reported(&leader, 4, JobEvent::ExitedAfterSignal { code: Some(0) })
+    })
+    .await;
+    assert!(!node.log_text().contains("killed job=j-4"), "killed, not signalled");
+    assert_eq!(node.starts(4), 1);
 }
 
 /// A frame over the size limit from the leader is refused and logged; the agent keeps
