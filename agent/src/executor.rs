@@ -50,6 +50,38 @@ pub const FINISHED_ATTEMPTS_MAX: usize = 65_536;
 /// No more than a heartbeat may list, so that the leader never refuses this agent's.
 pub const LOCAL_ATTEMPTS_MAX: usize = quotient_common::agent_api::ACTUAL_ATTEMPTS_MAX;
 
+/// The folder in the agent's state dir that keeps, per attempt, when its checkpoint signal was
+/// first sent (milliseconds of `CLOCK_BOOTTIME`, the lease's clock), so that an agent restarted
+/// in a grace period goes on with that grace period rather than starting it again, and reports
+/// an attempt that exited meanwhile as stopped, not as its own exit.
+pub const SIGNALS_DIR: &str = "signals";
+/// The most bytes read of one signal record (a decimal number).
+const SIGNAL_RECORD_BYTES_MAX: u64 = 64;
+
+fn signal_record(state_dir: &Path, job: JobId, attempt: u32) -> PathBuf {
+    state_dir.join(SIGNALS_DIR).join(format!("{job}-{attempt}"))
+}
+
+/// Keeps when an attempt was first signalled ([`SIGNALS_DIR`]); a later signal keeps the first
+/// time. A failure to write is logged: the grace period then starts again if the agent
+/// restarts within it, as it did before such records were kept.
+fn record_signal(state_dir: &Path, job: JobId, attempt: u32) {
+    let path = signal_record(state_dir, job, attempt);
+    if path.exists() {
+        return;
+    }
+    let Some(now) = crate::lease::boot_time_ms() else {
+        return;
+    };
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, now.to_string()));
+    if let Err(error) = written {
+        tracing::warn!(%job, attempt, path = %path.display(), "cannot keep when the checkpoint signal was sent: {error}");
+    }
+}
+
 /// What the executor tracks about one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalAttempt {
@@ -260,6 +292,12 @@ impl<R: Runtime> Executor<R> {
             tracing::info!(job = %key.0, attempt = key.1, ?phase, "found an attempt of this agent");
             let stopped_by_watchdog = matches!(phase, LocalPhase::Exited { .. })
                 && self.runtime.stopped_by_watchdog(&found.handle);
+            // Signalled by an earlier life of this agent: the grace period goes on from then.
+            let signalled_ago_ms = self.signalled_ago_ms(key.0, key.1);
+            let now = self.now_ms();
+            if let Some(ago) = signalled_ago_ms {
+                tracing::info!(job = %key.0, attempt = key.1, ago_ms = ago, "its checkpoint signal was sent before this agent started; its grace period goes on");
+            }
             self.jobs.insert(
                 key,
                 LocalAttempt {
@@ -268,17 +306,51 @@ impl<R: Runtime> Executor<R> {
                         job: key.0,
                         attempt: key.1,
                         phase,
-                        signalled_at_ms: None,
+                        signalled_at_ms: signalled_ago_ms.map(|_| now),
                         // Exited while the agent was away, stopped by its watchdog: a stop
                         // by the agent, not the job's own exit.
                         killed: stopped_by_watchdog,
                         checkpoint_signal: found.checkpoint_signal,
-                        grace_period_ms: found.grace_period_ms,
+                        grace_period_ms: found
+                            .grace_period_ms
+                            .saturating_sub(signalled_ago_ms.unwrap_or(0)),
                     },
                 },
             );
         }
+        self.remove_stale_signal_records();
         Ok(count)
+    }
+
+    fn signal_record(&self, job: JobId, attempt: u32) -> PathBuf {
+        signal_record(&self.state_dir, job, attempt)
+    }
+
+    /// How long ago an earlier life of this agent first signalled the attempt, if it did.
+    fn signalled_ago_ms(&self, job: JobId, attempt: u32) -> Option<u64> {
+        let path = self.signal_record(job, attempt);
+        let text =
+            quotient_common::bounded_read::read_text_file_at_most(&path, SIGNAL_RECORD_BYTES_MAX)
+                .ok()?;
+        let at: u64 = text.trim().parse().ok()?;
+        Some(crate::lease::boot_time_ms()?.saturating_sub(at))
+    }
+
+    /// Removes the signal records of attempts this agent no longer has.
+    fn remove_stale_signal_records(&self) {
+        let Ok(entries) = std::fs::read_dir(self.state_dir.join(SIGNALS_DIR)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let kept = self
+                .jobs
+                .keys()
+                .any(|(job, attempt)| name.to_str() == Some(format!("{job}-{attempt}").as_str()));
+            if !kept {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// Looks at every attempt that was running and records which have exited.
@@ -552,6 +624,7 @@ impl<R: Runtime> Executor<R> {
                         Ok(()) => {
                             tracing::info!(%job, attempt, %signal, "sent the checkpoint signal");
                             tracked.local.signalled_at_ms = Some(now);
+                            record_signal(&self.state_dir, job, attempt);
                             if tracked.local.phase == LocalPhase::Found {
                                 tracked.local.phase = LocalPhase::Running;
                             }
@@ -613,6 +686,7 @@ impl<R: Runtime> Executor<R> {
             Action::Forget { job, attempt } => {
                 // Its exit is reported: stop tracking it even if the runtime cannot remove its
                 // record now, so that it is never reported twice in this life.
+                let _ = std::fs::remove_file(self.signal_record(job, attempt));
                 if let Some(tracked) = self.jobs.remove(&(job, attempt)) {
                     if let Some(deferred) = self.deferred_removals.as_mut() {
                         deferred.push(tracked.handle);

@@ -198,7 +198,10 @@ pub fn reconcile(input: Input<'_>) -> Decision {
                 Some(Intent::Run) => actions.push(Action::Adopt { job: id, attempt }),
                 Some(Intent::Stop) => {
                     actions.push(Action::Adopt { job: id, attempt });
-                    actions.push(signal_action(job));
+                    // Signalled by an earlier life of the agent: its grace period goes on.
+                    if job.signalled_at_ms.is_none() {
+                        actions.push(signal_action(job));
+                    }
                 }
                 None => actions.push(Action::KillUnknown { job: id, attempt }),
             },
@@ -402,6 +405,33 @@ mod tests {
             vec![Action::KillUnknown {
                 job: JobId(9),
                 attempt: 3
+            }]
+        );
+    }
+
+    /// An attempt found after a restart that an earlier life of the agent signalled is adopted
+    /// without a second signal, and killed when the grace period it began then runs out.
+    #[test]
+    fn a_found_attempt_signalled_before_the_restart_is_not_signalled_again() {
+        let stop = desired(3, vec![want(1, 1, Intent::Stop)]);
+        let mut job = local(1, 1, LocalPhase::Found);
+        job.signalled_at_ms = Some(0);
+        job.grace_period_ms = 100;
+        let decision = run(&stop, Some(3), std::slice::from_ref(&job), 0);
+        assert_eq!(
+            decision.actions,
+            vec![Action::Adopt {
+                job: JobId(1),
+                attempt: 1
+            }]
+        );
+        job.phase = LocalPhase::Running;
+        let after = run(&stop, Some(3), std::slice::from_ref(&job), 100);
+        assert_eq!(
+            after.actions,
+            vec![Action::Kill {
+                job: JobId(1),
+                attempt: 1
             }]
         );
     }
