@@ -58,28 +58,93 @@ pub const SIGNALS_DIR: &str = "signals";
 /// The most bytes read of one signal record (a decimal number).
 const SIGNAL_RECORD_BYTES_MAX: u64 = 64;
 
-fn signal_record(state_dir: &Path, job: JobId, attempt: u32) -> PathBuf {
-    state_dir.join(SIGNALS_DIR).join(format!("{job}-{attempt}"))
+/// Where the times of first checkpoint signals are kept across the agent's restarts: files in
+/// [`SIGNALS_DIR`], or, for a simulated host, a map that outlives the agent's executor.
+#[derive(Debug, Clone)]
+pub enum SignalRecords {
+    Files(PathBuf),
+    Shared(Arc<std::sync::Mutex<BTreeMap<(JobId, u32), u64>>>),
 }
 
-/// Keeps when an attempt was first signalled ([`SIGNALS_DIR`]); a later signal keeps the first
-/// time. A failure to write is logged: the grace period then starts again if the agent
-/// restarts within it, as it did before such records were kept.
-fn record_signal(state_dir: &Path, job: JobId, attempt: u32) {
-    let path = signal_record(state_dir, job, attempt);
-    if path.exists() {
-        return;
+impl SignalRecords {
+    fn path(dir: &Path, job: JobId, attempt: u32) -> PathBuf {
+        dir.join(format!("{job}-{attempt}"))
     }
-    let Some(now) = crate::lease::boot_time_ms() else {
-        return;
-    };
-    let written = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| std::fs::write(&path, now.to_string()));
-    if let Err(error) = written {
-        tracing::warn!(%job, attempt, path = %path.display(), "cannot keep when the checkpoint signal was sent: {error}");
+
+    /// When the attempt was first signalled, if that was kept.
+    fn get(&self, job: JobId, attempt: u32) -> Option<u64> {
+        match self {
+            SignalRecords::Files(dir) => {
+                let text = quotient_common::bounded_read::read_text_file_at_most(
+                    &Self::path(dir, job, attempt),
+                    SIGNAL_RECORD_BYTES_MAX,
+                )
+                .ok()?;
+                text.trim().parse().ok()
+            }
+            SignalRecords::Shared(map) => lock(map).get(&(job, attempt)).copied(),
+        }
     }
+
+    /// Keeps `at` as the attempt's first signal; a later signal keeps the first time. A
+    /// failure to write is logged: the grace period then starts again if the agent restarts
+    /// within it, as it did before such records were kept.
+    fn keep(&self, job: JobId, attempt: u32, at: u64) {
+        match self {
+            SignalRecords::Files(dir) => {
+                let path = Self::path(dir, job, attempt);
+                if path.exists() {
+                    return;
+                }
+                let written = std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&path, at.to_string()));
+                if let Err(error) = written {
+                    tracing::warn!(%job, attempt, path = %path.display(), "cannot keep when the checkpoint signal was sent: {error}");
+                }
+            }
+            SignalRecords::Shared(map) => {
+                lock(map).entry((job, attempt)).or_insert(at);
+            }
+        }
+    }
+
+    fn forget(&self, job: JobId, attempt: u32) {
+        match self {
+            SignalRecords::Files(dir) => {
+                let _ = std::fs::remove_file(Self::path(dir, job, attempt));
+            }
+            SignalRecords::Shared(map) => {
+                lock(map).remove(&(job, attempt));
+            }
+        }
+    }
+
+    /// Forgets every record but those of `kept` attempts.
+    fn retain(&self, kept: &BTreeSet<(JobId, u32)>) {
+        match self {
+            SignalRecords::Files(dir) => {
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    return;
+                };
+                for entry in entries.flatten() {
+                    let name = entry.file_name();
+                    let wanted = kept.iter().any(|(job, attempt)| {
+                        name.to_str() == Some(format!("{job}-{attempt}").as_str())
+                    });
+                    if !wanted {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
+                }
+            }
+            SignalRecords::Shared(map) => lock(map).retain(|key, _| kept.contains(key)),
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What the executor tracks about one attempt.
@@ -153,6 +218,8 @@ pub struct Executor<R: Runtime> {
     advertise_address: Option<String>,
     /// The running attempts' checkpoint directories, looked at for new checkpoints.
     checkpoint_watches: crate::checkpoints::Watches,
+    /// When attempts were first signalled, kept across restarts.
+    signal_records: SignalRecords,
 }
 
 impl<R: Runtime> Executor<R> {
@@ -190,6 +257,7 @@ impl<R: Runtime> Executor<R> {
             deferred_removals: None,
             advertise_address: None,
             checkpoint_watches: crate::checkpoints::Watches::default(),
+            signal_records: SignalRecords::Files(state_dir.join(SIGNALS_DIR)),
         }
     }
 
@@ -246,6 +314,21 @@ impl<R: Runtime> Executor<R> {
     pub fn with_manual_clock(mut self, clock: ManualClock) -> Executor<R> {
         self.clock = ExecutorClock::Manual(clock);
         self
+    }
+
+    /// Keeps the times of checkpoint signals in `records` rather than in the state dir.
+    pub fn with_signal_records(mut self, records: SignalRecords) -> Executor<R> {
+        self.signal_records = records;
+        self
+    }
+
+    /// The clock signal times are kept in, which runs on across the agent's restarts: the
+    /// host's boot clock (a manual clock's reading, which a simulation keeps per host).
+    fn boot_ms(&self) -> Option<u64> {
+        match &self.clock {
+            ExecutorClock::Monotonic(_) => crate::lease::boot_time_ms(),
+            ExecutorClock::Manual(clock) => Some(clock.now_ms()),
+        }
     }
 
     /// Milliseconds since this executor was made (on a manual clock: its reading).
@@ -318,39 +401,15 @@ impl<R: Runtime> Executor<R> {
                 },
             );
         }
-        self.remove_stale_signal_records();
+        self.signal_records
+            .retain(&self.jobs.keys().copied().collect());
         Ok(count)
-    }
-
-    fn signal_record(&self, job: JobId, attempt: u32) -> PathBuf {
-        signal_record(&self.state_dir, job, attempt)
     }
 
     /// How long ago an earlier life of this agent first signalled the attempt, if it did.
     fn signalled_ago_ms(&self, job: JobId, attempt: u32) -> Option<u64> {
-        let path = self.signal_record(job, attempt);
-        let text =
-            quotient_common::bounded_read::read_text_file_at_most(&path, SIGNAL_RECORD_BYTES_MAX)
-                .ok()?;
-        let at: u64 = text.trim().parse().ok()?;
-        Some(crate::lease::boot_time_ms()?.saturating_sub(at))
-    }
-
-    /// Removes the signal records of attempts this agent no longer has.
-    fn remove_stale_signal_records(&self) {
-        let Ok(entries) = std::fs::read_dir(self.state_dir.join(SIGNALS_DIR)) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let kept = self
-                .jobs
-                .keys()
-                .any(|(job, attempt)| name.to_str() == Some(format!("{job}-{attempt}").as_str()));
-            if !kept {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        let at = self.signal_records.get(job, attempt)?;
+        Some(self.boot_ms()?.saturating_sub(at))
     }
 
     /// Looks at every attempt that was running and records which have exited.
@@ -619,12 +678,15 @@ impl<R: Runtime> Executor<R> {
                 signal,
             } => {
                 let now = self.now_ms();
+                let boot_ms = self.boot_ms();
                 if let Some(tracked) = self.jobs.get_mut(&(job, attempt)) {
                     match self.runtime.signal(&tracked.handle, signal).await {
                         Ok(()) => {
                             tracing::info!(%job, attempt, %signal, "sent the checkpoint signal");
                             tracked.local.signalled_at_ms = Some(now);
-                            record_signal(&self.state_dir, job, attempt);
+                            if let Some(at) = boot_ms {
+                                self.signal_records.keep(job, attempt, at);
+                            }
                             if tracked.local.phase == LocalPhase::Found {
                                 tracked.local.phase = LocalPhase::Running;
                             }
@@ -686,7 +748,7 @@ impl<R: Runtime> Executor<R> {
             Action::Forget { job, attempt } => {
                 // Its exit is reported: stop tracking it even if the runtime cannot remove its
                 // record now, so that it is never reported twice in this life.
-                let _ = std::fs::remove_file(self.signal_record(job, attempt));
+                self.signal_records.forget(job, attempt);
                 if let Some(tracked) = self.jobs.remove(&(job, attempt)) {
                     if let Some(deferred) = self.deferred_removals.as_mut() {
                         deferred.push(tracked.handle);

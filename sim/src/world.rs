@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use quotient_agent::executor::{Executor, ManualClock};
+use quotient_agent::executor::{Executor, ManualClock, SignalRecords};
 use quotient_agent::lease::{lease_file_line, LeaseClock};
 use quotient_agent::reconcile::Desired;
 use quotient_agent::session::desired_allocation;
@@ -359,6 +359,14 @@ struct Session {
     report_pending: Option<u64>,
 }
 
+impl Agent {
+    /// The GPUs this life of the agent sees.
+    fn present_gpus(&self) -> &[GpuDevice] {
+        let seen = self.gpus.len() - usize::from(self.without_last_gpu);
+        &self.gpus[..seen]
+    }
+}
+
 /// A running agent process.
 struct AgentProc {
     executor: Executor<SimRuntime>,
@@ -376,7 +384,12 @@ struct Agent {
     host: Arc<Mutex<Host>>,
     clock: Clock,
     mono: ManualClock,
+    /// When attempts were first signalled: the agent's state dir, which outlives its process.
+    signals: SignalRecords,
     gpus: Vec<GpuDevice>,
+    /// This life of the agent does not see its last GPU (it came back without it; jobs
+    /// placed there may still run).
+    without_last_gpu: bool,
     journal: Journal,
     proc: Option<AgentProc>,
     /// Messages from the agent to the coordinators are lost.
@@ -508,8 +521,10 @@ impl World {
                     host: Arc::new(Mutex::new(Host::new(&name))),
                     name,
                     mono: ManualClock::new(agent_clock.local(0)),
+                    signals: SignalRecords::Shared(Arc::default()),
                     clock: agent_clock,
                     gpus,
+                    without_last_gpu: false,
                     journal: Journal::default(),
                     proc: None,
                     up_loss: false,
@@ -1115,7 +1130,7 @@ impl World {
             } => {
                 let inventory = NodeInventory {
                     name: name.clone(),
-                    gpus: self.agents[node].gpus.clone(),
+                    gpus: self.agents[node].present_gpus().to_vec(),
                     host: HostInfo {
                         runtimes: vec![quotient_common::Runtime::Process],
                         cpu_millis: 64_000,
@@ -1239,13 +1254,14 @@ impl World {
             clock: self.clock.clone(),
         };
         let uuids = agent
-            .gpus
+            .present_gpus()
             .iter()
             .map(|gpu| (gpu.index, gpu.uuid.clone()))
             .collect();
         let state_dir = Path::new("/quotient-sim").join(&agent.name);
         let mut executor = Executor::new(runtime, &agent.name, &state_dir, uuids)
             .with_manual_clock(agent.mono.clone())
+            .with_signal_records(agent.signals.clone())
             .defer_removals();
         for (job, attempt) in &agent.journal.finished {
             executor.remember_finished(*job, *attempt);
@@ -1813,12 +1829,22 @@ impl World {
             }
             30..=44 => {
                 let node = self.nemesis.range(0, self.agents.len() as u64 - 1) as usize;
-                if self.agents[node].proc.take().is_some() {
+                if self.agents[node].proc.take().is_none() {
+                    "agent-crash"
+                } else {
                     self.agents[node].wake_at = None;
                     let down = self.nemesis.range(1_000, 60_000);
                     self.after(down, Event::AgentRestart(node));
+                    // One crash in four, the agent comes back without its last GPU (or with
+                    // it again): jobs placed there run on until the coordinators stop them.
+                    if self.nemesis.chance(1, 4) {
+                        let agent = &mut self.agents[node];
+                        agent.without_last_gpu = !agent.without_last_gpu && agent.gpus.len() > 1;
+                        "agent-crash-gpu-change"
+                    } else {
+                        "agent-crash"
+                    }
                 }
-                "agent-crash"
             }
             45..=64 => self.cut_link(true, true),
             65..=72 => self.cut_link(true, false),
