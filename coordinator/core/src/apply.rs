@@ -444,11 +444,16 @@ impl State {
             .iter()
             .fold(0, |mask, g| mask | (1u64 << g.index));
         for job in self.jobs_on_node(id) {
-            let (_, alloc) = self
+            let alloc = self
                 .job(job)
                 .and_then(|j| j.member_on(id))
-                .map(|(rank, a)| (rank, *a))
+                .map(|(_, a)| *a)
                 .expect("on node");
+            // A member that has exited (one that succeeded waits for the others) runs
+            // nothing there any more.
+            if alloc.stage.exited() {
+                continue;
+            }
             let class_ok = self.job(job).is_some_and(|j| {
                 inventory
                     .gpus
@@ -623,9 +628,14 @@ impl State {
     fn member_lost(&mut self, id: JobId, node: NodeId, kind: PreemptionKind, ctx: ApplyCtx) {
         let node_name = self.node(node).map(|n| n.name.clone()).unwrap_or_default();
         let job = self.job(id).expect("known job");
-        let Some((rank, _)) = job.member_on(node) else {
+        let Some((rank, member)) = job.member_on(node) else {
             return;
         };
+        // A member that has exited already (one that succeeded waits for the others) loses
+        // nothing with its node.
+        if member.stage.exited() {
+            return;
+        }
         let stopping = job.stop.is_some();
         self.update_job(id, |job| {
             job.placement[rank as usize].stage = MemberStage::Exited { code: None };

@@ -120,8 +120,9 @@ impl State {
                     ));
                 }
                 // A job being stopped may hold GPUs its node no longer reports (its agent came
-                // back without them): they stay held until the agent reports the exit.
-                let stopping = job.stop.is_some();
+                // back without them): they stay held until the agent reports the exit. So may a
+                // member that has exited: its GPUs stay held until every member has.
+                let stopping = job.stop.is_some() || alloc.stage.exited();
                 for index in alloc.gpu_indices() {
                     let gpu = node.gpus.iter().find(|g| g.index == index);
                     if gpu.is_none() && !stopping {

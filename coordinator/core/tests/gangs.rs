@@ -251,6 +251,35 @@ fn a_lost_node_stops_the_gang_and_requeues_it_and_no_two_attempts_overlap() {
     );
 }
 
+/// A member that exited 0 waits for the others; losing its node afterwards, or its node
+/// registering again without its GPU, changes nothing: the member still running is not
+/// stopped and the job is not run again (found by probing: the healthy member was killed and
+/// the whole job rerun).
+#[test]
+fn a_member_that_succeeded_loses_nothing_with_its_node() {
+    for lost in [true, false] {
+        let mut sim = team_on(3, 1, 2);
+        let id = sim.submit(gang("team", "ddp", 1, 2, 1));
+        sim.settle();
+        assert_eq!(sim.state_of(id), JobState::Running);
+        sim.report_member(id, 1, JobEvent::Exited { code: 0 });
+        let name = sim.nodes_of(id)[1].clone();
+        if lost {
+            sim.ok(Command::MarkNodeLost { node: name });
+        } else {
+            let mut without = node(&name, 1, "a10g");
+            without.gpus.clear();
+            sim.ok(Command::RegisterNode(without));
+        }
+        let job = sim.state.job(id).unwrap();
+        assert_eq!(job.state, JobState::Running, "lost {lost}: {job:?}");
+        assert!(job.stop.is_none(), "lost {lost}");
+        sim.report_member(id, 0, JobEvent::Exited { code: 0 });
+        assert_eq!(sim.state_of(id), JobState::Succeeded, "lost {lost}");
+        assert_eq!(sim.state.job(id).unwrap().attempts, 1);
+    }
+}
+
 #[test]
 fn a_gang_that_never_starts_on_every_member_is_stopped_and_requeued() {
     let mut sim = team_on(2, 1, 2);
