@@ -95,6 +95,17 @@ pub enum Rejection {
     UnknownAccessKey(String),
     #[error("no {0}")]
     UnknownAwsObject(String),
+    /// A share is created under the name of a deleted one whose jobs still hold GPUs while
+    /// they stop: they would count against the new share.
+    #[error(
+        "share {share} was deleted and {jobs} of its job(s), {first} first, still hold GPUs while \
+         they stop: create it again once they have exited"
+    )]
+    ShareStillStopping {
+        share: String,
+        jobs: u64,
+        first: JobId,
+    },
 }
 
 impl Rejection {
@@ -116,7 +127,8 @@ impl Rejection {
             | Rejection::JobTerminal { .. }
             | Rejection::NodeLost(_)
             | Rejection::NodeReady(_)
-            | Rejection::NodeHasJobs { .. } => ErrorCode::FailedPrecondition,
+            | Rejection::NodeHasJobs { .. }
+            | Rejection::ShareStillStopping { .. } => ErrorCode::FailedPrecondition,
             Rejection::TooMany { .. } | Rejection::UserJobLimit { .. } => ErrorCode::LimitExceeded,
             Rejection::Forbidden(_) => ErrorCode::Forbidden,
             Rejection::UnknownGroup(_)

@@ -46,9 +46,11 @@ pub fn share_accounts(state: &State) -> BTreeMap<String, ShareAccount> {
     }
     for job in state.jobs() {
         if let Some(account) = accounts.get_mut(&job.spec.share) {
+            // `running` counts every job holding GPUs: scheduled, starting and being stopped
+            // too (docs/cli.md; found by probing: a starting gang counted as none).
             match job.state {
                 JobState::Runnable => account.runnable += 1,
-                JobState::Running => account.running += 1,
+                state if state.holds_gpus() => account.running += 1,
                 _ => {}
             }
         }

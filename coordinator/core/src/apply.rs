@@ -171,6 +171,22 @@ impl State {
         if self.data.shares.contains_key(&spec.name) {
             return rejected(Rejection::DuplicateShare(spec.name));
         }
+        // Jobs of a deleted share of this name that still stop would count against it.
+        let stopping: Vec<JobId> = self
+            .index
+            .shares
+            .get(&spec.name)
+            .into_iter()
+            .flat_map(|classes| classes.values())
+            .flat_map(|i| i.holding.iter().map(|(_, _, id)| *id))
+            .collect();
+        if let Some(first) = stopping.iter().min() {
+            return rejected(Rejection::ShareStillStopping {
+                share: spec.name,
+                jobs: stopping.len() as u64,
+                first: *first,
+            });
+        }
         if self.data.shares.len() >= SHARES_MAX {
             return rejected(Rejection::TooMany {
                 what: "shares".into(),

@@ -977,9 +977,40 @@ fn a_share_is_disabled_before_it_is_deleted() {
     sim.ok(Command::DeleteShare { name: "a".into() });
     assert_eq!(sim.state_of(queued), JobState::Cancelled);
     assert_eq!(sim.state_of(running), JobState::Preempting);
+    // A share of the same name cannot be made while the deleted one's jobs still hold GPUs:
+    // they would count against it (found by probing: a new `reserve` share shown borrowing).
+    assert_eq!(
+        sim.apply(Command::CreateShare(share("a", Strategy::Reserve, 1))),
+        Outcome::Rejected(Rejection::ShareStillStopping {
+            share: "a".into(),
+            jobs: 1,
+            first: running,
+        })
+    );
     sim.settle();
     assert_eq!(sim.state_of(running), JobState::Cancelled);
     assert!(sim.state.share("a").is_none());
+    sim.ok(Command::CreateShare(share("a", Strategy::Reserve, 1)));
+    assert_eq!(sim.account("a").0, 0, "the new share holds nothing");
+}
+
+/// A share's `running` count is of its jobs holding GPUs: placed, starting and being stopped
+/// count as well as running (found by probing: a starting gang counted as none).
+#[test]
+fn a_shares_running_count_is_of_its_jobs_holding_gpus() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 1, 2);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 2)));
+    let id = sim.submit(job("a", "j", 1, 1));
+    let queued = sim.submit(job("a", "k", 1, 1));
+    let running = |sim: &Sim| quotient_core::share_accounts(&sim.state)["a"].running;
+    sim.round();
+    assert_eq!(sim.state_of(id), JobState::Scheduled);
+    assert_eq!(running(&sim), 2, "placed");
+    sim.ok(Command::CancelJob { job: queued });
+    sim.settle();
+    assert_eq!(sim.state_of(id), JobState::Running);
+    assert_eq!(running(&sim), 1);
 }
 
 /// Submitting twice with one idempotency key gives one job.
