@@ -891,16 +891,35 @@ impl<'a> Round<'a> {
                         unfit: unfit.to_string(),
                     }))
                 }
-                Err((qualify, _)) => Err(Blocked::Reason(WaitReason::GangWaiting(Box::new(
-                    GangWait {
+                Err((qualify, _)) => {
+                    // Bound to one value of a label that no value has enough nodes of: it can
+                    // never start as the fleet stands, and does not hold up its queue.
+                    let most = job.spec.same.as_ref().map(|_| {
+                        let mut per_value: BTreeMap<&str, u32> = BTreeMap::new();
+                        for (node, slot) in &scratch.real.slots {
+                            if slot.healthy >= job.gpus() {
+                                if let Some(Some(value)) = group(*node) {
+                                    *per_value.entry(value).or_default() += 1;
+                                }
+                            }
+                        }
+                        per_value.into_values().max().unwrap_or(0)
+                    });
+                    let never = most.is_some_and(|most| most < job.node_count());
+                    let reason = WaitReason::GangWaiting(Box::new(GangWait {
                         class: class.clone(),
                         gpus: job.gpus(),
                         nodes: job.node_count(),
                         same: job.spec.same.clone(),
-                        qualify,
+                        qualify: if never { most.unwrap_or(0) } else { qualify },
                         held: Vec::new(),
-                    },
-                )))),
+                    }));
+                    Err(if never {
+                        Blocked::Unrunnable(reason)
+                    } else {
+                        Blocked::Reason(reason)
+                    })
+                }
             };
         }
         let node = match scratch.best_fit(job.gpus(), accept) {
