@@ -633,9 +633,17 @@ impl<'a> Round<'a> {
                         victims,
                     }),
                 ));
-            } else if !outranked && job.is_gang() && self.may_hold(q, job, nodes) {
+            } else if !outranked
+                && job.is_gang()
+                && self.may_hold(q, job, nodes)
+                && self
+                    .head(q)
+                    .is_none_or(|head| head.priority() <= job.priority())
+            {
                 // A job of several nodes keeps its nodes while the jobs on them end, so that
-                // smaller jobs do not take each GPU as it frees.
+                // smaller jobs do not take each GPU as it frees; while it heads its queue
+                // (a job of its share of higher priority since takes its place, found by
+                // probing: that job waited with no reason for as long as the gang did).
                 let qualify = self.gang_qualify(job, nodes);
                 let known = matches!(
                     job.reason.as_deref(),

@@ -430,6 +430,38 @@ fn a_head_gang_holds_nodes_so_a_stream_of_small_jobs_cannot_starve_it() {
     );
 }
 
+/// A gang holds nodes only while it heads its queue: a job of its share of higher priority
+/// that arrives meanwhile takes its place, and runs on the GPUs the gang was keeping (found by
+/// probing: it waited, with no reason, for as long as the gang did).
+#[test]
+fn a_gang_gives_up_its_nodes_to_a_job_of_its_share_of_higher_priority() {
+    let mut sim = Sim::new();
+    fleet(&mut sim, 4, 2);
+    sim.ok(Command::CreateShare(share("a", Strategy::Lend, 6)));
+    sim.ok(Command::CreateShare(share("b", Strategy::Lend, 3)));
+    let b2 = sim.submit(job("b", "b2", 1, 2));
+    let b1 = sim.submit(job("b", "b1", 1, 1));
+    sim.settle();
+    assert_eq!(sim.state_of(b2), JobState::Running);
+    assert_eq!(sim.state_of(b1), JobState::Running);
+    let big = sim.submit(gang("a", "big", 1, 3, 2));
+    sim.settle();
+    assert_eq!(sim.state_of(big), JobState::Runnable);
+    assert!(
+        !sim.state.job(big).unwrap().nominations.is_empty(),
+        "it holds nodes as they drain"
+    );
+    let urgent = sim.submit(job("a", "urgent", 5, 1));
+    sim.settle();
+    assert_eq!(
+        sim.state_of(urgent),
+        JobState::Running,
+        "{:?}",
+        reason(&sim, urgent)
+    );
+    assert_eq!(sim.state_of(big), JobState::Runnable);
+}
+
 #[test]
 fn a_gang_goes_to_the_fewest_racks_that_fit_it() {
     let mut sim = Sim::new();
