@@ -176,12 +176,18 @@ impl State {
             });
         }
         if old.state != new.state {
+            // A change a member's end made names that member's node, not the first member's
+            // (found by probing: rank 1's failure was told on rank 0's node).
+            let member_node = |job: &JobRecord| match job.stop.as_deref() {
+                Some(StopCause::MemberEnded { node, .. }) => Some(node.clone()),
+                _ => None,
+            };
             self.record_event(EventKind::JobState {
                 job: new.id,
                 share: share(),
                 from: old.state,
                 to: new.state,
-                node: new.last_node.clone(),
+                node: member_node(new).or_else(|| new.last_node.clone()),
                 reason: new.reason.as_ref().map(ToString::to_string),
                 by: self.acting(),
             });

@@ -192,12 +192,31 @@ fn a_member_that_fails_stops_the_whole_attempt_and_the_job_fails_when_all_have_e
     assert_eq!(sim.account("team").0, 3, "held until every member exited");
     sim.report_member(id, 0, JobEvent::ExitedAfterSignal { code: Some(143) });
     assert_eq!(sim.state_of(id), JobState::Preempting);
+    let failed_node = sim.nodes_of(id)[1].clone();
     sim.report_member(id, 2, JobEvent::ExitedAfterSignal { code: Some(143) });
     let job = sim.state.job(id).unwrap();
     assert_eq!(job.state, JobState::Failed);
     assert_eq!(job.exit_code, Some(3));
     assert!(job.placement.is_empty());
     assert_eq!(sim.account("team").0, 0);
+    // The event of the member's end (the job told to stop) names its node, not the first
+    // member's. The job's last change (to FAILED once all have exited) still names the first
+    // member's node: the stop that names the member is cleared before that change.
+    let nodes: Vec<Option<String>> = sim
+        .state
+        .events(&quotient_core::events::EventFilter::default(), usize::MAX)
+        .0
+        .iter()
+        .filter_map(|event| match &event.what {
+            quotient_common::event::EventKind::JobState { job, to, node, .. }
+                if *job == id && *to == JobState::Preempting =>
+            {
+                Some(node.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nodes, vec![Some(failed_node)]);
 }
 
 #[test]
