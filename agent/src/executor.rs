@@ -207,6 +207,10 @@ pub struct Executor<R: Runtime> {
     gpu_uuids: BTreeMap<u32, String>,
     jobs: BTreeMap<(JobId, u32), LocalAttempt>,
     finished: BTreeSet<(JobId, u32)>,
+    /// Finished attempts whose end (or `reconcile::ALREADY_RAN`) was reported while a desired
+    /// state still names them; forgotten once none does, so that an attempt asked for again
+    /// later (its job's id issued again) is answered again.
+    answered: BTreeSet<(JobId, u32)>,
     /// Attempts whose launch failed and will be tried again.
     launch_retries: BTreeMap<(JobId, u32), LaunchRetry>,
     fence: Option<u64>,
@@ -251,6 +255,7 @@ impl<R: Runtime> Executor<R> {
             gpu_uuids,
             jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
+            answered: BTreeSet::new(),
             launch_retries: BTreeMap::new(),
             fence: None,
             clock: ExecutorClock::Monotonic(Instant::now()),
@@ -492,6 +497,7 @@ impl<R: Runtime> Executor<R> {
             fence,
             local: &local,
             finished: &self.finished,
+            answered: &self.answered,
             now_ms: self.now_ms(),
         });
         if let Some(desired) = desired {
@@ -504,6 +510,13 @@ impl<R: Runtime> Executor<R> {
             }
             self.fence = decision.fence;
             if decision.accepted {
+                // Answers are kept while the attempts are still asked for.
+                self.answered.retain(|key| {
+                    desired
+                        .allocations
+                        .iter()
+                        .any(|allocation| (allocation.job, allocation.attempt) == *key)
+                });
                 // A launch no longer desired is not tried again.
                 self.launch_retries.retain(|key, _| {
                     desired.allocations.iter().any(|allocation| {
@@ -581,6 +594,8 @@ impl<R: Runtime> Executor<R> {
         tracing::error!(%job, attempt, tries, %fault, "launch failed; giving up on this attempt and reporting it: {error}");
         self.launch_retries.remove(&(job, attempt));
         self.remember_finished(job, attempt);
+        // Its failure is the answer to the desired state that still asks for it.
+        self.answered.insert((job, attempt));
         self.report(
             reports,
             job,
@@ -721,6 +736,11 @@ impl<R: Runtime> Executor<R> {
                     JobEvent::Exited { .. } | JobEvent::ExitedAfterSignal { .. }
                 ) {
                     self.remember_finished(job, attempt);
+                }
+                // Its end, or the answer to a desired state asking for it again, is told:
+                // desired states made before the coordinators applied it get no other answer.
+                if self.finished.contains(&(job, attempt)) {
+                    self.answered.insert((job, attempt));
                 }
                 // A failed SageMaker job may have said why (`/opt/ml/output/failure`); else
                 // the runtime may tell (the out-of-memory killer, a command not found).

@@ -27,6 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use quotient_common::agent_api::WireGang;
+use quotient_common::job::LaunchFault;
 use quotient_common::{JobEvent, JobId, JobSpec, Signal};
 
 pub use crate::runtime::JobLimits;
@@ -97,8 +98,19 @@ pub struct Input<'a> {
     pub local: &'a [LocalJob],
     /// Attempts that ran here and were reported as exited: never started again.
     pub finished: &'a BTreeSet<(JobId, u32)>,
+    /// Finished attempts that a desired state named and that were answered once
+    /// ([`ALREADY_RAN`]).
+    pub answered: &'a BTreeSet<(JobId, u32)>,
     pub now_ms: u64,
 }
+
+/// What a desired attempt that already ran here is answered with, once: it is never started
+/// again, and the coordinators, who want it to run, are told so as a launch that failed for
+/// the node's sake, so that they place the job again as a new attempt. They ask for such an
+/// attempt when they reuse a job's id (restored from a backup, they issue again the ids given
+/// after it); otherwise it is a desired state made before the attempt's exit was applied, and
+/// the answer is stale and refused.
+pub const ALREADY_RAN: &str = "this attempt already ran on this node, which never starts an attempt twice (were the coordinators restored from a backup, issuing its id again?): the job goes back to the queue for a new attempt";
 
 /// One step for the executor to take, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -230,7 +242,24 @@ pub fn reconcile(input: Input<'_>) -> Decision {
         *newest = (*newest).max(allocation.attempt);
     }
     for (key, allocation) in &desired {
-        if attempts_here.contains(key) || input.finished.contains(key) {
+        if attempts_here.contains(key) {
+            continue;
+        }
+        if input.finished.contains(key) {
+            if !input.answered.contains(key) {
+                actions.push(Action::Report {
+                    job: allocation.job,
+                    attempt: allocation.attempt,
+                    event: match allocation.intent {
+                        Intent::Run => JobEvent::LaunchFailed {
+                            fault: LaunchFault::Node,
+                            tries: 0,
+                            message: ALREADY_RAN.to_string(),
+                        },
+                        Intent::Stop => JobEvent::ExitedAfterSignal { code: None },
+                    },
+                });
+            }
             continue;
         }
         match allocation.intent {
@@ -324,6 +353,7 @@ mod tests {
             fence,
             local,
             finished,
+            answered: &BTreeSet::new(),
             now_ms,
         })
     }
@@ -570,18 +600,44 @@ mod tests {
         assert_eq!(exit_event(Some(1), false), JobEvent::Exited { code: 1 });
     }
 
-    /// An attempt that already ran here is never started again, even if still desired.
+    /// An attempt that already ran here is never started again, even if still desired. It is
+    /// answered once, so that coordinators that issued its id again (restored from a backup)
+    /// place the job anew rather than wait for ever: a wanted run as a launch that failed for
+    /// the node's sake, a wanted stop as done; then nothing while the answer stands.
     #[test]
-    fn a_finished_attempt_is_not_started_again() {
-        let finished = BTreeSet::from([(JobId(1), 1)]);
-        let decision = run_finished(
-            &desired(5, vec![want(1, 1, Intent::Run), want(1, 1, Intent::Stop)]),
-            Some(5),
-            &[],
-            &finished,
-            0,
+    fn a_finished_attempt_is_not_started_again_and_is_answered_once() {
+        let finished = BTreeSet::from([(JobId(1), 1), (JobId(2), 1)]);
+        let want_them = desired(5, vec![want(1, 1, Intent::Run), want(2, 1, Intent::Stop)]);
+        let decision = run_finished(&want_them, Some(5), &[], &finished, 0);
+        assert_eq!(
+            decision.actions,
+            vec![
+                Action::Report {
+                    job: JobId(1),
+                    attempt: 1,
+                    event: JobEvent::LaunchFailed {
+                        fault: LaunchFault::Node,
+                        tries: 0,
+                        message: ALREADY_RAN.to_string(),
+                    },
+                },
+                Action::Report {
+                    job: JobId(2),
+                    attempt: 1,
+                    event: JobEvent::ExitedAfterSignal { code: None },
+                },
+            ]
         );
-        assert_eq!(decision.actions, vec![]);
+        let answered = finished.clone();
+        let again = reconcile(Input {
+            desired: &want_them,
+            fence: Some(5),
+            local: &[],
+            finished: &finished,
+            answered: &answered,
+            now_ms: 0,
+        });
+        assert_eq!(again.actions, vec![]);
     }
 
     /// A new attempt waits while an older attempt of the same job is still here.

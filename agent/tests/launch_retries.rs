@@ -224,3 +224,40 @@ async fn a_launch_no_longer_desired_is_not_tried_again() {
     assert_eq!(executor.runtime().tries().len(), 1, "not tried again");
     assert_eq!(executor.next_deadline(), None);
 }
+
+/// An attempt that already ran here and is asked for again (coordinators restored from a
+/// backup issue its id again) is never started, and is answered once, as a launch that failed
+/// for the node's sake, so that the coordinators place the job as a new attempt (found by
+/// probing: such a job stayed SCHEDULED for good, holding its GPU). The answer is given again
+/// only once the attempt has left the desired state and comes back.
+#[tokio::test]
+async fn an_attempt_that_already_ran_is_answered_once_and_never_started() {
+    let mut executor = executor(FlakyRuntime::new(0, daemon_down));
+    executor.remember_finished(quotient_common::JobId(9), 1);
+    let spec = job_spec(None, shell("train"));
+    let desired = desired_one(1, 9, 1, &spec, Intent::Run);
+    let reports = step_for(&mut executor, &desired, Duration::from_millis(200)).await;
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert!(
+        matches!(
+            &reports[0].event,
+            JobEvent::LaunchFailed { fault: LaunchFault::Node, message, .. }
+                if message == quotient_agent::reconcile::ALREADY_RAN
+        ),
+        "{reports:?}"
+    );
+    assert!(executor.runtime().tries().is_empty(), "it was started");
+    let none = quotient_agent::reconcile::Desired {
+        fence: 2,
+        allocations: Vec::new(),
+    };
+    executor.step(&none).await;
+    let mut again = desired_one(3, 9, 1, &spec, Intent::Run);
+    again.fence = 3;
+    let reports = step_for(&mut executor, &again, Duration::from_millis(100)).await;
+    assert_eq!(
+        reports.len(),
+        1,
+        "answered again once asked again: {reports:?}"
+    );
+}
