@@ -41,10 +41,13 @@ pub struct HealthEntry {
 /// Fills in each entry's verdict: its own problems, and its disagreements with the leader
 /// that answered (the member that says it is the leader).
 pub fn judge(entries: &mut [HealthEntry]) {
+    // The leader is the one that says so in the highest term: a coordinator removed while it
+    // led may go on saying it leads the term it led (found by probing: two "leaders").
     let leader = entries
         .iter()
         .filter_map(|entry| entry.health.clone())
-        .find(|view| view.leader == Some(view.id));
+        .filter(|view| view.leader == Some(view.id))
+        .max_by_key(|view| view.term);
     for entry in entries.iter_mut() {
         let Some(view) = &entry.health else {
             entry.healthy = false;
@@ -56,6 +59,20 @@ pub fn judge(entries: &mut [HealthEntry]) {
             problems.push("it reports itself unhealthy; see its log".to_string());
         }
         if let Some(leader) = leader.as_ref().filter(|leader| leader.id != view.id) {
+            // A member that still says it leads an older term, or campaigns in terms past the
+            // leader's without ever winning, is out of the cluster: removed, or cut off from
+            // it. One that merely has not heard of a new leader yet is left alone.
+            if view.leader == Some(view.id) {
+                problems.push(format!(
+                    "it says it leads term {}, but coordinator {} leads term {}: it was removed from the cluster or is cut off from it",
+                    view.term, leader.id, leader.term
+                ));
+            } else if view.leader.is_none() && view.term > leader.term {
+                problems.push(format!(
+                    "it knows no leader and campaigns in term {}, past the term {} that coordinator {} leads: it was removed from the cluster or is cut off from it",
+                    view.term, leader.term, leader.id
+                ));
+            }
             if let (Some(mine), Some(leaders)) = (&view.cluster_id, &leader.cluster_id) {
                 if mine != leaders {
                     problems.push(format!(
@@ -231,6 +248,40 @@ mod tests {
         );
         let text = table(&entries);
         assert!(text.contains("coordinator 2: its state digest"), "{text}");
+    }
+
+    #[test]
+    fn a_stale_leader_and_members_without_the_leader_are_not_healthy() {
+        // Proves the leader is the one of the highest term: a coordinator removed while it
+        // led, still saying it leads its old term, is unhealthy rather than taken for the
+        // leader (found by probing), and so is a member that campaigns past the leader's term.
+        let mut entries = vec![
+            entry(1, 10, 1, "a"),
+            entry(2, 12, 1, "a"),
+            entry(3, 12, 1, "a"),
+            entry(4, 12, 1, "a"),
+        ];
+        for (i, leader, term) in [
+            (0, Some(1), 2),
+            (1, Some(2), 3),
+            (2, Some(2), 3),
+            (3, None, 9),
+        ] {
+            let view = entries[i].health.as_mut().unwrap();
+            view.leader = leader;
+            view.term = term;
+        }
+        judge(&mut entries);
+        assert!(!entries[0].healthy);
+        assert!(
+            entries[0].problems[0].contains("leads term 2, but coordinator 2 leads term 3"),
+            "{:?}",
+            entries[0].problems
+        );
+        assert!(entries[1].healthy, "{:?}", entries[1].problems);
+        assert!(entries[2].healthy, "{:?}", entries[2].problems);
+        assert!(!entries[3].healthy);
+        assert!(entries[3].problems[0].contains("campaigns in term 9"));
     }
 
     #[test]

@@ -1064,6 +1064,7 @@ impl ApiService {
         if let Err(fatal) = &metrics.running_state {
             problems.push(format!("raft stopped: {fatal}"));
         }
+        problems.extend(crate::metrics::removed(&metrics));
         problems.extend(self.inner.ctx.identity.problems());
         problems.extend(self.inner.ctx.state_machine.digest_checks().problem());
         // The index and the digest of one state: Raft's metrics say an entry was applied a

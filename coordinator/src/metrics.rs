@@ -519,20 +519,28 @@ impl MetricsSource for CoordinatorDoor {
     }
 }
 
+/// Says so when this coordinator is no longer in its cluster's membership: the last
+/// membership it has leaves it out, as `cluster remove-member` does (`/readyz` and `cluster
+/// health` both report it).
+pub fn removed(raft: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> Option<String> {
+    let membership = raft.membership_config.membership();
+    (membership.nodes().next().is_some() && membership.get_node(&raft.id).is_none()).then(|| {
+        format!(
+            "coordinator {} is no longer a member of its cluster (removed with `quotient cluster \
+             remove-member`): stop it, and wipe its data dir before adding it again",
+            raft.id
+        )
+    })
+}
+
 /// Whether a coordinator that has joined a cluster is ready, from its Raft's metrics: Raft
-/// runs, this coordinator is still a member (the last membership it has does not leave it
-/// out, as `cluster remove-member` does), and it knows a leader.
+/// runs, this coordinator is still a member ([`removed`]), and it knows a leader.
 pub fn readiness(raft: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> Result<(), String> {
     if let Err(fatal) = &raft.running_state {
         return Err(format!("raft stopped: {fatal}"));
     }
-    let membership = raft.membership_config.membership();
-    if membership.nodes().next().is_some() && membership.get_node(&raft.id).is_none() {
-        return Err(format!(
-            "coordinator {} is no longer a member of its cluster (removed with `quotient cluster \
-             remove-member`): stop it, and wipe its data dir before adding it again",
-            raft.id
-        ));
+    if let Some(problem) = removed(raft) {
+        return Err(problem);
     }
     match raft.current_leader {
         Some(_) => Ok(()),
