@@ -398,15 +398,7 @@ async fn agent_restart_mid_job_readopts_it_without_starting_it_again() {
     .await;
 
     // --- the agent is stopped with SIGTERM (jobs keep running) and comes back
-    // SAFETY: kill(2) on the agent process this test started and still owns.
-    unsafe {
-        libc::kill(agent.child.id() as i32, libc::SIGTERM);
-    }
-    let status = wait_for("the agent to exit on SIGTERM", || {
-        let status = agent.child.try_wait().ok().flatten();
-        async move { status }
-    })
-    .await;
+    let status = stop_agent(&mut agent).await;
     assert!(status.success(), "SIGTERM is an orderly stop: {status:?}");
     assert!(job_pid_alive(&node.state, 3), "the job outlives its agent");
     let registrations_before = leader.state().registrations.len();
@@ -994,7 +986,7 @@ async fn restarted_without_a_jobs_gpu(intent: WireIntent) {
 }
 
 /// Stops the agent with SIGTERM (its jobs keep running) and waits for it to exit.
-async fn stop_agent(agent: &mut Agent) {
+async fn stop_agent(agent: &mut Agent) -> std::process::ExitStatus {
     // SAFETY: kill(2) on the agent process this test started and still owns.
     unsafe {
         libc::kill(agent.child.id() as i32, libc::SIGTERM);
@@ -1003,7 +995,7 @@ async fn stop_agent(agent: &mut Agent) {
         let status = agent.child.try_wait().ok().flatten();
         async move { status }
     })
-    .await;
+    .await
 }
 
 /// An allocation of `command` with a grace period of `grace_ms`.

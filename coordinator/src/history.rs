@@ -61,7 +61,8 @@ pub enum HistoryError {
 }
 
 enum Message {
-    /// Records to keep; one already kept for the same job is left as it is.
+    /// Records to keep; one already kept for the same job (the same id and end) is left as
+    /// it is.
     Records(Vec<HistoryRecord>),
     /// Answer once everything sent before is committed.
     Flush(mpsc::Sender<()>),
@@ -365,7 +366,13 @@ fn commit(db: &Database, path: &Path, pending: &mut Vec<HistoryRecord>) {
                 let Ok(job) = record.id.parse::<JobId>() else {
                     continue;
                 };
-                if by_job.get(job.0)?.is_some() {
+                // The same job again (a replay, the reconciling after a restart) ends at the
+                // same time: kept as first written. Another job under an id given again (by a
+                // cluster restored from a backup) is kept too, and found by the id from then on.
+                if by_job
+                    .get(job.0)?
+                    .is_some_and(|ended| ended.value() == record.ended_ms)
+                {
                     continue;
                 }
                 records.insert((record.ended_ms, job.0), encode_record(record).as_slice())?;
@@ -402,7 +409,11 @@ fn prune(db: &Database, path: &Path, retain_ms: u64) {
                 .collect::<Result<_, _>>()?;
             for (ended, job) in old {
                 records.remove((ended, job))?;
-                by_job.remove(job)?;
+                // Unless the id now finds a later job's record.
+                let found = by_job.get(job)?.map(|found| found.value());
+                if found == Some(ended) {
+                    by_job.remove(job)?;
+                }
                 removed += 1;
             }
         }
@@ -519,6 +530,53 @@ mod tests {
         assert_eq!(one.records.len(), 1);
         assert!(history.has(JobId(7)).expect("reads"));
         assert!(!history.has(JobId(99)).expect("reads"));
+    }
+
+    #[test]
+    fn a_job_under_an_id_given_again_is_kept_beside_the_first() {
+        // Proves that a cluster restored from a backup, which gives again the ids given after
+        // it, has the new job's record kept (found by probing: it was taken for the first
+        // job's and dropped), found by the id, and the first job's still listed; pruning the
+        // first leaves the id finding the second.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64;
+        {
+            let history = History::open(dir.path(), u64::MAX).expect("opens");
+            let first = record(1, "team", now - 10 * 86_400_000, "SUCCEEDED");
+            let mut second = record(1, "team", now - 1_000, "FAILED");
+            second.name = Some("after".into());
+            history.append(vec![first, second.clone()]);
+            history.append(vec![second]);
+            assert!(history.flush(Duration::from_secs(10)));
+            let all = history
+                .page(
+                    &HistoryQuery {
+                        limit: 100,
+                        ..HistoryQuery::default()
+                    },
+                    |_| true,
+                )
+                .expect("a page");
+            let states: Vec<&str> = all.records.iter().map(|r| r.state.as_str()).collect();
+            assert_eq!(states, vec!["FAILED", "SUCCEEDED"]);
+        }
+        let history = History::open(dir.path(), 86_400_000).expect("opens, pruning the first");
+        assert!(history.flush(Duration::from_secs(10)));
+        let by_id = history
+            .page(
+                &HistoryQuery {
+                    job: Some(JobId(1)),
+                    limit: 100,
+                    ..HistoryQuery::default()
+                },
+                |_| true,
+            )
+            .expect("a page");
+        assert_eq!(by_id.records.len(), 1);
+        assert_eq!(by_id.records[0].name.as_deref(), Some("after"));
     }
 
     #[test]
