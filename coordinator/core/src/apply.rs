@@ -679,9 +679,15 @@ impl State {
             self.job(id).and_then(|j| j.stop.as_deref().cloned())
         {
             // A member of a job of several nodes ended the attempt, and now all have exited:
-            // the job goes on as a job of one node would after that member's event.
-            self.update_job(id, |job| job.stop = None);
+            // the job goes on as a job of one node would after that member's event. The stop
+            // that names the member goes only after that change, whose event then names the
+            // member's node.
             self.attempt_ended(id, node, event, ctx);
+            self.update_job(id, |job| {
+                if matches!(job.stop.as_deref(), Some(StopCause::MemberEnded { .. })) {
+                    job.stop = None;
+                }
+            });
             return;
         }
         self.update_job(id, |job| {

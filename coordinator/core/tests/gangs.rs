@@ -199,9 +199,8 @@ fn a_member_that_fails_stops_the_whole_attempt_and_the_job_fails_when_all_have_e
     assert_eq!(job.exit_code, Some(3));
     assert!(job.placement.is_empty());
     assert_eq!(sim.account("team").0, 0);
-    // The event of the member's end (the job told to stop) names its node, not the first
-    // member's. The job's last change (to FAILED once all have exited) still names the first
-    // member's node: the stop that names the member is cleared before that change.
+    // The events of the member's end (the job told to stop, then failed once all have
+    // exited) name its node, not the first member's.
     let nodes: Vec<Option<String>> = sim
         .state
         .events(&quotient_core::events::EventFilter::default(), usize::MAX)
@@ -209,14 +208,14 @@ fn a_member_that_fails_stops_the_whole_attempt_and_the_job_fails_when_all_have_e
         .iter()
         .filter_map(|event| match &event.what {
             quotient_common::event::EventKind::JobState { job, to, node, .. }
-                if *job == id && *to == JobState::Preempting =>
+                if *job == id && matches!(to, JobState::Preempting | JobState::Failed) =>
             {
                 Some(node.clone())
             }
             _ => None,
         })
         .collect();
-    assert_eq!(nodes, vec![Some(failed_node)]);
+    assert_eq!(nodes, vec![Some(failed_node.clone()), Some(failed_node)]);
 }
 
 #[test]
