@@ -2,7 +2,8 @@
 //!
 //! Borrowed GPUs are attributed first to the free pool (the healthy GPUs of the schedulable
 //! nodes beyond the sum of all limits), then to lending shares' idle quota, taking from shares
-//! in name order (`crate::usage::usage_rates`). The spec leaves the attribution open; name
+//! in name order, then to the idle quota of shares that no longer lend (switched to `reserve`
+//! while borrowed from) (`crate::usage::usage_rates`). The spec leaves the attribution open; name
 //! order is deterministic and easy to read in a table.
 
 use std::collections::BTreeMap;

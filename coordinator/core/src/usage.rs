@@ -14,7 +14,8 @@
 //! The split follows `share list`: a share's GPUs up to its limit are its own, the rest are
 //! borrowed; what the shares borrow beyond the GPUs no share is entitled to (the healthy GPUs of
 //! the schedulable nodes beyond the sum of the limits) is counted as lent by the lending shares
-//! with idle quota, in name order.
+//! with idle quota, in name order, and what is left after them by the other shares with idle
+//! quota (a share switched to `reserve` while others borrowed its idle GPUs), in name order.
 
 use std::collections::BTreeMap;
 
@@ -119,22 +120,29 @@ pub fn usage_rates(state: &State) -> BTreeMap<(String, GpuClass), Rates> {
             .map_or(0, |capacity| capacity.healthy_total);
         let free_pool = fleet.saturating_sub(limits_total.get(class).copied().unwrap_or(0));
         let mut from_lenders = borrowed.saturating_sub(free_pool);
-        for share in state.shares() {
-            if from_lenders == 0 {
-                break;
-            }
-            if !share.spec.strategy.lends() || !share.spec.limits.contains_key(class) {
-                continue;
-            }
-            let usage = state.usage(&share.spec.name, class);
-            let idle = limit_of(&share.spec, class).saturating_sub(usage);
-            let lent = idle.min(from_lenders);
-            if lent > 0 {
-                from_lenders -= lent;
-                rates
-                    .entry((share.spec.name.clone(), class.clone()))
-                    .or_default()
-                    .lent = lent;
+        // The shares that lend first; then, for what is left, those that do not lend now
+        // but whose idle quota is borrowed all the same: a share switched to `reserve`
+        // while others ran on its idle quota lends those GPUs until their jobs end or are
+        // reclaimed (found by probing: they were counted as borrowed and lent by none).
+        for lending in [true, false] {
+            for share in state.shares() {
+                if from_lenders == 0 {
+                    break;
+                }
+                if share.spec.strategy.lends() != lending || !share.spec.limits.contains_key(class)
+                {
+                    continue;
+                }
+                let usage = state.usage(&share.spec.name, class);
+                let idle = limit_of(&share.spec, class).saturating_sub(usage);
+                let lent = idle.min(from_lenders);
+                if lent > 0 {
+                    from_lenders -= lent;
+                    rates
+                        .entry((share.spec.name.clone(), class.clone()))
+                        .or_default()
+                        .lent = lent;
+                }
             }
         }
     }

@@ -143,3 +143,52 @@ fn a_stamp_older_than_the_last_credits_nothing_and_old_hours_are_pruned() {
         .expect("recent hours are kept");
     assert!(oldest + HOUR > sim.time_ms - 24 * HOUR, "{oldest}");
 }
+
+#[test]
+fn a_share_switched_to_reserve_while_borrowed_from_counts_those_gpus_as_lent() {
+    let mut sim = Sim::new();
+    sim.time_ms = 10 * HOUR;
+    sim.ok(Command::RegisterNode(node("n1", 4, "a10g")));
+    sim.ok(Command::CreateShare(share("lender", Strategy::Lend, 2)));
+    sim.ok(Command::CreateShare(share(
+        "borrower",
+        Strategy::LendAndBorrow,
+        2,
+    )));
+    let jobs: Vec<_> = (0..3)
+        .map(|n| sim.submit(job("borrower", &format!("b{n}"), 1, 1)))
+        .collect();
+    sim.settle();
+    for id in &jobs {
+        assert_eq!(sim.state_of(*id), JobState::Running);
+    }
+    // The lender stops lending: the borrowed job runs on, on its idle quota.
+    sim.ok(Command::UpdateShare {
+        name: "lender".into(),
+        update: quotient_common::ShareUpdate {
+            strategy: Some(Strategy::Reserve),
+            ..Default::default()
+        },
+    });
+    sim.settle();
+    assert_eq!(sim.state_of(jobs[2]), JobState::Running);
+    let accounts = quotient_core::share_accounts(&sim.state);
+    let a10g = class("a10g");
+    assert_eq!(accounts["borrower"].borrowed[&a10g], 1);
+    // Every borrowed GPU is lent by someone (it was lent by none).
+    assert_eq!(accounts["lender"].lent[&a10g], 1, "{accounts:?}");
+    let switched = sim.time_ms;
+    sim.time_ms += HOUR;
+    sim.ok(Command::CheckDigest { leader: None });
+    sim.ok(Command::SetGpuHealth {
+        node: "n1".into(),
+        index: 3,
+        healthy: true,
+    });
+    let totals = totals(&sim.state);
+    assert_eq!(
+        totals["lender"].lent_ms, totals["borrower"].borrowed_ms,
+        "{totals:?}"
+    );
+    assert!(totals["lender"].lent_ms >= sim.time_ms - switched);
+}
