@@ -223,6 +223,22 @@ impl TlsIdentity {
         Ok(tls)
     }
 
+    /// A secret of 32 bytes for `purpose`, derived from this identity's private key (HKDF,
+    /// SHA-256): the same identity derives the same secret after a restart, and different
+    /// purposes get unrelated ones. It reveals nothing of the key.
+    pub fn derived_secret(&self, purpose: &[u8]) -> [u8; 32] {
+        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"quotient: derived secret, v1");
+        let prk = salt.extract(self.key.secret_der());
+        let info = [purpose];
+        let okm = prk
+            .expand(&info, ring::hkdf::HKDF_SHA256)
+            .expect("one SHA-256 output is within HKDF's limit");
+        let mut secret = [0u8; 32];
+        okm.fill(&mut secret)
+            .expect("the output is the length asked for");
+        secret
+    }
+
     /// Who this process is, as its certificate says.
     pub fn identity(&self) -> &PeerIdentity {
         &self.identity

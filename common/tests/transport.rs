@@ -713,3 +713,81 @@ async fn a_peer_from_before_frames_carried_a_version_is_told_apart_both_ways() {
         "{said}"
     );
 }
+
+/// A server run on a runtime of its own, on another thread, until `kill` is sent: then the
+/// runtime is dropped without letting a task run, so the server's connections end as a
+/// killed process's do, without a word to their peers.
+fn start_killable_server(
+    dir: &Path,
+    address: SocketAddr,
+) -> (SocketAddr, std::sync::mpsc::Sender<()>) {
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let (kill_tx, kill_rx) = std::sync::mpsc::channel::<()>();
+    let tls = identity(dir, "coord-1");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + PROMPT;
+        let server = loop {
+            // The port of the run before may take a moment to be let go.
+            match runtime.block_on(async { Server::bind(address, &tls, &[ALPN_API]) }) {
+                Ok(server) => break Arc::new(server),
+                Err(error) if Instant::now() > deadline => panic!("{error}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        bound_tx.send(server.local_addr().unwrap()).unwrap();
+        runtime.spawn(async move {
+            while let Some(incoming) = server.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(connection) = incoming.handshake().await {
+                        let (events, _ignored) = mpsc::channel(EVENTS_MAX);
+                        serve_connection(connection, events).await;
+                    }
+                });
+            }
+        });
+        let _ = kill_rx.recv();
+        runtime.shutdown_background();
+    });
+    (bound_rx.recv().unwrap(), kill_tx)
+}
+
+#[tokio::test]
+async fn a_server_restarted_on_its_address_resets_its_old_connections_at_once() {
+    let dir = cluster();
+    let (address, kill) = start_killable_server(dir.path(), loopback());
+    let client = Client::new(identity(dir.path(), "alice"));
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert_eq!(
+        echo(&connection, "before").await.unwrap(),
+        TestResponse::Echo("before".into())
+    );
+    kill.send(()).unwrap();
+    // The same identity on the same address, as a restarted coordinator: a request on the
+    // old connection is answered with a stateless reset its peer can check (the key comes
+    // from the identity), not left to time out or to wait for the idle timeout (30 s).
+    let (again, _kill_later) = start_killable_server(dir.path(), address);
+    assert_eq!(again, address);
+    let started = Instant::now();
+    match echo(&connection, "after").await {
+        Err(RequestError::ConnectionLost(quinn::ConnectionError::Reset)) => {}
+        other => panic!("expected the connection reset, got {other:?}"),
+    }
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    // A new connection works at once.
+    let fresh = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert_eq!(
+        echo(&fresh, "fresh").await.unwrap(),
+        TestResponse::Echo("fresh".into())
+    );
+}
