@@ -84,6 +84,16 @@ pub enum WaitReason {
         nodes: u32,
         have: u32,
     },
+    /// A job of several nodes bound to one value of label `same` (`--same`) asks for more
+    /// nodes than any value has (schedulable, with its GPUs per node): `most` is the most
+    /// any value has. Appended last, so that every earlier variant keeps its encoding.
+    SameTooFew {
+        class: GpuClass,
+        gpus: u32,
+        nodes: u32,
+        same: String,
+        most: u32,
+    },
 }
 
 /// What [`WaitReason::LaunchFailed`] holds.
@@ -174,6 +184,14 @@ impl fmt::Display for WaitReason {
             WaitReason::TooFewNodes { class, gpus, nodes, have } => write!(
                 f,
                 "asks for {nodes} nodes with {gpus} {class} GPUs each, but only {have} schedulable nodes have that many; resubmit with fewer nodes or add nodes"
+            ),
+            WaitReason::SameTooFew { class, gpus, nodes, same, most: 0 } => write!(
+                f,
+                "asks for {nodes} nodes with {gpus} {class} GPUs each sharing one {same}, but no schedulable node with that many has the label {same}; label nodes (the agent's --label {same}=VALUE) or resubmit without --same"
+            ),
+            WaitReason::SameTooFew { class, gpus, nodes, same, most } => write!(
+                f,
+                "asks for {nodes} nodes with {gpus} {class} GPUs each sharing one {same}, but no value of {same} has more than {most} schedulable nodes with that many; resubmit with fewer nodes or without --same, or add nodes"
             ),
             WaitReason::LaunchFailed(failure) => {
                 let LaunchFailure { node, tries, fault, message, requeues, requeues_max } =

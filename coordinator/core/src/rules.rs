@@ -219,6 +219,8 @@ pub enum Unfit {
     Memory { need: u64, free: u64 },
     /// The leader has not heard from the node since its last heartbeat was due.
     Unreachable,
+    /// A job submitted with `--same KEY`, on a node without label KEY.
+    NoLabel(String),
 }
 
 impl Unfit {
@@ -227,7 +229,7 @@ impl Unfit {
     pub fn is_lasting(&self) -> bool {
         matches!(
             self,
-            Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable
+            Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable | Unfit::NoLabel(_)
         )
     }
 }
@@ -244,6 +246,10 @@ impl std::fmt::Display for Unfit {
             Unfit::NoImage(image) => write!(
                 f,
                 "the node does not hold image {image}: images are never pulled, load it on the nodes"
+            ),
+            Unfit::NoLabel(key) => write!(
+                f,
+                "the node has no label {key}, and a job submitted with --same {key} runs only on nodes that have it: label nodes (the agent's --label {key}=VALUE) or submit without --same"
             ),
             Unfit::Cpus { need, free } => write!(
                 f,
@@ -290,6 +296,11 @@ pub fn resources_for(job: &JobRecord, node: &NodeRecord) -> (u32, u64) {
 /// memory it takes beside `used` (what the node has set aside already). A node that reports
 /// no CPUs or memory does not account them.
 pub fn runs_on(job: &JobRecord, node: &NodeRecord, used: (u64, u64)) -> Result<(), Unfit> {
+    if let Some(key) = &job.spec.same {
+        if !node.host.labels.contains_key(key) {
+            return Err(Unfit::NoLabel(key.clone()));
+        }
+    }
     if let Some(image) = &job.spec.payload.image {
         if !node.host.has_runtime(Runtime::Docker) {
             return Err(Unfit::NoDocker);

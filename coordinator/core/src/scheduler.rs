@@ -186,10 +186,13 @@ fn node_runs(
     let Some(record) = state.node(node) else {
         return Err(Unfit::Unreachable);
     };
-    // The common case, and a round's hot path: a process job on a node that accounts no CPUs
-    // or memory fits wherever its GPUs do.
+    // The common case, and a round's hot path: a process job bound to no label, on a node
+    // that accounts no CPUs or memory, fits wherever its GPUs do. A job of one node bound to
+    // a label goes only to nodes that have it (found by probing: the plan put such a job on
+    // any node, `apply` refused the placement every round, and the job waited with no
+    // reason while its GPUs sat idle for the round).
     let accounts = record.host.cpu_millis > 0 || record.host.memory_bytes > 0;
-    if job.spec.payload.image.is_none() && !accounts {
+    if job.spec.payload.image.is_none() && job.spec.same.is_none() && !accounts {
         return Ok(());
     }
     let (cpus, memory) = state.index.node_resources_used(node);
@@ -913,20 +916,27 @@ impl<'a> Round<'a> {
                         }
                         per_value.into_values().max().unwrap_or(0)
                     });
-                    let never = most.is_some_and(|most| most < job.node_count());
-                    let reason = WaitReason::GangWaiting(Box::new(GangWait {
-                        class: class.clone(),
-                        gpus: job.gpus(),
-                        nodes: job.node_count(),
-                        same: job.spec.same.clone(),
-                        qualify: if never { most.unwrap_or(0) } else { qualify },
-                        held: Vec::new(),
-                    }));
-                    Err(if never {
-                        Blocked::Unrunnable(reason)
-                    } else {
-                        Blocked::Reason(reason)
-                    })
+                    match (most, &job.spec.same) {
+                        (Some(most), Some(same)) if most < job.node_count() => {
+                            Err(Blocked::Unrunnable(WaitReason::SameTooFew {
+                                class: class.clone(),
+                                gpus: job.gpus(),
+                                nodes: job.node_count(),
+                                same: same.clone(),
+                                most,
+                            }))
+                        }
+                        _ => Err(Blocked::Reason(WaitReason::GangWaiting(Box::new(
+                            GangWait {
+                                class: class.clone(),
+                                gpus: job.gpus(),
+                                nodes: job.node_count(),
+                                same: job.spec.same.clone(),
+                                qualify,
+                                held: Vec::new(),
+                            },
+                        )))),
+                    }
                 }
             };
         }
@@ -1791,7 +1801,9 @@ impl<'a> Round<'a> {
     fn may_host(&self, job: &JobRecord, node: NodeId) -> bool {
         match node_runs(self.state, self.unreachable, &HashMap::new(), job, node) {
             Ok(()) | Err(Unfit::Cpus { .. } | Unfit::Memory { .. }) => true,
-            Err(Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable) => false,
+            Err(Unfit::NoDocker | Unfit::NoImage(_) | Unfit::Unreachable | Unfit::NoLabel(_)) => {
+                false
+            }
         }
     }
 

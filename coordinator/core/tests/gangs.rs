@@ -522,8 +522,19 @@ fn same_rack_is_a_hard_constraint() {
         JobState::Runnable,
         "no rack has 3 nodes"
     );
+    // It says that it can never fit, not that it waits for capacity (found by probing).
     let why = reason(&sim, three);
-    assert!(why.contains("sharing one rack; 2 qualify"), "{why}");
+    assert!(
+        why.contains("sharing one rack, but no value of rack has more than 2"),
+        "{why}"
+    );
+    let mut spec = gang("team", "zoned", 1, 2, 1);
+    spec.same = Some("zone".into());
+    let zoned = sim.submit(spec);
+    sim.settle();
+    let why = reason(&sim, zoned);
+    assert!(why.contains("has the label zone"), "{why}");
+    sim.apply(Command::CancelJob { job: zoned });
     // It can never start as the fleet stands, so it does not hold up the jobs behind it
     // (found by probing: the queue stood still behind it with every GPU free).
     let mut spec = gang("team", "two", 1, 2, 1);
@@ -671,4 +682,28 @@ fn in_share_preemption_frees_quota_for_a_gang_from_jobs_on_nodes_it_cannot_use()
     let mut nodes = sim.nodes_of(high);
     nodes.sort();
     assert_eq!(nodes, vec!["node-0", "node-1"]);
+}
+
+#[test]
+fn a_job_of_one_node_bound_to_a_label_runs_only_where_it_is_and_says_so_when_none_has_it() {
+    let mut sim = Sim::new();
+    sim.ok(Command::RegisterNode(node("loose", 2, "a10g")));
+    sim.ok(Command::CreateShare(share("team", Strategy::Lend, 4)));
+    let mut spec = job("team", "ranked", 0, 1);
+    spec.same = Some("rack".into());
+    let ranked = sim.submit(spec);
+    let behind = sim.submit(job("team", "behind", 0, 1));
+    sim.settle();
+    // No node has the label: it waits saying so, and the job behind it runs (found by
+    // probing: the plan put it on the unlabelled node, `apply` refused that every round, and
+    // it waited with no reason, the queue behind it held up).
+    assert_eq!(sim.state_of(ranked), JobState::Runnable);
+    let why = reason(&sim, ranked);
+    assert!(why.contains("has no label rack"), "{why}");
+    assert_eq!(sim.state_of(behind), JobState::Running);
+    // A node with the label comes: it runs there.
+    sim.ok(Command::RegisterNode(racked("in-rack", 1, "r1")));
+    sim.settle();
+    assert_eq!(sim.state_of(ranked), JobState::Running);
+    assert_eq!(sim.nodes_of(ranked), vec!["in-rack"]);
 }
