@@ -74,6 +74,19 @@ struct JournalFile {
     pending: VecDeque<PendingReport>,
     finished: VecDeque<(JobId, u32)>,
     last_ack_unix_ms: Option<u64>,
+    /// The same acknowledgement on the boot clock, with the boot it is of (added within
+    /// version 2: a journal without it reads as `None`, and an older agent ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_ack_boot: Option<BootStamp>,
+}
+
+/// A moment on the boot clock (`CLOCK_BOOTTIME`, milliseconds) of one boot of the host,
+/// which is how long ago it was whatever the wall clock did since.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootStamp {
+    /// `/proc/sys/kernel/random/boot_id` of that boot.
+    pub boot_id: String,
+    pub boot_ms: u64,
 }
 
 /// Only the version of a journal file, read first to choose its decoder.
@@ -126,6 +139,7 @@ impl JournalFileV1 {
             pending,
             finished: self.finished,
             last_ack_unix_ms: self.last_ack_unix_ms,
+            last_ack_boot: None,
         }
     }
 }
@@ -259,9 +273,20 @@ impl Journal {
         self.file.last_ack_unix_ms
     }
 
-    /// Records a heartbeat acknowledgement (its send time, ms since the epoch).
-    pub fn record_ack(&mut self, unix_ms: u64) -> Result<(), JournalError> {
+    /// When a leader last acknowledged a heartbeat, on the boot clock, if it was recorded.
+    pub fn last_ack_boot(&self) -> Option<&BootStamp> {
+        self.file.last_ack_boot.as_ref()
+    }
+
+    /// Records a heartbeat acknowledgement (its send time, ms since the epoch, and on the boot
+    /// clock when it could be read).
+    pub fn record_ack(
+        &mut self,
+        unix_ms: u64,
+        boot: Option<BootStamp>,
+    ) -> Result<(), JournalError> {
         self.file.last_ack_unix_ms = Some(unix_ms);
+        self.file.last_ack_boot = boot;
         self.write()
     }
 
@@ -334,7 +359,7 @@ mod tests {
                 report(1, JobEvent::ExitedAfterSignal { code: Some(0) }),
             ])
             .unwrap();
-        journal.record_ack(1_234).unwrap();
+        journal.record_ack(1_234, None).unwrap();
         let first = journal.pending(1)[0].sequence;
         journal.acknowledge(&[first]).unwrap();
 
@@ -466,7 +491,7 @@ mod tests {
         std::fs::copy(fixture(AGENT_JOURNAL.oldest), dir.path().join(JOURNAL_FILE)).unwrap();
         let mut journal = Journal::open(dir.path(), NODE).unwrap();
         // The same acknowledgement again: the journal is rewritten unchanged.
-        journal.record_ack(1_750_000_123_456).unwrap();
+        journal.record_ack(1_750_000_123_456, None).unwrap();
         let written = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
         let expected = std::fs::read_to_string(fixture(AGENT_JOURNAL.current)).unwrap();
         assert_eq!(written, expected);

@@ -57,8 +57,9 @@ impl LeaseClock {
         }
     }
 
-    /// The lease of an agent (re)starting at `now` (`now_unix_ms` on the wall clock) whose
-    /// journal last recorded an acknowledgement at `last_ack_unix_ms` (wall clock): counted
+    /// The lease of an agent (re)starting at `now` (`now_unix_ms` on some clock) whose
+    /// journal last recorded an acknowledgement at `last_ack_unix_ms` (on the same clock:
+    /// the boot clock when the journal has it for this boot, else the wall clock): counted
     /// from that acknowledgement, so that a restart does not extend the lease, and never from
     /// further back than the lease itself (expired is expired); from `now` on a first start.
     pub fn resumed(
@@ -127,6 +128,14 @@ pub fn boot_time_ms() -> Option<u64> {
     let seconds = u64::try_from(now.tv_sec).ok()?;
     let nanos = u64::try_from(now.tv_nsec).ok()?;
     Some(seconds * 1_000 + nanos / 1_000_000)
+}
+
+/// This boot of the host: `/proc/sys/kernel/random/boot_id`; `None` if unreadable.
+pub fn boot_id() -> Option<String> {
+    let file = std::fs::File::open("/proc/sys/kernel/random/boot_id").ok()?;
+    let text = read_text_at_most(file, 64).ok()??;
+    let id = text.trim();
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 /// The lease file's line for `clock` at `now` (`boot_now_ms` = [`boot_time_ms`] at `now`).

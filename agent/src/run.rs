@@ -402,16 +402,25 @@ fn log_source(config: &AgentConfig) -> LogSource {
 
 /// The lease clock at start: counted from the last acknowledgement in the journal (so a
 /// restart does not extend the lease), or from now on a first start.
+///
+/// On the boot clock when the journal recorded the acknowledgement on it in this boot: the
+/// wall clock may have been stepped since (found by probing: an agent restarted across a step
+/// of 1 h forward took its lease for expired and stopped its running jobs). Else, after a
+/// reboot or from an older journal, on the wall clock.
 fn initial_lease(journal: &Journal, lease_ms: u64) -> LeaseClock {
+    let now = Instant::now();
+    let this_boot = crate::lease::boot_id();
+    if let (Some(stamp), Some(boot_now_ms)) =
+        (journal.last_ack_boot(), crate::lease::boot_time_ms())
+    {
+        if this_boot.as_deref() == Some(stamp.boot_id.as_str()) {
+            return LeaseClock::resumed(Some(stamp.boot_ms), lease_ms, now, boot_now_ms);
+        }
+    }
     let now_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
-    LeaseClock::resumed(
-        journal.last_ack_unix_ms(),
-        lease_ms,
-        Instant::now(),
-        now_unix_ms,
-    )
+    LeaseClock::resumed(journal.last_ack_unix_ms(), lease_ms, now, now_unix_ms)
 }
 
 /// The attempts running here, as the protocol reports them.
@@ -539,12 +548,46 @@ mod tests {
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64;
-        journal.record_ack(now_unix_ms - 60_000).unwrap();
+        journal.record_ack(now_unix_ms - 60_000, None).unwrap();
         assert!(initial_lease(&journal, 1_000).expired(Instant::now()));
 
-        journal.record_ack(now_unix_ms).unwrap();
+        journal.record_ack(now_unix_ms, None).unwrap();
         let lease = initial_lease(&journal, 1_000);
         assert!(!lease.expired(Instant::now()));
         assert!(lease.expired(Instant::now() + Duration::from_millis(1_100)));
+    }
+
+    /// An acknowledgement recorded on the boot clock of this boot counts on it, whatever the
+    /// wall clock says (found by probing: a wall clock stepped an hour forward while the
+    /// agent restarted made it take its lease for expired and stop its jobs); one of another
+    /// boot does not.
+    #[test]
+    fn a_lease_recorded_on_the_boot_clock_ignores_the_wall_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path(), "gpu-a").unwrap();
+        let now_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let boot_ms = crate::lease::boot_time_ms().unwrap();
+        let this_boot = crate::lease::boot_id().unwrap();
+        // On the wall clock it was an hour ago; on the boot clock, just now.
+        let stamp = |boot_id: &str| crate::journal::BootStamp {
+            boot_id: boot_id.to_string(),
+            boot_ms,
+        };
+        journal
+            .record_ack(now_unix_ms - 3_600_000, Some(stamp(&this_boot)))
+            .unwrap();
+        let journal = Journal::open(dir.path(), "gpu-a").unwrap();
+        let lease = initial_lease(&journal, 10_000);
+        assert!(!lease.expired(Instant::now()), "{lease:?}");
+        assert!(lease.expired(Instant::now() + Duration::from_millis(10_100)));
+        // Of another boot: the wall clock is all there is.
+        let mut journal = journal;
+        journal
+            .record_ack(now_unix_ms - 3_600_000, Some(stamp("another-boot")))
+            .unwrap();
+        assert!(initial_lease(&journal, 10_000).expired(Instant::now()));
     }
 }

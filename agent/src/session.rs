@@ -784,8 +784,13 @@ impl LeaderSession {
             .checked_sub(sent_at.elapsed())
             .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
             .map(|since| since.as_millis() as u64);
+        let boot = crate::lease::boot_id().and_then(|boot_id| {
+            let boot_ms =
+                crate::lease::boot_time_ms()?.checked_sub(sent_at.elapsed().as_millis() as u64)?;
+            Some(crate::journal::BootStamp { boot_id, boot_ms })
+        });
         if let Some(unix_ms) = unix_ms {
-            match self.shared.journal().record_ack(unix_ms) {
+            match self.shared.journal().record_ack(unix_ms, boot) {
                 Ok(()) => *last = Some(Instant::now()),
                 Err(error) => tracing::warn!("cannot record the heartbeat answer: {error}"),
             }
