@@ -64,6 +64,7 @@ pub mod retry;
 pub mod rng;
 pub mod share;
 pub mod spec_error;
+pub mod steady_clock;
 #[cfg(feature = "net")]
 pub mod tls;
 #[cfg(feature = "net")]

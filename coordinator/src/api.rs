@@ -1065,6 +1065,7 @@ impl ApiService {
             problems.push(format!("raft stopped: {fatal}"));
         }
         problems.extend(crate::metrics::removed(&metrics));
+        problems.extend(quotient_common::steady_clock::problem());
         problems.extend(self.inner.ctx.identity.problems());
         problems.extend(self.inner.ctx.state_machine.digest_checks().problem());
         // The index and the digest of one state: Raft's metrics say an entry was applied a

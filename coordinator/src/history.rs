@@ -393,9 +393,8 @@ fn commit(db: &Database, path: &Path, pending: &mut Vec<HistoryRecord>) {
 
 /// Removes the records that ended more than `retain_ms` ago.
 fn prune(db: &Database, path: &Path, retain_ms: u64) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    // As the process keeps time: a step of the host's clock forward does not prune at once.
+    let now = quotient_common::steady_clock::now_ms();
     let before = now.saturating_sub(retain_ms);
     let result = (|| -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {
         let txn = db.begin_write()?;

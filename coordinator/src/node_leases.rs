@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 use quotient_common::{JobId, JobState, NodeState};
@@ -50,11 +50,11 @@ pub struct NodeLeases {
     tuning: AgentTuning,
 }
 
-/// Milliseconds since the Unix epoch, now.
+/// Milliseconds since the Unix epoch, now, as the process keeps them
+/// (`quotient_common::steady_clock`): the time the leader judges leases, time limits and
+/// retention by, which a step of the host's clock does not move at once.
 pub fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+    quotient_common::steady_clock::now_ms()
 }
 
 impl NodeLeases {

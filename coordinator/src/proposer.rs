@@ -19,7 +19,6 @@
 //! gets as its error, so the client follows the redirect as before.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::BasicNode;
@@ -91,13 +90,11 @@ impl std::fmt::Debug for Proposer {
     }
 }
 
-/// Milliseconds since the Unix epoch: the time the leader stamps on an entry.
+/// Milliseconds since the Unix epoch: the time the leader stamps on an entry, as the
+/// process keeps it (`quotient_common::steady_clock`: a step of the host's clock is not
+/// followed at once).
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
+    quotient_common::steady_clock::now_ms()
 }
 
 impl Proposer {
