@@ -139,6 +139,8 @@ pub enum TlsError {
         ca: PathBuf,
         reason: String,
     },
+    #[error("the certificate {} is not valid at this host's time: {reason}; if this host's clock is wrong (compare it with another host's `date -u`), set it right (NTP); if the certificate has expired, issue a new one (docs/operations.md, \"Certificate expiry\")", cert.display())]
+    NotValidNow { cert: PathBuf, reason: String },
     #[error("the key {} does not fit the certificate {}: {reason}; use the NAME-key.pem issued with NAME.pem", key.display(), cert.display())]
     KeyMismatch {
         cert: PathBuf,
@@ -300,10 +302,23 @@ impl TlsIdentity {
     /// Verifies our own chain the way peers will: as a client (every role has client auth),
     /// and as a server too for roles that accept connections.
     fn check_chain(&self) -> Result<(), TlsError> {
-        let not_signed = |error: rustls::Error| TlsError::NotSignedByCa {
-            cert: self.files.cert.clone(),
-            ca: self.files.ca.clone(),
-            reason: error.to_string(),
+        let not_signed = |error: rustls::Error| match error {
+            // Not yet valid or expired: most often this host's clock, not the CA (found by
+            // probing with a clock 2 h behind: the hint sent the operator to the CA).
+            rustls::Error::InvalidCertificate(
+                CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. }
+                | CertificateError::Expired
+                | CertificateError::ExpiredContext { .. },
+            ) => TlsError::NotValidNow {
+                cert: self.files.cert.clone(),
+                reason: error.to_string(),
+            },
+            _ => TlsError::NotSignedByCa {
+                cert: self.files.cert.clone(),
+                ca: self.files.ca.clone(),
+                reason: error.to_string(),
+            },
         };
         let provider = crypto_provider();
         let now = UnixTime::now();

@@ -100,4 +100,20 @@ fn a_step_of_the_clock_kills_no_job_by_its_time_limit_and_removes_nothing() {
     });
     let job = cluster.json(&["job", "get", &limited, "-o", "json"]);
     assert_eq!(job["state"], "RUNNING", "{job}");
+
+    eprintln!("--- a CLI on a host 2 h behind is told to look at its clock");
+    let output = std::process::Command::new(quotient_tests::binaries().join("quotient"))
+        .args(["job", "list"])
+        .env("QUOTIENT_CONFIG", &cluster.config)
+        .env("LD_PRELOAD", &library)
+        .env("FAKETIME", "-2h")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .output()
+        .expect("the quotient binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("is not valid at this host's time") && stderr.contains("clock"),
+        "{stderr}"
+    );
 }
