@@ -134,9 +134,9 @@ pub fn job_history(global: &GlobalArgs, args: &JobHistoryArgs) -> anyhow::Result
     if global.output != OutputFormat::Json {
         if let Some(token) = &page.next_page_token {
             eprintln!(
-                "more records: `quotient job history --page-token {token}` (the same filters) \
-                 shows the next {}, `--all` every one",
-                args.limit
+                "more records: `quotient job history --page-token {token} --limit {limit}` (the \
+                 same filters) shows the next {limit}, `--all` every one",
+                limit = args.limit
             );
         }
     }

@@ -59,7 +59,8 @@ pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
     let days = args.days.unwrap_or(certs::default_validity_days(role));
     let files =
         certs::issue_for(&args.dir, role, &args.name, &args.sans, days).with_context(|| {
-            let article = if role.to_string().starts_with(['a', 'e', 'i', 'o', 'u']) {
+            // "an admin", "an agent", but "a user" (found by probing: "an user").
+            let article = if role.to_string().starts_with(['a', 'e', 'i', 'o']) {
                 "an"
             } else {
                 "a"

@@ -245,9 +245,12 @@ fn rejection_hint(rejection: &Rejection) -> Option<String> {
             format!("`quotient job history --job {job}` shows its record")
         }
         Rejection::UnknownNode(_) => "`quotient node list` shows the nodes".to_string(),
+        Rejection::UnknownGroup(_) => "`quotient group list` shows the groups".to_string(),
+        Rejection::NotRevoked(_) => "`quotient certs revoked` lists what is revoked".to_string(),
+        Rejection::UnknownAccessKey(_) => "`quotient access-key list` shows the keys".to_string(),
         Rejection::NodeReady(node) => format!(
             "`quotient node cordon {node}` (or `quotient node drain {node}` to move its jobs \
-             off), then stop its agent"
+             off), stop its agent, then `quotient node remove {node}`"
         ),
         Rejection::NodeHasJobs { node, .. } => format!(
             "`quotient node drain {node}`, then `quotient node remove {node}` once `quotient \

@@ -73,9 +73,9 @@ pub fn run(global: &GlobalArgs, args: &JobListArgs) -> anyhow::Result<()> {
             output::print_text(&output::job_table(&listed.jobs))?;
             if let Some(token) = &listed.next_page_token {
                 eprintln!(
-                    "more jobs: `quotient job list --page-token {token}` (the same filters) \
-                     shows the next {}, `--all` every one",
-                    args.limit
+                    "more jobs: `quotient job list --page-token {token} --limit {limit}` (the \
+                     same filters) shows the next {limit}, `--all` every one",
+                    limit = args.limit
                 );
             }
             Ok(())

@@ -110,10 +110,20 @@ pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
     loop {
         let piece = read(&mut session, args.job, attempt, args.rank, offset)?;
         if piece.attempt == 0 && !args.follow {
-            eprintln!(
-                "{} has not been placed on a node yet, so it has no logs; `quotient job explain {}` says why it waits",
-                args.job, args.job
-            );
+            // A job that ended without ever being placed (cancelled while queued) waits for
+            // nothing (found by probing: it was told to ask why it waits).
+            let view = crate::job_get::fetch(&mut session, args.job)?;
+            if matches!(view.state.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED") {
+                eprintln!(
+                    "{} ended {} without ever being placed on a node, so it has no logs",
+                    args.job, view.state
+                );
+            } else {
+                eprintln!(
+                    "{} has not been placed on a node yet, so it has no logs; `quotient job explain {}` says why it waits",
+                    args.job, args.job
+                );
+            }
             return Ok(());
         }
         if piece.attempt == 0 && !piece.complete && !said_waiting {

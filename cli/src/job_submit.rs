@@ -43,7 +43,7 @@ pub struct JobSubmitArgs {
     /// nodes is placed, stopped and preempted as one unit and counts nodes x gpus against
     /// its share; each member gets its rank and its peers (QUOTIENT_NODE_RANK, MASTER_ADDR,
     /// ...).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = crate::parse::parse_job_nodes, allow_negative_numbers = true)]
     pub nodes: u32,
     /// A node label key (e.g. rack) whose value all of the job's nodes must share [default:
     /// the job prefers few racks but takes any nodes].
@@ -64,7 +64,7 @@ pub struct JobSubmitArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_grace_period_ms)]
     pub grace_period: Option<u64>,
     /// Fail the job instead of requeueing it after this many preemptions (default: no limit).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::parse::parse_max_preemptions, allow_negative_numbers = true)]
     pub max_preemptions: Option<u32>,
     /// Run in this container image instead of as a process on the agent's host.
     #[arg(long)]

@@ -108,7 +108,7 @@ enum ShareCommand {
     Create(share_create::ShareCreateArgs),
     /// Change a share's limits, strategy, borrow limit, preemption or state (admin).
     Update(share_update::ShareUpdateArgs),
-    /// Delete a disabled share with no jobs (admin).
+    /// Delete a disabled share, cancelling its jobs (admin).
     Delete(share_delete::ShareDeleteArgs),
     /// List the shares with their usage.
     List(share_list::ShareListArgs),

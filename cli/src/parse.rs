@@ -45,13 +45,36 @@ pub fn parse_limit(text: &str) -> Result<(GpuClass, u32), String> {
 
 pub use quotient_common::duration::parse_duration_ms;
 
-/// Parses `--borrow-limit` of `share create`: a percentage of the limit, 0 to the most a share
-/// may borrow.
-pub fn parse_borrow_percent(text: &str) -> Result<u32, String> {
+/// `--max-jobs-per-user`: a number, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap(pub Option<u32>);
+
+/// Parses `--max-jobs-per-user`: 1 or more jobs, or `none`.
+pub fn parse_cap(text: &str) -> Result<Cap, String> {
+    if text == "none" {
+        return Ok(Cap(None));
+    }
     match text.parse::<u32>() {
-        Ok(percent) if percent <= BORROW_LIMIT_PERCENT_MAX => Ok(percent),
+        Ok(n) if n >= 1 => Ok(Cap(Some(n))),
         _ => Err(format!(
-            "invalid borrow limit {text:?}: use a percentage 0-{BORROW_LIMIT_PERCENT_MAX}"
+            "invalid cap {text:?}: use a number of jobs, 1 or more, or none"
+        )),
+    }
+}
+
+/// `--borrow-limit`: a percentage, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BorrowLimit(pub Option<u32>);
+
+/// Parses `--borrow-limit`: a percentage, or `none` (no cap).
+pub fn parse_borrow_limit(text: &str) -> Result<BorrowLimit, String> {
+    if text == "none" {
+        return Ok(BorrowLimit(None));
+    }
+    match text.parse::<u32>() {
+        Ok(percent) if percent <= BORROW_LIMIT_PERCENT_MAX => Ok(BorrowLimit(Some(percent))),
+        _ => Err(format!(
+            "invalid borrow limit {text:?}: use a percentage 0-{BORROW_LIMIT_PERCENT_MAX}, or none"
         )),
     }
 }
@@ -189,6 +212,29 @@ pub fn parse_job_gpus(text: &str) -> Result<u32, String> {
     }
 }
 
+/// Parses how many nodes a job runs on: 1 to [`quotient_common::job::JOB_NODES_MAX`].
+pub fn parse_job_nodes(text: &str) -> Result<u32, String> {
+    let max = quotient_common::job::JOB_NODES_MAX;
+    let range = format!("a job runs on 1 to {max} nodes, --gpus on each");
+    match text.parse::<i64>() {
+        Ok(number) if (1..=i64::from(max)).contains(&number) => Ok(number as u32),
+        Ok(number) => Err(format!("{number} nodes: {range}")),
+        Err(_) => Err(format!(
+            "invalid node count {text:?}: {range}, e.g. --nodes 2"
+        )),
+    }
+}
+
+/// Parses `--max-preemptions`: 0 or more (0 fails the job at its first preemption).
+pub fn parse_max_preemptions(text: &str) -> Result<u32, String> {
+    match text.parse::<i64>() {
+        Ok(number) if (0..=i64::from(u32::MAX)).contains(&number) => Ok(number as u32),
+        _ => Err(format!(
+            "invalid --max-preemptions {text:?}: use 0 or more (0 fails the job at its first preemption; leave it out for no limit)"
+        )),
+    }
+}
+
 /// Parses a GPU class name such as `a10g`.
 pub fn parse_gpu_class(text: &str) -> Result<GpuClass, String> {
     GpuClass::parse(text).map_err(|error| error.to_string())
@@ -246,6 +292,28 @@ pub fn parse_node_name(text: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_out_of_range_say_the_range_and_none_means_no_cap() {
+        // Found by probing: `-1` for these was taken for a flag, with clap's tip to write
+        // `-- -1`, which makes it the job's command; `share create --borrow-limit none`
+        // was offered by the help and refused.
+        assert_eq!(parse_job_nodes("2"), Ok(2));
+        for bad in ["-1", "0", "257", "two"] {
+            let error = parse_job_nodes(bad).unwrap_err();
+            assert!(error.contains("1 to 256 nodes"), "{error}");
+        }
+        assert_eq!(parse_max_preemptions("0"), Ok(0));
+        assert!(parse_max_preemptions("-1")
+            .unwrap_err()
+            .contains("use 0 or more"));
+        assert_eq!(parse_borrow_limit("none"), Ok(BorrowLimit(None)));
+        assert_eq!(parse_borrow_limit("150"), Ok(BorrowLimit(Some(150))));
+        assert!(parse_borrow_limit("-5").unwrap_err().contains("0-10000"));
+        assert_eq!(parse_cap("none"), Ok(Cap(None)));
+        assert_eq!(parse_cap("3"), Ok(Cap(Some(3))));
+        assert!(parse_cap("0").is_err());
+    }
 
     #[test]
     fn durations_take_ms_s_m_h_and_d() {

@@ -26,9 +26,10 @@ pub struct ShareCreateArgs {
     /// reserve (never lent), lend (lent when idle) or lend-and-borrow (also borrows).
     #[arg(long, value_name = "STRATEGY")]
     pub strategy: Strategy,
-    /// With lend-and-borrow: how much it may borrow, in percent of its limit (none = no cap).
-    #[arg(long = "borrow-limit", value_name = "PERCENT", value_parser = crate::parse::parse_borrow_percent)]
-    pub borrow_limit_percent: Option<u32>,
+    /// With lend-and-borrow: how much it may borrow, in percent of its limit, or `none` for no
+    /// cap (the default).
+    #[arg(long = "borrow-limit", value_name = "PERCENT|none", value_parser = crate::parse::parse_borrow_limit, allow_negative_numbers = true)]
+    pub borrow_limit_percent: Option<crate::parse::BorrowLimit>,
     /// Let a higher-priority job of this share preempt a lower one of the same share.
     #[arg(long)]
     pub in_share_preemption: bool,
@@ -36,9 +37,10 @@ pub struct ShareCreateArgs {
     /// repeat for several. Without any, every user may (an open share).
     #[arg(long = "member", value_name = "USER|group:NAME")]
     pub members: Vec<String>,
-    /// The most jobs one user may have queued or running in the share at once.
-    #[arg(long, value_name = "N")]
-    pub max_jobs_per_user: Option<u32>,
+    /// The most jobs one user may have queued or running in the share at once, or `none` for
+    /// no cap (the default).
+    #[arg(long, value_name = "N|none", value_parser = crate::parse::parse_cap, allow_negative_numbers = true)]
+    pub max_jobs_per_user: Option<crate::parse::Cap>,
 }
 
 /// Builds the spec and checks it as the state machine would.
@@ -55,7 +57,7 @@ pub fn spec(args: &ShareCreateArgs) -> Result<ShareSpec, UsageError> {
         name: args.name.clone(),
         limits,
         strategy: args.strategy,
-        borrow_limit_percent: args.borrow_limit_percent,
+        borrow_limit_percent: args.borrow_limit_percent.and_then(|limit| limit.0),
         in_share_preemption: args.in_share_preemption,
         state: ShareState::Enabled,
         members: {
@@ -64,7 +66,7 @@ pub fn spec(args: &ShareCreateArgs) -> Result<ShareSpec, UsageError> {
             members.dedup();
             members
         },
-        max_jobs_per_user: args.max_jobs_per_user,
+        max_jobs_per_user: args.max_jobs_per_user.and_then(|cap| cap.0),
     };
     spec.validate()
         .map_err(|error| UsageError(error.to_string()))?;

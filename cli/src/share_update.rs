@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use quotient_common::api::{ApiRequest, ApiResponse};
-use quotient_common::share::BORROW_LIMIT_PERCENT_MAX;
 use quotient_common::{GpuClass, ShareState, ShareUpdate, Strategy};
 
 use crate::client::{unexpected, Session};
 use crate::output::{self, OutputFormat};
-use crate::parse::{parse_limit, parse_share_name, UsageError};
+use crate::parse::{
+    parse_borrow_limit, parse_cap, parse_limit, parse_share_name, BorrowLimit, Cap, UsageError,
+};
 use crate::GlobalArgs;
 
 /// Arguments of `quotient share update`.
@@ -29,7 +30,7 @@ pub struct ShareUpdateArgs {
     #[arg(long, value_name = "STRATEGY")]
     pub strategy: Option<Strategy>,
     /// Borrow cap in percent of the limit (lend-and-borrow only), or `none` for no cap.
-    #[arg(long = "borrow-limit", value_name = "PERCENT", value_parser = parse_borrow_limit)]
+    #[arg(long = "borrow-limit", value_name = "PERCENT|none", value_parser = parse_borrow_limit, allow_negative_numbers = true)]
     pub borrow_limit_percent: Option<BorrowLimit>,
     /// Whether a higher-priority job may preempt a lower one of the same share.
     #[arg(long, value_name = "true|false")]
@@ -41,7 +42,7 @@ pub struct ShareUpdateArgs {
     #[arg(long = "member", value_name = "USER|group:NAME")]
     pub members: Vec<String>,
     /// Opens the share to every user (removes every member).
-    #[arg(long, conflicts_with = "members")]
+    #[arg(long, conflicts_with_all = ["members", "add_members"])]
     pub open: bool,
     /// Adds a member; repeat for several.
     #[arg(long = "add-member", value_name = "USER|group:NAME")]
@@ -50,44 +51,22 @@ pub struct ShareUpdateArgs {
     #[arg(long = "remove-member", value_name = "USER|group:NAME")]
     pub remove_members: Vec<String>,
     /// The most jobs one user may have queued or running in the share, or `none`.
-    #[arg(long, value_name = "N|none", value_parser = parse_cap)]
+    #[arg(long, value_name = "N|none", value_parser = parse_cap, allow_negative_numbers = true)]
     pub max_jobs_per_user: Option<Cap>,
-}
-
-/// `--max-jobs-per-user`: a number, or none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cap(pub Option<u32>);
-
-fn parse_cap(text: &str) -> Result<Cap, String> {
-    if text == "none" {
-        return Ok(Cap(None));
-    }
-    match text.parse::<u32>() {
-        Ok(n) if n >= 1 => Ok(Cap(Some(n))),
-        _ => Err(format!(
-            "invalid cap {text:?}: use a number of jobs, 1 or more, or none"
-        )),
-    }
-}
-
-/// `--borrow-limit`: a percentage, or none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BorrowLimit(pub Option<u32>);
-
-fn parse_borrow_limit(text: &str) -> Result<BorrowLimit, String> {
-    if text == "none" {
-        return Ok(BorrowLimit(None));
-    }
-    match text.parse::<u32>() {
-        Ok(percent) if percent <= BORROW_LIMIT_PERCENT_MAX => Ok(BorrowLimit(Some(percent))),
-        _ => Err(format!(
-            "invalid borrow limit {text:?}: use a percentage 0-{BORROW_LIMIT_PERCENT_MAX}, or none"
-        )),
-    }
 }
 
 /// Builds the update from the flags given; at least one must be.
 pub fn update(args: &ShareUpdateArgs) -> Result<ShareUpdate, UsageError> {
+    // Found by probing: both were taken, the remove winning, with no word.
+    if let Some(both) = args
+        .add_members
+        .iter()
+        .find(|member| args.remove_members.contains(member))
+    {
+        return Err(UsageError(format!(
+            "--add-member and --remove-member both name {both}: give it once"
+        )));
+    }
     let limits = if args.limits.is_empty() {
         None
     } else {

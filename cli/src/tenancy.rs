@@ -171,11 +171,14 @@ pub fn certs_revoke(global: &GlobalArgs, args: &CertsRevokeArgs) -> anyhow::Resu
         name: args.name.clone(),
         serial: args.serial.clone(),
     };
-    done(
-        global,
-        request,
-        format!("revoked the certificates of {}", args.name),
-    )
+    let said = match &args.serial {
+        Some(serial) => format!(
+            "revoked the certificate of {} with serial {serial}",
+            args.name
+        ),
+        None => format!("revoked every certificate of {}", args.name),
+    };
+    done(global, request, said)
 }
 
 pub fn certs_unrevoke(global: &GlobalArgs, args: &CertsUnrevokeArgs) -> anyhow::Result<()> {

@@ -184,7 +184,9 @@ fn write_generated(global: &GlobalArgs, args: &WhatIfArgs) -> anyhow::Result<()>
         shares: args.share_count,
         load: args.load,
     })
-    .map_err(|e| anyhow::anyhow!("cannot generate: {e}"))?;
+    // Every refusal of the generator is about its options: a usage error (exit 2), as the
+    // docs say of a bad flag (found by probing: it was exit 1).
+    .map_err(|e| crate::parse::UsageError(format!("cannot generate: {e}")))?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot make {}", out.display()))?;
     // All three are written beside their places first and then renamed, so that a failed
     // write leaves the folder's earlier set whole rather than mixed with the new one.

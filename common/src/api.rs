@@ -595,9 +595,11 @@ pub enum ApiError {
     /// No leader, no quorum, or a read that could not finish in time: nothing was done.
     #[error("the cluster cannot serve this now: {0}")]
     Unavailable(String),
-    #[error("bad request: {0}")]
+    /// The text is a whole sentence: the error's code (`InvalidArgument`) says the kind.
+    #[error("{0}")]
     BadRequest(String),
-    #[error("not found: {0}")]
+    /// The text is a whole sentence: the error's code (`NotFound`) says the kind.
+    #[error("{0}")]
     NotFound(String),
     /// The agent that holds what was asked (an attempt's log) is not connected to the leader
     /// or did not answer. Not retried by the client: the text names the node and what to check.

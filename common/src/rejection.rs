@@ -58,8 +58,8 @@ pub enum Rejection {
     #[error("stale plan action: {0}")]
     StalePlan(String),
     #[error(
-        "node {0} is ready and may be given jobs at any moment: cordon it first (or drain it, \
-         to move its jobs off), stop its agent, then remove it"
+        "node {0} is ready and may be given jobs at any moment: it is removed only once it is \
+         cordoned or drained and its agent stopped"
     )]
     NodeReady(String),
     #[error(
@@ -80,7 +80,7 @@ pub enum Rejection {
     DuplicateGroup(String),
     /// A share's cap of jobs per user is reached.
     #[error(
-        "user {user} already has {jobs} jobs queued or running in share {share}, its limit per          user: wait for one to end, or ask an admin to raise it (share update --max-jobs-per-user)"
+        "user {user} already has {jobs} jobs queued or running in share {share}, its limit per user: wait for one to end, or ask an admin to raise it (share update --max-jobs-per-user)"
     )]
     UserJobLimit {
         user: String,

@@ -22,7 +22,7 @@ pub enum SpecError {
     LimitCount(u32),
     #[error("the limit for GPU class {0} must be at least 1 GPU")]
     LimitZero(String),
-    #[error("a borrow limit is only allowed with strategy lend-and-borrow (this share is {0})")]
+    #[error("a borrow limit is only allowed with strategy lend-and-borrow (this share is {0}): leave out --borrow-limit, or give --strategy lend-and-borrow with it")]
     BorrowLimitWithoutBorrowing(String),
     #[error("a job needs at least 1 GPU")]
     GpusZero,

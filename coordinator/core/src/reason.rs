@@ -144,6 +144,10 @@ impl fmt::Display for WaitReason {
                 f,
                 "no single node has {gpus} free {class} GPUs; it runs when jobs on one node end"
             ),
+            WaitReason::LargestNode { class, largest: 0, .. } => write!(
+                f,
+                "no schedulable node has {class} GPUs; add nodes of class {class}, or submit it again with a --gpu-class that `quotient node list` shows"
+            ),
             WaitReason::LargestNode { class, gpus, largest } => write!(
                 f,
                 "asks for {gpus} {class} GPUs on one node, but the largest schedulable node has {largest}; resubmit with fewer GPUs or add a larger node"
