@@ -139,6 +139,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         gpu_class: Some(GpuClass::parse("a10g").expect("a valid class")),
         racks: None,
         retain_finished: None,
+        // A folder the demo removes at its end is no use to export (found by probing).
+        no_export: args.dir.is_none() && !args.keep,
     };
     let _guard = ClusterGuard {
         dir: dir.clone(),

@@ -111,6 +111,10 @@ pub struct DevUpArgs {
     /// [default: the coordinators' own, 7d; or as DIR has it].
     #[arg(long, value_name = "DURATION", value_parser = parse_retain_finished)]
     pub retain_finished: Option<u64>,
+    /// Not a flag: set by `quotient demo` when it removes the cluster at its end, so that no
+    /// `export` line names a folder that will be gone.
+    #[arg(skip)]
+    pub no_export: bool,
 }
 
 /// `--retain-finished`: a duration the coordinators accept, refused as a usage error (exit 2)
@@ -790,6 +794,9 @@ pub fn run(global: &GlobalArgs, args: &DevUpArgs) -> anyhow::Result<()> {
     }
 
     let export = format!("export QUOTIENT_CONFIG={}", client_config_path.display());
+    if args.no_export {
+        return Ok(());
+    }
     match global.output {
         OutputFormat::Table | OutputFormat::Csv => output::print_text(&format!("{export}\n"))?,
         OutputFormat::Json => output::print_json(&serde_json::json!({
