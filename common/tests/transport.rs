@@ -761,14 +761,7 @@ async fn a_server_restarted_on_its_address_resets_its_old_connections_at_once() 
     let dir = cluster();
     let (address, kill) = start_killable_server(dir.path(), loopback());
     let client = Client::new(identity(dir.path(), "alice"));
-    let connection = client
-        .connect(address, "localhost", ALPN_API)
-        .await
-        .unwrap();
-    assert_eq!(
-        echo(&connection, "before").await.unwrap(),
-        TestResponse::Echo("before".into())
-    );
+    let connection = connected_and_echoing(&client, address).await;
     kill.send(()).unwrap();
     // The same identity on the same address, as a restarted coordinator: a request on the
     // old connection is answered with a stateless reset its peer can check (the key comes
@@ -782,12 +775,18 @@ async fn a_server_restarted_on_its_address_resets_its_old_connections_at_once() 
     }
     assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
     // A new connection works at once.
-    let fresh = client
+    connected_and_echoing(&client, address).await;
+}
+
+/// A new connection of `client` to `address`, checked with one echo.
+async fn connected_and_echoing(client: &Client, address: SocketAddr) -> PeerConnection {
+    let connection = client
         .connect(address, "localhost", ALPN_API)
         .await
         .unwrap();
     assert_eq!(
-        echo(&fresh, "fresh").await.unwrap(),
-        TestResponse::Echo("fresh".into())
+        echo(&connection, "hello").await.unwrap(),
+        TestResponse::Echo("hello".into())
     );
+    connection
 }

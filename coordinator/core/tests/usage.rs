@@ -22,8 +22,11 @@ fn totals(state: &State) -> std::collections::BTreeMap<String, UsageCell> {
     totals
 }
 
-#[test]
-fn a_lender_lends_what_a_borrower_borrows_and_each_share_is_charged_by_the_hour() {
+/// A node of 4 GPUs at 10 h, a `lend` share `lender` and a `lend-and-borrow` share
+/// `borrower` of 2 each, and 3 jobs of one GPU submitted to the borrower (not yet placed): 2 on
+/// its own quota, 1 borrowed from the lender's idle quota (the fleet has no GPUs beyond the
+/// limits).
+fn lender_and_borrower() -> (Sim, Vec<quotient_common::JobId>) {
     let mut sim = Sim::new();
     sim.time_ms = 10 * HOUR; // on an hour
     sim.ok(Command::RegisterNode(node("n1", 4, "a10g")));
@@ -33,11 +36,15 @@ fn a_lender_lends_what_a_borrower_borrows_and_each_share_is_charged_by_the_hour(
         Strategy::LendAndBorrow,
         2,
     )));
-    // The borrower runs 3 GPUs: 2 of its own, 1 borrowed from the lender's idle quota (the
-    // fleet has no GPUs beyond the limits).
-    let jobs: Vec<_> = (0..3)
+    let jobs = (0..3)
         .map(|n| sim.submit(job("borrower", &format!("b{n}"), 1, 1)))
         .collect();
+    (sim, jobs)
+}
+
+#[test]
+fn a_lender_lends_what_a_borrower_borrows_and_each_share_is_charged_by_the_hour() {
+    let (mut sim, jobs) = lender_and_borrower();
     // GPUs count from the plan that gives them, not from when the jobs run.
     sim.round();
     let started = sim.time_ms;
@@ -146,18 +153,7 @@ fn a_stamp_older_than_the_last_credits_nothing_and_old_hours_are_pruned() {
 
 #[test]
 fn a_share_switched_to_reserve_while_borrowed_from_counts_those_gpus_as_lent() {
-    let mut sim = Sim::new();
-    sim.time_ms = 10 * HOUR;
-    sim.ok(Command::RegisterNode(node("n1", 4, "a10g")));
-    sim.ok(Command::CreateShare(share("lender", Strategy::Lend, 2)));
-    sim.ok(Command::CreateShare(share(
-        "borrower",
-        Strategy::LendAndBorrow,
-        2,
-    )));
-    let jobs: Vec<_> = (0..3)
-        .map(|n| sim.submit(job("borrower", &format!("b{n}"), 1, 1)))
-        .collect();
+    let (mut sim, jobs) = lender_and_borrower();
     sim.settle();
     for id in &jobs {
         assert_eq!(sim.state_of(*id), JobState::Running);
