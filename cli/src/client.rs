@@ -209,6 +209,13 @@ pub fn hint(request: &ApiRequest, error: &ClientError) -> Option<String> {
              once what their logs name is fixed"
                 .to_string()
         }
+        // One coordinator's health (`cluster health` asks each): that one is down, not the
+        // cluster (found by probing: it was given the whole-cluster advice).
+        ClientError::Unreachable { .. } if matches!(request.unwrapped(), ApiRequest::Health) => {
+            "this coordinator is down or not at this address: its log says why it stopped; \
+             the others serve while a majority is up"
+                .to_string()
+        }
         ClientError::Unreachable { .. } => {
             "check `coordinators` in the client config, or start a local cluster with \
              `quotient dev up`"
