@@ -225,6 +225,21 @@ pub fn parse_job_nodes(text: &str) -> Result<u32, String> {
     }
 }
 
+/// Parses a certificate's serial: hexadecimal digits (colons allowed, as `openssl` prints
+/// them), at most 64, as the coordinators check it; caught here, it is a usage error.
+pub fn parse_serial(text: &str) -> Result<String, String> {
+    if !text.is_empty()
+        && text.len() <= 64
+        && text.bytes().all(|b| b.is_ascii_hexdigit() || b == b':')
+    {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "invalid serial {text:?}: use the hexadecimal digits `quotient certs issue` or `openssl x509 -serial -noout -in CERT.pem` prints"
+        ))
+    }
+}
+
 /// Parses `--max-preemptions`: 0 or more (0 fails the job at its first preemption).
 pub fn parse_max_preemptions(text: &str) -> Result<u32, String> {
     match text.parse::<i64>() {
@@ -310,6 +325,8 @@ mod tests {
         assert_eq!(parse_borrow_limit("none"), Ok(BorrowLimit(None)));
         assert_eq!(parse_borrow_limit("150"), Ok(BorrowLimit(Some(150))));
         assert!(parse_borrow_limit("-5").unwrap_err().contains("0-10000"));
+        assert!(parse_serial("zz").unwrap_err().contains("hexadecimal"));
+        assert_eq!(parse_serial("3A:7F"), Ok("3A:7F".to_string()));
         assert_eq!(parse_cap("none"), Ok(Cap(None)));
         assert_eq!(parse_cap("3"), Ok(Cap(Some(3))));
         assert!(parse_cap("0").is_err());

@@ -62,8 +62,9 @@ pub struct CertsRevokeArgs {
     /// The certificate's name (a user, an admin or an agent's node).
     #[arg(long, value_parser = parse_certificate_name)]
     pub name: String,
-    /// Its serial number (hex), recorded with the revocation.
-    #[arg(long, value_name = "HEX")]
+    /// Only the certificate of this serial number (hex, as `certs issue` or `openssl x509
+    /// -serial` prints it) [default: every certificate of the name].
+    #[arg(long, value_name = "HEX", value_parser = crate::parse::parse_serial)]
     pub serial: Option<String>,
 }
 
