@@ -272,6 +272,16 @@ impl ClusterIdentity {
         );
     }
 
+    /// Whether a refusal of kind `kind` was recorded within the health window
+    /// ([`REFUSAL_HEALTH_WINDOW_MS`]).
+    pub fn refused_recently(&self, kind: &str) -> bool {
+        let window = Duration::from_millis(REFUSAL_HEALTH_WINDOW_MS);
+        self.lock()
+            .refusals
+            .get(kind)
+            .is_some_and(|refusal| refusal.seen.elapsed() < window)
+    }
+
     /// Marks this coordinator's state as diverged from the leader's, for good.
     pub fn diverged(&self, text: String) {
         tracing::error!(member = self.member, "{text}");
@@ -413,5 +423,9 @@ mod tests {
         );
         identity.diverged("diverged".into());
         assert_eq!(identity.problems().len(), 2);
+        // What keeps a member from campaigning (a Raft request it cannot read) is asked by
+        // kind.
+        assert!(identity.refused_recently("other-cluster"));
+        assert!(!identity.refused_recently(crate::raft_service::UNREADABLE_RAFT_REQUEST));
     }
 }

@@ -78,6 +78,9 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
     }
 }
 
+/// The refusal kind ([`ClusterIdentity::refused`]) of a Raft request this build cannot decode.
+pub const UNREADABLE_RAFT_REQUEST: &str = "unreadable raft request";
+
 async fn serve_request(
     raft: &Raft,
     durability: &LogDurability<MemberId>,
@@ -90,7 +93,29 @@ async fn serve_request(
     {
         Ok(envelope) => envelope,
         Err(error) => {
-            tracing::warn!(error = %error, "refused a bad raft request");
+            // A coordinator of this cluster (the connection's certificate says so) sent a
+            // request this build cannot decode: most likely a leader of a newer release, whose
+            // entries carry what this one does not know. Said once per interval, not for every
+            // retry, and this member stops campaigning meanwhile: unable to take the leader's
+            // entries, it would otherwise time out, campaign in ever higher terms and make the
+            // leader step down again and again (found by probing an upgrade: an older member
+            // logged ~550 lines a second and unsettled a newer leader).
+            if matches!(
+                &error,
+                quotient_common::transport::RequestError::Frame(
+                    quotient_common::frame::FrameError::Undecodable(_)
+                        | quotient_common::frame::FrameError::TrailingBytes { .. }
+                )
+            ) {
+                identity.refused(
+                    UNREADABLE_RAFT_REQUEST,
+                    format!(
+                        "cannot read a Raft request of another coordinator ({error}): it is most likely of a newer release, whose entries this one cannot decode; upgrade this coordinator (it does not campaign meanwhile)"
+                    ),
+                );
+            } else {
+                tracing::warn!(error = %error, "refused a bad raft request");
+            }
             return Err(error);
         }
     };

@@ -432,7 +432,7 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
                             if let Command::CheckDigest { leader } = &command {
                                 checked = true;
                                 if let Some(leader) = leader {
-                                    self.shared.digest_checks.compare(*leader);
+                                    self.shared.digest_checks.compare(log_id.index, *leader);
                                 }
                             }
                             match changes.noting() {
