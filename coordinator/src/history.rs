@@ -516,16 +516,7 @@ mod tests {
         let ids: Vec<&str> = window.records.iter().map(|r| r.id.as_str()).collect();
         assert_eq!(ids, vec!["j-14", "j-12", "j-10"]);
 
-        let one = history
-            .page(
-                &HistoryQuery {
-                    job: Some(JobId(7)),
-                    limit: 100,
-                    ..HistoryQuery::default()
-                },
-                |_| true,
-            )
-            .expect("a page");
+        let one = first_page(&history, Some(JobId(7)));
         assert_eq!(one.records.len(), 1);
         assert!(history.has(JobId(7)).expect("reads"));
         assert!(!history.has(JobId(99)).expect("reads"));
@@ -538,10 +529,8 @@ mod tests {
         // job's and dropped), found by the id, and the first job's still listed; pruning the
         // first leaves the id finding the second.
         let dir = tempfile::tempdir().expect("tempdir");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis() as u64;
+        // The clock `prune` reads.
+        let now = quotient_common::steady_clock::now_ms();
         {
             let history = History::open(dir.path(), u64::MAX).expect("opens");
             let first = record(1, "team", now - 10 * 86_400_000, "SUCCEEDED");
@@ -550,30 +539,13 @@ mod tests {
             history.append(vec![first, second.clone()]);
             history.append(vec![second]);
             assert!(history.flush(Duration::from_secs(10)));
-            let all = history
-                .page(
-                    &HistoryQuery {
-                        limit: 100,
-                        ..HistoryQuery::default()
-                    },
-                    |_| true,
-                )
-                .expect("a page");
+            let all = first_page(&history, None);
             let states: Vec<&str> = all.records.iter().map(|r| r.state.as_str()).collect();
             assert_eq!(states, vec!["FAILED", "SUCCEEDED"]);
         }
         let history = History::open(dir.path(), 86_400_000).expect("opens, pruning the first");
         assert!(history.flush(Duration::from_secs(10)));
-        let by_id = history
-            .page(
-                &HistoryQuery {
-                    job: Some(JobId(1)),
-                    limit: 100,
-                    ..HistoryQuery::default()
-                },
-                |_| true,
-            )
-            .expect("a page");
+        let by_id = first_page(&history, Some(JobId(1)));
         assert_eq!(by_id.records.len(), 1);
         assert_eq!(by_id.records[0].name.as_deref(), Some("after"));
     }
@@ -581,10 +553,8 @@ mod tests {
     #[test]
     fn records_survive_a_reopen_and_old_ones_are_pruned() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis() as u64;
+        // The clock `prune` reads.
+        let now = quotient_common::steady_clock::now_ms();
         {
             let history = History::open(dir.path(), u64::MAX).expect("opens");
             history.append(vec![
@@ -597,17 +567,23 @@ mod tests {
         let history = History::open(dir.path(), 86_400_000).expect("opens again");
         history.append(vec![record(3, "team", now, "FAILED")]);
         assert!(history.flush(Duration::from_secs(10)));
-        let page = history
+        let page = first_page(&history, None);
+        let ids: Vec<&str> = page.records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, vec!["j-3", "j-2"]);
+    }
+
+    /// The first 100 records, of every job or of `job`, as any caller may read them.
+    fn first_page(history: &History, job: Option<JobId>) -> HistoryPage {
+        history
             .page(
                 &HistoryQuery {
+                    job,
                     limit: 100,
                     ..HistoryQuery::default()
                 },
                 |_| true,
             )
-            .expect("a page");
-        let ids: Vec<&str> = page.records.iter().map(|r| r.id.as_str()).collect();
-        assert_eq!(ids, vec!["j-3", "j-2"]);
+            .expect("a page")
     }
 
     #[test]
