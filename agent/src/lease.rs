@@ -130,12 +130,19 @@ pub fn boot_time_ms() -> Option<u64> {
     Some(seconds * 1_000 + nanos / 1_000_000)
 }
 
-/// This boot of the host: `/proc/sys/kernel/random/boot_id`; `None` if unreadable.
+/// This boot of the host: `/proc/sys/kernel/random/boot_id`; `None` if unreadable. Read once
+/// per process (it cannot change while the process runs), not on every recorded
+/// acknowledgement.
 pub fn boot_id() -> Option<String> {
-    let file = std::fs::File::open("/proc/sys/kernel/random/boot_id").ok()?;
-    let text = read_text_at_most(file, 64).ok()??;
-    let id = text.trim();
-    (!id.is_empty()).then(|| id.to_string())
+    static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            let file = std::fs::File::open("/proc/sys/kernel/random/boot_id").ok()?;
+            let text = read_text_at_most(file, 64).ok()??;
+            let id = text.trim();
+            (!id.is_empty()).then(|| id.to_string())
+        })
+        .clone()
 }
 
 /// The lease file's line for `clock` at `now` (`boot_now_ms` = [`boot_time_ms`] at `now`).

@@ -225,13 +225,10 @@ pub fn parse_job_nodes(text: &str) -> Result<u32, String> {
     }
 }
 
-/// Parses a certificate's serial: hexadecimal digits (colons allowed, as `openssl` prints
-/// them), at most 64, as the coordinators check it; caught here, it is a usage error.
+/// Parses a certificate's serial as the coordinators check it
+/// ([`quotient_common::name::is_serial_text`]); caught here, it is a usage error.
 pub fn parse_serial(text: &str) -> Result<String, String> {
-    if !text.is_empty()
-        && text.len() <= 64
-        && text.bytes().all(|b| b.is_ascii_hexdigit() || b == b':')
-    {
+    if quotient_common::name::is_serial_text(text) {
         Ok(text.to_string())
     } else {
         Err(format!(

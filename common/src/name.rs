@@ -5,6 +5,18 @@ use crate::SpecError;
 /// The longest name a share, job or node may have, in bytes.
 pub const NAME_BYTES_MAX: usize = 128;
 
+/// The most characters of a certificate serial as revocations take it.
+pub const SERIAL_TEXT_MAX: usize = 64;
+
+/// Whether `text` is a certificate serial as revocations take it: 1 to [`SERIAL_TEXT_MAX`]
+/// hexadecimal digits, colons allowed (as `openssl x509 -serial` prints them). The one check
+/// the CLI and the state machine both make.
+pub fn is_serial_text(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= SERIAL_TEXT_MAX
+        && text.bytes().all(|b| b.is_ascii_hexdigit() || b == b':')
+}
+
 /// Checks a name against the charset and length rule; `kind` names the thing in the error.
 pub fn validate_name(kind: &str, name: &str) -> Result<(), SpecError> {
     let ok = !name.is_empty()

@@ -68,8 +68,8 @@ fn advance(kept: Kept, now: Instant, wall_ns: i128) -> Kept {
     }
 }
 
-/// Milliseconds since the Unix epoch, as this process keeps them (module docs).
-pub fn now_ms() -> u64 {
+/// The kept time now, advanced from the last reading.
+fn read() -> Kept {
     let now = Instant::now();
     let wall = wall_ns();
     let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
@@ -82,14 +82,18 @@ pub fn now_ms() -> u64 {
         Some(before) => advance(before, now, wall),
     };
     *kept = Some(next);
-    u64::try_from(next.ns / 1_000_000).unwrap_or(0)
+    next
+}
+
+/// Milliseconds since the Unix epoch, as this process keeps them (module docs).
+pub fn now_ms() -> u64 {
+    u64::try_from(read().ns / 1_000_000).unwrap_or(0)
 }
 
 /// What to tell an operator while the wall clock is more than [`FOLLOW_MS`] from the kept
 /// time; `None` otherwise.
 pub fn problem() -> Option<String> {
-    now_ms();
-    let kept = (*KEPT.lock().unwrap_or_else(|p| p.into_inner()))?;
+    let kept = read();
     let difference_ms = kept.wall_minus_kept_ns / 1_000_000;
     (difference_ms.abs() > FOLLOW_MS).then(|| {
         let way = if difference_ms > 0 { "ahead of" } else { "behind" };

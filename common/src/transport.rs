@@ -365,7 +365,7 @@ fn server_endpoint_config(tls: &TlsIdentity) -> quinn::EndpointConfig {
 /// A quinn endpoint on a UDP socket bound to `address`, with buffers of [`UDP_BUFFER_BYTES`]
 /// or as much of that as the kernel grants; a server when `server` is given. A client's IPv6
 /// socket is made dual-stack, as quinn's own client endpoint does; a server's is left as bound.
-/// A server's `config` holds its stateless reset key ([`TlsIdentity::stateless_reset_key`]).
+/// A server's `config` holds its stateless reset and connection-id keys ([`server_endpoint_config`]).
 fn bind_endpoint(
     address: SocketAddr,
     server: Option<quinn::ServerConfig>,

@@ -127,20 +127,16 @@ impl Coordinator {
         .map_err(|error| CoordinatorError::Storage(error.to_string()))?
         .map_err(CoordinatorError::Storage)?;
         state_machine.attach_history(Arc::new(history));
-        let raft_state_present = has_raft_state(&mut log_store, &state_machine).await?;
+        let log_state = log_store
+            .get_log_state()
+            .await
+            .map_err(|error| CoordinatorError::Storage(error.to_string()))?;
+        let raft_state_present = has_raft_state(&log_state, &mut log_store, &state_machine).await?;
         // Entries up to the log's end now are replays of this member's own log: their digest
         // checks were computed by whatever release ran then, and are not compared.
-        let replayed_to = {
-            log_store
-                .get_log_state()
-                .await
-                .map_err(|error| CoordinatorError::Storage(error.to_string()))?
-                .last_log_id
-                .map_or(0, |id| id.index)
-        };
         state_machine
             .digest_checks()
-            .compare_only_after(replayed_to);
+            .compare_only_after(log_state.last_log_id.map_or(0, |id| id.index));
         if store::resume_as_follower(&mut log_store, config.id)
             .await
             .map_err(|error| CoordinatorError::Storage(error.to_string()))?
@@ -372,12 +368,12 @@ pub async fn run(
 /// Whether the data directory holds any Raft state: a vote, log entries (or a purge mark), or
 /// a snapshot.
 async fn has_raft_state(
+    log: &openraft::storage::LogState<store::TypeConfig>,
     log_store: &mut store::LogStore,
     state_machine: &QuotientStateMachine,
 ) -> Result<bool, CoordinatorError> {
     let storage =
         |error: openraft::StorageError<MemberId>| CoordinatorError::Storage(error.to_string());
-    let log = log_store.get_log_state().await.map_err(storage)?;
     let vote = log_store.read_vote().await.map_err(storage)?;
     Ok(log.last_log_id.is_some()
         || log.last_purged_log_id.is_some()

@@ -90,13 +90,6 @@ impl std::fmt::Debug for Proposer {
     }
 }
 
-/// Milliseconds since the Unix epoch: the time the leader stamps on an entry, as the
-/// process keeps it (`quotient_common::steady_clock`: a step of the host's clock is not
-/// followed at once).
-fn now_ms() -> u64 {
-    quotient_common::steady_clock::now_ms()
-}
-
 impl Proposer {
     /// Starts the proposing task on the current tokio runtime; it ends when every
     /// `Proposer` clone is dropped.
@@ -195,7 +188,9 @@ async fn run(raft: Raft, mut receiver: mpsc::Receiver<Proposal>) {
         tokio::spawn(async move {
             let request = Request {
                 commands,
-                time_ms: now_ms(),
+                // The time the leader stamps on the entry, as the process keeps it (a step of
+                // the host's clock is not followed at once).
+                time_ms: quotient_common::steady_clock::now_ms(),
             };
             match raft.client_write(request).await {
                 Ok(response) => {

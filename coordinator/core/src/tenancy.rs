@@ -230,10 +230,7 @@ impl State {
             return Outcome::Rejected(Rejection::Invalid(e));
         }
         if let Some(serial) = &serial {
-            let hex = !serial.is_empty()
-                && serial.len() <= 64
-                && serial.bytes().all(|b| b.is_ascii_hexdigit() || b == b':');
-            if !hex {
+            if !quotient_common::name::is_serial_text(serial) {
                 return Outcome::Rejected(Rejection::Invalid(
                     quotient_common::SpecError::OutOfRange {
                         field: "serial".into(),
