@@ -13,7 +13,7 @@ use crate::GlobalArgs;
 #[derive(Debug, clap::Args)]
 pub struct ClusterAddMemberArgs {
     /// The new coordinator's id (its `--id`), unused by any member.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = crate::parse::parse_member_id)]
     pub id: u64,
     /// The new coordinator's address, HOST:PORT (its `--listen`).
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_address)]

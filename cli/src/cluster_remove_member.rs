@@ -12,7 +12,7 @@ use crate::GlobalArgs;
 #[derive(Debug, clap::Args)]
 pub struct ClusterRemoveMemberArgs {
     /// The coordinator's id, as `quotient cluster status` shows it.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = crate::parse::parse_member_id)]
     pub id: u64,
 }
 

@@ -237,6 +237,19 @@ pub fn parse_serial(text: &str) -> Result<String, String> {
     }
 }
 
+/// Parses a coordinator's id (`cluster add-member --id`, `remove-member --id`): a whole
+/// number from 1, the `--id` the coordinator was started with.
+pub fn parse_member_id(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(id) if id >= 1 => Ok(id),
+        _ => Err(format!(
+            "invalid coordinator id {text:?}: use the whole number (1 or more) the coordinator \
+             was started with (`quotient-coordinator --id N`); `quotient cluster status` \
+             lists the members' ids"
+        )),
+    }
+}
+
 /// Parses `--max-preemptions`: 0 or more (0 fails the job at its first preemption).
 pub fn parse_max_preemptions(text: &str) -> Result<u32, String> {
     match text.parse::<i64>() {
@@ -325,6 +338,15 @@ mod tests {
         assert!(parse_serial("zz").unwrap_err().contains("hexadecimal"));
         assert_eq!(parse_serial("3A:7F"), Ok("3A:7F".to_string()));
         assert_eq!(parse_cap("none"), Ok(Cap(None)));
+        // Found by probing: `cluster add-member --id x` said only "invalid digit found in
+        // string".
+        assert_eq!(parse_member_id("4"), Ok(4));
+        for bad in ["x", "0", "-1", ""] {
+            assert!(
+                parse_member_id(bad).unwrap_err().contains("cluster status"),
+                "{bad}"
+            );
+        }
         assert_eq!(parse_cap("3"), Ok(Cap(Some(3))));
         assert!(parse_cap("0").is_err());
     }

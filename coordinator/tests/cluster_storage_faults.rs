@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{create_share, ids_of, job, jobs_on_each, submit, Cluster};
+use support::{create_share, ids_of, job, jobs_on_each, submit, Cluster, STOP_WITHIN};
 
 /// How long the failing coordinator may take to exit after its write failed: it exits as
 /// soon as the write fails, not at Raft's next call into its store, which in this test (one
@@ -103,10 +103,12 @@ async fn a_log_write_fails_on(role: Role) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_log_was_lost_stays_out_until_added_again_and_no_leader_falls() {
-    // Proves a member whose whole log directory was lost (its vote and identity kept) comes
-    // back saying it holds no Raft state and waits to be added again, taking no part (a
-    // member that took part with a log gone backwards made each leader in turn fall, found
-    // by probing the files on disk); its leader stays, and the other two serve on.
+    // Proves a member whose whole log directory was lost (its vote and identity kept) does
+    // not come back with it: the committed mark beside its vote shows the loss, and it
+    // refuses to start, saying to add it back as a new member (a member that took part with a
+    // log gone backwards made each leader in turn fall, found by probing the files on disk;
+    // one that voted with it could elect a leader lacking acknowledged entries); its leader
+    // stays, and the other two serve on.
     let mut cluster = Cluster::start(3, &[]);
     let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
     let lost = cluster
@@ -127,6 +129,8 @@ async fn a_member_whose_log_was_lost_stays_out_until_added_again_and_no_leader_f
     cluster.kill(lost);
     std::fs::remove_dir_all(cluster.data_dir(lost).join("raft-wal")).expect("remove its log");
     cluster.start_member(lost);
+    let status = cluster.wait_exit(lost, STOP_WITHIN).await;
+    assert!(!status.success(), "it refuses to start: {status}");
     for n in 4..=6 {
         acknowledged.push(submit(&client, job("team", n)).await);
     }
@@ -138,8 +142,8 @@ async fn a_member_whose_log_was_lost_stays_out_until_added_again_and_no_leader_f
     );
     let log = cluster.log_text(lost);
     assert!(
-        log.contains("holds no Raft state") && log.contains("add-member"),
-        "the member says it waits to be added again:\n{log}"
+        log.contains("records were lost from the log") && log.contains("add-member"),
+        "the member says its log lost records, and how to add it back:\n{log}"
     );
     let expected: Vec<String> = acknowledged.iter().map(|job| job.to_string()).collect();
     for (id, seen) in jobs_on_each(&cluster, &others).await {

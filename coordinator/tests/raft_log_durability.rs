@@ -440,3 +440,45 @@ async fn a_leader_that_lost_unsynced_entries_comes_back_in_a_new_term() {
     );
     raft.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test]
+async fn a_log_that_lost_committed_records_is_refused_and_a_shorter_uncommitted_tail_is_not() {
+    // Proves the committed mark kept beside the vote shows a loss the segment files alone
+    // cannot: a log that ends before what this member had committed does not open (found by
+    // probing the files on disk: whole records cut on a 4 KiB boundary, or a segment file
+    // removed, read as a shorter log). Entries past the mark that a leader truncates away
+    // leave a log that opens.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = LogStore::open(dir.path()).expect("open");
+    store
+        .blocking_append(blanks(1, 0..=20))
+        .await
+        .expect("append");
+    store
+        .save_committed(Some(log_id(1, 20)))
+        .await
+        .expect("save committed");
+    // The committed id, and the mark with it, are written with the next write.
+    store
+        .blocking_append(blanks(1, 21..=30))
+        .await
+        .expect("append");
+    store.truncate(log_id(1, 25)).await.expect("truncate");
+    drop(store);
+
+    tracing::info!("--- an uncommitted tail truncated: the log opens");
+    let store = LogStore::open(dir.path()).expect("a log past its mark opens");
+    drop(store);
+
+    tracing::info!("--- the log directory is lost, the vote and the mark kept");
+    std::fs::remove_dir_all(dir.path().join(store::wal::WAL_DIR_NAME)).expect("remove the log");
+    let error = LogStore::open(dir.path())
+        .expect_err("a log that lost committed records does not open")
+        .to_string();
+    assert!(
+        error.contains("committed entries up to index 20")
+            && error.contains("records were lost")
+            && error.contains("add-member"),
+        "{error}"
+    );
+}

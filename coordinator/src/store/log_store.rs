@@ -33,7 +33,10 @@ use redb::Database;
 use super::codec::{
     check_version, decode_stored, encode_value, VersionedEntries, VERSION_OF_UNRECORDED,
 };
-pub use super::log_writer::{version_key, LogDurability, KEY_LAST_PURGED, KEY_VOTE, META_TABLE};
+pub use super::log_writer::{
+    check_committed_mark, version_key, LogDurability, KEY_COMMITTED_MARK, KEY_LAST_PURGED,
+    KEY_VOTE, META_TABLE,
+};
 use super::log_writer::{EncodedEntry, LogWriter};
 use super::wal::{Stored, Wal, WAL_DIR_NAME};
 use quotient_common::version::RAFT_LOG;
@@ -117,6 +120,32 @@ impl<C: VersionedEntries> RaftLogStore<C> {
         let wal_dir = data_dir.join(WAL_DIR_NAME);
         let (wal, recovered) = Wal::open(data_dir, purged)
             .map_err(|e| store_error(&wal_dir, ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        // The log must reach the committed mark recorded beside it (`check_committed_mark`).
+        read_meta(&db, KEY_COMMITTED_MARK)
+            .map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?
+            .map(|stored| {
+                <[u8; 8]>::try_from(stored.bytes.as_slice())
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| {
+                        format!(
+                            "{}: the committed mark is {} bytes, not 8: the file is damaged",
+                            path.display(),
+                            stored.bytes.len()
+                        )
+                    })
+            })
+            .transpose()
+            .and_then(|mark| {
+                let log_end = wal.bounds().map(|(_, last)| last).max(purged);
+                check_committed_mark(log_end, mark, &wal_dir, &path)
+            })
+            .map_err(|message| {
+                StorageError::from(StorageIOError::new(
+                    ErrorSubject::Logs,
+                    ErrorVerb::Read,
+                    AnyError::error(message),
+                ))
+            })?;
         let committed: Option<LogId<C::NodeId>> = match recovered.committed {
             None => None,
             Some(stored) => decode_stored(stored.version, &stored.bytes, &wal_dir)

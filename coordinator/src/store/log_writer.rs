@@ -79,6 +79,15 @@ pub const META_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition
 pub const KEY_VOTE: &str = "vote";
 /// [`META_TABLE`] key of the last purged log id.
 pub const KEY_LAST_PURGED: &str = "last_purged";
+/// [`META_TABLE`] key of the committed mark: an index (u64, little-endian) up to which this
+/// member's log held committed entries, written at most once per [`COMMITTED_MARK_INTERVAL`].
+/// A log that opens ending before it lost records the segment files alone cannot show (whole
+/// records cut at a 4 KiB boundary, a segment file removed): [`check_committed_mark`].
+pub const KEY_COMMITTED_MARK: &str = "committed_mark";
+/// How often at most the committed mark is written: one synced redb transaction this often
+/// costs nothing next to the log's own syncs, and a loss of what was committed before it is
+/// caught.
+pub const COMMITTED_MARK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The [`META_TABLE`] key of the version of the Raft log encoding the value under `key` is in
 /// (u16, little-endian), written in the same transaction. A value written before versions
@@ -87,6 +96,7 @@ pub fn version_key(key: &str) -> &'static str {
     match key {
         KEY_VOTE => "vote_version",
         KEY_LAST_PURGED => "last_purged_version",
+        KEY_COMMITTED_MARK => "committed_mark_version",
         other => unreachable!("the meta key {other} has no version key"),
     }
 }
@@ -142,8 +152,9 @@ enum Op {
         purged: Vec<u8>,
         done: Done,
     },
-    /// Written with the next write; nobody waits for it.
+    /// Written with the next write; nobody waits for it. `index` is the committed id's.
     Committed {
+        index: Option<u64>,
         bytes: Vec<u8>,
     },
     /// Completes once everything queued before it is durable.
@@ -460,7 +471,10 @@ impl<NID: NodeId> LogWriter<NID> {
             if let Some(reason) = &queue.failed {
                 return Err(reason.clone());
             }
-            queue.ops.push_back(Op::Committed { bytes });
+            queue.ops.push_back(Op::Committed {
+                index: log_id.as_ref().map(|id| id.index),
+                bytes,
+            });
             // Taken under the lock: the entries up to the committed id were appended in this
             // generation or before (committed entries are never truncated). Entries this log
             // does not hold cannot be waited for (openraft never commits past its log).
@@ -535,6 +549,7 @@ impl<NID: NodeId> Drop for LogWriter<NID> {
 /// is durable, then answers them. Ends once stopping with nothing queued.
 fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
     let mut generation = 0;
+    let mut mark = CommittedMark::default();
     loop {
         let batch: Vec<Op> = {
             let wake = &shared.pending.wake;
@@ -555,7 +570,7 @@ fn run<NID: NodeId>(shared: &Shared<NID>, mut last_index: Option<u64>) {
             queue.urgent -= batch.len() - committed_ids;
             batch
         };
-        let written = write_batch(shared, &batch, last_index, generation);
+        let written = write_batch(shared, &batch, last_index, generation, &mut mark);
         match written {
             Ok((new_last, new_generation)) => {
                 last_index = new_last;
@@ -624,6 +639,7 @@ fn write_batch<NID: NodeId>(
     batch: &[Op],
     mut last_index: Option<u64>,
     mut generation: u64,
+    mark: &mut CommittedMark,
 ) -> Result<(Option<u64>, u64), Arc<str>> {
     // The log's own errors name their segment file; redb's name nothing, so they get its path.
     let context = |error: &dyn std::fmt::Display| -> Arc<str> {
@@ -665,7 +681,7 @@ fn write_batch<NID: NodeId>(
                 }
                 generation = *g;
             }
-            Op::Committed { bytes } => {
+            Op::Committed { bytes, .. } => {
                 records.push(Record::Committed { bytes });
             }
             Op::Vote { bytes, .. } => {
@@ -682,7 +698,77 @@ fn write_batch<NID: NodeId>(
         }
     }
     flush(&mut records)?;
+    // Up to the newest committed index whose entries are on this disk now: a committed id
+    // may run ahead of a follower's log (a snapshot being installed), and committed entries
+    // are never truncated, so the log never legitimately ends before it.
+    let committed = batch
+        .iter()
+        .filter_map(|op| match op {
+            Op::Committed { index, .. } => *index,
+            _ => None,
+        })
+        .max();
+    if let Some(index) = committed.min(last_index) {
+        if mark.due(index) {
+            write_meta(&shared.db, KEY_COMMITTED_MARK, &index.to_le_bytes())
+                .map_err(|error| context(&error))?;
+            mark.written(index);
+        }
+    }
     Ok((last_index, generation))
+}
+
+/// When the committed mark ([`KEY_COMMITTED_MARK`]) was last written, and what it holds.
+#[derive(Default)]
+struct CommittedMark {
+    written: Option<(std::time::Instant, u64)>,
+}
+
+impl CommittedMark {
+    /// Whether `index` is to be written now: it is past the mark, and the mark is older than
+    /// [`COMMITTED_MARK_INTERVAL`] (or none was written by this run).
+    fn due(&self, index: u64) -> bool {
+        match self.written {
+            None => true,
+            Some((at, marked)) => index > marked && at.elapsed() >= COMMITTED_MARK_INTERVAL,
+        }
+    }
+
+    fn written(&mut self, index: u64) {
+        self.written = Some((std::time::Instant::now(), index));
+    }
+}
+
+/// Refuses a log that ends before the committed mark `mark` recorded beside it: records this
+/// member had on disk, and that were committed, are gone (whole records cut from a segment's
+/// end on a 4 KiB boundary, a segment file or the whole log directory removed), which a
+/// replay of the segments alone cannot tell from a shorter log. Such a member would vote and
+/// answer as if it never had them, and Raft's safety rests on what a voter acknowledged
+/// staying on its disk. `log_end` is the log's last index, purged entries counted.
+pub fn check_committed_mark(
+    log_end: Option<u64>,
+    mark: Option<u64>,
+    wal_dir: &Path,
+    db_path: &Path,
+) -> Result<(), String> {
+    match mark {
+        Some(mark) if log_end < Some(mark) => Err(format!(
+            "the raft log in {} ends {}, but {} records that this member held committed \
+             entries up to index {mark}: records were lost from the log (a segment file cut \
+             short or removed?), so this node's log cannot be trusted: move the data directory \
+             away, start the coordinator on an empty one, then remove it from the cluster and \
+             add it back as a new member (`quotient cluster remove-member --id ID`, then \
+             `quotient cluster add-member --id ID --address ADDR`): it copies the log from the \
+             leader before it votes",
+            wal_dir.display(),
+            match log_end {
+                Some(end) => format!("at index {end}"),
+                None => "empty".to_string(),
+            },
+            db_path.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Writes `value` under `key` of the meta table, with the version it is encoded in, in one
