@@ -133,10 +133,9 @@ impl Coordinator {
             .map_err(|error| CoordinatorError::Storage(error.to_string()))?;
         let raft_state_present = has_raft_state(&log_state, &mut log_store, &state_machine).await?;
         // Entries up to the log's end now are replays of this member's own log: their digest
-        // checks were computed by whatever release ran then, and are not compared.
-        state_machine
-            .digest_checks()
-            .compare_only_after(log_state.last_log_id.map_or(0, |id| id.index));
+        // checks were computed by whatever release ran then, and are not compared; their
+        // stamps are old, not the cluster's time now.
+        state_machine.replays_until(log_state.last_log_id.map_or(0, |id| id.index));
         if store::resume_as_follower(&mut log_store, config.id)
             .await
             .map_err(|error| CoordinatorError::Storage(error.to_string()))?
@@ -411,6 +410,8 @@ async fn follow_applies(ctx: Context) {
         if !running {
             return;
         }
+        // A member that does not lead keeps the cluster's time, from its leader's stamps.
+        quotient_common::steady_clock::set_following(!leader);
         // Only the leader serves desired state and schedules; a follower that becomes
         // leader sees a new term, so it refreshes at once.
         if leader && (term, applied) != seen {

@@ -127,6 +127,9 @@ struct Shared {
     changes: Mutex<AppliedChanges>,
     /// Where the records of the jobs that end go, once the coordinator attached it.
     history: std::sync::OnceLock<Arc<History>>,
+    /// The last index of this replica's log at start: entries up to it are replays, with old
+    /// stamps, and are not observed as the cluster's time.
+    replayed_until: AtomicU64,
 }
 
 impl Shared {
@@ -241,6 +244,7 @@ impl QuotientStateMachine {
             opened: Mutex::new(None),
             snapshot_seq: AtomicU64::new(0),
             digest_checks: DigestChecks::default(),
+            replayed_until: AtomicU64::new(0),
             changes: Mutex::new(AppliedChanges::Everything),
             history: std::sync::OnceLock::new(),
         };
@@ -303,6 +307,14 @@ impl QuotientStateMachine {
     /// This replica's state digests at the leader's checks, and whether its state diverged.
     pub fn digest_checks(&self) -> &DigestChecks {
         &self.shared.digest_checks
+    }
+
+    /// Says that entries up to `index` (the last of this replica's log at start) are replays
+    /// of its own log: their digest checks are not compared, and their stamps are not taken
+    /// for the cluster's time (`quotient_common::steady_clock::observe`).
+    pub fn replays_until(&self, index: u64) {
+        self.shared.digest_checks.compare_only_after(index);
+        self.shared.replayed_until.store(index, Ordering::SeqCst);
     }
 
     /// Runs `f` on the current state and the index of the last entry it includes, read under
@@ -421,6 +433,9 @@ impl RaftStateMachine<TypeConfig> for QuotientStateMachine {
             let outcome = match entry.payload {
                 EntryPayload::Blank => vec![Outcome::Done],
                 EntryPayload::Normal(Request { commands, time_ms }) => {
+                    if log_id.index > self.shared.replayed_until.load(Ordering::Relaxed) {
+                        quotient_common::steady_clock::observe(time_ms);
+                    }
                     let ctx = ApplyCtx {
                         log_index: log_id.index,
                         time_ms,

@@ -98,6 +98,8 @@ struct Member {
     child: Option<Child>,
     /// How many times it was started, to keep each start's log.
     starts: u32,
+    /// Environment variables its next starts get (`Cluster::set_env`).
+    env: Vec<(String, String)>,
 }
 
 impl Member {
@@ -110,6 +112,7 @@ impl Member {
             log: root.join(format!("coord-{id}.log")),
             child: None,
             starts: 0,
+            env: Vec::new(),
         }
     }
 }
@@ -284,6 +287,15 @@ impl Cluster {
     }
 
     /// Starts (or restarts) coordinator `id` on its data directory.
+    /// Gives coordinator `id` these environment variables from its next start on.
+    pub fn set_env(&mut self, id: u64, env: &[(&str, &str)]) {
+        let member = self.members.get_mut(&id).expect("a member of the cluster");
+        member.env = env
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+    }
+
     pub fn start_member(&mut self, id: u64) {
         let peers = self.peers_flag(id);
         self.start_member_with_peers(id, peers);
@@ -300,6 +312,7 @@ impl Cluster {
         let certs_dir = self.certs.dir.clone();
         let extra = self.extra_args.clone();
         let member = self.members.get_mut(&id).expect("a member of the cluster");
+        let env = member.env.clone();
         assert!(
             member.child.is_none(),
             "coordinator {id} is already running"
@@ -337,6 +350,7 @@ impl Cluster {
             .args(files.flags())
             .args(&extra)
             .env("RUST_LOG", "info,openraft=warn,quinn=warn")
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             // Through a pipe, so that the log is written by this process, under no limit
