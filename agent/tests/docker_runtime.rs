@@ -434,6 +434,10 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
         Some(Some(3)),
         "a live lease leaves the exit code alone"
     );
+    assert!(
+        !runtime.stopped_by_watchdog(&handle),
+        "its own exit under a live lease"
+    );
     let quick_log = watchdog_log(&watchdogs, &handle.id);
     wait_for("the quick job's watchdog to clean up after itself", || {
         let gone = !quick_log.exists() && !watchdog_lock(&watchdogs, &handle.id).exists();
@@ -484,6 +488,92 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     assert!(log.contains("grace period over"), "{log}");
     let signals = log.matches("stopping the container").count();
     assert_eq!(signals, 1, "one watchdog acted, not two:\n{log}");
+    // Found by probing: a container its watchdog stopped was reported, after the agent came
+    // back, as the job's own exit (SUCCEEDED for this one's exit 0), not as the agent's stop.
+    for handle in [&trapping_handle, &ignoring_handle] {
+        assert!(
+            runtime.stopped_by_watchdog(handle),
+            "the stop is on record for {handle:?}"
+        );
+        runtime.remove(handle).await.unwrap();
+        assert!(
+            !watchdogs.join(format!("{}.stopped", handle.id)).exists(),
+            "the record goes with the container"
+        );
+    }
+}
+
+/// A watchdog that cannot reach the Docker daemon when it starts keeps trying, and stops the
+/// container once the lease runs out (found by probing: a daemon hung as the watchdog
+/// started, the watchdog gave up, the agent was killed, and the job ran on beside its next
+/// attempt). The daemon is reached through a socket that only starts forwarding later.
+#[tokio::test]
+async fn docker_watchdog_that_cannot_reach_the_daemon_at_first_keeps_trying() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("wdconnect").await else {
+        return;
+    };
+    let lease_file = state.path().join(LEASE_FILE);
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
+    let trapping = launch(state.path(), 54, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let handle = runtime.start(&trapping).await.unwrap();
+    wait_ready(&trapping.checkpoint_dir).await;
+
+    let socket = state.path().join("late-docker.sock");
+    let watchdogs = state.path().join(WATCHDOGS_DIR);
+    std::fs::create_dir_all(&watchdogs).unwrap();
+    let log = std::fs::File::create(watchdog_log(&watchdogs, &handle.id)).unwrap();
+    let agent = env!("CARGO_BIN_EXE_quotient-agent");
+    let mut watchdog = tokio::process::Command::new(agent)
+        .args([
+            "container-watchdog",
+            "--container",
+            &handle.id,
+            "--lease-file",
+        ])
+        .arg(&lease_file)
+        .arg("--dir")
+        .arg(&watchdogs)
+        .args(["--signal", "SIGUSR1", "--grace-period-ms", "20000"])
+        .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    give_the_watchdogs_time().await;
+    assert!(
+        watchdog.try_wait().unwrap().is_none(),
+        "the watchdog waits for the daemon rather than exiting"
+    );
+
+    // The daemon answers on that socket from now on.
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let daemon = std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|host| host.strip_prefix("unix://").map(str::to_string))
+        .unwrap_or_else(|| "/var/run/docker.sock".to_string());
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let daemon = daemon.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::UnixStream::connect(&daemon).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    expire_the_lease_and_await_the_checkpoint(
+        &lease_file,
+        &trapping.checkpoint_dir.join("checkpoint"),
+    )
+    .await;
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    assert!(
+        watchdogs.join(format!("{}.stopped", handle.id)).exists(),
+        "the watchdog recorded its stop"
+    );
+    let _ = watchdog.kill().await;
 }
 
 /// The lines a container job prints (`line 0` to `line N-1` on stdout, then a traceback on

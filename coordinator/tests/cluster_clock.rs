@@ -6,29 +6,11 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use quotient_common::api::{ApiRequest, ApiResponse};
+use quotient_tests::libfaketime;
 use support::{create_share, job, poll_until, submit, Cluster, CONVERGE};
-
-/// libfaketime's library, where Debian's `faketime` puts it; `None` if it is not installed
-/// (which fails the test under `CI=true`: `.ci/run` installs it).
-fn libfaketime() -> Option<PathBuf> {
-    let found = std::fs::read_dir("/usr/lib")
-        .ok()?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
-        .find(|path| path.exists());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "libfaketime is not installed (apt-get install faketime): the clock test needs it"
-        );
-        eprintln!("SKIPPED: libfaketime is not installed (apt-get install faketime)");
-    }
-    found
-}
 
 fn wall_ms() -> u64 {
     SystemTime::now()

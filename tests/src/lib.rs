@@ -569,6 +569,24 @@ pub fn write_job_script(folder: &Path) -> String {
     path.display().to_string()
 }
 
+/// libfaketime's library, where Debian's `faketime` puts it; `None` if it is not installed
+/// (which fails the test under `CI=true`: `.ci/run` installs it).
+pub fn libfaketime() -> Option<PathBuf> {
+    let found = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
+        .find(|path| path.exists());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "libfaketime is not installed (apt-get install faketime): the clock test needs it"
+        );
+        eprintln!("SKIPPED: libfaketime is not installed (apt-get install faketime)");
+    }
+    found
+}
+
 /// Calls `check` every [`POLL_INTERVAL`] until it gives `Some`, or panics after `timeout`
 /// with what it waited for and the last thing `check` saw (`Err`).
 pub fn poll_until<T>(

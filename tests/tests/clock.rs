@@ -5,30 +5,11 @@
 //! killed a job for its 2 h time limit after 13 s, and removed every finished job from the
 //! replicated state at once.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use quotient_tests::{poll_until, DevCluster};
+use quotient_tests::{libfaketime, poll_until, DevCluster};
 
 const SETTLE: Duration = Duration::from_secs(60);
-
-/// libfaketime's library, where Debian's `faketime` puts it; `None` if it is not installed
-/// (which fails the test under `CI=true`: `.ci/run` installs it).
-fn libfaketime() -> Option<PathBuf> {
-    let found = std::fs::read_dir("/usr/lib")
-        .ok()?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
-        .find(|path| path.exists());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "libfaketime is not installed (apt-get install faketime): the clock test needs it"
-        );
-        eprintln!("SKIPPED: libfaketime is not installed (apt-get install faketime)");
-    }
-    found
-}
 
 #[test]
 fn a_step_of_the_clock_kills_no_job_by_its_time_limit_and_removes_nothing() {

@@ -15,8 +15,9 @@ use quotient_agent::gpu::nvml::NvmlBackend;
 use quotient_agent::gpu::simulated::SimulatedBackend;
 use quotient_agent::gpu::{DeviceStatus, GpuBackend};
 use quotient_agent::runtime::docker::{
-    connect_docker, watch_container, watchdog_lock, watchdog_log, WatchEnd,
+    connect_docker, watch_container, watchdog_lock, watchdog_log, watchdog_stop_record, WatchEnd,
 };
+use quotient_agent::runtime::process::WATCHDOG_POLL_S;
 use quotient_common::log_format::LogFormat;
 use quotient_common::Signal;
 use tracing_subscriber::EnvFilter;
@@ -74,19 +75,30 @@ fn container_watchdog(flags: ContainerWatchdogFlags) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let stop_record = watchdog_stop_record(&flags.dir, &flags.container);
     let end = runtime.block_on(async {
-        let docker = connect_docker().await?;
-        anyhow::Ok(
-            watch_container(
-                &docker,
-                &flags.container,
-                &flags.lease_file,
-                signal,
-                flags.grace_period_ms,
-            )
-            .await,
+        // A daemon that does not answer now may later: the watchdog keeps trying, since a
+        // container left without one would outlive the agent's lease (found by probing: a
+        // daemon hung as the watchdog started, the agent killed, and the job ran twice).
+        let docker = loop {
+            match connect_docker().await {
+                Ok(docker) => break docker,
+                Err(error) => {
+                    tracing::warn!(container = %flags.container, error = %error, "cannot reach the Docker daemon; trying again");
+                    tokio::time::sleep(std::time::Duration::from_secs(WATCHDOG_POLL_S)).await;
+                }
+            }
+        };
+        watch_container(
+            &docker,
+            &flags.container,
+            &flags.lease_file,
+            &stop_record,
+            signal,
+            flags.grace_period_ms,
         )
-    })?;
+        .await
+    });
     let _ = std::fs::remove_file(&lock_path);
     if end == WatchEnd::Gone {
         // Nothing happened worth keeping.

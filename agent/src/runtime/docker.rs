@@ -615,6 +615,12 @@ impl Runtime for DockerRuntime {
         self.send_signal(handle, "SIGKILL").await
     }
 
+    fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
+        self.watchdog
+            .as_ref()
+            .is_some_and(|setup| stop_recorded(&setup.dir, &handle.id))
+    }
+
     async fn exit_reason(&self, handle: &JobHandle, code: i32) -> Option<String> {
         let inspected = self.docker.inspect_container(&handle.id, None).await.ok()?;
         if inspected.state.and_then(|state| state.oom_killed) == Some(true) {
@@ -756,6 +762,9 @@ impl Runtime for DockerRuntime {
                     .remove(&handle.id)
                 {
                     follower.task.abort();
+                }
+                if let Some(setup) = &self.watchdog {
+                    let _ = std::fs::remove_file(watchdog_stop_record(&setup.dir, &handle.id));
                 }
                 // The log stays; only the follower's bookmark goes.
                 let since_file = self.since_file(handle.job, handle.attempt);
@@ -1046,6 +1055,17 @@ pub fn watchdog_lock(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.lock"))
 }
 
+/// The file container `id`'s watchdog in `dir` writes before it stops the container: an
+/// exit found later is then the agent's own stop, not the job's (`stopped_by_watchdog`).
+pub fn watchdog_stop_record(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.stopped"))
+}
+
+/// Whether the watchdog of container `id`, whose files are in `dir`, stopped it.
+pub fn stop_recorded(dir: &Path, id: &str) -> bool {
+    watchdog_stop_record(dir, id).exists()
+}
+
 /// How a container's watchdog ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchEnd {
@@ -1076,6 +1096,7 @@ pub async fn watch_container(
     docker: &Docker,
     id: &str,
     lease_file: &Path,
+    stop_record: &Path,
     signal: Signal,
     grace_period_ms: u64,
 ) -> WatchEnd {
@@ -1096,14 +1117,30 @@ pub async fn watch_container(
         tokio::time::sleep(poll).await;
     };
     tracing::warn!(container = %id, expiry_ms = expiry, now_ms = now, "the agent's lease ran out; stopping the container");
+    // On record before the signal: whatever the container's exit code, the agent reports
+    // this exit as its own stop (the job goes back to the queue), as the process watchdog's.
+    if let Err(error) = std::fs::write(stop_record, b"stopped by the orphan watchdog\n") {
+        tracing::error!(container = %id, path = %stop_record.display(), error = %error, "could not record the stop; the agent may report it as the job's own exit");
+    }
     let send = |signal: &'static str| async move {
         let options = KillContainerOptions { signal };
-        if let Err(error) = docker.kill_container(id, Some(options)).await {
-            tracing::warn!(container = %id, signal, error = %error, "could not signal the container");
+        match docker.kill_container(id, Some(options)).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(container = %id, signal, error = %error, "could not signal the container");
+                false
+            }
         }
     };
     if !fencing {
-        send(signal.name()).await;
+        // The grace period counts from a signal that got through (found by probing: one
+        // sent into a hung daemon took half the grace with it).
+        while !send(signal.name()).await {
+            if container_running(docker, id).await == Some(false) {
+                return WatchEnd::Stopped;
+            }
+            tokio::time::sleep(poll).await;
+        }
     }
     let end = Instant::now() + Duration::from_millis(grace_period_ms);
     while Instant::now() < end {

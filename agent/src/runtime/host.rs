@@ -201,7 +201,17 @@ impl Runtime for HostRuntime {
     }
 
     fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
-        !is_container(handle) && self.process.stopped_by_watchdog(handle)
+        if !is_container(handle) {
+            return self.process.stopped_by_watchdog(handle);
+        }
+        // Read from the watchdog's files, so that it holds before Docker is reached.
+        self.docker_setup.as_ref().is_some_and(|setup| {
+            setup.watchdog.is_some()
+                && super::docker::stop_recorded(
+                    &setup.state_dir.join(super::docker::WATCHDOGS_DIR),
+                    &handle.id,
+                )
+        })
     }
 
     async fn exit_reason(&self, handle: &JobHandle, code: i32) -> Option<String> {

@@ -293,7 +293,7 @@ pub trait Runtime: Send + Sync {
 
     /// Whether an exited attempt was stopped by the host's own watchdog (the agent's lease ran
     /// out while the agent could not act): reported as a stop by the agent, not as the job's
-    /// own exit. Only the process runtime's watchdog leaves that on record.
+    /// own exit. The process and the container watchdogs leave that on record.
     fn stopped_by_watchdog(&self, _handle: &JobHandle) -> bool {
         false
     }
