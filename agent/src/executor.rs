@@ -41,6 +41,9 @@ use crate::runtime::{
 
 /// Tries to launch one attempt before the executor gives up on it and reports it.
 pub const LAUNCH_TRIES_MAX: u32 = 3;
+/// How long one round waits for a runtime to say whether an attempt runs
+/// ([`Executor::observe`]); an answer later than this is asked for again next round.
+pub const OBSERVE_CALL_MS: u64 = 2_000;
 /// The wait after a first failed launch; each later wait is twice the one before.
 pub const LAUNCH_BACKOFF_FIRST_MS: u64 = 500;
 /// Finished attempts remembered so that none is started twice; the oldest are forgotten first
@@ -417,13 +420,38 @@ impl<R: Runtime> Executor<R> {
         Some(self.boot_ms()?.saturating_sub(at))
     }
 
-    /// Looks at every attempt that was running and records which have exited.
+    /// Looks at every attempt that was running and records which have exited. The runtimes
+    /// are asked all at once, each answer within [`OBSERVE_CALL_MS`]: one that does not come
+    /// (a hung Docker daemon) leaves its attempt as it was until the next round, and holds up
+    /// neither the others nor what the round does next (found by probing: a frozen daemon,
+    /// asked one container at a time for 30 s each, held a process job's cancel for 58 s).
     pub async fn observe(&mut self) {
-        for tracked in self.jobs.values_mut() {
-            if matches!(tracked.local.phase, LocalPhase::Exited { .. }) {
+        let runtime = &self.runtime;
+        let asked: Vec<_> = self
+            .jobs
+            .iter()
+            .filter(|(_, tracked)| !matches!(tracked.local.phase, LocalPhase::Exited { .. }))
+            .map(|(key, tracked)| {
+                let handle = tracked.handle.clone();
+                async move {
+                    let limit = std::time::Duration::from_millis(OBSERVE_CALL_MS);
+                    (
+                        *key,
+                        tokio::time::timeout(limit, runtime.status(&handle)).await,
+                    )
+                }
+            })
+            .collect();
+        let answers = futures_util::future::join_all(asked).await;
+        for (key, status) in answers {
+            let Some(tracked) = self.jobs.get_mut(&key) else {
                 continue;
-            }
-            match self.runtime.status(&tracked.handle).await {
+            };
+            let Ok(status) = status else {
+                tracing::warn!(job = %tracked.local.job, attempt = tracked.local.attempt, "the runtime did not say within {OBSERVE_CALL_MS} ms whether the attempt runs; asking again next round");
+                continue;
+            };
+            match status {
                 Ok(JobStatus::Running) => {}
                 Ok(JobStatus::Exited { code }) => {
                     tracing::info!(job = %tracked.local.job, attempt = tracked.local.attempt, ?code, "attempt exited");

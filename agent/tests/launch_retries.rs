@@ -261,3 +261,79 @@ async fn an_attempt_that_already_ran_is_answered_once_and_never_started() {
         "answered again once asked again: {reports:?}"
     );
 }
+
+/// A runtime whose `status` never answers for job 1 (a hung Docker daemon), and answers at
+/// once for the others; it records the signals it is asked to send.
+#[derive(Default)]
+struct HungForOne {
+    signalled: Mutex<Vec<quotient_common::JobId>>,
+}
+
+impl Runtime for HungForOne {
+    async fn start(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
+        Ok(JobHandle {
+            job: spec.job,
+            attempt: spec.attempt,
+            id: format!("handle-{}", spec.job),
+        })
+    }
+
+    async fn signal(&self, handle: &JobHandle, _: Signal) -> Result<(), RuntimeError> {
+        self.signalled.lock().unwrap().push(handle.job);
+        Ok(())
+    }
+
+    async fn kill(&self, _: &JobHandle) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn status(&self, handle: &JobHandle) -> Result<JobStatus, RuntimeError> {
+        if handle.job == quotient_common::JobId(1) {
+            std::future::pending::<()>().await;
+        }
+        Ok(JobStatus::Running)
+    }
+
+    async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
+        Ok(Vec::new())
+    }
+
+    async fn remove(&self, _: &JobHandle) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn logs(&self, _: &JobHandle) -> Result<String, RuntimeError> {
+        Ok(String::new())
+    }
+}
+
+#[tokio::test]
+async fn a_runtime_that_does_not_answer_for_one_attempt_holds_up_no_other() {
+    // Found by probing: with the Docker daemon frozen, each round asked every container's
+    // status in turn, 30 s each, and a process job's cancel waited 58 s for its signal.
+    let state = std::env::temp_dir();
+    let mut executor = Executor::new(HungForOne::default(), "gpu-2", &state, BTreeMap::new());
+    let spec = job_spec(None, shell("train"));
+    let both = |second: Intent| {
+        let mut desired = desired_one(1, 1, 1, &spec, Intent::Run);
+        let mut other = desired_one(1, 2, 1, &spec, second).allocations.remove(0);
+        other.gpu_indices = vec![1];
+        desired.allocations.push(other);
+        desired
+    };
+    executor.step(&both(Intent::Run)).await;
+    let round = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), executor.step(&both(Intent::Stop)))
+        .await
+        .expect("a round ends although one attempt's status never comes");
+    assert!(
+        round.elapsed() < Duration::from_secs(10),
+        "the round took {:?}",
+        round.elapsed()
+    );
+    assert_eq!(
+        *executor.runtime().signalled.lock().unwrap(),
+        vec![quotient_common::JobId(2)],
+        "the other job got its checkpoint signal"
+    );
+}

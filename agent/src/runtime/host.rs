@@ -78,12 +78,16 @@ pub struct HostRuntime {
     /// `None`: container jobs are not run here (`--runtime process`).
     docker_setup: Option<DockerSetup>,
     docker: Mutex<Option<Arc<DockerRuntime>>>,
+    /// The images the last listing found: kept through a listing that fails, so that a
+    /// daemon slow for a while does not tell the coordinators the node holds none.
+    last_images: Mutex<Vec<String>>,
 }
 
 impl HostRuntime {
     /// Process jobs on `process`; container jobs through `docker` (`None`: refused).
     pub fn new(node: &str, process: ProcessRuntime, docker: Option<DockerSetup>) -> HostRuntime {
         HostRuntime {
+            last_images: Mutex::new(Vec::new()),
             node: node.to_string(),
             process,
             docker_setup: docker,
@@ -137,10 +141,25 @@ impl HostRuntime {
         match self.docker().await {
             Ok(docker) => {
                 capabilities.runtimes.push(RUNTIME_DOCKER.to_string());
+                let mut last = self
+                    .last_images
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
                 match local_images(docker.docker()).await {
-                    Ok(images) => capabilities.images = images,
-                    Err(error) => tracing::warn!("cannot list the node's images: {error}"),
+                    Ok(images) => last = images,
+                    // Found by probing: a daemon that did not answer for 30 s made the node
+                    // register again with no images, and queued container jobs were told it
+                    // did not hold theirs.
+                    Err(error) => tracing::warn!(
+                        "cannot list the node's images: {error}; the last listing stands"
+                    ),
                 }
+                *self
+                    .last_images
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = last.clone();
+                capabilities.images = last;
             }
             Err(error) => tracing::debug!("no container jobs here: {error}"),
         }
