@@ -58,6 +58,14 @@ pub const LOCAL_ATTEMPTS_MAX: usize = quotient_common::agent_api::ACTUAL_ATTEMPT
 /// in a grace period goes on with that grace period rather than starting it again, and reports
 /// an attempt that exited meanwhile as stopped, not as its own exit.
 pub const SIGNALS_DIR: &str = "signals";
+/// The folder in the agent's state dir that keeps, per attempt, that this agent started it
+/// (its value: when, on `CLOCK_BOOTTIME`), written before the runtime is asked to start it
+/// and removed once its exit is reported. An agent restarted finds every attempt it started;
+/// one whose process or container is gone (removed while the agent was down) is never
+/// started again under the same attempt, but reported, and the job goes back to the queue
+/// (found by probing: a container removed while its agent was down was started again as the
+/// same attempt, its first run's work and log lost).
+pub const STARTED_DIR: &str = "started";
 /// The most bytes read of one signal record (a decimal number).
 const SIGNAL_RECORD_BYTES_MAX: u64 = 64;
 
@@ -108,6 +116,26 @@ impl SignalRecords {
             SignalRecords::Shared(map) => {
                 lock(map).entry((job, attempt)).or_insert(at);
             }
+        }
+    }
+
+    /// Every attempt with a record.
+    fn keys(&self) -> Vec<(JobId, u32)> {
+        match self {
+            SignalRecords::Files(dir) => {
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    return Vec::new();
+                };
+                entries
+                    .flatten()
+                    .filter_map(|entry| {
+                        let name = entry.file_name();
+                        let (job, attempt) = name.to_str()?.rsplit_once('-')?;
+                        Some((job.parse().ok()?, attempt.parse().ok()?))
+                    })
+                    .collect()
+            }
+            SignalRecords::Shared(map) => lock(map).keys().copied().collect(),
         }
     }
 
@@ -227,6 +255,8 @@ pub struct Executor<R: Runtime> {
     checkpoint_watches: crate::checkpoints::Watches,
     /// When attempts were first signalled, kept across restarts.
     signal_records: SignalRecords,
+    /// The attempts this agent started whose exits are not reported yet ([`STARTED_DIR`]).
+    started_records: SignalRecords,
 }
 
 impl<R: Runtime> Executor<R> {
@@ -266,6 +296,7 @@ impl<R: Runtime> Executor<R> {
             advertise_address: None,
             checkpoint_watches: crate::checkpoints::Watches::default(),
             signal_records: SignalRecords::Files(state_dir.join(SIGNALS_DIR)),
+            started_records: SignalRecords::Files(state_dir.join(STARTED_DIR)),
         }
     }
 
@@ -327,6 +358,13 @@ impl<R: Runtime> Executor<R> {
     /// Keeps the times of checkpoint signals in `records` rather than in the state dir.
     pub fn with_signal_records(mut self, records: SignalRecords) -> Executor<R> {
         self.signal_records = records;
+        self
+    }
+
+    /// Keeps which attempts this agent started in `records` rather than in [`STARTED_DIR`]
+    /// (a simulated host's, which outlives the agent's executor).
+    pub fn with_started_records(mut self, records: SignalRecords) -> Executor<R> {
+        self.started_records = records;
         self
     }
 
@@ -411,6 +449,19 @@ impl<R: Runtime> Executor<R> {
         }
         self.signal_records
             .retain(&self.jobs.keys().copied().collect());
+        for (job, attempt) in self.started_records.keys() {
+            let key = (job, attempt);
+            if self.jobs.contains_key(&key) {
+                continue;
+            }
+            if self.finished.contains(&key) {
+                // Its end is on record in the journal.
+                self.started_records.forget(job, attempt);
+                continue;
+            }
+            tracing::warn!(%job, attempt, "this agent started the attempt, and its process or container is gone (removed while the agent was down?): it is not started again; reported, the job goes back to the queue");
+            self.remember_finished(job, attempt);
+        }
         Ok(count)
     }
 
@@ -427,6 +478,8 @@ impl<R: Runtime> Executor<R> {
     /// asked one container at a time for 30 s each, held a process job's cancel for 58 s).
     pub async fn observe(&mut self) {
         let runtime = &self.runtime;
+        // A simulated host (a manual clock) answers at once, and runs without tokio's timers.
+        let bounded = matches!(self.clock, ExecutorClock::Monotonic(_));
         let asked: Vec<_> = self
             .jobs
             .iter()
@@ -435,10 +488,12 @@ impl<R: Runtime> Executor<R> {
                 let handle = tracked.handle.clone();
                 async move {
                     let limit = std::time::Duration::from_millis(OBSERVE_CALL_MS);
-                    (
-                        *key,
-                        tokio::time::timeout(limit, runtime.status(&handle)).await,
-                    )
+                    let status = if bounded {
+                        tokio::time::timeout(limit, runtime.status(&handle)).await
+                    } else {
+                        Ok(runtime.status(&handle).await)
+                    };
+                    (*key, status)
                 }
             })
             .collect();
@@ -681,6 +736,10 @@ impl<R: Runtime> Executor<R> {
                         None => Rendezvous::single(self.advertise_address.as_deref(), free_port()),
                     },
                 };
+                // On record before it can run: an agent restarted never starts it again.
+                if let Some(at) = self.boot_ms() {
+                    self.started_records.keep(job, attempt, at);
+                }
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {
                         self.launch_retries.remove(&(job, attempt));
@@ -797,6 +856,7 @@ impl<R: Runtime> Executor<R> {
                 // Its exit is reported: stop tracking it even if the runtime cannot remove its
                 // record now, so that it is never reported twice in this life.
                 self.signal_records.forget(job, attempt);
+                self.started_records.forget(job, attempt);
                 if let Some(tracked) = self.jobs.remove(&(job, attempt)) {
                     if let Some(deferred) = self.deferred_removals.as_mut() {
                         deferred.push(tracked.handle);

@@ -110,7 +110,7 @@ pub struct Input<'a> {
 /// attempt when they reuse a job's id (restored from a backup, they issue again the ids given
 /// after it); otherwise it is a desired state made before the attempt's exit was applied, and
 /// the answer is stale and refused.
-pub const ALREADY_RAN: &str = "this attempt already ran on this node, which never starts an attempt twice (were the coordinators restored from a backup, issuing its id again?): the job goes back to the queue for a new attempt";
+pub const ALREADY_RAN: &str = "this attempt already ran on this node, which never starts an attempt twice (its process or container was removed while the agent was down, or the coordinators were restored from a backup and issued its id again): the job goes back to the queue for a new attempt";
 
 /// One step for the executor to take, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

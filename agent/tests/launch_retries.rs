@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use quotient_agent::executor::{launch_backoff_ms, Executor, LAUNCH_TRIES_MAX};
-use quotient_agent::reconcile::Intent;
+use quotient_agent::executor::{launch_backoff_ms, Executor, SignalRecords, LAUNCH_TRIES_MAX};
+use quotient_agent::reconcile::{Intent, ALREADY_RAN};
 use quotient_agent::runtime::{FoundJob, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError};
 use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
 use quotient_common::{JobEvent, JobReport, Signal};
@@ -96,7 +96,9 @@ fn daemon_down(_: &LaunchSpec) -> RuntimeError {
 
 fn executor(runtime: FlakyRuntime) -> Executor<FlakyRuntime> {
     let state = std::env::temp_dir();
+    // Kept in memory: nothing of these tests is written to the shared temporary folder.
     Executor::new(runtime, "gpu-2", &state, BTreeMap::new())
+        .with_started_records(SignalRecords::Shared(std::sync::Arc::default()))
 }
 
 /// Steps like the agent's loop (every 25 ms) for `how_long`; every report seen.
@@ -312,7 +314,8 @@ async fn a_runtime_that_does_not_answer_for_one_attempt_holds_up_no_other() {
     // Found by probing: with the Docker daemon frozen, each round asked every container's
     // status in turn, 30 s each, and a process job's cancel waited 58 s for its signal.
     let state = std::env::temp_dir();
-    let mut executor = Executor::new(HungForOne::default(), "gpu-2", &state, BTreeMap::new());
+    let mut executor = Executor::new(HungForOne::default(), "gpu-2", &state, BTreeMap::new())
+        .with_started_records(SignalRecords::Shared(std::sync::Arc::default()));
     let spec = job_spec(None, shell("train"));
     let both = |second: Intent| {
         let mut desired = desired_one(1, 1, 1, &spec, Intent::Run);
@@ -335,5 +338,33 @@ async fn a_runtime_that_does_not_answer_for_one_attempt_holds_up_no_other() {
         *executor.runtime().signalled.lock().unwrap(),
         vec![quotient_common::JobId(2)],
         "the other job got its checkpoint signal"
+    );
+}
+
+#[tokio::test]
+async fn an_attempt_whose_container_went_while_the_agent_was_down_is_not_started_again() {
+    // Found by probing: a container removed while its agent was down was started again as
+    // the same attempt after the agent's restart, its first run's work and log lost and the
+    // history showing one run. The agent keeps which attempts it started; one it cannot
+    // find after a restart is reported, and the job goes back to the queue.
+    let records = SignalRecords::Shared(std::sync::Arc::default());
+    let spec = job_spec(None, shell("train"));
+    let desired = desired_one(1, 7, 1, &spec, Intent::Run);
+    let mut first = executor(FlakyRuntime::new(0, too_large)).with_started_records(records.clone());
+    first.step(&desired).await;
+    assert_eq!(first.runtime().tries().len(), 1, "started once");
+    drop(first);
+
+    // The agent starts again; its runtime finds nothing of the attempt.
+    let mut again = executor(FlakyRuntime::new(0, too_large)).with_started_records(records);
+    again.recover().await.expect("recover");
+    let reports = again.step(&desired).await;
+    assert!(again.runtime().tries().is_empty(), "not started again");
+    assert!(
+        reports.iter().any(|report| matches!(
+            &report.event,
+            JobEvent::LaunchFailed { message, .. } if message == ALREADY_RAN
+        )),
+        "reported, so that the job goes back to the queue: {reports:?}"
     );
 }

@@ -386,6 +386,8 @@ struct Agent {
     mono: ManualClock,
     /// When attempts were first signalled: the agent's state dir, which outlives its process.
     signals: SignalRecords,
+    /// Which attempts this agent started, unreported: the state dir too.
+    started: SignalRecords,
     gpus: Vec<GpuDevice>,
     /// This life of the agent does not see its last GPU (it came back without it; jobs
     /// placed there may still run).
@@ -522,6 +524,7 @@ impl World {
                     name,
                     mono: ManualClock::new(agent_clock.local(0)),
                     signals: SignalRecords::Shared(Arc::default()),
+                    started: SignalRecords::Shared(Arc::default()),
                     clock: agent_clock,
                     gpus,
                     without_last_gpu: false,
@@ -1262,6 +1265,7 @@ impl World {
         let mut executor = Executor::new(runtime, &agent.name, &state_dir, uuids)
             .with_manual_clock(agent.mono.clone())
             .with_signal_records(agent.signals.clone())
+            .with_started_records(agent.started.clone())
             .defer_removals();
         for (job, attempt) in &agent.journal.finished {
             executor.remember_finished(*job, *attempt);
