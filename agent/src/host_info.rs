@@ -148,6 +148,7 @@ pub async fn keep_current(
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = runtime.recheck_wanted() => {}
             _ = published.closed() => return,
         }
         let (info, now_left_out) = current(&runtime, &resources).await;

@@ -288,6 +288,46 @@ async fn docker_missing_image_fails_the_launch_without_pulling() {
     );
 }
 
+/// Through the host runtime, a launch that finds its image gone asks for the host info to be
+/// looked at again at once (found by probing: a node went on offering a removed image until
+/// its next look, 30 s later, and the job was placed there again and again until it failed).
+#[tokio::test]
+async fn host_runtime_rechecks_the_host_when_an_image_is_missing() {
+    let Some((_runtime, node, _cleanup, state)) = runtime_for("recheck").await else {
+        return;
+    };
+    let host = quotient_agent::runtime::host::HostRuntime::new(
+        &node,
+        quotient_agent::runtime::process::ProcessRuntime::new(state.path()),
+        Some(quotient_agent::runtime::host::DockerSetup {
+            node: node.clone(),
+            state_dir: state.path().to_path_buf(),
+            gpu_device_requests: false,
+            log_max_bytes: None,
+            watchdog: None,
+            user: quotient_agent::runtime::JobUser::current(),
+            pids_max: None,
+        }),
+    );
+    let recheck = host.recheck_wanted();
+    tokio::pin!(recheck);
+    let spec = launch(
+        state.path(),
+        15,
+        1,
+        Some("quotient-test-absent:never"),
+        shell("true"),
+    );
+    let error = host.start(&spec).await.unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::ImageMissing { .. }),
+        "{error:?}"
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(1), recheck)
+        .await
+        .expect("the host info is asked to look again");
+}
+
 /// A command the image cannot execute is refused by the daemon when the container starts:
 /// the job's fault, with the daemon's words, and no container is left behind.
 #[tokio::test]

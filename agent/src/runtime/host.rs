@@ -81,6 +81,8 @@ pub struct HostRuntime {
     /// The images the last listing found: kept through a listing that fails, so that a
     /// daemon slow for a while does not tell the coordinators the node holds none.
     last_images: Mutex<Vec<String>>,
+    /// Wakes the host info's next look at once ([`HostRuntime::recheck_wanted`]).
+    recheck: tokio::sync::Notify,
 }
 
 impl HostRuntime {
@@ -88,6 +90,7 @@ impl HostRuntime {
     pub fn new(node: &str, process: ProcessRuntime, docker: Option<DockerSetup>) -> HostRuntime {
         HostRuntime {
             last_images: Mutex::new(Vec::new()),
+            recheck: tokio::sync::Notify::new(),
             node: node.to_string(),
             process,
             docker_setup: docker,
@@ -121,6 +124,12 @@ impl HostRuntime {
         let mut slot = self.docker.lock().unwrap_or_else(PoisonError::into_inner);
         // Another call may have connected meanwhile: keep the first.
         Ok(slot.get_or_insert_with(|| Arc::new(connected)).clone())
+    }
+
+    /// Completes when a launch found the host other than its last host info says (an image
+    /// it listed is gone): the host info is looked at again then, not at its next turn.
+    pub async fn recheck_wanted(&self) {
+        self.recheck.notified().await;
     }
 
     /// The process runtime.
@@ -175,7 +184,13 @@ pub fn is_container(handle: &JobHandle) -> bool {
 impl Runtime for HostRuntime {
     async fn start(&self, spec: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
         if spec.payload.image.is_some() {
-            self.docker().await?.start(spec).await
+            let started = self.docker().await?.start(spec).await;
+            if let Err(RuntimeError::ImageMissing { .. }) = &started {
+                // Found by probing: the node went on offering the image until its next look,
+                // and the job was placed here again and again until it failed for good.
+                self.recheck.notify_one();
+            }
+            started
         } else {
             self.process.start(spec).await
         }
