@@ -634,7 +634,12 @@ impl Runtime for DockerRuntime {
             Ok(inspected) => inspected,
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
-            }) => return Ok(JobStatus::Exited { code: None }),
+            }) => {
+                // The agent removes a container only after it saw it exit: this one was
+                // removed by someone else (`docker rm -f`). It ran nothing more: a stop.
+                tracing::warn!(job = %handle.job, attempt = handle.attempt, container = %handle.id, "the attempt's container is gone, removed outside Quotient: reported as stopped");
+                return Ok(JobStatus::Exited { code: None });
+            }
             Err(error) => return Err(docker_error("inspect container", error)),
         };
         let state = inspected.state.unwrap_or_default();
