@@ -257,6 +257,10 @@ pub struct Executor<R: Runtime> {
     signal_records: SignalRecords,
     /// The attempts this agent started whose exits are not reported yet ([`STARTED_DIR`]).
     started_records: SignalRecords,
+    /// Attempts of jobs of one node that this life of the agent started: once reported, their
+    /// checkpoint dir is removed if they left it empty (no other member of the job can be
+    /// about to write there, and the next attempt is placed only after the report).
+    single_node: BTreeSet<(JobId, u32)>,
 }
 
 impl<R: Runtime> Executor<R> {
@@ -297,6 +301,7 @@ impl<R: Runtime> Executor<R> {
             checkpoint_watches: crate::checkpoints::Watches::default(),
             signal_records: SignalRecords::Files(state_dir.join(SIGNALS_DIR)),
             started_records: SignalRecords::Files(state_dir.join(STARTED_DIR)),
+            single_node: BTreeSet::new(),
         }
     }
 
@@ -718,6 +723,7 @@ impl<R: Runtime> Executor<R> {
                             .unwrap_or_else(|| format!("GPU-index-{index}"))
                     })
                     .collect();
+                let one_node = gang.is_none();
                 let launch = LaunchSpec {
                     job,
                     attempt,
@@ -743,6 +749,9 @@ impl<R: Runtime> Executor<R> {
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {
                         self.launch_retries.remove(&(job, attempt));
+                        if one_node {
+                            self.single_node.insert((job, attempt));
+                        }
                         self.jobs.insert(
                             (job, attempt),
                             LocalAttempt {
@@ -857,6 +866,13 @@ impl<R: Runtime> Executor<R> {
                 // record now, so that it is never reported twice in this life.
                 self.signal_records.forget(job, attempt);
                 self.started_records.forget(job, attempt);
+                // Found by probing a long churn: one empty directory per attempt in `work/`,
+                // and with a shared checkpoint root (no retention by default) one per job,
+                // were kept for ever. Only empty ones go (`remove_dir` leaves any other).
+                let _ = std::fs::remove_dir(work_dir(&self.state_dir, job, attempt));
+                if self.single_node.remove(&(job, attempt)) {
+                    let _ = std::fs::remove_dir(checkpoint_dir(&self.checkpoint_root, job));
+                }
                 if let Some(tracked) = self.jobs.remove(&(job, attempt)) {
                     if let Some(deferred) = self.deferred_removals.as_mut() {
                         deferred.push(tracked.handle);

@@ -998,8 +998,11 @@ impl LeaderSession {
             if allocation.intent == WireIntent::Stop
                 && !actual.contains(&(allocation.job, allocation.attempt))
             {
-                tracing::warn!(job = %allocation.job, attempt = allocation.attempt,
-                    "asked to stop an attempt that is not running here; reporting it stopped");
+                // Usual when a job is preempted before it started: the executor stops it if it
+                // starts it meanwhile, or reports it stopped (a warning here read as if the
+                // agent reported a stop of an attempt it then started; found by probing).
+                tracing::debug!(job = %allocation.job, attempt = allocation.attempt,
+                    "asked to stop an attempt not running here yet");
             }
             allocations.push(desired_allocation(allocation));
         }

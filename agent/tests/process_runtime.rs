@@ -284,6 +284,32 @@ async fn process_exit_codes_are_reported() {
         again.is_empty(),
         "finished attempts are not started again: {again:?}"
     );
+    // Found by probing a long churn: an empty work dir per attempt and an empty checkpoint
+    // dir per job were kept for ever. Reported, both jobs left theirs empty: they are gone.
+    for job in [31, 32] {
+        assert!(!state.path().join(format!("work/j-{job}-1")).exists());
+        assert!(!state.path().join(format!("checkpoints/j-{job}")).exists());
+    }
+}
+
+/// A job that writes into its checkpoint dir keeps it after it ends: only empty ones go.
+#[tokio::test]
+async fn process_checkpoint_dir_a_job_wrote_to_stays() {
+    let state = tempfile::tempdir().unwrap();
+    let mut executor = Executor::new(
+        ProcessRuntime::new(state.path()),
+        "node-1",
+        state.path(),
+        gpu_uuids(),
+    );
+    let writing = job_spec(
+        None,
+        shell(r#"echo step-7 > "$QUOTIENT_CHECKPOINT_DIR/model.ckpt"; exit 0"#),
+    );
+    let desired = desired_one(1, 33, 1, &writing, Intent::Run);
+    step_until(&mut executor, &desired, "its exit", is_exit).await;
+    let kept = state.path().join("checkpoints/j-33/model.ckpt");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap().trim(), "step-7");
 }
 
 /// A restarted runtime re-finds its running job by pid file and the executor adopts it rather
