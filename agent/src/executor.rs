@@ -454,6 +454,11 @@ impl<R: Runtime> Executor<R> {
         }
         self.signal_records
             .retain(&self.jobs.keys().copied().collect());
+        if !self.runtime.listed_everywhere() {
+            // Not found may only mean not looked for (Docker does not answer yet): such an
+            // attempt is left to the runtime, which refuses to start a container twice.
+            return Ok(count);
+        }
         for (job, attempt) in self.started_records.keys() {
             let key = (job, attempt);
             if self.jobs.contains_key(&key) {

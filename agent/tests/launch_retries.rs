@@ -21,6 +21,8 @@ struct FlakyRuntime {
     failures: usize,
     fail: fn(&LaunchSpec) -> RuntimeError,
     tries: Mutex<Vec<Instant>>,
+    /// What `listed_everywhere` says (false: as the host runtime while Docker is down).
+    listed_everywhere: bool,
 }
 
 impl FlakyRuntime {
@@ -29,6 +31,7 @@ impl FlakyRuntime {
             failures,
             fail,
             tries: Mutex::new(Vec::new()),
+            listed_everywhere: true,
         }
     }
 
@@ -65,6 +68,10 @@ impl Runtime for FlakyRuntime {
 
     async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
         Ok(Vec::new())
+    }
+
+    fn listed_everywhere(&self) -> bool {
+        self.listed_everywhere
     }
 
     async fn remove(&self, _: &JobHandle) -> Result<(), RuntimeError> {
@@ -367,4 +374,32 @@ async fn an_attempt_whose_container_went_while_the_agent_was_down_is_not_started
         )),
         "reported, so that the job goes back to the queue: {reports:?}"
     );
+}
+
+#[tokio::test]
+async fn an_attempt_not_looked_for_after_a_restart_is_not_taken_for_gone() {
+    // An agent started while Docker does not answer cannot list its containers: an attempt
+    // it started before is then not known to be gone, and is not reported as such (its job
+    // would be placed again while its container runs on). It is left to the runtime, which
+    // refuses to start a container of the same attempt twice.
+    let records = SignalRecords::Shared(std::sync::Arc::default());
+    let spec = job_spec(None, shell("train"));
+    let desired = desired_one(1, 8, 1, &spec, Intent::Run);
+    let mut first = executor(FlakyRuntime::new(0, too_large)).with_started_records(records.clone());
+    first.step(&desired).await;
+    drop(first);
+
+    let mut blind = FlakyRuntime::new(0, too_large);
+    blind.listed_everywhere = false;
+    let mut again = executor(blind).with_started_records(records);
+    again.recover().await.expect("recover");
+    let reports = again.step(&desired).await;
+    assert!(
+        !reports.iter().any(|report| matches!(
+            &report.event,
+            JobEvent::LaunchFailed { message, .. } if message == ALREADY_RAN
+        )),
+        "not reported as gone: {reports:?}"
+    );
+    assert_eq!(again.runtime().tries().len(), 1, "left to the runtime");
 }

@@ -83,6 +83,8 @@ pub struct HostRuntime {
     last_images: Mutex<Vec<String>>,
     /// Wakes the host info's next look at once ([`HostRuntime::recheck_wanted`]).
     recheck: tokio::sync::Notify,
+    /// Whether the last `list_own` reached Docker too (or had no need to).
+    listed_everywhere: std::sync::atomic::AtomicBool,
 }
 
 impl HostRuntime {
@@ -91,6 +93,7 @@ impl HostRuntime {
         HostRuntime {
             last_images: Mutex::new(Vec::new()),
             recheck: tokio::sync::Notify::new(),
+            listed_everywhere: std::sync::atomic::AtomicBool::new(true),
             node: node.to_string(),
             process,
             docker_setup: docker,
@@ -222,16 +225,25 @@ impl Runtime for HostRuntime {
 
     async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
         let mut found = self.process.list_own().await?;
+        let mut everywhere = true;
         if self.docker_setup.is_some() {
             match self.docker().await {
                 Ok(docker) => found.extend(docker.list_own().await?),
                 Err(error) => {
+                    everywhere = false;
                     tracing::warn!("cannot look for this agent's containers: {error}")
                 }
             }
         }
+        self.listed_everywhere
+            .store(everywhere, std::sync::atomic::Ordering::SeqCst);
         found.sort_by(|a, b| a.handle.cmp(&b.handle));
         Ok(found)
+    }
+
+    fn listed_everywhere(&self) -> bool {
+        self.listed_everywhere
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {

@@ -291,6 +291,13 @@ pub trait Runtime: Send + Sync {
     /// Every attempt this agent started on this host (by pid file or label), running or not.
     fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send;
 
+    /// Whether the last [`Runtime::list_own`] looked everywhere this runtime starts attempts
+    /// (the host runtime's skips containers while Docker does not answer): only then is an
+    /// attempt it did not find gone.
+    fn listed_everywhere(&self) -> bool {
+        true
+    }
+
     /// Whether an exited attempt was stopped by the host's own watchdog (the agent's lease ran
     /// out while the agent could not act): reported as a stop by the agent, not as the job's
     /// own exit. The process and the container watchdogs leave that on record.
@@ -368,6 +375,10 @@ impl<R: Runtime> Runtime for std::sync::Arc<R> {
 
     fn list_own(&self) -> impl Future<Output = Result<Vec<FoundJob>, RuntimeError>> + Send {
         (**self).list_own()
+    }
+
+    fn listed_everywhere(&self) -> bool {
+        (**self).listed_everywhere()
     }
 
     fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {
