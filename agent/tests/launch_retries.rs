@@ -354,26 +354,37 @@ async fn an_attempt_whose_container_went_while_the_agent_was_down_is_not_started
     // the same attempt after the agent's restart, its first run's work and log lost and the
     // history showing one run. The agent keeps which attempts it started; one it cannot
     // find after a restart is reported, and the job goes back to the queue.
+    // The agent starts again; its runtime finds nothing of the attempt.
+    let (again, reports) = restarted_after_starting(7, FlakyRuntime::new(0, too_large)).await;
+    assert!(again.runtime().tries().is_empty(), "not started again");
+    assert!(
+        reports.iter().any(reported_already_ran),
+        "reported, so that the job goes back to the queue: {reports:?}"
+    );
+}
+
+/// Starts attempt 1 of job `job` with an executor, then makes another over `runtime` with
+/// the same started records (an agent started again), recovers and steps it once against
+/// the same desired state; that executor and its reports.
+async fn restarted_after_starting(
+    job: u64,
+    runtime: FlakyRuntime,
+) -> (Executor<FlakyRuntime>, Vec<JobReport>) {
     let records = SignalRecords::Shared(std::sync::Arc::default());
     let spec = job_spec(None, shell("train"));
-    let desired = desired_one(1, 7, 1, &spec, Intent::Run);
+    let desired = desired_one(1, job, 1, &spec, Intent::Run);
     let mut first = executor(FlakyRuntime::new(0, too_large)).with_started_records(records.clone());
     first.step(&desired).await;
     assert_eq!(first.runtime().tries().len(), 1, "started once");
     drop(first);
-
-    // The agent starts again; its runtime finds nothing of the attempt.
-    let mut again = executor(FlakyRuntime::new(0, too_large)).with_started_records(records);
+    let mut again = executor(runtime).with_started_records(records);
     again.recover().await.expect("recover");
     let reports = again.step(&desired).await;
-    assert!(again.runtime().tries().is_empty(), "not started again");
-    assert!(
-        reports.iter().any(|report| matches!(
-            &report.event,
-            JobEvent::LaunchFailed { message, .. } if message == ALREADY_RAN
-        )),
-        "reported, so that the job goes back to the queue: {reports:?}"
-    );
+    (again, reports)
+}
+
+fn reported_already_ran(report: &JobReport) -> bool {
+    matches!(&report.event, JobEvent::LaunchFailed { message, .. } if message == ALREADY_RAN)
 }
 
 #[tokio::test]
@@ -382,23 +393,11 @@ async fn an_attempt_not_looked_for_after_a_restart_is_not_taken_for_gone() {
     // it started before is then not known to be gone, and is not reported as such (its job
     // would be placed again while its container runs on). It is left to the runtime, which
     // refuses to start a container of the same attempt twice.
-    let records = SignalRecords::Shared(std::sync::Arc::default());
-    let spec = job_spec(None, shell("train"));
-    let desired = desired_one(1, 8, 1, &spec, Intent::Run);
-    let mut first = executor(FlakyRuntime::new(0, too_large)).with_started_records(records.clone());
-    first.step(&desired).await;
-    drop(first);
-
     let mut blind = FlakyRuntime::new(0, too_large);
     blind.listed_everywhere = false;
-    let mut again = executor(blind).with_started_records(records);
-    again.recover().await.expect("recover");
-    let reports = again.step(&desired).await;
+    let (again, reports) = restarted_after_starting(8, blind).await;
     assert!(
-        !reports.iter().any(|report| matches!(
-            &report.event,
-            JobEvent::LaunchFailed { message, .. } if message == ALREADY_RAN
-        )),
+        !reports.iter().any(reported_already_ran),
         "not reported as gone: {reports:?}"
     );
     assert_eq!(again.runtime().tries().len(), 1, "left to the runtime");
