@@ -68,7 +68,12 @@ static FOLLOWING: AtomicBool = AtomicBool::new(false);
 /// Says whether this process follows a leader's time (a coordinator that is not the leader)
 /// or keeps its own (the leader, or any other process).
 pub fn set_following(following: bool) {
-    FOLLOWING.store(following, Ordering::SeqCst);
+    let was = FOLLOWING.swap(following, Ordering::SeqCst);
+    if following && !was {
+        // A stamp seen before this process led is older than its own since: it keeps its
+        // own time until it sees its next leader's.
+        *OBSERVED.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// Records `stamp_ms`, the time of an entry just applied from the leader, as the cluster's
