@@ -69,8 +69,10 @@ pub const STARTED_DIR: &str = "started";
 /// The most bytes read of one signal record (a decimal number).
 const SIGNAL_RECORD_BYTES_MAX: u64 = 64;
 
-/// Where the times of first checkpoint signals are kept across the agent's restarts: files in
-/// [`SIGNALS_DIR`], or, for a simulated host, a map that outlives the agent's executor.
+/// A time per attempt (on the boot clock) kept across the agent's restarts: files in a folder
+/// of the state dir, or, for a simulated host, a map that outlives the agent's executor. Kept
+/// for when attempts were first signalled ([`SIGNALS_DIR`]) and for which attempts were
+/// started ([`STARTED_DIR`]).
 #[derive(Debug, Clone)]
 pub enum SignalRecords {
     Files(PathBuf),

@@ -121,31 +121,19 @@ impl<C: VersionedEntries> RaftLogStore<C> {
         let (wal, recovered) = Wal::open(data_dir, purged)
             .map_err(|e| store_error(&wal_dir, ErrorSubject::Logs, ErrorVerb::Read, e))?;
         // The log must reach the committed mark recorded beside it (`check_committed_mark`).
-        read_meta(&db, KEY_COMMITTED_MARK)
+        let mark: Option<u64> = read_meta(&db, KEY_COMMITTED_MARK)
             .map_err(|e| open_error(ErrorVerb::Read, opening)(&e))?
-            .map(|stored| {
-                <[u8; 8]>::try_from(stored.bytes.as_slice())
-                    .map(u64::from_le_bytes)
-                    .map_err(|_| {
-                        format!(
-                            "{}: the committed mark is {} bytes, not 8: the file is damaged",
-                            path.display(),
-                            stored.bytes.len()
-                        )
-                    })
-            })
+            .map(|stored| decode_stored(stored.version, &stored.bytes, &path))
             .transpose()
-            .and_then(|mark| {
-                let log_end = wal.bounds().map(|(_, last)| last).max(purged);
-                check_committed_mark(log_end, mark, &wal_dir, &path)
-            })
-            .map_err(|message| {
-                StorageError::from(StorageIOError::new(
-                    ErrorSubject::Logs,
-                    ErrorVerb::Read,
-                    AnyError::error(message),
-                ))
-            })?;
+            .map_err(|e| store_error(&path, ErrorSubject::Store, ErrorVerb::Read, e))?;
+        let log_end = wal.bounds().map(|(_, last)| last).max(purged);
+        check_committed_mark(log_end, mark, &wal_dir, &path).map_err(|message| {
+            StorageError::from(StorageIOError::new(
+                ErrorSubject::Logs,
+                ErrorVerb::Read,
+                AnyError::error(message),
+            ))
+        })?;
         let committed: Option<LogId<C::NodeId>> = match recovered.committed {
             None => None,
             Some(stored) => decode_stored(stored.version, &stored.bytes, &wal_dir)

@@ -71,6 +71,7 @@ use tokio::sync::{oneshot, watch};
 
 use quotient_common::version::RAFT_LOG;
 
+use super::codec::encode_value;
 use super::wal::{Record, Wal};
 
 /// The table of single values: the vote and the last purged log id.
@@ -79,7 +80,8 @@ pub const META_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition
 pub const KEY_VOTE: &str = "vote";
 /// [`META_TABLE`] key of the last purged log id.
 pub const KEY_LAST_PURGED: &str = "last_purged";
-/// [`META_TABLE`] key of the committed mark: an index (u64, little-endian) up to which this
+/// [`META_TABLE`] key of the committed mark: an index (a `u64`, encoded as every stored value
+/// is, `codec::encode_value`) up to which this
 /// member's log held committed entries, written at most once per [`COMMITTED_MARK_INTERVAL`].
 /// A log that opens ending before it lost records the segment files alone cannot show (whole
 /// records cut at a 4 KiB boundary, a segment file removed): [`check_committed_mark`].
@@ -710,8 +712,8 @@ fn write_batch<NID: NodeId>(
         .max();
     if let Some(index) = committed.min(last_index) {
         if mark.due(index) {
-            write_meta(&shared.db, KEY_COMMITTED_MARK, &index.to_le_bytes())
-                .map_err(|error| context(&error))?;
+            let bytes = encode_value(&index).map_err(|error| context(&error))?;
+            write_meta(&shared.db, KEY_COMMITTED_MARK, &bytes).map_err(|error| context(&error))?;
             mark.written(index);
         }
     }
