@@ -21,6 +21,14 @@
 //! a core and 40 log lines a second, while the job held its GPUs with no reason given.
 //! Every try is logged. Retries pending are kept only for attempts still desired to run, so
 //! there are at most as many as the desired state has allocations.
+//!
+//! A launch can fail without saying whether it started anything: a call to the Docker daemon
+//! that got no answer may be carried out later ([`RuntimeError::unsettled`]). The Docker
+//! runtime settles that at the next try by the container's name; an attempt that will not be
+//! tried again (given up, or no longer desired) is [`Runtime::abandon`]ed each round, beside
+//! [`Executor::observe`]'s questions, until the runtime says nothing of it is left (found by
+//! probing, with the daemon frozen: a container started late ran untracked while the job
+//! was placed elsewhere).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -49,6 +57,9 @@ pub const LAUNCH_BACKOFF_FIRST_MS: u64 = 500;
 /// Finished attempts remembered so that none is started twice; the oldest are forgotten first
 /// (by then the coordinators have long moved on).
 pub const FINISHED_ATTEMPTS_MAX: usize = 65_536;
+/// Attempts whose failed launches are left to settle ([`Runtime::abandon`]), at most; the
+/// oldest are dropped first, with an error in the log.
+pub const UNSETTLED_LAUNCHES_MAX: usize = 1_024;
 /// Attempts tracked at once; a node runs at most one job per GPU, plus ones being stopped.
 /// No more than a heartbeat may list, so that the leader never refuses this agent's.
 pub const LOCAL_ATTEMPTS_MAX: usize = quotient_common::agent_api::ACTUAL_ATTEMPTS_MAX;
@@ -246,6 +257,9 @@ pub struct Executor<R: Runtime> {
     answered: BTreeSet<(JobId, u32)>,
     /// Attempts whose launch failed and will be tried again.
     launch_retries: BTreeMap<(JobId, u32), LaunchRetry>,
+    /// Attempts whose last launch failed [unsettled](RuntimeError::unsettled), and whether
+    /// each is a container: abandoned once no longer tried, until the runtime says so.
+    unsettled: BTreeMap<(JobId, u32), bool>,
     fence: Option<u64>,
     clock: ExecutorClock,
     /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
@@ -296,6 +310,7 @@ impl<R: Runtime> Executor<R> {
             finished: BTreeSet::new(),
             answered: BTreeSet::new(),
             launch_retries: BTreeMap::new(),
+            unsettled: BTreeMap::new(),
             fence: None,
             clock: ExecutorClock::Monotonic(Instant::now()),
             deferred_removals: None,
@@ -458,7 +473,8 @@ impl<R: Runtime> Executor<R> {
             .retain(&self.jobs.keys().copied().collect());
         if !self.runtime.listed_everywhere() {
             // Not found may only mean not looked for (Docker does not answer yet): such an
-            // attempt is left to the runtime, which refuses to start a container twice.
+            // attempt is left to the runtime, which takes the attempt's container by its name
+            // rather than starting a second.
             return Ok(count);
         }
         for (job, attempt) in self.started_records.keys() {
@@ -488,10 +504,28 @@ impl<R: Runtime> Executor<R> {
     /// (a hung Docker daemon) leaves its attempt as it was until the next round, and holds up
     /// neither the others nor what the round does next (found by probing: a frozen daemon,
     /// asked one container at a time for 30 s each, held a process job's cancel for 58 s).
+    /// Attempts whose launches failed unsettled and are no longer tried are abandoned at the
+    /// same time, within the same bound.
     pub async fn observe(&mut self) {
         let runtime = &self.runtime;
         // A simulated host (a manual clock) answers at once, and runs without tokio's timers.
         let bounded = matches!(self.clock, ExecutorClock::Monotonic(_));
+        let abandoned: Vec<_> = self
+            .unsettled
+            .iter()
+            .filter(|(key, _)| {
+                !self.launch_retries.contains_key(key) && !self.jobs.contains_key(key)
+            })
+            .map(|(&(job, attempt), &container)| async move {
+                let limit = std::time::Duration::from_millis(OBSERVE_CALL_MS);
+                let settled = if bounded {
+                    tokio::time::timeout(limit, runtime.abandon(job, attempt, container)).await
+                } else {
+                    Ok(runtime.abandon(job, attempt, container).await)
+                };
+                ((job, attempt), settled)
+            })
+            .collect();
         let asked: Vec<_> = self
             .jobs
             .iter()
@@ -509,7 +543,24 @@ impl<R: Runtime> Executor<R> {
                 }
             })
             .collect();
-        let answers = futures_util::future::join_all(asked).await;
+        let (answers, settled) = futures_util::future::join(
+            futures_util::future::join_all(asked),
+            futures_util::future::join_all(abandoned),
+        )
+        .await;
+        for ((job, attempt), settled) in settled {
+            match settled {
+                Ok(Ok(())) => {
+                    self.unsettled.remove(&(job, attempt));
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(%job, attempt, "cannot yet make sure that nothing runs of an attempt whose launch failed: {error}; trying again next round")
+                }
+                Err(_) => {
+                    tracing::warn!(%job, attempt, "the runtime did not say within {OBSERVE_CALL_MS} ms whether anything runs of an attempt whose launch failed; asking again next round")
+                }
+            }
+        }
         for (key, status) in answers {
             let Some(tracked) = self.jobs.get_mut(&key) else {
                 continue;
@@ -756,6 +807,7 @@ impl<R: Runtime> Executor<R> {
                 match self.runtime.start(&launch).await {
                     Ok(handle) => {
                         self.launch_retries.remove(&(job, attempt));
+                        self.unsettled.remove(&(job, attempt));
                         if one_node {
                             self.single_node.insert((job, attempt));
                         }
@@ -778,6 +830,15 @@ impl<R: Runtime> Executor<R> {
                         self.report(reports, job, attempt, JobEvent::Running);
                     }
                     Err(error) => {
+                        if error.unsettled() {
+                            self.unsettled
+                                .insert((job, attempt), launch.payload.image.is_some());
+                            while self.unsettled.len() > UNSETTLED_LAUNCHES_MAX {
+                                if let Some(((job, attempt), _)) = self.unsettled.pop_first() {
+                                    tracing::error!(%job, attempt, "too many failed launches left to settle; no longer making sure that nothing of this one runs");
+                                }
+                            }
+                        }
                         let tries = retry.map_or(0, |retry| retry.tries) + 1;
                         self.launch_failed(reports, job, attempt, tries, error);
                     }

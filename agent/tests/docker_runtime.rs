@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use quotient_agent::executor::Executor;
 use quotient_agent::lease::{boot_time_ms, LEASE_FILE};
-use quotient_agent::reconcile::Intent;
+use quotient_agent::reconcile::{Desired, Intent};
 use quotient_agent::runtime::docker::{
     watchdog_lock, watchdog_log, DockerRuntime, LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE, WATCHDOGS_DIR,
 };
@@ -23,7 +23,7 @@ use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use quotient_agent::runtime::{JobStatus, Runtime, RuntimeError};
 use quotient_common::job::LaunchFault;
 use quotient_common::{JobEvent, JobId, Signal};
-use support::docker::{ensure_image, unavailable, RemoveContainers, IMAGE};
+use support::docker::{ensure_image, unavailable, DaemonProxy, RemoveContainers, IMAGE};
 use support::*;
 
 /// A script that checkpoints on SIGUSR1: writes a file, then exits 0.
@@ -543,6 +543,70 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     }
 }
 
+/// The pids of the running watchdogs of container `id`.
+fn watchdog_pids(id: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = state
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            cmdline.contains("container-watchdog") && cmdline.contains(id) && !zombie
+        })
+        .collect()
+}
+
+/// A container's watchdog that dies (killed by hand, by the OOM killer) is started again by
+/// the agent as it asks about the container, and the new one stops the container once the
+/// lease runs out. Before, the container ran on without one.
+#[tokio::test]
+async fn docker_watchdog_that_dies_is_started_again() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("wdagain").await else {
+        return;
+    };
+    let lease_file = state.path().join(LEASE_FILE);
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_quotient-agent"));
+    let runtime = runtime.with_orphan_watchdog(agent, &lease_file, state.path());
+    let trapping = launch(state.path(), 55, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let handle = runtime.start(&trapping).await.unwrap();
+    wait_ready(&trapping.checkpoint_dir).await;
+    let first = wait_for("the watchdog to run", || {
+        let pids = watchdog_pids(&handle.id);
+        async move { (pids.len() == 1).then(|| pids[0]) }
+    })
+    .await;
+    // SAFETY: kill(2) of a process this test's runtime started.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let again = wait_for("a watchdog started again", || {
+        let runtime = &runtime;
+        let handle = &handle;
+        async move {
+            assert_eq!(runtime.status(handle).await.unwrap(), JobStatus::Running);
+            let pids = watchdog_pids(&handle.id);
+            (pids.len() == 1 && pids[0] != first).then(|| pids[0])
+        }
+    })
+    .await;
+    assert_ne!(again, first);
+    expire_the_lease_and_await_the_checkpoint(
+        &lease_file,
+        &trapping.checkpoint_dir.join("checkpoint"),
+    )
+    .await;
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    assert!(
+        runtime.stopped_by_watchdog(&handle),
+        "the new watchdog's stop"
+    );
+}
+
 /// A watchdog that cannot reach the Docker daemon when it starts keeps trying, and stops the
 /// container once the lease runs out (found by probing: a daemon hung as the watchdog
 /// started, the watchdog gave up, the agent was killed, and the job ran on beside its next
@@ -588,10 +652,7 @@ async fn docker_watchdog_that_cannot_reach_the_daemon_at_first_keeps_trying() {
 
     // The daemon answers on that socket from now on.
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let daemon = std::env::var("DOCKER_HOST")
-        .ok()
-        .and_then(|host| host.strip_prefix("unix://").map(str::to_string))
-        .unwrap_or_else(|| "/var/run/docker.sock".to_string());
+    let daemon = support::docker::daemon_socket();
     tokio::spawn(async move {
         while let Ok((mut inbound, _)) = listener.accept().await {
             let daemon = daemon.clone();
@@ -614,6 +675,137 @@ async fn docker_watchdog_that_cannot_reach_the_daemon_at_first_keeps_trying() {
         "the watchdog recorded its stop"
     );
     let _ = watchdog.kill().await;
+}
+
+/// What the daemon says of container `name`: its status (`created`, `running`, `exited`...),
+/// or `None` when there is none.
+fn container_status(name: &str) -> Option<String> {
+    let output = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Status}}", name])
+        .output()
+        .unwrap();
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+/// A runtime whose calls go through a [`DaemonProxy`] and time out after a second.
+async fn proxied_runtime(node: &str, state: &std::path::Path) -> (DockerRuntime, DaemonProxy) {
+    let proxy = DaemonProxy::start(state);
+    let docker = proxy.client(1).await;
+    (
+        DockerRuntime::on(docker, node, state, false).unwrap(),
+        proxy,
+    )
+}
+
+/// A `docker create` whose answer never came (the call timed out) but which the daemon carried
+/// out is settled by looking the attempt's container up by its name: that container is
+/// started, within the same try or, when the daemon did not say then, at the next, rather
+/// than the attempt refused as already running (found by probing, with the daemon frozen).
+#[tokio::test]
+async fn docker_create_that_timed_out_but_was_carried_out_is_settled_by_name() {
+    let Some((_, node, _cleanup, state)) = runtime_for("createlate").await else {
+        return;
+    };
+    let (runtime, proxy) = proxied_runtime(&node, state.path()).await;
+    let spec = launch(state.path(), 60, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    proxy.hold(&["/containers/create"]);
+    let handle = runtime.start(&spec).await.expect("settled within the try");
+    proxy.release();
+    wait_ready(&spec.checkpoint_dir).await;
+    assert_eq!(container_status(&handle.id).as_deref(), Some("running"));
+    runtime.kill(&handle).await.unwrap();
+
+    // The daemon answers neither the create nor the look-up by name: the try fails.
+    let spec = launch(state.path(), 61, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let name = runtime.container_name(spec.job, spec.attempt);
+    proxy.hold(&["/containers/create", "/json "]);
+    let error = runtime.start(&spec).await.unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::Docker { .. }),
+        "the call timed out: {error}"
+    );
+    proxy.release();
+    assert_eq!(
+        container_status(&name).as_deref(),
+        Some("created"),
+        "the daemon carried the create out"
+    );
+    let handle = runtime.start(&spec).await.expect("the next try starts it");
+    wait_ready(&spec.checkpoint_dir).await;
+    assert_eq!(runtime.status(&handle).await.unwrap(), JobStatus::Running);
+    assert_eq!(container_status(&handle.id).as_deref(), Some("running"));
+    runtime.kill(&handle).await.unwrap();
+}
+
+/// A `docker start` whose answer never came but which the daemon carried out: the container
+/// runs as the attempt, and is neither killed nor started a second time.
+#[tokio::test]
+async fn docker_start_that_timed_out_but_was_carried_out_keeps_the_container() {
+    let Some((_, node, _cleanup, state)) = runtime_for("startlate").await else {
+        return;
+    };
+    let (runtime, proxy) = proxied_runtime(&node, state.path()).await;
+    let spec = launch(state.path(), 62, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let name = runtime.container_name(spec.job, spec.attempt);
+    proxy.hold(&["/start "]);
+    let handle = runtime
+        .start(&spec)
+        .await
+        .expect("the container found running is the attempt");
+    proxy.release();
+    wait_ready(&spec.checkpoint_dir).await;
+    assert_eq!(runtime.status(&handle).await.unwrap(), JobStatus::Running);
+    assert_eq!(container_status(&name).as_deref(), Some("running"));
+    // Its checkpoint signal still reaches it: the attempt is the runtime's as any other.
+    runtime.signal(&handle, Signal::Sigusr1).await.unwrap();
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(Some(0)));
+    assert!(spec.checkpoint_dir.join("checkpoint").exists());
+}
+
+/// A launch whose start, look-up by name and clean-up all got no answer, while the daemon
+/// started the container: once the attempt is no longer tried (here: cancelled), the executor
+/// removes that container as soon as the daemon answers, rather than leaving it running
+/// beside the job's next placement (found by probing, with the daemon frozen).
+#[tokio::test]
+async fn docker_container_of_a_launch_given_up_unsettled_is_removed() {
+    let Some((_, node, _cleanup, state)) = runtime_for("abandon").await else {
+        return;
+    };
+    let (runtime, proxy) = proxied_runtime(&node, state.path()).await;
+    let name = runtime.container_name(JobId(63), 1);
+    let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
+    proxy.hold(&["/start ", "/json "]);
+    proxy.swallow(&["DELETE "]);
+    let reports = executor
+        .step(&desired_one(1, 63, 1, &spec, Intent::Run))
+        .await;
+    assert!(
+        events_of(&reports, 63, 1).is_empty(),
+        "the launch failed and is to be tried again: {reports:?}"
+    );
+    wait_ready(&state.path().join("checkpoints/j-63")).await;
+    assert_eq!(container_status(&name).as_deref(), Some("running"));
+    // Cancelled: no longer desired, so not tried again.
+    let cancelled = Desired {
+        fence: 2,
+        allocations: Vec::new(),
+    };
+    executor.step(&cancelled).await;
+    proxy.release();
+    let gone = async {
+        let deadline = Instant::now() + WAIT_DEADLINE;
+        while container_status(&name).is_some() && Instant::now() < deadline {
+            executor.step(&cancelled).await;
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        container_status(&name).is_none()
+    };
+    assert!(gone.await, "the container was removed");
 }
 
 /// The lines a container job prints (`line 0` to `line N-1` on stdout, then a traceback on

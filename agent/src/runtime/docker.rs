@@ -40,6 +40,14 @@
 //! With any other driver the agent leaves the daemon's copy to it and says so at start; a
 //! driver that cannot be read back (`none`, `syslog`...) leaves the agent's file empty.
 //!
+//! # Calls that get no answer
+//! Every call has a deadline ([`DOCKER_CALL_TIMEOUT_S`]), and a daemon may carry out a call
+//! whose caller gave up on it. A create or start that got no answer (or found the name taken)
+//! is settled by looking the container up by its name, which only this attempt has: one
+//! created but never started is started, and one started is taken as the attempt. An attempt
+//! that is not tried again after such a failure is [`Runtime::abandon`]ed: its container is
+//! removed by name, killed if it runs, once the daemon answers.
+//!
 //! # The orphan watchdog
 //! A container outlives its agent on purpose (a restarted agent re-adopts it by label), but
 //! not its agent's lease, for the reason the process runtime gives (`super::process`). With
@@ -47,7 +55,9 @@
 //! watchdog process on the host, `quotient-agent container-watchdog`, started in its own
 //! process group so that it outlives a killed agent. It holds an exclusive `flock` on
 //! `<state_dir>/watchdogs/<container id>.lock` (a second one for the same container exits at
-//! once, so a restarted agent simply starts one for every running container it finds) and,
+//! once, so a restarted agent simply starts one for every running container it finds; and
+//! the agent looks every [`WATCHDOG_LOOK_S`] seconds, as it asks about a running container,
+//! that a process holds that lock, and starts a watchdog again when none does) and,
 //! every [`WATCHDOG_POLL_S`] second, reads the agent's lease file ([`crate::lease`]) and asks
 //! the daemon whether the container still runs. It ends when the container does. Once the
 //! lease's expiry is [`WATCHDOG_SLACK_MS`] behind it sends the checkpoint signal (not when the
@@ -142,6 +152,9 @@ pub const ROTATING_LOG_DRIVERS: [&str; 2] = ["json-file", "local"];
 /// The log files a capped container's driver keeps: the one written and the one before.
 pub const LOG_FILES_KEPT: u64 = 2;
 
+/// How often, at most, the agent looks whether a running container's watchdog still runs
+/// (seconds).
+pub const WATCHDOG_LOOK_S: u64 = 5;
 /// The subcommand of `quotient-agent` that watches one container.
 pub const WATCHDOG_SUBCOMMAND: &str = "container-watchdog";
 /// The folder under the state dir with the watchdogs' lock and log files.
@@ -155,7 +168,7 @@ pub struct DockerRuntime {
     gpu_device_requests: bool,
     watchdog: Option<WatchdogSetup>,
     /// Containers this agent started a watchdog for.
-    watched: Mutex<BTreeSet<String>>,
+    watched: Mutex<HashMap<String, Watched>>,
     /// The logging setup of every container, when the log is capped.
     log_config: Option<HostConfigLogConfig>,
     /// The agent's state dir: the attempts' log files and `.since` files.
@@ -175,6 +188,15 @@ struct Follower {
     task: tokio::task::JoinHandle<()>,
     /// When [`DockerRuntime::status`] first saw the container exited with the follower busy.
     exit_seen: Option<Instant>,
+}
+
+/// A container whose watchdog this agent started.
+#[derive(Debug, Clone, Copy)]
+struct Watched {
+    signal: Signal,
+    grace_period_ms: u64,
+    /// When its watchdog was last started, or last found alive.
+    looked: Instant,
 }
 
 /// How the agent starts a container's watchdog.
@@ -213,12 +235,28 @@ impl DockerRuntime {
         state_dir: &Path,
         gpu_device_requests: bool,
     ) -> Result<DockerRuntime, RuntimeError> {
+        DockerRuntime::on(
+            connect_docker().await?,
+            node,
+            state_dir,
+            gpu_device_requests,
+        )
+    }
+
+    /// The same on a client of the caller's: tests reach the daemon through a proxy of their
+    /// own with it.
+    pub fn on(
+        docker: Docker,
+        node: &str,
+        state_dir: &Path,
+        gpu_device_requests: bool,
+    ) -> Result<DockerRuntime, RuntimeError> {
         Ok(DockerRuntime {
-            docker: connect_docker().await?,
+            docker,
             node: node.to_string(),
             gpu_device_requests,
             watchdog: None,
-            watched: Mutex::new(BTreeSet::new()),
+            watched: Mutex::new(HashMap::new()),
             log_config: None,
             state_dir: state_dir.to_path_buf(),
             user: JobUser::current(),
@@ -346,17 +384,56 @@ impl DockerRuntime {
     /// Starts the watchdog of container `id` unless this agent started one already; one that
     /// an earlier agent started keeps the lock, and the new one exits.
     fn watch(&self, id: &str, signal: Signal, grace_period_ms: u64) {
-        let Some(setup) = &self.watchdog else {
+        if self.watchdog.is_none() {
             return;
-        };
-        if !self
+        }
+        let first = self
             .watched
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id.to_string())
-        {
+            .insert(
+                id.to_string(),
+                Watched {
+                    signal,
+                    grace_period_ms,
+                    looked: Instant::now(),
+                },
+            )
+            .is_none();
+        if first {
+            self.start_watchdog(id, signal, grace_period_ms);
+        }
+    }
+
+    /// Starts the watchdog of a running container `id` again when it is gone (killed by hand,
+    /// by the OOM killer): no process holds its lock. Looked at most every
+    /// [`WATCHDOG_LOOK_S`] seconds per container.
+    fn keep_watched(&self, id: &str) {
+        let Some(setup) = &self.watchdog else {
+            return;
+        };
+        let watched = {
+            let mut watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(entry) = watched.get_mut(id) else {
+                return;
+            };
+            if entry.looked.elapsed() < Duration::from_secs(WATCHDOG_LOOK_S) {
+                return;
+            }
+            entry.looked = Instant::now();
+            *entry
+        };
+        if watchdog_alive(&setup.dir, id) {
             return;
         }
+        tracing::warn!(container = %id, "the container's orphan watchdog is gone; starting it again");
+        self.start_watchdog(id, watched.signal, watched.grace_period_ms);
+    }
+
+    fn start_watchdog(&self, id: &str, signal: Signal, grace_period_ms: u64) {
+        let Some(setup) = &self.watchdog else {
+            return;
+        };
         let started = std::fs::create_dir_all(&setup.dir)
             .and_then(|()| {
                 std::fs::OpenOptions::new()
@@ -410,6 +487,47 @@ impl DockerRuntime {
                 spec.grace_period_ms.to_string(),
             ),
         ])
+    }
+
+    /// The container named `name` when it is `spec`'s attempt on this node, with whether it
+    /// was ever started: `None` when there is none, it is another's, or the daemon does not
+    /// say.
+    async fn by_name(&self, spec: &LaunchSpec, name: &str) -> Option<(String, bool)> {
+        let inspected = match self.docker.inspect_container(name, None).await {
+            Ok(inspected) => inspected,
+            Err(error) => {
+                tracing::warn!(container = %name, error = %error, "could not look the attempt's container up by its name");
+                return None;
+            }
+        };
+        let labels = inspected
+            .config
+            .and_then(|config| config.labels)
+            .unwrap_or_default();
+        let ours = labels.get(LABEL_JOB) == Some(&spec.job.to_string())
+            && labels.get(LABEL_ATTEMPT) == Some(&spec.attempt.to_string())
+            && labels.get(LABEL_NODE) == Some(&self.node)
+            && labels.get(LABEL_INSTANCE) == Some(&self.instance);
+        if !ours {
+            return None;
+        }
+        let state = inspected.state.unwrap_or_default();
+        let started = state.running == Some(true)
+            || !matches!(state.status, Some(ContainerStateStatusEnum::CREATED) | None);
+        Some((inspected.id?, started))
+    }
+
+    /// Takes container `id`, which an earlier try of `spec` started although its call seemed
+    /// to fail, for the attempt: followed and watched as if this try had started it.
+    fn take_started(&self, spec: &LaunchSpec, id: String, name: &str) -> JobHandle {
+        tracing::warn!(job = %spec.job, attempt = spec.attempt, container = %name, "a start that seemed to fail was carried out; the container runs as this attempt");
+        self.follow(&id, spec.job, spec.attempt);
+        self.watch(&id, spec.checkpoint_signal, spec.grace_period_ms);
+        JobHandle {
+            job: spec.job,
+            attempt: spec.attempt,
+            id,
+        }
     }
 
     async fn send_signal(&self, handle: &JobHandle, signal: &str) -> Result<(), RuntimeError> {
@@ -524,31 +642,55 @@ impl Runtime for DockerRuntime {
                 }),
                 config,
             )
-            .await
-            .map_err(|error| match error {
-                DockerError::DockerResponseServerError {
-                    status_code: 409, ..
-                } => RuntimeError::AlreadyRunning {
-                    job: spec.job,
-                    attempt: spec.attempt,
-                },
-                DockerError::DockerResponseServerError {
-                    status_code: 404,
-                    message,
-                } => RuntimeError::ImageMissing {
-                    image: image.clone(),
-                    node: self.node.clone(),
-                    detail: message,
-                },
-                // A bad parameter: the container spec itself is refused, on any host.
-                DockerError::DockerResponseServerError {
-                    status_code: 400,
-                    message,
-                } => invalid(format!(
-                    "the Docker daemon refuses the container: {message}"
-                )),
-                other => docker_error("create container", other),
-            })?;
+            .await;
+        let id = match created {
+            Ok(created) => created.id,
+            // A create that timed out may still be carried out by the daemon, and the retry
+            // then finds the name taken (found by probing, with the daemon frozen): the
+            // container of that name is this attempt's, from an earlier try. One never
+            // started is started now; one started already is this attempt running.
+            Err(error) if settled_by_name(&error) => match self.by_name(spec, &name).await {
+                Some((id, false)) => {
+                    tracing::info!(job = %spec.job, attempt = spec.attempt, container = %name, "an earlier try created the container; starting it");
+                    id
+                }
+                Some((id, true)) => return Ok(self.take_started(spec, id, &name)),
+                None if matches!(
+                    error,
+                    DockerError::DockerResponseServerError {
+                        status_code: 409,
+                        ..
+                    }
+                ) =>
+                {
+                    return Err(RuntimeError::AlreadyRunning {
+                        job: spec.job,
+                        attempt: spec.attempt,
+                    })
+                }
+                None => return Err(docker_error("create container", error)),
+            },
+            Err(error) => {
+                return Err(match error {
+                    DockerError::DockerResponseServerError {
+                        status_code: 404,
+                        message,
+                    } => RuntimeError::ImageMissing {
+                        image: image.clone(),
+                        node: self.node.clone(),
+                        detail: message,
+                    },
+                    // A bad parameter: the container spec itself is refused, on any host.
+                    DockerError::DockerResponseServerError {
+                        status_code: 400,
+                        message,
+                    } => invalid(format!(
+                        "the Docker daemon refuses the container: {message}"
+                    )),
+                    other => docker_error("create container", other),
+                });
+            }
+        };
         // The attempt's log starts empty, whatever an earlier try left.
         for dir in [
             spec.log_path.parent().map(Path::to_path_buf),
@@ -571,13 +713,20 @@ impl Runtime for DockerRuntime {
             .map_err(|error| RuntimeError::io("create log", &spec.log_path, error))?;
         if let Err(error) = self
             .docker
-            .start_container(&created.id, None::<StartContainerOptions<String>>)
+            .start_container(&id, None::<StartContainerOptions<String>>)
             .await
         {
+            // A start that timed out may have been carried out all the same: the container
+            // then runs as this attempt, and is kept rather than killed.
+            if settled_by_name(&error) {
+                if let Some((found, true)) = self.by_name(spec, &name).await {
+                    return Ok(self.take_started(spec, found, &name));
+                }
+            }
             let removed = self
                 .docker
                 .remove_container(
-                    &created.id,
+                    &id,
                     Some(RemoveContainerOptions {
                         force: true,
                         ..RemoveContainerOptions::default()
@@ -598,12 +747,12 @@ impl Runtime for DockerRuntime {
             });
         }
         tracing::info!(job = %spec.job, attempt = spec.attempt, container = %name, "started container job");
-        self.follow(&created.id, spec.job, spec.attempt);
-        self.watch(&created.id, spec.checkpoint_signal, spec.grace_period_ms);
+        self.follow(&id, spec.job, spec.attempt);
+        self.watch(&id, spec.checkpoint_signal, spec.grace_period_ms);
         Ok(JobHandle {
             job: spec.job,
             attempt: spec.attempt,
-            id: created.id,
+            id,
         })
     }
 
@@ -643,7 +792,11 @@ impl Runtime for DockerRuntime {
             Err(error) => return Err(docker_error("inspect container", error)),
         };
         let state = inspected.state.unwrap_or_default();
-        if state.running == Some(true) || !self.drained(&handle.id) {
+        if state.running == Some(true) {
+            self.keep_watched(&handle.id);
+            return Ok(JobStatus::Running);
+        }
+        if !self.drained(&handle.id) {
             return Ok(JobStatus::Running);
         }
         let code = match state.status {
@@ -785,6 +938,29 @@ impl Runtime for DockerRuntime {
 
     async fn logs(&self, handle: &JobHandle) -> Result<String, RuntimeError> {
         read_log_tail(&log_path(&self.state_dir, handle.job, handle.attempt))
+    }
+
+    async fn abandon(
+        &self,
+        job: JobId,
+        attempt: u32,
+        _container: bool,
+    ) -> Result<(), RuntimeError> {
+        let name = self.container_name(job, attempt);
+        let options = RemoveContainerOptions {
+            force: true,
+            ..RemoveContainerOptions::default()
+        };
+        match self.docker.remove_container(&name, Some(options)).await {
+            Ok(()) => {
+                tracing::warn!(%job, attempt, container = %name, "removed the container of an attempt whose launch had failed: the daemon had made it after all");
+                Ok(())
+            }
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(error) => Err(docker_error("remove container", error)),
+        }
     }
 }
 
@@ -1066,6 +1242,25 @@ pub fn watchdog_stop_record(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.stopped"))
 }
 
+/// Whether a watchdog of container `id`, whose files are in `dir`, runs: one holds its lock.
+/// The look takes the lock for a moment when it is free: a watchdog starting just then finds
+/// it taken and exits, and the next look starts one.
+fn watchdog_alive(dir: &Path, id: &str) -> bool {
+    use std::os::fd::AsRawFd;
+    let path = watchdog_lock(dir, id);
+    let lock = match std::fs::OpenOptions::new().write(true).open(&path) {
+        Ok(lock) => lock,
+        // A watchdog holds its lock file from its start to its end.
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return false,
+        Err(error) => {
+            tracing::warn!(path = %path.display(), "cannot look at the container watchdog's lock: {error}");
+            return true;
+        }
+    };
+    // SAFETY: flock on a descriptor this function owns; released when it is closed below.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+}
+
 /// Whether the watchdog of container `id`, whose files are in `dir`, stopped it.
 pub fn stop_recorded(dir: &Path, id: &str) -> bool {
     watchdog_stop_record(dir, id).exists()
@@ -1162,6 +1357,16 @@ pub async fn watch_container(
             return WatchEnd::Stopped;
         }
         tokio::time::sleep(poll).await;
+    }
+}
+
+/// Whether a failed create or start is settled by looking the container up by its name: the
+/// name was taken (409), or no answer came (a timeout, a broken connection), so the daemon may
+/// have carried the call out.
+fn settled_by_name(error: &DockerError) -> bool {
+    match error {
+        DockerError::DockerResponseServerError { status_code, .. } => *status_code == 409,
+        _ => true,
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::docker::{local_images, DockerRuntime};
 use super::process::ProcessRuntime;
 use super::{FoundJob, JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError};
-use quotient_common::Signal;
+use quotient_common::{JobId, Signal};
 
 /// The name of the process runtime in [`NodeCapabilities::runtimes`].
 pub const RUNTIME_PROCESS: &str = "process";
@@ -244,6 +244,22 @@ impl Runtime for HostRuntime {
     fn listed_everywhere(&self) -> bool {
         self.listed_everywhere
             .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn abandon(&self, job: JobId, attempt: u32, container: bool) -> Result<(), RuntimeError> {
+        if !container {
+            return self.process.abandon(job, attempt, false).await;
+        }
+        // Never connected: no call reached a daemon.
+        let docker = self
+            .docker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match docker {
+            Some(docker) => docker.abandon(job, attempt, true).await,
+            None => Ok(()),
+        }
     }
 
     fn stopped_by_watchdog(&self, handle: &JobHandle) -> bool {

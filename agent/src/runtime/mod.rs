@@ -97,6 +97,13 @@ impl RuntimeError {
         }
     }
 
+    /// Whether a failed [`Runtime::start`] leaves open whether the attempt was started: a
+    /// call to the Docker daemon that got no answer (or an error) may still be carried out.
+    /// Such an attempt is [`Runtime::abandon`]ed once it will not be tried again.
+    pub fn unsettled(&self) -> bool {
+        matches!(self, RuntimeError::Docker { .. })
+    }
+
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> RuntimeError {
         RuntimeError::Io {
             action,
@@ -319,6 +326,19 @@ pub trait Runtime: Send + Sync {
     /// Forgets an exited attempt: its pid file or its container. Logs stay.
     fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
+    /// Makes sure that nothing runs, now or later, of an attempt whose launch failed
+    /// [unsettled](RuntimeError::unsettled) and that will not be tried again (`container`: it
+    /// has an image): a container the daemon made of it after all is removed, killed if it
+    /// runs. `Ok` once that is settled; an error is tried again later.
+    fn abandon(
+        &self,
+        _job: JobId,
+        _attempt: u32,
+        _container: bool,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        async { Ok(()) }
+    }
+
     /// The tail of the attempt's stdout and stderr, at most [`LOG_READ_BYTES_MAX`] bytes.
     fn logs(&self, handle: &JobHandle)
         -> impl Future<Output = Result<String, RuntimeError>> + Send;
@@ -395,6 +415,15 @@ impl<R: Runtime> Runtime for std::sync::Arc<R> {
 
     fn remove(&self, handle: &JobHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send {
         (**self).remove(handle)
+    }
+
+    fn abandon(
+        &self,
+        job: JobId,
+        attempt: u32,
+        container: bool,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        (**self).abandon(job, attempt, container)
     }
 
     fn logs(

@@ -83,3 +83,131 @@ impl Drop for RemoveContainers {
         }
     }
 }
+
+/// The daemon's socket: `DOCKER_HOST` when it names one, else the default.
+pub fn daemon_socket() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|host| host.strip_prefix("unix://").map(str::to_string))
+        .unwrap_or_else(|| "/var/run/docker.sock".to_string())
+}
+
+/// A proxy in front of the Docker daemon whose answers to chosen calls can be held back, as a
+/// frozen or slow daemon would: the call is carried out, and its caller times out waiting.
+pub struct DaemonProxy {
+    pub socket: std::path::PathBuf,
+    /// Answers to requests whose first line holds one of these texts are held.
+    hold: std::sync::Arc<Mutex<Vec<String>>>,
+    /// Requests whose first line holds one of these texts are never passed on.
+    swallow: std::sync::Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DaemonProxy {
+    pub fn start(dir: &std::path::Path) -> DaemonProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = dir.join("proxied-docker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let hold: std::sync::Arc<Mutex<Vec<String>>> = Default::default();
+        let held = hold.clone();
+        let swallow: std::sync::Arc<Mutex<Vec<String>>> = Default::default();
+        let swallowed = swallow.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::UnixStream::connect(daemon_socket()).await else {
+                    continue;
+                };
+                let (mut in_read, mut in_write) = inbound.into_split();
+                let (mut out_read, mut out_write) = outbound.into_split();
+                // Whether the request in flight on this connection is one to hold.
+                let holding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (hold, flag) = (held.clone(), holding.clone());
+                let swallow = swallowed.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut swallowing = false;
+                    while let Ok(n @ 1..) = in_read.read(&mut buf).await {
+                        let head = String::from_utf8_lossy(&buf[..n.min(512)]).into_owned();
+                        let first_line = head.lines().next().unwrap_or_default().to_string();
+                        if first_line.ends_with("HTTP/1.1") {
+                            let held = hold
+                                .lock()
+                                .unwrap()
+                                .iter()
+                                .any(|pattern| first_line.contains(pattern.as_str()));
+                            flag.store(held, std::sync::atomic::Ordering::SeqCst);
+                            swallowing = swallow
+                                .lock()
+                                .unwrap()
+                                .iter()
+                                .any(|pattern| first_line.contains(pattern.as_str()));
+                        }
+                        if swallowing {
+                            continue;
+                        }
+                        if out_write.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    // The caller hung up: the daemon's side stays open, so that the call it
+                    // is carrying out is not cut short.
+                });
+                let hold = held.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = out_read.read(&mut buf).await {
+                        while holding.load(std::sync::atomic::Ordering::SeqCst)
+                            && !hold.lock().unwrap().is_empty()
+                        {
+                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                        }
+                        // A caller that gave up reads nothing more: its answer is dropped.
+                        let _ = in_write.write_all(&buf[..n]).await;
+                    }
+                });
+            }
+        });
+        DaemonProxy {
+            socket,
+            hold,
+            swallow,
+            task,
+        }
+    }
+
+    /// Holds back the answers to calls whose request line holds one of `patterns` until
+    /// [`DaemonProxy::release`].
+    pub fn hold(&self, patterns: &[&str]) {
+        *self.hold.lock().unwrap() = patterns.iter().map(|p| p.to_string()).collect();
+    }
+
+    /// Passes no call whose request line holds one of `patterns` on to the daemon (its caller
+    /// waits for an answer that never comes) until [`DaemonProxy::release`].
+    pub fn swallow(&self, patterns: &[&str]) {
+        *self.swallow.lock().unwrap() = patterns.iter().map(|p| p.to_string()).collect();
+    }
+
+    pub fn release(&self) {
+        self.hold.lock().unwrap().clear();
+        self.swallow.lock().unwrap().clear();
+    }
+
+    /// A client of the daemon through this proxy, whose calls time out after `timeout_s`.
+    pub async fn client(&self, timeout_s: u64) -> bollard::Docker {
+        bollard::Docker::connect_with_unix(
+            &self.socket.display().to_string(),
+            timeout_s,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for DaemonProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
