@@ -1006,7 +1006,10 @@ impl LeaderSession {
             }
             allocations.push(desired_allocation(allocation));
         }
-        tracing::info!(fence = ?state.fence, allocations = allocations.len(), "new desired state");
+        // One per change of this node's state: a debug line (found by a soak: with the
+        // scheduler's "plan committed" it made most of a busy agent's 60-85 KB of log a
+        // minute; each attempt's start, signal and exit has its own line).
+        tracing::debug!(fence = ?state.fence, allocations = allocations.len(), "new desired state");
         self.shared.desired.send_replace(Some(Desired {
             fence: state.fence.as_u64(),
             allocations,

@@ -95,8 +95,11 @@ pub async fn run(ctx: Context) {
                 }
                 let stale = actions > 0 && report.rejected.len() == actions;
                 counts.placed(u64::from(report.placed));
+                // A debug line: one per round that placed or stopped anything, which under
+                // churn is most of a busy leader's log (found by a soak); each job's
+                // placements and preemptions are in its events (`job events`).
                 if report.placed + report.preempted > 0 {
-                    tracing::info!(
+                    tracing::debug!(
                         actions,
                         placed = report.placed,
                         preempted = report.preempted,
