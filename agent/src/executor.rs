@@ -52,6 +52,14 @@ pub const LAUNCH_TRIES_MAX: u32 = 3;
 /// How long one round waits for a runtime to say whether an attempt runs
 /// ([`Executor::observe`]); an answer later than this is asked for again next round.
 pub const OBSERVE_CALL_MS: u64 = 2_000;
+/// How long one round waits for a runtime to signal, kill or remove an attempt, or say why it
+/// exited; a call not answered by then is tried again next round (a signal may then come
+/// twice).
+pub const ACT_CALL_MS: u64 = 2_000;
+/// How long one round waits for a runtime to start an attempt: longer than the other calls,
+/// for a container's mounts and GPU hooks. A start not answered by then is a failed launch
+/// whose outcome is settled later ([`RuntimeError::unsettled`]).
+pub const START_CALL_MS: u64 = 10_000;
 /// The wait after a first failed launch; each later wait is twice the one before.
 pub const LAUNCH_BACKOFF_FIRST_MS: u64 = 500;
 /// Finished attempts remembered so that none is started twice; the oldest are forgotten first
@@ -346,6 +354,29 @@ impl<R: Runtime> Executor<R> {
 
     pub fn runtime(&self) -> &R {
         &self.runtime
+    }
+
+    /// Waits for one runtime call of a round at most `limit_ms` (found by probing: a hung
+    /// Docker daemon held each call for 30 s, and every other attempt's signals, kills and
+    /// starts with it). A simulated host (a manual clock) answers at once, and runs without
+    /// tokio's timers.
+    async fn within<T>(
+        &self,
+        operation: &'static str,
+        limit_ms: u64,
+        call: impl std::future::Future<Output = Result<T, RuntimeError>>,
+    ) -> Result<T, RuntimeError> {
+        if !matches!(self.clock, ExecutorClock::Monotonic(_)) {
+            return call.await;
+        }
+        tokio::time::timeout(Duration::from_millis(limit_ms), call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(RuntimeError::NoAnswer {
+                    operation: operation.to_string(),
+                    limit_ms,
+                })
+            })
     }
 
     /// The attempts tracked now.
@@ -804,7 +835,10 @@ impl<R: Runtime> Executor<R> {
                 if let Some(at) = self.boot_ms() {
                     self.started_records.keep(job, attempt, at);
                 }
-                match self.runtime.start(&launch).await {
+                match self
+                    .within("start", START_CALL_MS, self.runtime.start(&launch))
+                    .await
+                {
                     Ok(handle) => {
                         self.launch_retries.remove(&(job, attempt));
                         self.unsettled.remove(&(job, attempt));
@@ -858,26 +892,57 @@ impl<R: Runtime> Executor<R> {
             } => {
                 let now = self.now_ms();
                 let boot_ms = self.boot_ms();
-                if let Some(tracked) = self.jobs.get_mut(&(job, attempt)) {
-                    match self.runtime.signal(&tracked.handle, signal).await {
+                let signalled = match self.jobs.get(&(job, attempt)) {
+                    Some(tracked) => Some(
+                        self.within(
+                            "signal",
+                            ACT_CALL_MS,
+                            self.runtime.signal(&tracked.handle, signal),
+                        )
+                        .await,
+                    ),
+                    None => None,
+                };
+                if let (Some(tracked), Some(signalled)) =
+                    (self.jobs.get_mut(&(job, attempt)), signalled)
+                {
+                    match signalled {
                         Ok(()) => {
-                            tracing::info!(%job, attempt, %signal, "sent the checkpoint signal");
-                            tracked.local.signalled_at_ms = Some(now);
-                            if let Some(at) = boot_ms {
-                                self.signal_records.keep(job, attempt, at);
-                            }
-                            if tracked.local.phase == LocalPhase::Found {
-                                tracked.local.phase = LocalPhase::Running;
-                            }
+                            tracing::info!(%job, attempt, %signal, "sent the checkpoint signal")
                         }
-                        Err(error) => tracing::warn!(%job, "cannot signal: {error}"),
+                        // It may have reached the job all the same, which may exit on it:
+                        // that exit is the agent's stop, not the job's own end (found by a
+                        // test: a job that exits 0 on its signal was reported succeeded).
+                        // The grace period counts from now, and a kill follows it.
+                        Err(error) if error.unsettled() => {
+                            tracing::warn!(%job, attempt, %signal, "the checkpoint signal may not have reached the job ({error}); it is killed at the end of its grace period if it has not exited")
+                        }
+                        Err(error) => {
+                            tracing::warn!(%job, "cannot signal: {error}");
+                            return;
+                        }
+                    }
+                    tracked.local.signalled_at_ms = Some(now);
+                    if let Some(at) = boot_ms {
+                        self.signal_records.keep(job, attempt, at);
+                    }
+                    if tracked.local.phase == LocalPhase::Found {
+                        tracked.local.phase = LocalPhase::Running;
                     }
                 }
             }
             Action::Kill { job, attempt } | Action::KillUnknown { job, attempt } => {
                 let now = self.now_ms();
-                if let Some(tracked) = self.jobs.get_mut(&(job, attempt)) {
-                    match self.runtime.kill(&tracked.handle).await {
+                let killed = match self.jobs.get(&(job, attempt)) {
+                    Some(tracked) => Some(
+                        self.within("kill", ACT_CALL_MS, self.runtime.kill(&tracked.handle))
+                            .await,
+                    ),
+                    None => None,
+                };
+                if let (Some(tracked), Some(killed)) = (self.jobs.get_mut(&(job, attempt)), killed)
+                {
+                    match killed {
                         Ok(()) => {
                             tracing::info!(%job, attempt, "killed");
                             tracked.local.killed = true;
@@ -914,9 +979,13 @@ impl<R: Runtime> Executor<R> {
                         let reason = match crate::runtime::sagemaker::failure_reason(&work) {
                             Some(reason) => Some(reason),
                             None => match self.jobs.get(&(job, attempt)) {
-                                Some(tracked) => {
-                                    self.runtime.exit_reason(&tracked.handle, code).await
-                                }
+                                Some(tracked) => self
+                                    .within("exit reason", ACT_CALL_MS, async {
+                                        Ok(self.runtime.exit_reason(&tracked.handle, code).await)
+                                    })
+                                    .await
+                                    .ok()
+                                    .flatten(),
                                 None => None,
                             },
                         };
@@ -946,7 +1015,10 @@ impl<R: Runtime> Executor<R> {
                         deferred.push(tracked.handle);
                         return;
                     }
-                    if let Err(error) = self.runtime.remove(&tracked.handle).await {
+                    let removed = self
+                        .within("remove", ACT_CALL_MS, self.runtime.remove(&tracked.handle))
+                        .await;
+                    if let Err(error) = removed {
                         tracing::warn!(%job, attempt, "cannot remove the exited attempt's record: {error}");
                     }
                 }

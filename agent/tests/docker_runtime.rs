@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Instant;
 
-use quotient_agent::executor::Executor;
+use quotient_agent::executor::{Executor, ACT_CALL_MS, START_CALL_MS};
 use quotient_agent::lease::{boot_time_ms, LEASE_FILE};
 use quotient_agent::reconcile::{Desired, Intent};
 use quotient_agent::runtime::docker::{
@@ -724,7 +724,7 @@ async fn docker_create_that_timed_out_but_was_carried_out_is_settled_by_name() {
     proxy.hold(&["/containers/create", "/json "]);
     let error = runtime.start(&spec).await.unwrap_err();
     assert!(
-        matches!(error, RuntimeError::Docker { .. }),
+        matches!(error, RuntimeError::NoAnswer { .. }),
         "the call timed out: {error}"
     );
     proxy.release();
@@ -806,6 +806,59 @@ async fn docker_container_of_a_launch_given_up_unsettled_is_removed() {
         container_status(&name).is_none()
     };
     assert!(gone.await, "the container was removed");
+}
+
+/// A daemon that does not answer holds a round up for [`START_CALL_MS`] at most for a start,
+/// and [`ACT_CALL_MS`] for a signal, not for its client's whole deadline (30 s in the agent,
+/// a minute here); what it did meanwhile is settled once it answers.
+#[tokio::test]
+async fn a_daemon_that_does_not_answer_holds_a_round_up_for_a_bounded_time() {
+    let Some((_, node, _cleanup, state)) = runtime_for("bounded").await else {
+        return;
+    };
+    let proxy = DaemonProxy::start(state.path());
+    let runtime = DockerRuntime::on(proxy.client(60).await, &node, state.path(), false).unwrap();
+    let mut executor = Executor::new(runtime, "node-1", state.path(), gpu_uuids());
+    let spec = job_spec(Some(IMAGE), shell(TRAPPING_JOB));
+    let run = desired_one(1, 64, 1, &spec, Intent::Run);
+    proxy.hold(&["/containers/create"]);
+    let round = Instant::now();
+    let reports = executor.step(&run).await;
+    let took = round.elapsed();
+    assert!(events_of(&reports, 64, 1).is_empty(), "{reports:?}");
+    assert!(
+        took.as_millis() as u64 <= START_CALL_MS + 5_000,
+        "a hung create held the round {took:?}"
+    );
+    proxy.release();
+    let reports = step_until(&mut executor, &run, "the retried launch", |report| {
+        report.event == JobEvent::Running
+    })
+    .await;
+    assert_eq!(
+        events_of(&reports, 64, 1),
+        vec![JobEvent::Started, JobEvent::Running],
+        "settled by name: started once"
+    );
+    wait_ready(&state.path().join("checkpoints/j-64")).await;
+
+    proxy.hold(&["/kill"]);
+    let stop = desired_one(2, 64, 1, &spec, Intent::Stop);
+    let round = Instant::now();
+    executor.step(&stop).await;
+    let took = round.elapsed();
+    assert!(
+        took.as_millis() as u64 <= ACT_CALL_MS + 5_000,
+        "a hung signal held the round {took:?}"
+    );
+    proxy.release();
+    let reports = step_until(&mut executor, &stop, "the preempted exit", is_exit).await;
+    assert!(
+        reports
+            .iter()
+            .any(|report| report.event == JobEvent::ExitedAfterSignal { code: Some(0) }),
+        "{reports:?}"
+    );
 }
 
 /// The lines a container job prints (`line 0` to `line N-1` on stdout, then a traceback on

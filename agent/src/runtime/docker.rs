@@ -1371,6 +1371,12 @@ fn settled_by_name(error: &DockerError) -> bool {
 }
 
 fn docker_error(operation: &str, error: DockerError) -> RuntimeError {
+    if matches!(error, DockerError::RequestTimeoutError) {
+        return RuntimeError::NoAnswer {
+            operation: format!("docker {operation}"),
+            limit_ms: DOCKER_CALL_TIMEOUT_S * 1_000,
+        };
+    }
     let hint = match &error {
         DockerError::SocketNotFoundError(_) | DockerError::HyperResponseError { .. } => {
             ": is the Docker daemon running, and may this user use its socket?"

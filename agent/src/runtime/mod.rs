@@ -68,6 +68,10 @@ pub enum RuntimeError {
     /// The Docker daemon is not reachable or refused a call.
     #[error("docker {operation}: {detail}")]
     Docker { operation: String, detail: String },
+    /// A call whose answer did not come in time (a Docker daemon that hangs): it may still
+    /// be carried out.
+    #[error("no answer to {operation} within {limit_ms} ms (is the Docker daemon hung?)")]
+    NoAnswer { operation: String, limit_ms: u64 },
     /// The job's image is not on this host, and Quotient never pulls one. Another host may
     /// have it, so this is the node's fault, not the job's.
     #[error("image {image} is not present on node {node}; images are never pulled: docker pull, load or build it on the node first ({detail})")]
@@ -97,11 +101,11 @@ impl RuntimeError {
         }
     }
 
-    /// Whether a failed [`Runtime::start`] leaves open whether the attempt was started: a
-    /// call to the Docker daemon that got no answer (or an error) may still be carried out.
-    /// Such an attempt is [`Runtime::abandon`]ed once it will not be tried again.
+    /// Whether a failed call leaves open whether it was carried out: one that got no answer
+    /// in time may still be. A launch failed so is [`Runtime::abandon`]ed once it will not be
+    /// tried again; a signal failed so may have reached the job.
     pub fn unsettled(&self) -> bool {
-        matches!(self, RuntimeError::Docker { .. })
+        matches!(self, RuntimeError::NoAnswer { .. })
     }
 
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> RuntimeError {
