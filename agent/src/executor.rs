@@ -346,7 +346,10 @@ impl<R: Runtime> Executor<R> {
             None => return,
         };
         for handle in handles {
-            if let Err(error) = self.runtime.remove(&handle).await {
+            let removed = self
+                .within("remove", ACT_CALL_MS, self.runtime.remove(&handle))
+                .await;
+            if let Err(error) = removed {
                 tracing::warn!(job = %handle.job, attempt = handle.attempt, "cannot remove the exited attempt's record: {error}");
             }
         }

@@ -517,10 +517,11 @@ impl DockerRuntime {
         Some((inspected.id?, started))
     }
 
-    /// Takes container `id`, which an earlier try of `spec` started although its call seemed
-    /// to fail, for the attempt: followed and watched as if this try had started it.
+    /// Takes container `id`, started already for `spec` (by an earlier try whose call seemed
+    /// to fail, or by this agent's earlier life while Docker did not answer its restart), for
+    /// the attempt: followed and watched as if this try had started it.
     fn take_started(&self, spec: &LaunchSpec, id: String, name: &str) -> JobHandle {
-        tracing::warn!(job = %spec.job, attempt = spec.attempt, container = %name, "a start that seemed to fail was carried out; the container runs as this attempt");
+        tracing::warn!(job = %spec.job, attempt = spec.attempt, container = %name, "the attempt's container was started already (a start that got no answer, or an earlier life of this agent); it is taken as the attempt");
         self.follow(&id, spec.job, spec.attempt);
         self.watch(&id, spec.checkpoint_signal, spec.grace_period_ms);
         JobHandle {
