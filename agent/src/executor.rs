@@ -60,6 +60,9 @@ pub const ACT_CALL_MS: u64 = 2_000;
 /// for a container's mounts and GPU hooks. A start not answered by then is a failed launch
 /// whose outcome is settled later ([`RuntimeError::unsettled`]).
 pub const START_CALL_MS: u64 = 10_000;
+/// How often the executor looks again for attempts an earlier life of the agent started that
+/// its runtimes could not be asked about at [`Executor::recover`] (milliseconds).
+pub const RELIST_MS: u64 = 5_000;
 /// The wait after a first failed launch; each later wait is twice the one before.
 pub const LAUNCH_BACKOFF_FIRST_MS: u64 = 500;
 /// Finished attempts remembered so that none is started twice; the oldest are forgotten first
@@ -268,6 +271,14 @@ pub struct Executor<R: Runtime> {
     /// Attempts whose last launch failed [unsettled](RuntimeError::unsettled), and whether
     /// each is a container: abandoned once no longer tried, until the runtime says so.
     unsettled: BTreeMap<(JobId, u32), bool>,
+    /// Attempts an earlier life of this agent started that the runtimes could not be asked
+    /// about when it recovered (Docker did not answer): never started again until a later
+    /// look ([`RELIST_MS`]) finds them, or finds them gone. Started blind, a container that
+    /// runs on would be missed, the launch would fail as the node's, and the job would run
+    /// twice at once.
+    unlisted: BTreeSet<(JobId, u32)>,
+    /// When the runtimes were last asked about them (the executor's clock).
+    unlisted_looked_ms: u64,
     fence: Option<u64>,
     clock: ExecutorClock,
     /// See [`Executor::defer_removals`]: reported attempts whose runtime record is removed only
@@ -319,6 +330,8 @@ impl<R: Runtime> Executor<R> {
             answered: BTreeSet::new(),
             launch_retries: BTreeMap::new(),
             unsettled: BTreeMap::new(),
+            unlisted: BTreeSet::new(),
+            unlisted_looked_ms: 0,
             fence: None,
             clock: ExecutorClock::Monotonic(Instant::now()),
             deferred_removals: None,
@@ -463,11 +476,17 @@ impl<R: Runtime> Executor<R> {
     /// ones wait, as `Found`, for the first desired state to adopt or kill them; exited ones
     /// are reported at the next step.
     pub async fn recover(&mut self) -> Result<usize, RuntimeError> {
+        self.look_for_own(false).await
+    }
+
+    /// [`Executor::recover`]'s look; `again`: a later one, while attempts are unlisted, which
+    /// leaves out what this life already reported.
+    async fn look_for_own(&mut self, again: bool) -> Result<usize, RuntimeError> {
         let found = self.runtime.list_own().await?;
         let count = found.len();
         for found in found {
             let key = (found.handle.job, found.handle.attempt);
-            if self.jobs.contains_key(&key) {
+            if self.jobs.contains_key(&key) || (again && self.finished.contains(&key)) {
                 continue;
             }
             let phase = match found.status {
@@ -507,10 +526,24 @@ impl<R: Runtime> Executor<R> {
             .retain(&self.jobs.keys().copied().collect());
         if !self.runtime.listed_everywhere() {
             // Not found may only mean not looked for (Docker does not answer yet): such an
-            // attempt is left to the runtime, which takes the attempt's container by its name
-            // rather than starting a second.
+            // attempt is neither taken for gone nor started, until a later look.
+            let unlisted: BTreeSet<_> = self
+                .started_records
+                .keys()
+                .into_iter()
+                .filter(|key| !self.jobs.contains_key(key) && !self.finished.contains(key))
+                .collect();
+            if !unlisted.is_empty() && unlisted != self.unlisted {
+                tracing::warn!(
+                    count = unlisted.len(),
+                    "attempts this agent started before it restarted could not be looked for (Docker does not answer?): none is started again until they are found, or found gone; looking again every {RELIST_MS} ms"
+                );
+            }
+            self.unlisted = unlisted;
+            self.unlisted_looked_ms = self.now_ms();
             return Ok(count);
         }
+        self.unlisted.clear();
         for (job, attempt) in self.started_records.keys() {
             let key = (job, attempt);
             if self.jobs.contains_key(&key) {
@@ -658,6 +691,16 @@ impl<R: Runtime> Executor<R> {
     }
 
     async fn step_with(&mut self, desired: Option<&Desired>) -> Vec<JobReport> {
+        if !self.unlisted.is_empty()
+            && self.now_ms().saturating_sub(self.unlisted_looked_ms) >= RELIST_MS
+        {
+            self.unlisted_looked_ms = self.now_ms();
+            if let Err(error) = self.look_for_own(true).await {
+                tracing::warn!(
+                    "cannot look for the attempts of this agent's earlier life: {error}"
+                );
+            }
+        }
         self.observe().await;
         let mut reports = Vec::new();
         self.watch_checkpoints(&mut reports);
@@ -800,6 +843,10 @@ impl<R: Runtime> Executor<R> {
             } => {
                 if self.jobs.len() >= LOCAL_ATTEMPTS_MAX {
                     tracing::error!(%job, "too many attempts on this node; not starting");
+                    return;
+                }
+                if self.unlisted.contains(&(job, attempt)) {
+                    tracing::debug!(%job, attempt, "started by this agent's earlier life and not yet looked for; not started again");
                     return;
                 }
                 let retry = self.launch_retries.get(&(job, attempt)).copied();

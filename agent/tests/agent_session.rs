@@ -49,6 +49,8 @@ struct Node {
     state: PathBuf,
     log: PathBuf,
     agent_args: Vec<String>,
+    /// Environment variables its agents get besides the usual ones.
+    agent_env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -63,6 +65,7 @@ impl Node {
             state,
             log,
             agent_args: Vec::new(),
+            agent_env: Vec::new(),
             _dir: dir,
         }
     }
@@ -153,6 +156,7 @@ impl Agent {
             .env_remove("QUOTIENT_COORDINATORS")
             .env("RUST_LOG", "info,quotient_agent=debug")
             .env("NO_COLOR", "1")
+            .envs(node.agent_env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -699,6 +703,128 @@ async fn agent_killed_and_restarted_within_its_lease_keeps_its_job() {
     assert!(!node.checkpoint_dir(14).join("checkpoint").exists());
     assert_eq!(node.starts(14), 1);
     assert!(!exit_reported(&leader, 14));
+}
+
+/// An agent started again while the Docker daemon hangs (here: a socket that takes
+/// connections and never answers) registers within its lease, and its process job runs on.
+/// Before, the agent's Docker calls at start (connect, list containers, list images) waited
+/// 30 s each, its lease ran out meanwhile, and the watchdogs stopped every job
+/// of the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restarted_while_docker_hangs_registers_within_its_lease_and_keeps_its_job() {
+    const LEASE_MS: u64 = 6_000;
+    let mut node = Node::new();
+    let socket = node.state.with_file_name("hung-docker.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let hung = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    node.agent_env = vec![(
+        "DOCKER_HOST".to_string(),
+        format!("unix://{}", socket.display()),
+    )];
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, 16, vec![0], WireIntent::Run)],
+    ));
+    let mut agent = Agent::start_on(&node, NODE, &[leader.address()], LEASE_MS, "auto");
+    wait_until("the job is reported running", || {
+        reported(&leader, 16, JobEvent::Running)
+    })
+    .await;
+
+    agent.kill();
+    let killed_at = Instant::now();
+    let registrations_before = leader.state().registrations.len();
+    let _agent = Agent::start_on(&node, NODE, &[leader.address()], LEASE_MS, "auto");
+    wait_until("the restarted agent registers", || {
+        leader.state().registrations.len() > registrations_before
+    })
+    .await;
+    let registered_after = killed_at.elapsed();
+    assert!(
+        registered_after < Duration::from_millis(LEASE_MS),
+        "registered {registered_after:?} after the kill, past its lease"
+    );
+    let past_watchdog =
+        Duration::from_millis(LEASE_MS + WATCHDOG_SLACK_MS + 2 * WATCHDOG_POLL_S * 1_000);
+    tokio::time::sleep(past_watchdog.saturating_sub(killed_at.elapsed())).await;
+    assert!(job_pid_alive(&node.state, 16), "the job was stopped");
+    assert_eq!(node.starts(16), 1);
+    assert!(!exit_reported(&leader, 16));
+    hung.abort();
+}
+
+/// A container job's agent started again while the Docker daemon hangs cannot look for the
+/// job's container: it neither starts the attempt again nor reports its launch failed (the
+/// job would be placed elsewhere while its container runs on here), and adopts the container
+/// once the daemon answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_jobs_agent_restarted_while_docker_hangs_adopts_it_once_docker_answers() {
+    const JOB: u64 = 18;
+    if let Err(why) = docker::ensure_image() {
+        docker::unavailable(why);
+        return;
+    }
+    let mut node = Node::new();
+    let proxy = docker::DaemonProxy::start(node.state.parent().unwrap());
+    node.agent_env = vec![(
+        "DOCKER_HOST".to_string(),
+        format!("unix://{}", proxy.socket.display()),
+    )];
+    let instance = quotient_agent::runtime::docker::instance_id(&node.state).unwrap();
+    let container = format!("quotient-{NODE}-{instance}-j-{JOB}-1");
+    let _containers = docker::RemoveContainers(vec![format!("name={container}")]);
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let mut job = allocation(NODE, JOB, vec![0], WireIntent::Run);
+    job.spec = job_spec(Some(docker::IMAGE), shell(COUNTING_JOB));
+    leader.set_desired(desired(1, 1, vec![job]));
+    let mut agent = Agent::start_on(&node, NODE, &[leader.address()], LONG_LEASE_MS, "auto");
+    wait_until("the job is reported running", || {
+        reported(&leader, JOB, JobEvent::Running)
+    })
+    .await;
+
+    // Every call to the daemon goes unanswered from now on.
+    proxy.hold(&["HTTP/1.1"]);
+    agent.kill();
+    let registrations_before = leader.state().registrations.len();
+    let _agent = Agent::start_on(&node, NODE, &[leader.address()], LONG_LEASE_MS, "auto");
+    wait_until("the restarted agent registers", || {
+        leader.state().registrations.len() > registrations_before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let launch_failed = |state: &LeaderState| {
+        state
+            .reports
+            .iter()
+            .any(|report| matches!(report.event, JobEvent::LaunchFailed { .. }))
+    };
+    assert!(
+        !launch_failed(&leader.state()),
+        "its launch was reported failed while its container ran: {:?}",
+        leader.state().reports
+    );
+
+    proxy.release();
+    wait_until(
+        "the container is adopted and reported running again",
+        || report_count(&leader, JOB, JobEvent::Running) >= 2,
+    )
+    .await;
+    assert!(
+        !launch_failed(&leader.state()),
+        "{:?}",
+        leader.state().reports
+    );
+    assert_eq!(node.starts(JOB), 1, "started once");
 }
 
 /// The first coordinator answers NotLeader naming the second; the agent follows and its

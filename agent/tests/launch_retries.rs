@@ -5,10 +5,13 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use quotient_agent::executor::{launch_backoff_ms, Executor, SignalRecords, LAUNCH_TRIES_MAX};
+use quotient_agent::executor::{
+    launch_backoff_ms, Executor, SignalRecords, LAUNCH_TRIES_MAX, RELIST_MS,
+};
 use quotient_agent::reconcile::{Intent, ALREADY_RAN};
 use quotient_agent::runtime::{FoundJob, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError};
 use quotient_common::job::{LaunchFault, LAUNCH_MESSAGE_BYTES_MAX};
@@ -22,7 +25,7 @@ struct FlakyRuntime {
     fail: fn(&LaunchSpec) -> RuntimeError,
     tries: Mutex<Vec<Instant>>,
     /// What `listed_everywhere` says (false: as the host runtime while Docker is down).
-    listed_everywhere: bool,
+    listed_everywhere: AtomicBool,
 }
 
 impl FlakyRuntime {
@@ -31,7 +34,7 @@ impl FlakyRuntime {
             failures,
             fail,
             tries: Mutex::new(Vec::new()),
-            listed_everywhere: true,
+            listed_everywhere: AtomicBool::new(true),
         }
     }
 
@@ -71,7 +74,7 @@ impl Runtime for FlakyRuntime {
     }
 
     fn listed_everywhere(&self) -> bool {
-        self.listed_everywhere
+        self.listed_everywhere.load(Ordering::SeqCst)
     }
 
     async fn remove(&self, _: &JobHandle) -> Result<(), RuntimeError> {
@@ -388,17 +391,30 @@ fn reported_already_ran(report: &JobReport) -> bool {
 }
 
 #[tokio::test]
-async fn an_attempt_not_looked_for_after_a_restart_is_not_taken_for_gone() {
+async fn an_attempt_not_looked_for_after_a_restart_is_neither_started_nor_taken_for_gone() {
     // An agent started while Docker does not answer cannot list its containers: an attempt
     // it started before is then not known to be gone, and is not reported as such (its job
-    // would be placed again while its container runs on). It is left to the runtime, which
-    // refuses to start a container of the same attempt twice.
-    let mut blind = FlakyRuntime::new(0, too_large);
-    blind.listed_everywhere = false;
-    let (again, reports) = restarted_after_starting(8, blind).await;
+    // would be placed again while its container runs on). Nor is it started blind: with
+    // Docker still silent the launch would fail as the node's, and the job be placed again
+    // beside its running container. It waits until a later look finds it, or finds it gone.
+    let blind = FlakyRuntime::new(0, too_large);
+    blind.listed_everywhere.store(false, Ordering::SeqCst);
+    let (mut again, mut reports) = restarted_after_starting(8, blind).await;
+    let desired = desired_one(1, 8, 1, &job_spec(None, shell("train")), Intent::Run);
+    reports.extend(step_for(&mut again, &desired, Duration::from_millis(300)).await);
+    assert!(reports.is_empty(), "nothing reported: {reports:?}");
+    assert!(again.runtime().tries().is_empty(), "not started blind");
+
+    // Docker answers again, and the attempt is not among the containers: gone.
+    again
+        .runtime()
+        .listed_everywhere
+        .store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(RELIST_MS)).await;
+    let reports = again.step(&desired).await;
     assert!(
-        !reports.iter().any(reported_already_ran),
-        "not reported as gone: {reports:?}"
+        reports.iter().any(reported_already_ran),
+        "found gone at the next look, and reported: {reports:?}"
     );
-    assert_eq!(again.runtime().tries().len(), 1, "left to the runtime");
+    assert!(again.runtime().tries().is_empty(), "never started again");
 }

@@ -12,6 +12,13 @@
 //!
 //! [`HostRuntime::capabilities`] says what the node can run: its runtimes and the images it
 //! has ([`NodeCapabilities`]), for the agent to report at registration.
+//!
+//! A daemon that hangs holds none of that up for long: connecting waits at most
+//! [`DOCKER_CONNECT_MS`] (and is not tried again for [`DOCKER_RECONNECT_MS`] after a failure),
+//! listing the agent's containers [`DOCKER_LIST_MS`] and listing images as long. An agent
+//! started again while the daemon hung once took over a minute of such calls before it
+//! registered, its lease ran out meanwhile, and the watchdogs stopped every job of the node,
+//! process jobs too (found reading the start-up path after the Docker probe).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,6 +43,14 @@ pub struct NodeCapabilities {
     /// bytes each.
     pub images: Vec<String>,
 }
+
+/// How long connecting to the Docker daemon may take (milliseconds).
+pub const DOCKER_CONNECT_MS: u64 = 2_000;
+/// How long after a failed connection the next is tried (milliseconds); calls meanwhile
+/// find Docker unreachable at once.
+pub const DOCKER_RECONNECT_MS: u64 = 5_000;
+/// How long listing the agent's containers, or the host's images, may take (milliseconds).
+pub const DOCKER_LIST_MS: u64 = 5_000;
 
 /// How the host runtime connects to Docker, now or later.
 #[derive(Debug, Clone)]
@@ -78,6 +93,8 @@ pub struct HostRuntime {
     /// `None`: container jobs are not run here (`--runtime process`).
     docker_setup: Option<DockerSetup>,
     docker: Mutex<Option<Arc<DockerRuntime>>>,
+    /// When connecting last failed, and why.
+    connect_failed: Mutex<Option<(std::time::Instant, String)>>,
     /// The images the last listing found: kept through a listing that fails, so that a
     /// daemon slow for a while does not tell the coordinators the node holds none.
     last_images: Mutex<Vec<String>>,
@@ -98,6 +115,7 @@ impl HostRuntime {
             process,
             docker_setup: docker,
             docker: Mutex::new(None),
+            connect_failed: Mutex::new(None),
         }
     }
 
@@ -116,13 +134,35 @@ impl HostRuntime {
         {
             return Ok(docker);
         }
-        let connected = setup
-            .connect()
-            .await
-            .map_err(|error| RuntimeError::DockerUnreachable {
-                node: self.node.clone(),
-                detail: error.to_string(),
-            })?;
+        let unreachable = |detail: String| RuntimeError::DockerUnreachable {
+            node: self.node.clone(),
+            detail,
+        };
+        if let Some((at, why)) = &*self
+            .connect_failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            if at.elapsed() < std::time::Duration::from_millis(DOCKER_RECONNECT_MS) {
+                return Err(unreachable(why.clone()));
+            }
+        }
+        let limit = std::time::Duration::from_millis(DOCKER_CONNECT_MS);
+        let connected = match tokio::time::timeout(limit, setup.connect()).await {
+            Ok(Ok(connected)) => connected,
+            failed => {
+                let why = match failed {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => format!("the daemon did not answer within {DOCKER_CONNECT_MS} ms"),
+                };
+                *self
+                    .connect_failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) =
+                    Some((std::time::Instant::now(), why.clone()));
+                return Err(unreachable(why));
+            }
+        };
         tracing::info!(node = %self.node, "connected to Docker: container jobs run on this node");
         let mut slot = self.docker.lock().unwrap_or_else(PoisonError::into_inner);
         // Another call may have connected meanwhile: keep the first.
@@ -158,7 +198,16 @@ impl HostRuntime {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
-                match local_images(docker.docker()).await {
+                let limit = std::time::Duration::from_millis(DOCKER_LIST_MS);
+                let listed = tokio::time::timeout(limit, local_images(docker.docker()))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(RuntimeError::NoAnswer {
+                            operation: "docker list images".to_string(),
+                            limit_ms: DOCKER_LIST_MS,
+                        })
+                    });
+                match listed {
                     Ok(images) => last = images,
                     // Found by probing: a daemon that did not answer for 30 s made the node
                     // register again with no images, and queued container jobs were told it
@@ -227,8 +276,22 @@ impl Runtime for HostRuntime {
         let mut found = self.process.list_own().await?;
         let mut everywhere = true;
         if self.docker_setup.is_some() {
-            match self.docker().await {
-                Ok(docker) => found.extend(docker.list_own().await?),
+            let limit = std::time::Duration::from_millis(DOCKER_LIST_MS);
+            let listed = match self.docker().await {
+                // Not found: not looked for. An attempt still wanted is then found by its
+                // container's name when it is asked to run.
+                Ok(docker) => tokio::time::timeout(limit, docker.list_own())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(RuntimeError::NoAnswer {
+                            operation: "docker list containers".to_string(),
+                            limit_ms: DOCKER_LIST_MS,
+                        })
+                    }),
+                Err(error) => Err(error),
+            };
+            match listed {
+                Ok(containers) => found.extend(containers),
                 Err(error) => {
                     everywhere = false;
                     tracing::warn!("cannot look for this agent's containers: {error}")
