@@ -613,6 +613,15 @@ async fn agent_killed_outright_leaves_no_job_running_past_its_lease() {
     assert_eq!(node.starts(13), 1);
 }
 
+/// The name of the container of attempt 1 of `job` on `node`'s agent (named with its instance
+/// id, made here in its state dir first), removed when the guard drops.
+fn container_of(node: &Node, job: u64) -> (String, docker::RemoveContainers) {
+    let instance = quotient_agent::runtime::docker::instance_id(&node.state).unwrap();
+    let container = format!("quotient-{NODE}-{instance}-j-{job}-1");
+    let guard = docker::RemoveContainers(vec![format!("name={container}")]);
+    (container, guard)
+}
+
 /// On the Docker runtime too: an agent killed outright leaves its container to the container's
 /// watchdog process, which gets the job its checkpoint signal once the lease file has not been
 /// renewed for the lease and kills it after the grace period (Docker reports 137).
@@ -628,9 +637,7 @@ async fn agent_killed_outright_leaves_no_container_running_past_its_lease() {
     }
     let node = Node::new();
     // The agent names its containers with its instance id, made here in its state dir first.
-    let instance = quotient_agent::runtime::docker::instance_id(&node.state).unwrap();
-    let container = format!("quotient-{NODE}-{instance}-j-{JOB}-1");
-    let _containers = docker::RemoveContainers(vec![format!("name={container}")]);
+    let (container, _containers) = container_of(&node, JOB);
     let leader = FakeLeader::start(&node.certs, LEASE_MS, HEARTBEAT_MS);
     let mut stubborn = allocation(NODE, JOB, vec![0], WireIntent::Run);
     stubborn.spec = job_spec(Some(docker::IMAGE), shell(STUBBORN_JOB));
@@ -778,9 +785,7 @@ async fn a_container_jobs_agent_restarted_while_docker_hangs_adopts_it_once_dock
         "DOCKER_HOST".to_string(),
         format!("unix://{}", proxy.socket.display()),
     )];
-    let instance = quotient_agent::runtime::docker::instance_id(&node.state).unwrap();
-    let container = format!("quotient-{NODE}-{instance}-j-{JOB}-1");
-    let _containers = docker::RemoveContainers(vec![format!("name={container}")]);
+    let (_, _containers) = container_of(&node, JOB);
     let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
     let mut job = allocation(NODE, JOB, vec![0], WireIntent::Run);
     job.spec = job_spec(Some(docker::IMAGE), shell(COUNTING_JOB));

@@ -56,6 +56,28 @@ async fn runtime_for(
     Some((runtime, node, cleanup, state))
 }
 
+/// The agent's lease file in `state`, written to run for another minute.
+fn live_lease(state: &std::path::Path) -> std::path::PathBuf {
+    let lease_file = state.join(LEASE_FILE);
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
+    lease_file
+}
+
+/// `runtime` giving its containers watchdogs (this test build's agent binary) that read a
+/// live lease file in `state`; with that file.
+fn with_watchdogs(
+    runtime: DockerRuntime,
+    state: &std::path::Path,
+) -> (DockerRuntime, std::path::PathBuf) {
+    let lease_file = live_lease(state);
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_quotient-agent"));
+    (
+        runtime.with_orphan_watchdog(agent, &lease_file, state),
+        lease_file,
+    )
+}
+
 async fn wait_ready(dir: &std::path::Path) {
     let ready = dir.join("ready");
     wait_for("the container job to start", || {
@@ -459,11 +481,7 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     let Some((runtime, node, _cleanup, state)) = runtime_for("watchdog").await else {
         return;
     };
-    let lease_file = state.path().join(LEASE_FILE);
-    let now_ms = boot_time_ms().expect("the boot clock");
-    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
-    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_quotient-agent"));
-    let runtime = runtime.with_orphan_watchdog(agent, &lease_file, state.path());
+    let (runtime, lease_file) = with_watchdogs(runtime, state.path());
     let watchdogs = state.path().join(WATCHDOGS_DIR);
 
     let quick = launch(state.path(), 51, 1, Some(IMAGE), shell("sleep 0.2; exit 3"));
@@ -492,6 +510,7 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     wait_ready(&trapping.checkpoint_dir).await;
     wait_ready(&ignoring.checkpoint_dir).await;
     // Adopting both again starts no second watchdog that acts: it finds the lock taken.
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_quotient-agent"));
     let adopting = DockerRuntime::connect(&node, state.path(), false)
         .await
         .unwrap()
@@ -568,11 +587,7 @@ async fn docker_watchdog_that_dies_is_started_again() {
     let Some((runtime, _node, _cleanup, state)) = runtime_for("wdagain").await else {
         return;
     };
-    let lease_file = state.path().join(LEASE_FILE);
-    let now_ms = boot_time_ms().expect("the boot clock");
-    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
-    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_quotient-agent"));
-    let runtime = runtime.with_orphan_watchdog(agent, &lease_file, state.path());
+    let (runtime, lease_file) = with_watchdogs(runtime, state.path());
     let trapping = launch(state.path(), 55, 1, Some(IMAGE), shell(TRAPPING_JOB));
     let handle = runtime.start(&trapping).await.unwrap();
     wait_ready(&trapping.checkpoint_dir).await;
@@ -616,9 +631,7 @@ async fn docker_watchdog_that_cannot_reach_the_daemon_at_first_keeps_trying() {
     let Some((runtime, _node, _cleanup, state)) = runtime_for("wdconnect").await else {
         return;
     };
-    let lease_file = state.path().join(LEASE_FILE);
-    let now_ms = boot_time_ms().expect("the boot clock");
-    std::fs::write(&lease_file, format!("{}\n", now_ms + 60_000)).unwrap();
+    let lease_file = live_lease(state.path());
     let trapping = launch(state.path(), 54, 1, Some(IMAGE), shell(TRAPPING_JOB));
     let handle = runtime.start(&trapping).await.unwrap();
     wait_ready(&trapping.checkpoint_dir).await;
