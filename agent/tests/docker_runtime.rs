@@ -874,6 +874,33 @@ async fn a_daemon_that_does_not_answer_holds_a_round_up_for_a_bounded_time() {
     );
 }
 
+/// A job's container started again from outside (`docker restart`) ran the job again from
+/// its start inside the same attempt, unknown to the coordinators (found by probing). It is
+/// now stopped, and the attempt reported as stopped (no exit code: the job goes back to the
+/// queue), not left running.
+#[tokio::test]
+async fn docker_container_restarted_outside_is_stopped_and_reported_stopped() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("restarted").await else {
+        return;
+    };
+    let spec = launch(state.path(), 65, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let handle = runtime.start(&spec).await.unwrap();
+    wait_ready(&spec.checkpoint_dir).await;
+    assert_eq!(runtime.status(&handle).await.unwrap(), JobStatus::Running);
+    let restarted = Command::new("docker")
+        .args(["restart", "-t", "0", &handle.id])
+        .output()
+        .unwrap();
+    assert!(restarted.status.success(), "{restarted:?}");
+    let code = runtime.wait(&handle, WAIT_DEADLINE).await.unwrap();
+    assert_eq!(code, Some(None), "reported as stopped, not by an exit code");
+    assert_eq!(
+        container_status(&handle.id).as_deref(),
+        Some("exited"),
+        "not left running"
+    );
+}
+
 /// The lines a container job prints (`line 0` to `line N-1` on stdout, then a traceback on
 /// stderr) before it exits 3.
 fn printing_job(lines: u32, pause_every: u32) -> Vec<String> {

@@ -181,6 +181,18 @@ pub struct DockerRuntime {
     instance: String,
     /// The log follower of each container this runtime follows, by container id.
     followers: Mutex<HashMap<String, Follower>>,
+    /// When each container asked about was first seen running (Docker's `StartedAt`), to
+    /// tell a restart from outside ([`Runs::Restarted`]).
+    runs: Mutex<HashMap<String, Runs>>,
+}
+
+/// What [`DockerRuntime::status`] saw of a container's runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Runs {
+    /// Running since this `StartedAt`.
+    Started(String),
+    /// Started again from outside (`docker restart`): the attempt is over, as a stop.
+    Restarted,
 }
 
 /// A container's log follower.
@@ -262,6 +274,7 @@ impl DockerRuntime {
             user: JobUser::current(),
             pids_max: None,
             followers: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
             instance: instance_id(state_dir)?,
         })
     }
@@ -515,6 +528,33 @@ impl DockerRuntime {
         let started = state.running == Some(true)
             || !matches!(state.status, Some(ContainerStateStatusEnum::CREATED) | None);
         Some((inspected.id?, started))
+    }
+
+    /// Whether the attempt's container was started again from outside (`docker restart`)
+    /// since [`DockerRuntime::status`] first saw it running: its `StartedAt` moved.
+    fn restarted_outside(
+        &self,
+        handle: &JobHandle,
+        running: bool,
+        started_at: Option<&str>,
+    ) -> bool {
+        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        let started_at = started_at.unwrap_or_default();
+        match runs.get(&handle.id) {
+            Some(Runs::Restarted) => true,
+            Some(Runs::Started(first)) if !started_at.is_empty() && first != started_at => {
+                tracing::warn!(job = %handle.job, attempt = handle.attempt, container = %handle.id, "the attempt's container was started again from outside Quotient (docker restart): it is stopped, and the attempt reported as stopped");
+                runs.insert(handle.id.clone(), Runs::Restarted);
+                true
+            }
+            Some(Runs::Started(_)) => false,
+            None => {
+                if running && !started_at.is_empty() {
+                    runs.insert(handle.id.clone(), Runs::Started(started_at.to_string()));
+                }
+                false
+            }
+        }
     }
 
     /// Takes container `id`, started already for `spec` (by an earlier try whose call seemed
@@ -793,7 +833,21 @@ impl Runtime for DockerRuntime {
             Err(error) => return Err(docker_error("inspect container", error)),
         };
         let state = inspected.state.unwrap_or_default();
-        if state.running == Some(true) {
+        let running = state.running == Some(true);
+        if self.restarted_outside(handle, running, state.started_at.as_deref()) {
+            // The job ran again from its start inside the same attempt, unknown to the
+            // coordinators: it is stopped, and reported as stopped (the job goes back to
+            // the queue and resumes from its checkpoint), not by its exit code.
+            if running {
+                self.send_signal(handle, "SIGKILL").await?;
+                return Ok(JobStatus::Running);
+            }
+            if !self.drained(&handle.id) {
+                return Ok(JobStatus::Running);
+            }
+            return Ok(JobStatus::Exited { code: None });
+        }
+        if running {
             self.keep_watched(&handle.id);
             return Ok(JobStatus::Running);
         }
@@ -911,6 +965,10 @@ impl Runtime for DockerRuntime {
                 status_code: 404, ..
             }) => {
                 self.watched
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&handle.id);
+                self.runs
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .remove(&handle.id);
