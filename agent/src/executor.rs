@@ -524,12 +524,18 @@ impl<R: Runtime> Executor<R> {
         }
         self.signal_records
             .retain(&self.jobs.keys().copied().collect());
+        // The attempts of an earlier life to account for: at start, every one on record; at a
+        // later look, those still unlisted (attempts this life is starting or retrying have
+        // records too, and are neither unlisted nor gone).
+        let earlier: Vec<(JobId, u32)> = if again {
+            self.unlisted.iter().copied().collect()
+        } else {
+            self.started_records.keys()
+        };
         if !self.runtime.listed_everywhere() {
             // Not found may only mean not looked for (Docker does not answer yet): such an
             // attempt is neither taken for gone nor started, until a later look.
-            let unlisted: BTreeSet<_> = self
-                .started_records
-                .keys()
+            let unlisted: BTreeSet<_> = earlier
                 .into_iter()
                 .filter(|key| !self.jobs.contains_key(key) && !self.finished.contains(key))
                 .collect();
@@ -544,7 +550,7 @@ impl<R: Runtime> Executor<R> {
             return Ok(count);
         }
         self.unlisted.clear();
-        for (job, attempt) in self.started_records.keys() {
+        for (job, attempt) in earlier {
             let key = (job, attempt);
             if self.jobs.contains_key(&key) {
                 continue;

@@ -366,6 +366,38 @@ async fn an_attempt_whose_container_went_while_the_agent_was_down_is_not_started
     );
 }
 
+#[tokio::test]
+async fn a_launch_of_this_life_is_tried_again_while_an_earlier_ones_attempt_is_unlisted() {
+    // While Docker does not answer, an attempt of the agent's earlier life waits unlisted;
+    // a new attempt's launch that fails meanwhile (it has a started record too) is still
+    // tried again as usual, across the later looks, and reported if it keeps failing.
+    // Taken for unlisted at a later look, it was never tried again nor reported.
+    let blind = FlakyRuntime::new(1, too_large);
+    blind.listed_everywhere.store(false, Ordering::SeqCst);
+    let (mut again, _) = restarted_after_starting(10, blind).await;
+    let spec = job_spec(None, shell("train"));
+    let mut desired = desired_one(1, 10, 1, &spec, Intent::Run);
+    desired
+        .allocations
+        .extend(desired_one(1, 11, 1, &spec, Intent::Run).allocations);
+    // The new attempt's tries span the next look for the unlisted one.
+    tokio::time::sleep(Duration::from_millis(RELIST_MS - 300)).await;
+    let reports = step_for(&mut again, &desired, Duration::from_secs(3)).await;
+    assert!(
+        reports
+            .iter()
+            .any(|report| report.job == quotient_common::JobId(11)
+                && report.event == JobEvent::Running),
+        "the new attempt was tried again and ran: {reports:?}"
+    );
+    assert!(
+        !reports
+            .iter()
+            .any(|report| report.job == quotient_common::JobId(10)),
+        "the unlisted one waits: {reports:?}"
+    );
+}
+
 /// Starts attempt 1 of job `job` with an executor, then makes another over `runtime` with
 /// the same started records (an agent started again), recovers and steps it once against
 /// the same desired state; that executor and its reports.
