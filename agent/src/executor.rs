@@ -272,10 +272,11 @@ pub struct Executor<R: Runtime> {
     /// each is a container: abandoned once no longer tried, until the runtime says so.
     unsettled: BTreeMap<(JobId, u32), bool>,
     /// Attempts an earlier life of this agent started that the runtimes could not be asked
-    /// about when it recovered (Docker did not answer): never started again until a later
-    /// look ([`RELIST_MS`]) finds them, or finds them gone. Started blind, a container that
-    /// runs on would be missed, the launch would fail as the node's, and the job would run
-    /// twice at once.
+    /// about when it recovered (Docker did not answer): left out of the desired state until
+    /// a later look ([`RELIST_MS`]) finds them, or finds them gone. Started blind, a
+    /// container that runs on would be missed, the launch would fail as the node's, and the
+    /// job would run twice at once; a stop would be answered "not here" and free its GPUs
+    /// while it ran.
     unlisted: BTreeSet<(JobId, u32)>,
     /// When the runtimes were last asked about them (the executor's clock).
     unlisted_looked_ms: u64,
@@ -717,6 +718,24 @@ impl<R: Runtime> Executor<R> {
             fence: 0,
             allocations: Vec::new(),
         };
+        // Attempts of an earlier life not yet looked for are left out: neither started, nor
+        // reported stopped when asked to stop (they may run on, in a container not listed).
+        let known;
+        let desired = match desired {
+            Some(desired) if !self.unlisted.is_empty() => {
+                known = Desired {
+                    fence: desired.fence,
+                    allocations: desired
+                        .allocations
+                        .iter()
+                        .filter(|a| !self.unlisted.contains(&(a.job, a.attempt)))
+                        .cloned()
+                        .collect(),
+                };
+                Some(&known)
+            }
+            desired => desired,
+        };
         let (desired_now, fence) = match desired {
             Some(desired) => (desired, self.fence),
             None => (&stale, Some(1)),
@@ -849,10 +868,6 @@ impl<R: Runtime> Executor<R> {
             } => {
                 if self.jobs.len() >= LOCAL_ATTEMPTS_MAX {
                     tracing::error!(%job, "too many attempts on this node; not starting");
-                    return;
-                }
-                if self.unlisted.contains(&(job, attempt)) {
-                    tracing::debug!(%job, attempt, "started by this agent's earlier life and not yet looked for; not started again");
                     return;
                 }
                 let retry = self.launch_retries.get(&(job, attempt)).copied();

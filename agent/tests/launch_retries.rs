@@ -436,6 +436,10 @@ async fn an_attempt_not_looked_for_after_a_restart_is_neither_started_nor_taken_
     reports.extend(step_for(&mut again, &desired, Duration::from_millis(300)).await);
     assert!(reports.is_empty(), "nothing reported: {reports:?}");
     assert!(again.runtime().tries().is_empty(), "not started blind");
+    // Nor is a stop answered "not here": it may run on, and its GPUs would be freed.
+    let stop = desired_one(2, 8, 1, &job_spec(None, shell("train")), Intent::Stop);
+    let reports = step_for(&mut again, &stop, Duration::from_millis(300)).await;
+    assert!(reports.is_empty(), "no stop reported: {reports:?}");
 
     // Docker answers again, and the attempt is not among the containers: gone.
     again
@@ -443,6 +447,7 @@ async fn an_attempt_not_looked_for_after_a_restart_is_neither_started_nor_taken_
         .listed_everywhere
         .store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(RELIST_MS)).await;
+    let desired = desired_one(3, 8, 1, &job_spec(None, shell("train")), Intent::Run);
     let reports = again.step(&desired).await;
     assert!(
         reports.iter().any(reported_already_ran),
