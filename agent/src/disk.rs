@@ -188,21 +188,40 @@ fn parse_log_name(name: &str) -> Option<(JobId, u32)> {
 
 /// The bytes a tree takes on disk (symbolic links are not followed), counting at most
 /// `budget` entries; the second value says whether it counted all of them.
+///
+/// Files are counted as their folder is read, and only folders wait their turn, so what it
+/// holds grows with the folders of the tree, not its files (found by a soak: holding a path
+/// per file, each minute's measure of 100,000 logs took megabytes, which the allocator then
+/// kept, and the agent's memory grew with its logs for the days of their retention).
 fn tree_bytes(root: &Path, budget: &mut u64) -> (u64, bool) {
-    let mut total = 0u64;
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        if *budget == 0 {
-            return (total, false);
-        }
-        *budget -= 1;
-        let Ok(metadata) = std::fs::symlink_metadata(&path) else {
+    let Ok(metadata) = std::fs::symlink_metadata(root) else {
+        return (0, true);
+    };
+    if *budget == 0 {
+        return (0, false);
+    }
+    *budget -= 1;
+    let mut total = allocated_bytes(&metadata);
+    let mut pending = Vec::new();
+    if metadata.is_dir() {
+        pending.push(root.to_path_buf());
+    }
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
-        total = total.saturating_add(allocated_bytes(&metadata));
-        if metadata.is_dir() {
-            if let Ok(entries) = std::fs::read_dir(&path) {
-                pending.extend(entries.flatten().map(|entry| entry.path()));
+        for entry in entries.flatten() {
+            if *budget == 0 {
+                return (total, false);
+            }
+            *budget -= 1;
+            // An entry's own metadata: a symbolic link is not followed.
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            total = total.saturating_add(allocated_bytes(&metadata));
+            if metadata.is_dir() {
+                pending.push(entry.path());
             }
         }
     }
@@ -265,11 +284,9 @@ pub struct Sweep {
 /// A job's files found by a sweep.
 #[derive(Debug, Default)]
 struct JobFiles {
-    logs: Vec<(PathBuf, u64)>,
-    /// The attempts' working dirs: removed with the logs.
-    work_dirs: Vec<PathBuf>,
-    checkpoint_dir: Option<PathBuf>,
-    /// The newest modification time among them.
+    /// Whether it has logs (its working dirs and checkpoint dir are kept beside).
+    has_logs: bool,
+    /// The newest modification time among its files.
     last_ran: Option<SystemTime>,
 }
 
@@ -386,52 +403,48 @@ impl DiskKeeper {
 
     /// Removes the files of jobs this node last ran longer ago than their retention (and not
     /// in use), caps every log found over the cap, and measures the disk use.
+    ///
+    /// Two passes over the logs: the first keeps a few bytes per job (when it last ran, what
+    /// its logs take), the second removes the logs of the jobs found expired, each checked
+    /// again against what is in use as it goes. Nothing is kept per log (see [`tree_bytes`]).
     pub fn sweep(&self, now: SystemTime) -> Sweep {
         let mut jobs: BTreeMap<JobId, JobFiles> = BTreeMap::new();
         let logs_dir = self.state_dir.join(LOGS_DIR);
-        for entry in read_dir_or_empty(&logs_dir).take(SWEEP_ENTRIES_MAX) {
-            let name = entry.file_name();
-            let Some((job, attempt)) = name.to_str().and_then(parse_log_name) else {
-                continue;
-            };
-            let Ok(metadata) = entry.metadata() else {
-                continue;
-            };
-            if !metadata.is_file() {
-                continue;
-            }
-            let path = entry.path();
+        for (job, attempt, path, metadata) in self.own_logs(&logs_dir) {
             self.cap(&path, job, attempt);
             let files = jobs.entry(job).or_default();
             files.saw(metadata.modified().ok());
-            files.logs.push((path, allocated_bytes(&metadata)));
+            files.has_logs = true;
         }
         let work_root = self.state_dir.join(WORK_DIR);
-        let work_dirs = job_dirs(&work_root, |name| {
+        let mut work_dirs: BTreeMap<JobId, Vec<PathBuf>> = BTreeMap::new();
+        let found_work_dirs = job_dirs(&work_root, |name| {
             parse_log_name(&format!("{name}.log")).map(|(job, _)| job)
         });
-        for (job, path, modified) in work_dirs {
-            let files = jobs.entry(job).or_default();
-            files.saw(modified);
-            files.work_dirs.push(path);
+        for (job, path, modified) in found_work_dirs {
+            jobs.entry(job).or_default().saw(modified);
+            work_dirs.entry(job).or_default().push(path);
         }
-        let checkpoint_dirs = job_dirs(&self.checkpoint_root, |name| name.parse::<JobId>().ok());
-        for (job, path, modified) in checkpoint_dirs {
-            let files = jobs.entry(job).or_default();
-            files.saw(modified);
-            files.checkpoint_dir = Some(path);
+        let mut checkpoint_dirs: BTreeMap<JobId, PathBuf> = BTreeMap::new();
+        for (job, path, modified) in
+            job_dirs(&self.checkpoint_root, |name| name.parse::<JobId>().ok())
+        {
+            jobs.entry(job).or_default().saw(modified);
+            checkpoint_dirs.insert(job, path);
         }
 
         let mut sweep = Sweep::default();
+        // Jobs whose logs go, in the second pass.
+        let mut expired_logs = BTreeSet::new();
         for (job, files) in jobs {
             let age = files
                 .last_ran
                 .and_then(|last| now.duration_since(last).ok())
                 .unwrap_or(Duration::ZERO);
             let logs = expired(self.settings.log_retention, age)
-                && !(files.logs.is_empty() && files.work_dirs.is_empty());
-            let checkpoint =
-                expired(self.settings.checkpoint_retention, age) && files.checkpoint_dir.is_some();
+                && (files.has_logs || work_dirs.contains_key(&job));
+            let checkpoint = expired(self.settings.checkpoint_retention, age)
+                && checkpoint_dirs.contains_key(&job);
             if !logs && !checkpoint {
                 continue;
             }
@@ -441,7 +454,8 @@ impl DiskKeeper {
                 if !in_use.desired_known || in_use.holds(job) {
                     continue;
                 }
-                for dir in files.work_dirs.iter().filter(|_| logs) {
+                let dirs = work_dirs.get(&job).map(Vec::as_slice).unwrap_or_default();
+                for dir in dirs.iter().filter(|_| logs) {
                     let Some(name) = dir.file_name().and_then(|name| name.to_str()) else {
                         continue;
                     };
@@ -454,18 +468,10 @@ impl DiskKeeper {
                         }
                     }
                 }
-                if logs {
-                    for (path, bytes) in &files.logs {
-                        match std::fs::remove_file(path) {
-                            Ok(()) => sweep.freed_bytes += bytes,
-                            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                            Err(error) => {
-                                tracing::warn!(%job, path = %path.display(), "cannot remove an old log: {error}")
-                            }
-                        }
-                    }
+                if logs && files.has_logs {
+                    expired_logs.insert(job);
                 }
-                match files.checkpoint_dir.as_ref().filter(|_| checkpoint) {
+                match checkpoint_dirs.get(&job).filter(|_| checkpoint) {
                     Some(dir) => {
                         let renamed = self
                             .checkpoint_root
@@ -487,6 +493,25 @@ impl DiskKeeper {
                 remove_tree(&renamed);
             }
             sweep.removed_jobs.push(job);
+        }
+        if !expired_logs.is_empty() {
+            for (job, _, path, metadata) in self.own_logs(&logs_dir) {
+                if !expired_logs.contains(&job) {
+                    continue;
+                }
+                // In use again since the first pass (the job placed here anew): kept.
+                let in_use = self.in_use();
+                if !in_use.desired_known || in_use.holds(job) {
+                    continue;
+                }
+                match std::fs::remove_file(&path) {
+                    Ok(()) => sweep.freed_bytes += allocated_bytes(&metadata),
+                    Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                    Err(error) => {
+                        tracing::warn!(%job, path = %path.display(), "cannot remove an old log: {error}")
+                    }
+                }
+            }
         }
         sweep.usage = self.measure();
         sweep
@@ -519,6 +544,27 @@ impl DiskKeeper {
             free_bytes,
             total_bytes,
         }
+    }
+}
+
+impl DiskKeeper {
+    /// The agent's own logs in `logs_dir` (at most [`SWEEP_ENTRIES_MAX`] entries looked at),
+    /// one at a time: job, attempt, path and metadata. A file whose name the agent would not
+    /// have given (`j-01-1.log`) is not one.
+    fn own_logs(
+        &self,
+        logs_dir: &Path,
+    ) -> impl Iterator<Item = (JobId, u32, PathBuf, std::fs::Metadata)> + '_ {
+        read_dir_or_empty(logs_dir)
+            .take(SWEEP_ENTRIES_MAX)
+            .filter_map(|entry| {
+                let name = entry.file_name();
+                let (job, attempt) = name.to_str().and_then(parse_log_name)?;
+                let metadata = entry.metadata().ok().filter(|m| m.is_file())?;
+                let path = entry.path();
+                (path == log_path(&self.state_dir, job, attempt))
+                    .then_some((job, attempt, path, metadata))
+            })
     }
 }
 
