@@ -719,7 +719,7 @@ async fn agent_killed_and_restarted_within_its_lease_keeps_its_job() {
 /// of the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_restarted_while_docker_hangs_registers_within_its_lease_and_keeps_its_job() {
-    const LEASE_MS: u64 = 6_000;
+    const LEASE_MS: u64 = 8_000;
     let mut node = Node::new();
     let socket = node.state.with_file_name("hung-docker.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();

@@ -45,7 +45,7 @@ pub struct NodeCapabilities {
 }
 
 /// How long connecting to the Docker daemon may take (milliseconds).
-pub const DOCKER_CONNECT_MS: u64 = 2_000;
+pub const DOCKER_CONNECT_MS: u64 = 3_000;
 /// How long after a failed connection the next is tried (milliseconds); calls meanwhile
 /// find Docker unreachable at once.
 pub const DOCKER_RECONNECT_MS: u64 = 5_000;
