@@ -32,6 +32,11 @@ fn gpu_uuids() -> BTreeMap<u32, String> {
     BTreeMap::from([(0, "GPU-zero".to_string()), (1, "GPU-one".to_string())])
 }
 
+/// An executor of node `node-1` over a process runtime, keeping its files in `state`.
+fn process_executor(state: &std::path::Path) -> Executor<ProcessRuntime> {
+    Executor::new(ProcessRuntime::new(state), "node-1", state, gpu_uuids())
+}
+
 async fn wait_ready(dir: &std::path::Path) {
     let ready = dir.join("ready");
     wait_for("the job to start", || {
@@ -107,12 +112,7 @@ async fn process_checkpoint_signal_reaches_the_job() {
 #[tokio::test]
 async fn process_preempted_job_that_traps_the_signal_is_reported_after_signal() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     let spec = job_spec(None, shell(TRAPPING_JOB));
     let run = desired_one(1, 21, 1, &spec, Intent::Run);
     let reports = executor.step(&run).await;
@@ -143,12 +143,7 @@ async fn process_preempted_job_that_traps_the_signal_is_reported_after_signal() 
 #[tokio::test]
 async fn process_job_checkpoints_are_reported_once_each() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     // Two checkpoints a second and a half apart, by the marker, then it runs on.
     let script = r#"sleep 0.3
 touch "$QUOTIENT_CHECKPOINT_DIR/.quotient-checkpointed"
@@ -183,12 +178,7 @@ while :; do sleep 0.05; done"#;
 #[tokio::test]
 async fn process_job_that_ignores_the_signal_is_killed_after_the_grace_period() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     let spec = job_spec(None, shell(IGNORING_JOB));
     executor
         .step(&desired_one(1, 22, 1, &spec, Intent::Run))
@@ -230,12 +220,7 @@ async fn process_job_that_ignores_the_signal_is_killed_after_the_grace_period() 
 #[tokio::test]
 async fn a_command_not_found_is_reported_with_what_its_code_means() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     let missing = job_spec(None, vec!["/nonexistent/quotient-no-such-command".into()]);
     let desired = desired_one(1, 33, 1, &missing, Intent::Run);
     let reports = step_until(&mut executor, &desired, "its exit", is_exit).await;
@@ -253,12 +238,7 @@ async fn a_command_not_found_is_reported_with_what_its_code_means() {
 #[tokio::test]
 async fn process_exit_codes_are_reported() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     let ok = job_spec(None, shell("exit 0"));
     let failing = job_spec(None, shell("echo failing >&2; exit 3"));
     let mut desired = desired_one(1, 31, 1, &ok, Intent::Run);
@@ -296,12 +276,7 @@ async fn process_exit_codes_are_reported() {
 #[tokio::test]
 async fn process_checkpoint_dir_a_job_wrote_to_stays() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     let writing = job_spec(
         None,
         shell(r#"echo step-7 > "$QUOTIENT_CHECKPOINT_DIR/model.ckpt"; exit 0"#),
@@ -321,12 +296,7 @@ async fn process_restarted_runtime_refinds_its_job_and_leaves_others_alone() {
     let spec = job_spec(None, shell(TRAPPING_JOB));
     let run = desired_one(1, 41, 1, &spec, Intent::Run);
     let first_pid = {
-        let mut executor = Executor::new(
-            ProcessRuntime::new(state.path()),
-            "node-1",
-            state.path(),
-            gpu_uuids(),
-        );
+        let mut executor = process_executor(state.path());
         executor.step(&run).await;
         wait_ready(&state.path().join("checkpoints/j-41")).await;
         executor.handle(JobId(41), 1).unwrap().id.clone()
@@ -416,23 +386,13 @@ async fn process_found_job_that_is_not_desired_is_killed() {
     let state = tempfile::tempdir().unwrap();
     let spec = job_spec(None, shell(IGNORING_JOB));
     {
-        let mut executor = Executor::new(
-            ProcessRuntime::new(state.path()),
-            "node-1",
-            state.path(),
-            gpu_uuids(),
-        );
+        let mut executor = process_executor(state.path());
         executor
             .step(&desired_one(1, 51, 1, &spec, Intent::Run))
             .await;
         wait_ready(&state.path().join("checkpoints/j-51")).await;
     }
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     assert_eq!(executor.recover().await.unwrap(), 1);
     let nothing = quotient_agent::reconcile::Desired {
         fence: 2,
@@ -453,12 +413,7 @@ async fn process_found_job_that_is_not_desired_is_killed() {
 #[tokio::test]
 async fn process_job_that_cannot_launch_is_reported_failed() {
     let state = tempfile::tempdir().unwrap();
-    let mut executor = Executor::new(
-        ProcessRuntime::new(state.path()),
-        "node-1",
-        state.path(),
-        gpu_uuids(),
-    );
+    let mut executor = process_executor(state.path());
     let spec = job_spec(Some("trainer:1"), vec![]);
     let desired = desired_one(1, 61, 1, &spec, Intent::Run);
     let reports = step_until(&mut executor, &desired, "the launch failure", |report| {
