@@ -785,7 +785,7 @@ async fn a_container_jobs_agent_restarted_while_docker_hangs_adopts_it_once_dock
         "DOCKER_HOST".to_string(),
         format!("unix://{}", proxy.socket.display()),
     )];
-    let (_, _containers) = container_of(&node, JOB);
+    let (container, containers) = container_of(&node, JOB);
     let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
     let mut job = allocation(NODE, JOB, vec![0], WireIntent::Run);
     job.spec = job_spec(Some(docker::IMAGE), shell(COUNTING_JOB));
@@ -830,6 +830,21 @@ async fn a_container_jobs_agent_restarted_while_docker_hangs_adopts_it_once_dock
         leader.state().reports
     );
     assert_eq!(node.starts(JOB), 1, "started once");
+
+    // The container goes while the proxy still passes calls on: its watchdog, which reaches
+    // the daemon through the proxy, sees it gone and ends, rather than trying for ever.
+    let inspected = Command::new("docker")
+        .args(["inspect", "--format", "{{.Id}}", &container])
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&inspected.stdout)
+        .trim()
+        .to_string();
+    drop(containers);
+    wait_until("the container's watchdog ends", || {
+        docker::watchdog_pids(&id).is_empty()
+    })
+    .await;
 }
 
 /// The first coordinator answers NotLeader naming the second; the agent follows and its

@@ -23,7 +23,9 @@ use quotient_agent::runtime::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use quotient_agent::runtime::{JobStatus, Runtime, RuntimeError};
 use quotient_common::job::LaunchFault;
 use quotient_common::{JobEvent, JobId, Signal};
-use support::docker::{ensure_image, unavailable, DaemonProxy, RemoveContainers, IMAGE};
+use support::docker::{
+    ensure_image, unavailable, watchdog_pids, DaemonProxy, RemoveContainers, IMAGE,
+};
 use support::*;
 
 /// A script that checkpoints on SIGUSR1: writes a file, then exits 0.
@@ -560,23 +562,6 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
             "the record goes with the container"
         );
     }
-}
-
-/// The pids of the running watchdogs of container `id`.
-fn watchdog_pids(id: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = state
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-            cmdline.contains("container-watchdog") && cmdline.contains(id) && !zombie
-        })
-        .collect()
 }
 
 /// A container's watchdog that dies (killed by hand, by the OOM killer) is started again by

@@ -211,3 +211,20 @@ impl Drop for DaemonProxy {
         self.task.abort();
     }
 }
+
+/// The pids of the running watchdogs of container `id`.
+pub fn watchdog_pids(id: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = state
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            cmdline.contains("container-watchdog") && cmdline.contains(id) && !zombie
+        })
+        .collect()
+}
