@@ -386,14 +386,7 @@ impl<R: Runtime> Executor<R> {
         if !matches!(self.clock, ExecutorClock::Monotonic(_)) {
             return call.await;
         }
-        tokio::time::timeout(Duration::from_millis(limit_ms), call)
-            .await
-            .unwrap_or_else(|_| {
-                Err(RuntimeError::NoAnswer {
-                    operation: operation.to_string(),
-                    limit_ms,
-                })
-            })
+        crate::runtime::within(operation, limit_ms, call).await
     }
 
     /// The attempts tracked now.

@@ -198,15 +198,12 @@ impl HostRuntime {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
-                let limit = std::time::Duration::from_millis(DOCKER_LIST_MS);
-                let listed = tokio::time::timeout(limit, local_images(docker.docker()))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(RuntimeError::NoAnswer {
-                            operation: "docker list images".to_string(),
-                            limit_ms: DOCKER_LIST_MS,
-                        })
-                    });
+                let listed = super::within(
+                    "docker list images",
+                    DOCKER_LIST_MS,
+                    local_images(docker.docker()),
+                )
+                .await;
                 match listed {
                     Ok(images) => last = images,
                     // Found by probing: a daemon that did not answer for 30 s made the node
@@ -276,18 +273,12 @@ impl Runtime for HostRuntime {
         let mut found = self.process.list_own().await?;
         let mut everywhere = true;
         if self.docker_setup.is_some() {
-            let limit = std::time::Duration::from_millis(DOCKER_LIST_MS);
+            // Not listed: not looked for (the executor looks again for the attempts it
+            // started before, and starts none of them meanwhile).
             let listed = match self.docker().await {
-                // Not found: not looked for. An attempt still wanted is then found by its
-                // container's name when it is asked to run.
-                Ok(docker) => tokio::time::timeout(limit, docker.list_own())
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(RuntimeError::NoAnswer {
-                            operation: "docker list containers".to_string(),
-                            limit_ms: DOCKER_LIST_MS,
-                        })
-                    }),
+                Ok(docker) => {
+                    super::within("docker list containers", DOCKER_LIST_MS, docker.list_own()).await
+                }
                 Err(error) => Err(error),
             };
             match listed {

@@ -117,6 +117,23 @@ impl RuntimeError {
     }
 }
 
+/// Waits for a runtime call at most `limit_ms`; one not answered by then is
+/// [`RuntimeError::NoAnswer`] (and may still be carried out).
+pub async fn within<T>(
+    operation: &str,
+    limit_ms: u64,
+    call: impl Future<Output = Result<T, RuntimeError>>,
+) -> Result<T, RuntimeError> {
+    tokio::time::timeout(Duration::from_millis(limit_ms), call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RuntimeError::NoAnswer {
+                operation: operation.to_string(),
+                limit_ms,
+            })
+        })
+}
+
 /// Everything a runtime needs to start one attempt of one job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchSpec {
