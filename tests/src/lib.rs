@@ -50,6 +50,50 @@ pub fn binaries() -> PathBuf {
     folder
 }
 
+/// Where [`free_ports`] picks from: at least this port, and below the kernel's ephemeral range.
+const TEST_PORTS_FLOOR: u16 = 10_000;
+
+/// `count` distinct ports on 127.0.0.1, each free for both UDP and TCP when picked, for
+/// processes a test starts and tells where to listen.
+///
+/// They come from below the kernel's ephemeral range (`ip_local_port_range`). A port the
+/// kernel hands out for port 0 is one it can hand out again at once, to any test's client
+/// socket, before the process meant for it binds it (a coordinator that then exits with
+/// "Address already in use"). A port below that range is only taken by a bind that names
+/// it. The start is random, so that tests picking at the same time pick apart.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let ceiling = ephemeral_low().max(TEST_PORTS_FLOOR + 1_000);
+    let span = u64::from(ceiling - TEST_PORTS_FLOOR);
+    let random = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.finish()
+    };
+    let mut ports = Vec::with_capacity(count);
+    for step in 0..span {
+        let port = TEST_PORTS_FLOOR + ((random.wrapping_add(step)) % span) as u16;
+        let free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            ports.push(port);
+            if ports.len() == count {
+                return ports;
+            }
+        }
+    }
+    panic!("fewer than {count} free ports between {TEST_PORTS_FLOOR} and {ceiling} on 127.0.0.1");
+}
+
+/// The first port of the kernel's ephemeral range (32768, Linux's default, where it cannot
+/// be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
 /// `docker ARGS`, its output; panics when the docker CLI cannot run.
 pub fn docker(args: &[&str]) -> Output {
     Command::new("docker")

@@ -74,17 +74,6 @@ fn compose_command() -> Result<Vec<String>, String> {
     Err("neither docker-compose nor `docker compose` is installed".to_string())
 }
 
-/// Three free UDP ports on 127.0.0.1 (held together while picked, so they differ).
-fn free_udp_ports() -> Vec<u16> {
-    let sockets: Vec<std::net::UdpSocket> = (0..3)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("a free UDP port"))
-        .collect();
-    sockets
-        .iter()
-        .map(|socket| socket.local_addr().expect("a bound port").port())
-        .collect()
-}
-
 /// The workspace's root (this crate is `tests/` in it).
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -109,7 +98,7 @@ struct Project {
 impl Project {
     fn new(compose: Vec<String>) -> Project {
         let client = tempfile::tempdir().expect("a temporary directory");
-        let ports = free_udp_ports();
+        let ports = quotient_tests::free_ports(3);
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();

@@ -11,7 +11,6 @@ pub mod no_network;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::future::Future;
-use std::net::UdpSocket;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -71,17 +70,6 @@ impl Certs {
     pub fn files(&self, name: &str) -> TlsFiles {
         TlsFiles::in_dir(&self.dir, name)
     }
-}
-
-/// Free UDP ports on loopback: bound together (so they differ), then released.
-pub fn free_ports(count: usize) -> Vec<u16> {
-    let sockets: Vec<UdpSocket> = (0..count)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").expect("a free UDP port"))
-        .collect();
-    sockets
-        .iter()
-        .map(|socket| socket.local_addr().expect("a bound address").port())
-        .collect()
 }
 
 /// One coordinator process.
@@ -218,7 +206,7 @@ impl Cluster {
 
     /// The cluster's directories and addresses; starts nothing.
     fn prepare(size: u64, initial: u64, extra_args: &[&str]) -> Cluster {
-        let ports = free_ports(size as usize);
+        let ports = quotient_tests::free_ports(size as usize);
         Cluster::assemble(size, initial, extra_args, None, |id| {
             let address = format!("127.0.0.1:{}", ports[id as usize - 1]);
             [address.clone(), address.clone(), address]

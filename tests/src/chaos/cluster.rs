@@ -271,17 +271,6 @@ pub fn build_image(workspace: &Path, bin_dir: &Path, tag: &str) -> anyhow::Resul
     Ok(())
 }
 
-/// Free UDP ports on 127.0.0.1, held together while picked so that they differ.
-fn free_udp_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let sockets = (0..count)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()?;
-    sockets
-        .iter()
-        .map(|socket| Ok(socket.local_addr()?.port()))
-        .collect()
-}
-
 impl DockerCluster {
     /// Creates the network, the certificates and every container, bootstraps the cluster
     /// and waits until every agent's node is ready.
@@ -318,7 +307,7 @@ impl DockerCluster {
         };
         let prefix = cluster.create_network(salt)?;
         cluster.make_certificates(shape)?;
-        let ports = free_udp_ports(shape.coordinators as usize)?;
+        let ports = crate::free_ports(shape.coordinators as usize);
         for (index, port) in ports.iter().enumerate() {
             let id = index as u64 + 1;
             cluster.coordinators.push(Member {
