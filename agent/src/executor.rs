@@ -26,9 +26,10 @@
 //! that got no answer may be carried out later ([`RuntimeError::unsettled`]). The Docker
 //! runtime settles that at the next try by the container's name; an attempt that will not be
 //! tried again (given up, or no longer desired) is [`Runtime::abandon`]ed each round, beside
-//! [`Executor::observe`]'s questions, until the runtime says nothing of it is left (found by
-//! probing, with the daemon frozen: a container started late ran untracked while the job
-//! was placed elsewhere).
+//! [`Executor::observe`]'s questions, until the runtime has said for [`UNSETTLED_QUIET_MS`]
+//! that nothing of it is left (found by probing, with the daemon frozen: a container started
+//! late ran untracked while the job was placed elsewhere; and a create held up in the daemon
+//! was carried out just after the first answer of "nothing there").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -71,6 +72,11 @@ pub const FINISHED_ATTEMPTS_MAX: usize = 65_536;
 /// Attempts whose failed launches are left to settle ([`Runtime::abandon`]), at most; the
 /// oldest are dropped first, with an error in the log.
 pub const UNSETTLED_LAUNCHES_MAX: usize = 1_024;
+/// How long an abandoned attempt must keep being found with nothing left of it before it is
+/// taken as settled: a daemon that hung carries out the calls held up in it in any order once
+/// it answers again, so one answer of "nothing there" may come before a held-up create is
+/// carried out (found by probing, with the daemon frozen: a `Created` container was left).
+pub const UNSETTLED_QUIET_MS: u64 = 5_000;
 /// Attempts tracked at once; a node runs at most one job per GPU, plus ones being stopped.
 /// No more than a heartbeat may list, so that the leader never refuses this agent's.
 pub const LOCAL_ATTEMPTS_MAX: usize = quotient_common::agent_api::ACTUAL_ATTEMPTS_MAX;
@@ -251,6 +257,16 @@ enum ExecutorClock {
     Manual(ManualClock),
 }
 
+/// An attempt whose launch failed [unsettled](RuntimeError::unsettled).
+#[derive(Debug, Clone, Copy)]
+struct Unsettled {
+    /// Whether it is a container.
+    container: bool,
+    /// Since when [`Runtime::abandon`] has answered, each time asked, that nothing is left of
+    /// it (executor milliseconds).
+    quiet_since_ms: Option<u64>,
+}
+
 /// Carries out reconcile's actions on one node.
 pub struct Executor<R: Runtime> {
     runtime: R,
@@ -268,9 +284,10 @@ pub struct Executor<R: Runtime> {
     answered: BTreeSet<(JobId, u32)>,
     /// Attempts whose launch failed and will be tried again.
     launch_retries: BTreeMap<(JobId, u32), LaunchRetry>,
-    /// Attempts whose last launch failed [unsettled](RuntimeError::unsettled), and whether
-    /// each is a container: abandoned once no longer tried, until the runtime says so.
-    unsettled: BTreeMap<(JobId, u32), bool>,
+    /// Attempts whose last launch failed [unsettled](RuntimeError::unsettled): abandoned once
+    /// no longer tried, until the runtime has said for [`UNSETTLED_QUIET_MS`] that nothing is
+    /// left of them.
+    unsettled: BTreeMap<(JobId, u32), Unsettled>,
     /// Attempts an earlier life of this agent started that the runtimes could not be asked
     /// about when it recovered (Docker did not answer): left out of the desired state until
     /// a later look ([`RELIST_MS`]) finds them, or finds them gone. Started blind, a
@@ -583,15 +600,17 @@ impl<R: Runtime> Executor<R> {
             .filter(|(key, _)| {
                 !self.launch_retries.contains_key(key) && !self.jobs.contains_key(key)
             })
-            .map(|(&(job, attempt), &container)| async move {
-                let limit = std::time::Duration::from_millis(OBSERVE_CALL_MS);
-                let settled = if bounded {
-                    tokio::time::timeout(limit, runtime.abandon(job, attempt, container)).await
-                } else {
-                    Ok(runtime.abandon(job, attempt, container).await)
-                };
-                ((job, attempt), settled)
-            })
+            .map(
+                |(&(job, attempt), &Unsettled { container, .. })| async move {
+                    let limit = std::time::Duration::from_millis(OBSERVE_CALL_MS);
+                    let settled = if bounded {
+                        tokio::time::timeout(limit, runtime.abandon(job, attempt, container)).await
+                    } else {
+                        Ok(runtime.abandon(job, attempt, container).await)
+                    };
+                    ((job, attempt), settled)
+                },
+            )
             .collect();
         let asked: Vec<_> = self
             .jobs
@@ -615,10 +634,20 @@ impl<R: Runtime> Executor<R> {
             futures_util::future::join_all(abandoned),
         )
         .await;
+        let now = self.now_ms();
         for ((job, attempt), settled) in settled {
+            let Some(entry) = self.unsettled.get_mut(&(job, attempt)) else {
+                continue;
+            };
+            if !matches!(settled, Ok(Ok(()))) {
+                entry.quiet_since_ms = None;
+            }
             match settled {
                 Ok(Ok(())) => {
-                    self.unsettled.remove(&(job, attempt));
+                    let since = *entry.quiet_since_ms.get_or_insert(now);
+                    if now.saturating_sub(since) >= UNSETTLED_QUIET_MS {
+                        self.unsettled.remove(&(job, attempt));
+                    }
                 }
                 Ok(Err(error)) => {
                     tracing::warn!(%job, attempt, "cannot yet make sure that nothing runs of an attempt whose launch failed: {error}; trying again next round")
@@ -929,8 +958,13 @@ impl<R: Runtime> Executor<R> {
                     }
                     Err(error) => {
                         if error.unsettled() {
-                            self.unsettled
-                                .insert((job, attempt), launch.payload.image.is_some());
+                            self.unsettled.insert(
+                                (job, attempt),
+                                Unsettled {
+                                    container: launch.payload.image.is_some(),
+                                    quiet_since_ms: None,
+                                },
+                            );
                             while self.unsettled.len() > UNSETTLED_LAUNCHES_MAX {
                                 if let Some(((job, attempt), _)) = self.unsettled.pop_first() {
                                     tracing::error!(%job, attempt, "too many failed launches left to settle; no longer making sure that nothing of this one runs");

@@ -818,12 +818,37 @@ async fn a_container_jobs_agent_restarted_while_docker_hangs_adopts_it_once_dock
         leader.state().reports
     );
 
+    let offers_docker = |state: &LeaderState| {
+        state.registrations.last().is_some_and(|(inventory, _)| {
+            inventory
+                .host
+                .runtimes
+                .contains(&quotient_common::Runtime::Docker)
+        })
+    };
+    assert!(
+        !offers_docker(&leader.state()),
+        "registered offering container jobs while Docker hangs"
+    );
     proxy.release();
+    let released = Instant::now();
     wait_until(
         "the container is adopted and reported running again",
         || report_count(&leader, JOB, JobEvent::Running) >= 2,
     )
     .await;
+    // Once the daemon answers, the node offers container jobs again within a few seconds
+    // (a look for its containers, every 5 s, reaches Docker), not at the host info's next
+    // look 30 s on.
+    wait_until("the node offers container jobs again", || {
+        offers_docker(&leader.state())
+    })
+    .await;
+    assert!(
+        released.elapsed() < Duration::from_secs(15),
+        "offered container jobs {:?} after Docker answered again",
+        released.elapsed()
+    );
     assert!(
         !launch_failed(&leader.state()),
         "{:?}",

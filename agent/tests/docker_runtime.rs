@@ -564,6 +564,94 @@ async fn docker_watchdog_stops_containers_once_the_agents_lease_file_runs_out() 
     }
 }
 
+/// The Docker daemon hangs as the agent's lease runs out: each container's watchdog, which
+/// learnt the container's init process while the daemon answered, signals that process
+/// directly, and kills it after its grace period, rather than waiting for the daemon while
+/// the job runs again elsewhere (found by probing, with the daemon frozen and the agent
+/// down: its containers ran on past the lease).
+#[tokio::test]
+async fn docker_watchdog_stops_its_container_while_the_daemon_hangs() {
+    let Some((runtime, _node, _cleanup, state)) = runtime_for("frozenwatch").await else {
+        return;
+    };
+    let trapping = launch(state.path(), 66, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let trapping_handle = runtime.start(&trapping).await.unwrap();
+    let ignoring = launch(state.path(), 67, 1, Some(IMAGE), shell(IGNORING_JOB));
+    let ignoring_handle = runtime.start(&ignoring).await.unwrap();
+    wait_ready(&trapping.checkpoint_dir).await;
+    wait_ready(&ignoring.checkpoint_dir).await;
+    // Each watchdog reaches the daemon through a proxy, as the agent's would through a
+    // daemon that is about to hang.
+    let lease_file = live_lease(state.path());
+    let proxy = DaemonProxy::start(state.path());
+    let dir = state.path().join(WATCHDOGS_DIR);
+    /// Kills the watchdogs however the test ends.
+    struct Watchdogs(Vec<std::process::Child>);
+    impl Drop for Watchdogs {
+        fn drop(&mut self) {
+            for watchdog in &mut self.0 {
+                let _ = watchdog.kill();
+                let _ = watchdog.wait();
+            }
+        }
+    }
+    let mut watchdogs = Watchdogs(Vec::new());
+    watchdogs.0 = [&trapping_handle, &ignoring_handle]
+        .into_iter()
+        .map(|handle| {
+            std::fs::create_dir_all(&dir).unwrap();
+            let log = std::fs::File::create(dir.join(format!("{}.test.log", handle.id))).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_quotient-agent"))
+                .args([
+                    "container-watchdog",
+                    "--container",
+                    &handle.id,
+                    "--lease-file",
+                ])
+                .arg(&lease_file)
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--signal", "SIGUSR1", "--grace-period-ms", "1000"])
+                .env("DOCKER_HOST", format!("unix://{}", proxy.socket.display()))
+                .stderr(log)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // They look at their containers while the daemon answers (every second).
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    proxy.swallow(&["HTTP/1.1"]);
+    let now_ms = boot_time_ms().expect("the boot clock");
+    std::fs::write(&lease_file, format!("{}\n", now_ms - 60_000)).unwrap();
+    for (watchdog, handle) in watchdogs
+        .0
+        .iter_mut()
+        .zip([&trapping_handle, &ignoring_handle])
+    {
+        wait_for("the watchdog to stop its container and end", || {
+            let ended = watchdog.try_wait().unwrap().is_some();
+            async move { ended.then_some(()) }
+        })
+        .await;
+        let log = std::fs::read_to_string(dir.join(format!("{}.test.log", handle.id))).unwrap();
+        assert!(
+            log.contains("sent it to the container's init process directly"),
+            "{log}"
+        );
+        // The daemon, asked directly, knows the container has exited.
+        assert_eq!(
+            container_status(&handle.id).as_deref(),
+            Some("exited"),
+            "{log}"
+        );
+    }
+    assert!(
+        trapping.checkpoint_dir.join("checkpoint").exists(),
+        "the trapping job got its checkpoint signal"
+    );
+    drop(proxy);
+}
+
 /// A container's watchdog that dies (killed by hand, by the OOM killer) is started again by
 /// the agent as it asks about the container, and the new one stops the container once the
 /// lease runs out. Before, the container ran on without one.
@@ -734,6 +822,49 @@ async fn docker_create_that_timed_out_but_was_carried_out_is_settled_by_name() {
     let handle = runtime.start(&spec).await.expect("the next try starts it");
     wait_ready(&spec.checkpoint_dir).await;
     assert_eq!(runtime.status(&handle).await.unwrap(), JobStatus::Running);
+    assert_eq!(container_status(&handle.id).as_deref(), Some("running"));
+    runtime.kill(&handle).await.unwrap();
+}
+
+/// A `docker create` refused because the attempt's name was taken, after which no container
+/// has that name: an earlier try's create or clean-up, held up in a daemon that hung, is
+/// being carried out. That is unsettled, to be looked at again, not "already running" (found
+/// by probing, with the daemon frozen: the attempt was refused as already running, and a
+/// container made late was left behind until the agent restarted).
+#[tokio::test]
+async fn docker_create_refused_for_a_name_no_container_then_has_is_unsettled() {
+    let Some((_, node, _cleanup, state)) = runtime_for("namefreed").await else {
+        return;
+    };
+    let (runtime, proxy) = proxied_runtime(&node, state.path()).await;
+    let spec = launch(state.path(), 64, 1, Some(IMAGE), shell(TRAPPING_JOB));
+    let name = runtime.container_name(spec.job, spec.attempt);
+    let made = Command::new("docker")
+        .args(["create", "--name", &name, IMAGE, "true"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    // The create is refused (the name is taken) while its answer is held; the container is
+    // gone by the time the answer comes and the attempt's container is looked up.
+    proxy.hold(&["/containers/create"]);
+    let freed = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let removed = tokio::process::Command::new("docker")
+            .args(["rm", "-f", &name])
+            .output()
+            .await
+            .unwrap();
+        assert!(removed.status.success(), "{removed:?}");
+        proxy.release();
+    };
+    let (started, ()) = tokio::join!(runtime.start(&spec), freed);
+    let error = started.expect_err("the name was taken when the daemon looked");
+    assert!(
+        matches!(error, RuntimeError::Unsettled { .. }) && error.unsettled(),
+        "not settled either way: {error}"
+    );
+    let handle = runtime.start(&spec).await.expect("the next try starts it");
+    wait_ready(&spec.checkpoint_dir).await;
     assert_eq!(container_status(&handle.id).as_deref(), Some("running"));
     runtime.kill(&handle).await.unwrap();
 }

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use quotient_agent::executor::{
-    launch_backoff_ms, Executor, SignalRecords, LAUNCH_TRIES_MAX, RELIST_MS,
+    launch_backoff_ms, Executor, SignalRecords, LAUNCH_TRIES_MAX, RELIST_MS, UNSETTLED_QUIET_MS,
 };
 use quotient_agent::reconcile::{Intent, ALREADY_RAN};
 use quotient_agent::runtime::{FoundJob, JobHandle, JobStatus, LaunchSpec, Runtime, RuntimeError};
@@ -112,8 +112,8 @@ fn executor(runtime: FlakyRuntime) -> Executor<FlakyRuntime> {
 }
 
 /// Steps like the agent's loop (every 25 ms) for `how_long`; every report seen.
-async fn step_for(
-    executor: &mut Executor<FlakyRuntime>,
+async fn step_for<R: Runtime>(
+    executor: &mut Executor<R>,
     desired: &quotient_agent::reconcile::Desired,
     how_long: Duration,
 ) -> Vec<JobReport> {
@@ -454,4 +454,104 @@ async fn an_attempt_not_looked_for_after_a_restart_is_neither_started_nor_taken_
         "found gone at the next look, and reported: {reports:?}"
     );
     assert!(again.runtime().tries().is_empty(), "never started again");
+}
+
+/// A runtime whose starts get no answer, as from a Docker daemon that hangs, and whose daemon
+/// carries out the held-up create just after it first answers an abandon: the container it
+/// makes then is there until the next abandon removes it.
+#[derive(Default)]
+struct CreatedLate {
+    /// Abandons asked for.
+    abandons: Mutex<u32>,
+    /// The container made late is there.
+    made: AtomicBool,
+}
+
+impl Runtime for CreatedLate {
+    async fn start(&self, _: &LaunchSpec) -> Result<JobHandle, RuntimeError> {
+        Err(RuntimeError::NoAnswer {
+            operation: "docker create container".into(),
+            limit_ms: 10,
+        })
+    }
+
+    async fn signal(&self, _: &JobHandle, _: Signal) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn kill(&self, _: &JobHandle) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn status(&self, _: &JobHandle) -> Result<JobStatus, RuntimeError> {
+        Ok(JobStatus::Running)
+    }
+
+    async fn list_own(&self) -> Result<Vec<FoundJob>, RuntimeError> {
+        Ok(Vec::new())
+    }
+
+    async fn remove(&self, _: &JobHandle) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn logs(&self, _: &JobHandle) -> Result<String, RuntimeError> {
+        Ok(String::new())
+    }
+
+    async fn abandon(
+        &self,
+        _: quotient_common::JobId,
+        _: u32,
+        _: bool,
+    ) -> Result<(), RuntimeError> {
+        let mut abandons = self.abandons.lock().unwrap();
+        *abandons += 1;
+        // Nothing there at the first answer; the held-up create is carried out right after.
+        // Any later abandon removes it.
+        let made = self.made.swap(*abandons == 1, Ordering::SeqCst);
+        if made {
+            eprintln!("abandon {abandons}: removed the container made late");
+        }
+        Ok(())
+    }
+}
+
+/// The first answer that nothing is left of an abandoned launch is not taken as settled: a
+/// daemon that hung carries out the calls held up in it in any order once it answers again,
+/// so a create held up may be carried out just after (found by probing, with the daemon
+/// frozen: a `Created` container was left until the agent restarted). The executor asks
+/// again each round until it has been told so for `UNSETTLED_QUIET_MS`, and then no more.
+#[tokio::test]
+async fn an_abandoned_launch_is_asked_about_until_nothing_of_it_has_been_left_for_a_while() {
+    let state = std::env::temp_dir();
+    let mut executor = Executor::new(CreatedLate::default(), "gpu-2", &state, BTreeMap::new())
+        .with_started_records(SignalRecords::Shared(std::sync::Arc::default()));
+    let spec = job_spec(Some("img"), shell("train"));
+    executor
+        .step(&desired_one(1, 9, 1, &spec, Intent::Run))
+        .await;
+    let gone = quotient_agent::reconcile::Desired {
+        fence: 2,
+        allocations: Vec::new(),
+    };
+    step_for(
+        &mut executor,
+        &gone,
+        Duration::from_millis(UNSETTLED_QUIET_MS + 1_000),
+    )
+    .await;
+    let runtime = executor.runtime();
+    assert!(
+        !runtime.made.load(Ordering::SeqCst),
+        "the container made after the first answer is removed"
+    );
+    let asked = *runtime.abandons.lock().unwrap();
+    assert!(asked >= 3, "asked {asked} times");
+    step_for(&mut executor, &gone, Duration::from_millis(500)).await;
+    assert_eq!(
+        *executor.runtime().abandons.lock().unwrap(),
+        asked,
+        "settled: no longer asked"
+    );
 }

@@ -65,7 +65,14 @@
 //! container, exactly as the process runtime's watchdog does, and leaves what it did in
 //! `<state_dir>/watchdogs/<container id>.log` (removed when it had nothing to do). A missing or
 //! unreadable lease file keeps the last expiry read (none yet: expired, fail closed), and a
-//! daemon that does not answer is asked again at the next poll.
+//! daemon that does not answer within [`WATCHDOG_CALL_MS`] is asked again at the next poll.
+//! While the daemon answers, the watchdog notes the container's init process (its pid, when
+//! this host sees that pid in the container's cgroup, and its start time). Once the lease has
+//! run out, a signal or kill the daemon does not take goes to that process directly, and
+//! whether the container still runs is read from it: a daemon that hangs does not keep a
+//! container running past its agent's lease. A watchdog that could not reach the daemon
+//! from its start, or that runs where the container's pids are not its own (an agent in a
+//! container), knows no such process, and waits for the daemon.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -502,15 +509,15 @@ impl DockerRuntime {
         ])
     }
 
-    /// The container named `name` when it is `spec`'s attempt on this node, with whether it
-    /// was ever started: `None` when there is none, it is another's, or the daemon does not
-    /// say.
-    async fn by_name(&self, spec: &LaunchSpec, name: &str) -> Option<(String, bool)> {
+    /// What the container named `name` is: `spec`'s attempt on this node (with whether it
+    /// was ever started), another's, or not known (none by that name, or the daemon does not
+    /// say).
+    async fn by_name(&self, spec: &LaunchSpec, name: &str) -> Named {
         let inspected = match self.docker.inspect_container(name, None).await {
             Ok(inspected) => inspected,
             Err(error) => {
                 tracing::warn!(container = %name, error = %error, "could not look the attempt's container up by its name");
-                return None;
+                return Named::Unknown;
             }
         };
         let labels = inspected
@@ -522,12 +529,15 @@ impl DockerRuntime {
             && labels.get(LABEL_NODE) == Some(&self.node)
             && labels.get(LABEL_INSTANCE) == Some(&self.instance);
         if !ours {
-            return None;
+            return Named::Another;
         }
         let state = inspected.state.unwrap_or_default();
         let started = state.running == Some(true)
             || !matches!(state.status, Some(ContainerStateStatusEnum::CREATED) | None);
-        Some((inspected.id?, started))
+        match inspected.id {
+            Some(id) => Named::Ours { id, started },
+            None => Named::Unknown,
+        }
     }
 
     /// Whether the attempt's container was started again from outside (`docker restart`)
@@ -691,25 +701,31 @@ impl Runtime for DockerRuntime {
             // container of that name is this attempt's, from an earlier try. One never
             // started is started now; one started already is this attempt running.
             Err(error) if settled_by_name(&error) => match self.by_name(spec, &name).await {
-                Some((id, false)) => {
+                Named::Ours { id, started: false } => {
                     tracing::info!(job = %spec.job, attempt = spec.attempt, container = %name, "an earlier try created the container; starting it");
                     id
                 }
-                Some((id, true)) => return Ok(self.take_started(spec, id, &name)),
-                None if matches!(
-                    error,
-                    DockerError::DockerResponseServerError {
-                        status_code: 409,
-                        ..
-                    }
-                ) =>
-                {
+                Named::Ours { id, started: true } => return Ok(self.take_started(spec, id, &name)),
+                Named::Another if is_conflict(&error) => {
                     return Err(RuntimeError::AlreadyRunning {
                         job: spec.job,
                         attempt: spec.attempt,
                     })
                 }
-                None => return Err(docker_error("create container", error)),
+                // The name was taken, and then no container had it: an earlier try's
+                // create or clean-up, held up in a daemon that hung, is being carried out
+                // now (found by probing, with the daemon frozen: reported as "already
+                // running", and the container made later was left behind). Unsettled: the
+                // next try, or the abandon once none follows, looks again.
+                Named::Unknown if is_conflict(&error) => {
+                    return Err(RuntimeError::Unsettled {
+                        operation: "docker create container".to_string(),
+                        detail: format!("the name {name} was taken, and then no container had it"),
+                    })
+                }
+                Named::Another | Named::Unknown => {
+                    return Err(docker_error("create container", error))
+                }
             },
             Err(error) => {
                 return Err(match error {
@@ -760,7 +776,11 @@ impl Runtime for DockerRuntime {
             // A start that timed out may have been carried out all the same: the container
             // then runs as this attempt, and is kept rather than killed.
             if settled_by_name(&error) {
-                if let Some((found, true)) = self.by_name(spec, &name).await {
+                if let Named::Ours {
+                    id: found,
+                    started: true,
+                } = self.by_name(spec, &name).await
+                {
                     return Ok(self.take_started(spec, found, &name));
                 }
             }
@@ -1349,6 +1369,136 @@ async fn container_running(docker: &Docker, id: &str) -> Option<bool> {
     }
 }
 
+/// How long a container's watchdog waits for one answer of the daemon: a daemon that hangs
+/// must not hold the lease check up for the client's own timeout of 30 s a call.
+pub const WATCHDOG_CALL_MS: u64 = 2_000;
+
+/// A container's init process as this host sees it: its pid and its start time (field 22
+/// of `/proc/PID/stat`), which no later process of the same pid has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InitProcess {
+    pid: i32,
+    started: u64,
+}
+
+impl InitProcess {
+    /// Process `pid` (the daemon's word for container `id`'s init process) when this host
+    /// sees it in that container's cgroup. An agent in a container of its own sees other
+    /// pids, and finds none.
+    fn of(pid: i64, id: &str) -> Option<InitProcess> {
+        let pid = i32::try_from(pid).ok().filter(|pid| *pid > 1)?;
+        let cgroup = read_proc_file(&format!("/proc/{pid}/cgroup"))?;
+        if !cgroup.contains(id) {
+            return None;
+        }
+        let (started, _) = proc_start(pid)?;
+        Some(InitProcess { pid, started })
+    }
+
+    /// Whether the process still runs: the same start time, and not a zombie.
+    fn alive(&self) -> bool {
+        proc_start(self.pid)
+            .is_some_and(|(started, state)| started == self.started && !matches!(state, 'Z' | 'X'))
+    }
+
+    /// Sends `signal` to the process while it runs; whether it was sent.
+    fn signal(&self, signal: i32) -> bool {
+        // SAFETY: kill(2) with a pid checked just before to be the same process.
+        self.alive() && unsafe { libc::kill(self.pid, signal) } == 0
+    }
+}
+
+/// `path` read, at most 64 KiB (a `/proc` file).
+fn read_proc_file(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
+/// Process `pid`'s start time (clock ticks since boot) and state letter.
+fn proc_start(pid: i32) -> Option<(u64, char)> {
+    let stat = read_proc_file(&format!("/proc/{pid}/stat"))?;
+    // The command (field 2) is in parentheses and may hold spaces: count from its end.
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let started = fields.nth(18)?.parse().ok()?;
+    Some((started, state))
+}
+
+/// What a container's watchdog knows of its container.
+struct Guarded<'a> {
+    docker: &'a Docker,
+    id: &'a str,
+    /// Its init process, learnt while the daemon answered: signalled directly, and looked at
+    /// for whether the container runs, when the daemon does not answer.
+    init: Option<InitProcess>,
+}
+
+impl Guarded<'_> {
+    /// Whether the container runs, by the daemon's word within [`WATCHDOG_CALL_MS`], else by
+    /// its init process when known; `None` when neither says.
+    async fn running(&mut self) -> Option<bool> {
+        let limit = Duration::from_millis(WATCHDOG_CALL_MS);
+        let asked = tokio::time::timeout(limit, self.docker.inspect_container(self.id, None)).await;
+        let why = match asked {
+            Ok(Ok(inspected)) => {
+                let state = inspected.state.unwrap_or_default();
+                let running = state.running == Some(true);
+                if let Some(pid) = state.pid.filter(|_| running) {
+                    if self.init.map(|init| i64::from(init.pid)) != Some(pid) {
+                        self.init = InitProcess::of(pid, self.id);
+                    }
+                }
+                return Some(running);
+            }
+            Ok(Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            })) => return Some(false),
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {WATCHDOG_CALL_MS} ms"),
+        };
+        match self.init {
+            Some(init) => {
+                let alive = init.alive();
+                tracing::warn!(container = %self.id, pid = init.pid, alive, "the Docker daemon did not say whether the container runs ({why}); its init process says");
+                Some(alive)
+            }
+            None => {
+                tracing::warn!(container = %self.id, "the Docker daemon did not say whether the container runs ({why}); asking again");
+                None
+            }
+        }
+    }
+
+    /// Sends `signal` (name and number) to the container: through the daemon, else, when it
+    /// does not take it within [`WATCHDOG_CALL_MS`], straight to the container's init process
+    /// (found by probing: with the daemon frozen, a container outlived its agent's lease
+    /// while its job ran again elsewhere). Whether it was sent.
+    async fn send(&self, name: &'static str, number: i32) -> bool {
+        let limit = Duration::from_millis(WATCHDOG_CALL_MS);
+        let options = KillContainerOptions { signal: name };
+        let sent = tokio::time::timeout(limit, self.docker.kill_container(self.id, Some(options)));
+        let why = match sent.await {
+            Ok(Ok(())) => return true,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {WATCHDOG_CALL_MS} ms"),
+        };
+        if let Some(init) = self.init {
+            if init.signal(number) {
+                tracing::warn!(container = %self.id, signal = name, pid = init.pid, "the Docker daemon did not take the signal ({why}); sent it to the container's init process directly");
+                return true;
+            }
+        }
+        tracing::warn!(container = %self.id, signal = name, "could not signal the container: {why}");
+        false
+    }
+}
+
 /// Watches container `id` against the agent's lease file until the container ends, or stops
 /// it once the lease has run out (see the module docs).
 pub async fn watch_container(
@@ -1360,9 +1510,14 @@ pub async fn watch_container(
     grace_period_ms: u64,
 ) -> WatchEnd {
     let poll = Duration::from_secs(WATCHDOG_POLL_S);
+    let mut watched = Guarded {
+        docker,
+        id,
+        init: None,
+    };
     let (mut expiry, mut fencing) = (0, false);
     let now = loop {
-        if container_running(docker, id).await == Some(false) {
+        if watched.running().await == Some(false) {
             return WatchEnd::Gone;
         }
         if let Some(read) = read_lease_file(lease_file) {
@@ -1381,21 +1536,11 @@ pub async fn watch_container(
     if let Err(error) = std::fs::write(stop_record, b"stopped by the orphan watchdog\n") {
         tracing::error!(container = %id, path = %stop_record.display(), error = %error, "could not record the stop; the agent may report it as the job's own exit");
     }
-    let send = |signal: &'static str| async move {
-        let options = KillContainerOptions { signal };
-        match docker.kill_container(id, Some(options)).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(container = %id, signal, error = %error, "could not signal the container");
-                false
-            }
-        }
-    };
     if !fencing {
         // The grace period counts from a signal that got through (found by probing: one
         // sent into a hung daemon took half the grace with it).
-        while !send(signal.name()).await {
-            if container_running(docker, id).await == Some(false) {
+        while !watched.send(signal.name(), signal.number()).await {
+            if watched.running().await == Some(false) {
                 return WatchEnd::Stopped;
             }
             tokio::time::sleep(poll).await;
@@ -1403,7 +1548,7 @@ pub async fn watch_container(
     }
     let end = Instant::now() + Duration::from_millis(grace_period_ms);
     while Instant::now() < end {
-        if container_running(docker, id).await == Some(false) {
+        if watched.running().await == Some(false) {
             tracing::warn!(container = %id, "the container stopped within its grace period");
             return WatchEnd::Stopped;
         }
@@ -1411,12 +1556,33 @@ pub async fn watch_container(
     }
     tracing::warn!(container = %id, "grace period over; killing the container");
     loop {
-        send("SIGKILL").await;
-        if container_running(docker, id).await == Some(false) {
+        watched.send("SIGKILL", libc::SIGKILL).await;
+        if watched.running().await == Some(false) {
             return WatchEnd::Stopped;
         }
         tokio::time::sleep(poll).await;
     }
+}
+
+/// What the container of an attempt's name is ([`DockerRuntime::by_name`]).
+enum Named {
+    /// The attempt's own, and whether it was ever started.
+    Ours { id: String, started: bool },
+    /// Another's: other labels.
+    Another,
+    /// None has the name, or the daemon did not say.
+    Unknown,
+}
+
+/// Whether the daemon refused a create because the container's name is taken.
+fn is_conflict(error: &DockerError) -> bool {
+    matches!(
+        error,
+        DockerError::DockerResponseServerError {
+            status_code: 409,
+            ..
+        }
+    )
 }
 
 /// Whether a failed create or start is settled by looking the container up by its name: the

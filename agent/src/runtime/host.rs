@@ -164,13 +164,26 @@ impl HostRuntime {
             }
         };
         tracing::info!(node = %self.node, "connected to Docker: container jobs run on this node");
+        // The host info said no Docker while connecting failed: it looks again now, not at its
+        // next turn (found by probing: an agent started while the daemon hung offered
+        // container jobs 30 s after the daemon answered again).
+        let failed_before = self
+            .connect_failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .is_some();
+        if failed_before {
+            self.recheck.notify_one();
+        }
         let mut slot = self.docker.lock().unwrap_or_else(PoisonError::into_inner);
         // Another call may have connected meanwhile: keep the first.
         Ok(slot.get_or_insert_with(|| Arc::new(connected)).clone())
     }
 
     /// Completes when a launch found the host other than its last host info says (an image
-    /// it listed is gone): the host info is looked at again then, not at its next turn.
+    /// it listed is gone), or Docker was reached after connecting had failed: the host info is
+    /// looked at again then, not at its next turn.
     pub async fn recheck_wanted(&self) {
         self.recheck.notified().await;
     }

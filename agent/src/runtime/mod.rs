@@ -72,6 +72,11 @@ pub enum RuntimeError {
     /// be carried out.
     #[error("no answer to {operation} within {limit_ms} ms (is the Docker daemon hung?)")]
     NoAnswer { operation: String, limit_ms: u64 },
+    /// A call whose outcome the daemon's answers leave open: an earlier call that got no
+    /// answer may still be carried out. Like [`RuntimeError::NoAnswer`], tried again or
+    /// abandoned ([`Runtime::abandon`]).
+    #[error("{operation}: {detail}; an earlier call that got no answer may still be carried out (is the Docker daemon hung?)")]
+    Unsettled { operation: String, detail: String },
     /// The job's image is not on this host, and Quotient never pulls one. Another host may
     /// have it, so this is the node's fault, not the job's.
     #[error("image {image} is not present on node {node}; images are never pulled: docker pull, load or build it on the node first ({detail})")]
@@ -105,7 +110,10 @@ impl RuntimeError {
     /// in time may still be. A launch failed so is [`Runtime::abandon`]ed once it will not be
     /// tried again; a signal failed so may have reached the job.
     pub fn unsettled(&self) -> bool {
-        matches!(self, RuntimeError::NoAnswer { .. })
+        matches!(
+            self,
+            RuntimeError::NoAnswer { .. } | RuntimeError::Unsettled { .. }
+        )
     }
 
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> RuntimeError {
@@ -350,7 +358,10 @@ pub trait Runtime: Send + Sync {
     /// Makes sure that nothing runs, now or later, of an attempt whose launch failed
     /// [unsettled](RuntimeError::unsettled) and that will not be tried again (`container`: it
     /// has an image): a container the daemon made of it after all is removed, killed if it
-    /// runs. `Ok` once that is settled; an error is tried again later.
+    /// runs. `Ok` when nothing of it is left now; an error is tried again later. The executor
+    /// asks again each round until it has been told so for
+    /// [`UNSETTLED_QUIET_MS`](crate::executor::UNSETTLED_QUIET_MS): a call held up in a hung
+    /// daemon may still be carried out just after.
     fn abandon(
         &self,
         _job: JobId,
