@@ -358,8 +358,25 @@ impl ApiService {
         };
         // A forwarded request's caller is another coordinator's client, whose certificate (and
         // serial) that coordinator checked; here only a revocation of the whole name counts.
+        // The coordinator that forwards it must not be revoked itself: a coordinator's key
+        // that leaked would act for any caller it names (found by probing: revoking a
+        // coordinator's name was acknowledged and changed nothing).
         let serial = match request {
-            ApiRequest::Forwarded { .. } => None,
+            ApiRequest::Forwarded { .. } => {
+                let forwarder_revoked = self
+                    .inner
+                    .ctx
+                    .state_machine
+                    .read(|state| state.is_revoked(&peer.name, serial));
+                if forwarder_revoked {
+                    tracing::warn!(%peer, "refused a request forwarded by a revoked certificate");
+                    return ApiResponse::Error(ApiError::Rejected(Rejection::Forbidden(format!(
+                        "the certificate of {} is revoked: it may forward nothing",
+                        peer.name
+                    ))));
+                }
+                None
+            }
             _ => serial,
         };
         let (caller, request, via_leader) = match unwrap_request(peer, request) {

@@ -155,7 +155,8 @@ impl Coordinator {
         let durability = log_store.durability();
         let ctx_durability = durability.clone();
         let client = Arc::new(Client::new(tls.clone()));
-        let peers = PeerConnections::new(client.clone(), durability.clone(), identity.clone());
+        let peers = PeerConnections::new(client.clone(), durability.clone(), identity.clone())
+            .with_revocations(state_machine.clone());
         let raft = Raft::new(
             config.id,
             raft_config,

@@ -72,7 +72,7 @@ use crate::identity::{ClusterIdentity, REFUSAL_HEALTH_WINDOW_MS, REFUSAL_LOG_INT
 use crate::store::codec::encoded_len;
 use crate::store::log_store::LogDurability;
 use crate::store::type_config::Entry;
-use crate::store::{MemberId, TypeConfig};
+use crate::store::{MemberId, QuotientStateMachine, TypeConfig};
 
 /// The longest any single Raft RPC may take, whatever openraft asks (milliseconds).
 pub const RAFT_RPC_TIMEOUT_MAX_MS: u64 = 30_000;
@@ -203,6 +203,9 @@ pub struct PeerConnections {
     /// This node's Raft metrics, for the membership: set once Raft exists
     /// ([`PeerConnections::watch_membership`]).
     metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<MemberId, BasicNode>>>>,
+    /// The replicated state, for its revocations: nothing is sent to a member whose
+    /// certificate is revoked ([`PeerConnections::with_revocations`]).
+    state: Option<QuotientStateMachine>,
     inner: Arc<Mutex<PoolInner>>,
 }
 
@@ -220,8 +223,30 @@ impl PeerConnections {
             durability,
             identity,
             metrics: Arc::new(OnceLock::new()),
+            state: None,
             inner: Arc::new(Mutex::new(PoolInner::default())),
         }
+    }
+
+    /// Sends nothing to a member whose certificate `state` has revoked (its name, or its
+    /// serial): a coordinator whose key leaked is cut off from the cluster's entries.
+    pub fn with_revocations(mut self, state: QuotientStateMachine) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Why the member behind `connection` may be sent nothing: its certificate is revoked.
+    fn revoked(&self, connection: &PeerConnection) -> Option<String> {
+        let state = self.state.as_ref()?;
+        let peer = connection.peer();
+        state
+            .read(|state| state.is_revoked(&peer.name, connection.serial()))
+            .then(|| {
+                format!(
+                    "the certificate of {} is revoked: nothing is sent to it",
+                    peer.name
+                )
+            })
     }
 
     /// Reads the membership from `metrics` (this node's Raft's) from now on.
@@ -509,6 +534,9 @@ impl PeerNetwork {
             .connection(self.target, &self.address)
             .await
             .map_err(SendError::Unreachable)?;
+        if let Some(why) = self.pool.revoked(&connection) {
+            return Err(SendError::Unreachable(why));
+        }
         match connection
             .request::<_, RaftResponse>(&envelope, deadline)
             .await

@@ -48,6 +48,7 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
         raft,
         durability,
         identity,
+        state_machine,
         ..
     } = ctx;
     let peer = connection.peer().clone();
@@ -56,6 +57,7 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
         tracing::warn!(%peer, %address, error = %error, "refused a raft connection: not a coordinator");
         return;
     }
+    let serial = connection.serial().map(str::to_string);
     tracing::debug!(%peer, %address, "raft peer connected");
     loop {
         let stream = match connection.accept_request().await {
@@ -66,6 +68,21 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
                 break;
             }
         };
+        // A coordinator whose certificate is revoked (its key leaked) may neither lead, nor
+        // vote, nor send entries: each of its requests is refused, from the entry that
+        // commits the revocation on (found by probing: a revoked coordinator went on in Raft
+        // unchanged).
+        if state_machine.read(|state| state.is_revoked(&peer.name, serial.as_deref())) {
+            identity.refused(
+                REVOKED_RAFT_PEER,
+                format!(
+                    "refused the Raft requests of {peer} at {address}: its certificate is revoked (quotient certs revoked); remove that member (quotient cluster remove) and add one with a new certificate"
+                ),
+            );
+            drop(stream);
+            connection.close();
+            break;
+        }
         let raft = raft.clone();
         let durability = durability.clone();
         let identity = identity.clone();
@@ -77,6 +94,10 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
         });
     }
 }
+
+/// The refusal kind ([`ClusterIdentity::refused`]) of a Raft request of a coordinator whose
+/// certificate is revoked.
+pub const REVOKED_RAFT_PEER: &str = "revoked coordinator";
 
 /// The refusal kind ([`ClusterIdentity::refused`]) of a Raft request this build cannot decode.
 pub const UNREADABLE_RAFT_REQUEST: &str = "unreadable raft request";

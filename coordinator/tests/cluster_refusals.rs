@@ -518,3 +518,72 @@ async fn invalid_commands_are_rejected_with_clear_errors_and_change_nothing() {
     assert_eq!(after, before);
     submit(&admin, job("team", 1)).await;
 }
+
+/// A coordinator's certificate revoked by its name (its key leaked) is cut off: the other
+/// members send it no entries and refuse its Raft requests, so it neither follows, votes nor
+/// leads, and a request it forwards in any caller's name is refused (found by probing: the
+/// revocation was acknowledged and changed nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_coordinator_is_cut_off_from_raft_and_forwards_nothing() {
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3]).await;
+    let admin = cluster.admin();
+    create_share(&admin, "before").await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let revoked = cluster.ids_except(&[leader])[0];
+    let others = cluster.ids_except(&[revoked]);
+    let name = format!("coord-{revoked}");
+    match admin
+        .call(ApiRequest::Revoke {
+            name: name.clone(),
+            serial: None,
+        })
+        .await
+    {
+        Ok(_) => {}
+        other => panic!("revoking {name}: {other:?}"),
+    }
+    let term = cluster.health(leader).await.expect("health").term;
+
+    eprintln!("--- the revoked coordinator forwards a request in an admin's name");
+    let forger = cluster.client_of(&name, vec![cluster.address(leader)]);
+    let forged = ApiRequest::Forwarded {
+        caller: "quotient://admin/alice".to_string(),
+        request: Box::new(ApiRequest::CreateShare(share("forged"))),
+    };
+    let text = rejected(forger.call(forged).await, ErrorCode::Forbidden);
+    assert!(text.contains("revoked"), "{text}");
+
+    eprintln!("--- the others go on without it; it gets nothing more, and wins nothing");
+    create_share(&admin, "after").await;
+    cluster.wait_converged(&others).await;
+    // Long enough for it to time out and campaign a few times.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let leader_health = cluster.health(leader).await.expect("health");
+    let revoked_health = cluster.health(revoked).await.expect("health");
+    assert!(
+        revoked_health.last_applied < leader_health.last_applied,
+        "the revoked member applied {} of the leader's {}",
+        revoked_health.last_applied,
+        leader_health.last_applied
+    );
+    assert_eq!(cluster.wait_for_leader(&others).await, leader);
+    assert_eq!(
+        leader_health.term, term,
+        "the revoked member's campaigns reached the others"
+    );
+    let names: Vec<String> = shares(&admin).await.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"after".to_string()) && !names.contains(&"forged".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        cluster
+            .log_text(leader)
+            .contains("its certificate is revoked")
+            || others
+                .iter()
+                .any(|id| cluster.log_text(*id).contains("its certificate is revoked")),
+        "a refusal is logged"
+    );
+}
