@@ -155,6 +155,18 @@ impl PeerIdentity {
         Ok(format!("{:x}", certificate.serial))
     }
 
+    /// When the DER certificate `der` starts and stops being valid, in seconds since the Unix
+    /// epoch.
+    pub fn validity_of_certificate_der(der: &[u8]) -> Result<(i64, i64), IdentityError> {
+        let (_, certificate) = x509_parser::parse_x509_certificate(der)
+            .map_err(|error| IdentityError::NotX509(error.to_string()))?;
+        let validity = certificate.validity();
+        Ok((
+            validity.not_before.timestamp(),
+            validity.not_after.timestamp(),
+        ))
+    }
+
     /// Reads the identity from a DER certificate: exactly one `quotient://` SAN URI.
     pub fn from_certificate_der(der: &[u8]) -> Result<Self, IdentityError> {
         let (_, certificate) = x509_parser::parse_x509_certificate(der)
@@ -382,7 +394,11 @@ pub fn issue_for(
         }
     }
     let issuer = CaIssuer::load(&ca)?;
-    let issued = issuer.issue_checked(&identity, alternative_names, validity_days)?;
+    let issued = issuer.issue_checked(
+        &identity,
+        alternative_names,
+        validity_of_days(validity_days),
+    )?;
     write_pair(&files, &issued.cert_pem, &issued.key_pem)?;
     Ok(files)
 }
@@ -450,8 +466,24 @@ impl CaIssuer {
         self.issue_checked(
             &identity,
             leaf_sans(&identity)?,
-            default_validity_days(role),
+            validity_of_days(default_validity_days(role)),
         )
+    }
+
+    /// [`CaIssuer::issue`], valid for `validity` from now (at least a second, and never past
+    /// the CA): a short-lived certificate, as tests of expiry need.
+    pub fn issue_valid_for(
+        &self,
+        role: Role,
+        name: &str,
+        validity: Duration,
+    ) -> Result<IssuedPem, CertError> {
+        validate_name(role.as_str(), name)?;
+        let identity = PeerIdentity {
+            role,
+            name: name.to_string(),
+        };
+        self.issue_checked(&identity, leaf_sans(&identity)?, validity)
     }
 
     /// Signs a leaf for `identity` (whose name was checked) carrying `alternative_names`.
@@ -459,7 +491,7 @@ impl CaIssuer {
         &self,
         identity: &PeerIdentity,
         alternative_names: Vec<SanType>,
-        validity_days: u64,
+        validity: Duration,
     ) -> Result<IssuedPem, CertError> {
         let mut params = CertificateParams::default();
         let mut distinguished_name = DistinguishedName::new();
@@ -478,7 +510,10 @@ impl CaIssuer {
             vec![ExtendedKeyUsagePurpose::ClientAuth]
         };
         params.use_authority_key_identifier_extension = true;
-        set_validity(&mut params, validity_days.clamp(1, CA_VALIDITY_DAYS));
+        set_validity_for(
+            &mut params,
+            validity.clamp(Duration::from_secs(1), validity_of_days(CA_VALIDITY_DAYS)),
+        );
         // A certificate cannot usefully outlive the CA that vouches for it.
         params.not_after = params.not_after.min(self.certificate.params().not_after);
 
@@ -561,12 +596,31 @@ fn ia5(text: &str) -> Result<rcgen::Ia5String, CertError> {
 /// Makes `params` valid from a little before now for `validity_days`. The date is built from
 /// rcgen's own constructor so that this crate need not depend on rcgen's date library.
 fn set_validity(params: &mut CertificateParams, validity_days: u64) {
+    set_validity_for(params, validity_of_days(validity_days));
+}
+
+fn validity_of_days(days: u64) -> Duration {
+    Duration::from_secs(days * SECONDS_PER_DAY)
+}
+
+fn set_validity_for(params: &mut CertificateParams, validity: Duration) {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
     let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
     params.not_before = now - Duration::from_secs(CLOCK_SKEW_ALLOWANCE_SECS);
-    params.not_after = now + Duration::from_secs(validity_days * SECONDS_PER_DAY);
+    params.not_after = now + validity;
+}
+
+/// `secs` since the Unix epoch as RFC 3339 text in UTC (`2027-03-01T09:00:00Z`).
+pub fn utc_text(secs: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|at| {
+            at.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{secs} s after the Unix epoch"))
 }
 
 fn create_dir(dir: &Path) -> Result<(), CertError> {

@@ -111,6 +111,10 @@ pub const CLOSE_CODE_SHUTDOWN: u32 = 0;
 pub const CLOSE_CODE_BAD_IDENTITY: u32 = 1;
 /// Connection close code: the peer's role may not use this ALPN.
 pub const CLOSE_CODE_UNAUTHORISED: u32 = 2;
+/// Connection close code: the peer's certificate has expired, or is not valid yet.
+pub const CLOSE_CODE_CERTIFICATE_NOT_VALID: u32 = 3;
+/// The most bytes of a reason sent with a connection's close (it must fit one packet).
+pub const CLOSE_REASON_BYTES_MAX: usize = 512;
 
 /// Why a connection could not be made, accepted or kept.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +153,14 @@ pub enum TransportError {
         #[source]
         source: IdentityError,
     },
+    /// The peer's certificate is outside its validity now: on a connection resumed from an
+    /// earlier session (which TLS does not check again), or one that outlived it.
+    #[error("peer {address} ({peer}): its certificate {problem}")]
+    CertificateNotValid {
+        address: SocketAddr,
+        peer: PeerIdentity,
+        problem: String,
+    },
     #[error("peer {peer} may not use {alpn}: only {allowed} may")]
     Unauthorised {
         peer: PeerIdentity,
@@ -183,7 +195,18 @@ fn handshake_hint(error: &ConnectionError) -> &'static str {
         }
         ConnectionError::TimedOut => "; is the peer running and reachable?",
         ConnectionError::LocallyClosed => "",
-        _ => "; check that both sides have certificates from the same cluster CA",
+        other => {
+            // rustls names the reason in its alert's text (found by probing: an expired
+            // certificate was blamed on the CA).
+            let text = other.to_string().to_ascii_lowercase();
+            if text.contains("expired") {
+                "; a certificate has expired: renew it (see \"Certificate expiry\" in the operations guide)"
+            } else if text.contains("not valid yet") || text.contains("notvalidyet") {
+                "; a certificate is not valid yet: check both hosts' clocks"
+            } else {
+                "; check that both sides have certificates from the same cluster CA"
+            }
+        }
     }
 }
 
@@ -727,6 +750,8 @@ pub struct PeerConnection {
     /// The serial number of the peer's certificate (lowercase hex), checked against the
     /// revoked serials of its name.
     serial: Option<String>,
+    /// When the peer's certificate starts and stops being valid (seconds since the epoch).
+    validity: Option<(i64, i64)>,
     alpn: Vec<u8>,
     /// What request bodies its streams may be reading at once ([`frame::BodyBudget`]).
     budget: frame::BodyBudget,
@@ -770,12 +795,54 @@ impl PeerConnection {
             .and_then(|data| data.protocol)
             .unwrap_or_default();
         let serial = PeerIdentity::serial_of_certificate_der(leaf).ok();
-        Ok(PeerConnection {
+        let validity = PeerIdentity::validity_of_certificate_der(leaf).ok();
+        let established = PeerConnection {
             connection,
             peer,
             serial,
+            validity,
             alpn,
             budget: frame::BodyBudget::for_connection(),
+        };
+        // The handshake checked the dates, unless it resumed an earlier session: TLS takes
+        // a resumed peer's certificate as it was then (found by probing: an agent whose
+        // certificate had expired registered again with a coordinator that had run since
+        // before, and was given a job).
+        established.check_validity()?;
+        Ok(established)
+    }
+
+    /// Closes the connection when the peer's certificate is not valid now (expired, or not
+    /// yet valid), saying so to both sides.
+    fn check_validity(&self) -> Result<(), TransportError> {
+        let Some((not_before, not_after)) = self.validity else {
+            return Ok(());
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs() as i64);
+        let problem = if now > not_after {
+            format!(
+                "expired at {}: renew it (see \"Certificate expiry\" in the operations guide)",
+                crate::certs::utc_text(not_after)
+            )
+        } else if now < not_before {
+            format!(
+                "is not valid before {}: check both hosts' clocks",
+                crate::certs::utc_text(not_before)
+            )
+        } else {
+            return Ok(());
+        };
+        let reason = format!("the certificate of {} {problem}", self.peer);
+        tracing::warn!(peer = %self.peer, address = %self.connection.remote_address(), "{reason}; closing the connection");
+        let reason = &reason.as_bytes()[..reason.len().min(CLOSE_REASON_BYTES_MAX)];
+        self.connection
+            .close(VarInt::from_u32(CLOSE_CODE_CERTIFICATE_NOT_VALID), reason);
+        Err(TransportError::CertificateNotValid {
+            address: self.connection.remote_address(),
+            peer: self.peer.clone(),
+            problem,
         })
     }
 
@@ -846,10 +913,15 @@ impl PeerConnection {
     /// the connection deliberately.
     pub async fn accept_request(&self) -> Result<Option<RequestStream>, TransportError> {
         match self.connection.accept_bi().await {
-            Ok((send, recv)) => Ok(Some(RequestStream {
-                budget: Some(self.budget.clone()),
-                ..RequestStream::new(send, recv)
-            })),
+            Ok((send, recv)) => {
+                // A connection outlives nothing: one whose peer's certificate expired while
+                // it was open serves no more requests.
+                self.check_validity()?;
+                Ok(Some(RequestStream {
+                    budget: Some(self.budget.clone()),
+                    ..RequestStream::new(send, recv)
+                }))
+            }
             Err(ConnectionError::ApplicationClosed(_) | ConnectionError::LocallyClosed) => Ok(None),
             Err(error) => Err(TransportError::ConnectionLost(error)),
         }
@@ -865,6 +937,11 @@ impl PeerConnection {
         Req: WireMessage,
         Resp: WireMessage,
     {
+        // The server's certificate expired while this connection was open: closed, as the
+        // server closes a connection whose client's certificate expired.
+        if self.check_validity().is_err() {
+            return Err(RequestError::ConnectionLost(ConnectionError::LocallyClosed));
+        }
         request(&self.connection, request_message, deadline).await
     }
 

@@ -790,3 +790,70 @@ async fn connected_and_echoing(client: &Client, address: SocketAddr) -> PeerConn
     );
     connection
 }
+
+/// A client certificate that expires while its connection is open serves no more requests
+/// there, and a connection resumed from a TLS session of before the expiry (TLS does not
+/// check a resumed peer's certificate again) is refused too, saying why (found by probing:
+/// an agent whose certificate had expired registered again with a coordinator that had run
+/// since before, and was given a job).
+#[tokio::test]
+async fn a_certificate_that_expires_is_refused_on_open_and_resumed_connections() {
+    let dir = cluster();
+    let (server, mut events) = start_server(&identity(dir.path(), "coord-1"), &[ALPN_API]);
+    let address = server.local_addr().unwrap();
+    let issuer = certs::CaIssuer::load(&certs::ca_files(dir.path())).unwrap();
+    let brief = issuer
+        .issue_valid_for(Role::Admin, "brief", Duration::from_secs(3))
+        .unwrap();
+    let tls = TlsIdentity::from_pem(
+        &TlsFiles::in_dir(dir.path(), "brief"),
+        issuer.ca_pem().as_bytes(),
+        brief.cert_pem.as_bytes(),
+        brief.key_pem.as_bytes(),
+    )
+    .unwrap();
+    let client = Client::new(tls);
+    let connection = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut events).await,
+        Event::Connected { .. }
+    ));
+    echo(&connection, "in time").await.unwrap();
+    // A second connection in time: the client then holds the server's tickets to resume.
+    let second = client
+        .connect(address, "localhost", ALPN_API)
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut events).await,
+        Event::Connected { .. }
+    ));
+    echo(&second, "in time").await.unwrap();
+    second.close();
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+
+    let late = echo(&connection, "late").await.unwrap_err();
+    assert!(
+        matches!(late, RequestError::ConnectionLost(_)),
+        "the open connection serves no more: {late:?}"
+    );
+    assert!(
+        late.to_string().contains("expired"),
+        "the client is told why: {late}"
+    );
+    let resumed = match client.connect(address, "localhost", ALPN_API).await {
+        Ok(resumed) => echo(&resumed, "resumed").await.unwrap_err().to_string(),
+        Err(error) => error.to_string(),
+    };
+    assert!(resumed.contains("expired"), "{resumed}");
+    match next_event(&mut events).await {
+        Event::Refused(why) => assert!(
+            why.contains("brief") && why.contains("expired"),
+            "the server says whose and why: {why}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
