@@ -43,6 +43,8 @@ struct PhaseLabels {
 /// The agent's door: its metrics and readiness, from what the session shares.
 pub struct AgentDoor {
     pub shared: Arc<Shared>,
+    /// The agent's certificate and CA, for their expiry.
+    pub tls: quotient_common::tls::TlsIdentity,
 }
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
@@ -177,6 +179,7 @@ impl AgentDoor {
             "Attempts on this host by phase (stopping: the checkpoint signal was sent)",
             jobs,
         );
+        quotient_common::metrics_http::register_certificate_expiry(&mut registry, &self.tls);
         registry
     }
 }

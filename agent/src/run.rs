@@ -346,6 +346,7 @@ async fn drive<R: Runtime + 'static>(
                 addr,
                 Arc::new(crate::metrics::AgentDoor {
                     shared: shared.clone(),
+                    tls: tls.clone(),
                 }),
             )
             .await
@@ -354,6 +355,9 @@ async fn drive<R: Runtime + 'static>(
         None => None,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Said in the log ahead of time: an agent whose certificate expires can register with no
+    // coordinator, and its jobs stop with its lease.
+    let expiry_notices = tokio::spawn(tls.clone().log_expiry_notices());
     let session = LeaderSession::new(
         shared.clone(),
         Client::new(tls),
@@ -387,6 +391,7 @@ async fn drive<R: Runtime + 'static>(
     if let Err(error) = disk_task.await {
         tracing::error!("the disk task failed: {error}");
     }
+    expiry_notices.abort();
     if let Some(server) = metrics_server {
         server.stop();
     }

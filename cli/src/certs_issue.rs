@@ -79,11 +79,26 @@ pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
     );
     // The serial is what revokes this one certificate and no other of the name.
     if let Ok(facts) = certs::certificate_facts(&files.cert) {
+        // What it got, which the CA's own end may cut short (found by probing: "valid for
+        // 1825 days" printed for a certificate of 50).
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs() as i64);
+        let got = ((facts.expires_at - now).max(0) + 43_200) / 86_400;
+        let until =
+            crate::output::rfc3339(u64::try_from(facts.expires_at.max(0)).unwrap_or(0) * 1000);
+        let plural = |count: i64| if count == 1 { "" } else { "s" };
         println!(
-            "serial {}, valid for {days} days (until {})",
+            "serial {}, valid for {got} day{} (until {until})",
             facts.serial,
-            crate::output::rfc3339(u64::try_from(facts.expires_at.max(0)).unwrap_or(0) * 1000)
+            plural(got)
         );
+        if (got as u64) < days.saturating_sub(1) {
+            println!(
+                "note: cut short from the {days} day{} asked for: no certificate outlives its CA, which ends then; plan the move to a new CA before it (\"Rotating the CA\" in docs/operations.md)",
+                plural(days as i64)
+            );
+        }
     }
     Ok(())
 }

@@ -320,6 +320,39 @@ pub fn default_validity_days(role: Role) -> u64 {
 pub const PERSON_VALIDITY_DAYS: u64 = 365;
 /// How soon before its end a certificate is said to expire soon (days).
 pub const EXPIRY_WARNING_DAYS: u64 = 14;
+/// How soon before its end a coordinator or agent warns of its certificate, or of its CA's
+/// (days): longer than a person's, as renewing one means a restart of each process.
+pub const SERVICE_EXPIRY_WARNING_DAYS: u64 = 30;
+
+/// What a coordinator or agent says of `what` (e.g. `its certificate /etc/quotient/coord-1.pem`),
+/// valid until `not_after`, at `now` (both in seconds since the epoch): nothing while more than
+/// [`SERVICE_EXPIRY_WARNING_DAYS`] are left; else whether it has expired, and the text.
+pub fn expiry_notice(what: &str, not_after: i64, now: i64, ca: bool) -> Option<(bool, String)> {
+    let left = not_after - now;
+    let when = utc_text(not_after);
+    let renew = if ca {
+        "every certificate it signed stops working with it: make a new CA and move the cluster to it (see \"Rotating the CA\" in the operations guide)"
+    } else {
+        "renew it, and restart this process with the new one (see \"Certificate expiry\" in the operations guide)"
+    };
+    if left <= 0 {
+        Some((
+            true,
+            format!("{what} expired at {when}: new connections with it are refused; {renew}"),
+        ))
+    } else if left <= SERVICE_EXPIRY_WARNING_DAYS as i64 * SECONDS_PER_DAY as i64 {
+        let days = (left + SECONDS_PER_DAY as i64 - 1) / SECONDS_PER_DAY as i64;
+        Some((
+            false,
+            format!(
+                "{what} expires at {when} (in {days} day{}): {renew}",
+                if days == 1 { "" } else { "s" }
+            ),
+        ))
+    } else {
+        None
+    }
+}
 
 /// What a certificate file says of itself that people need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -537,7 +570,43 @@ fn load_ca(files: &CertFiles) -> Result<(rcgen::Certificate, KeyPair, String), C
     let cert_pem = read_to_string(&files.cert)?;
     let key_pem = read_to_string(&files.key)?;
     let key = KeyPair::from_pem(&key_pem).map_err(|error| bad(&files.key, error.to_string()))?;
-    let params = CertificateParams::from_ca_cert_pem(&cert_pem)
+    // The certificate of the key: the file may hold several CAs (while a cluster moves from
+    // one to another, it trusts both), and a key of another CA must not sign in this one's
+    // name (found by probing: certificates issued so were trusted by nothing).
+    let mut found = None;
+    for block in x509_parser::pem::Pem::iter_from_buffer(cert_pem.as_bytes()) {
+        let block = block.map_err(|error| bad(&files.cert, error.to_string()))?;
+        let certificate = block
+            .parse_x509()
+            .map_err(|error| bad(&files.cert, error.to_string()))?;
+        if certificate.public_key().subject_public_key.data.as_ref() == key.public_key_raw() {
+            let not_after = certificate.validity().not_after.timestamp();
+            found = Some((block.contents.clone(), not_after));
+            break;
+        }
+    }
+    let Some((der, not_after)) = found else {
+        return Err(bad(
+            &files.key,
+            format!(
+                "this key belongs to no CA certificate in {}: the two files are of different CAs; use the ca.pem and ca-key.pem that `quotient certs init` made together",
+                files.cert.display()
+            ),
+        ));
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs() as i64);
+    if not_after <= now {
+        return Err(bad(
+            &files.cert,
+            format!(
+                "the CA expired at {}: it can issue nothing any more; make a new CA (`quotient certs init`) and move the cluster to it (\"Rotating the CA\" in the operations guide)",
+                utc_text(not_after)
+            ),
+        ));
+    }
+    let params = CertificateParams::from_ca_cert_der(&der.into())
         .map_err(|error| bad(&files.cert, error.to_string()))?;
     if params.is_ca == IsCa::NoCa || params.is_ca == IsCa::ExplicitNoCa {
         return Err(bad(&files.cert, "it is not a CA certificate".to_string()));
@@ -704,6 +773,32 @@ mod tests {
             .add(read_certificate(&dir.join(CA_CERT_FILE)))
             .unwrap();
         Arc::new(roots)
+    }
+
+    #[test]
+    fn a_service_certificate_is_warned_of_within_30_days_and_said_expired_after() {
+        let day = SECONDS_PER_DAY as i64;
+        let what = "its certificate coord-1.pem";
+        assert_eq!(expiry_notice(what, 31 * day, 0, false), None);
+        let (expired, text) = expiry_notice(what, 10 * day, 0, false).unwrap();
+        assert!(!expired);
+        assert!(
+            text.starts_with("its certificate coord-1.pem expires at 1970-01-11T00:00:00Z (in 10 days): renew it"),
+            "{text}"
+        );
+        let (_, one) = expiry_notice(what, day - 5, 0, false).unwrap();
+        assert!(one.contains("(in 1 day)"), "{one}");
+        let (expired, text) = expiry_notice(what, 10, 10, false).unwrap();
+        assert!(expired);
+        assert!(
+            text.contains("expired at 1970-01-01T00:00:10Z: new connections with it are refused"),
+            "{text}"
+        );
+        let (_, ca) = expiry_notice("the cluster CA ca.pem", 10 * day, 0, true).unwrap();
+        assert!(
+            ca.contains("every certificate it signed stops working"),
+            "{ca}"
+        );
     }
 
     #[test]

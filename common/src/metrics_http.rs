@@ -128,6 +128,38 @@ async fn readyz(State(door): State<Arc<Door>>) -> impl IntoResponse {
     }
 }
 
+/// The labels of [`register_certificate_expiry`]'s gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct CertificateLabels {
+    certificate: &'static str,
+}
+
+/// Registers `quotient_certificate_expiry_timestamp_seconds` in `registry`: when the process's
+/// own certificate (`certificate="own"`) and the first of the CA certificates it trusts
+/// (`certificate="ca"`) stop being valid, in seconds since the epoch. An alert on it minus
+/// `time()` warns well before either runs out (deploy/prometheus/alerts.yml).
+pub fn register_certificate_expiry(
+    registry: &mut prometheus_client::registry::Registry,
+    tls: &crate::tls::TlsIdentity,
+) {
+    let expiry = prometheus_client::metrics::family::Family::<
+        CertificateLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >::default();
+    for (certificate, not_after) in [("own", tls.not_after()), ("ca", tls.ca_not_after())] {
+        if let Some(not_after) = not_after {
+            expiry
+                .get_or_create(&CertificateLabels { certificate })
+                .set(not_after);
+        }
+    }
+    registry.register(
+        "quotient_certificate_expiry_timestamp_seconds",
+        "When this process's certificate (own) and its cluster CA (ca) stop being valid, in seconds since the Unix epoch",
+        expiry,
+    );
+}
+
 /// Encodes `registry` as OpenMetrics text.
 pub fn encode(registry: &prometheus_client::registry::Registry) -> String {
     let mut text = String::new();

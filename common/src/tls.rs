@@ -151,6 +151,10 @@ pub enum TlsError {
     Config(String),
 }
 
+/// How often a coordinator or agent looks again at its certificate's and its CA's expiry
+/// ([`TlsIdentity::log_expiry_notices`]), in seconds: twice a day.
+pub const EXPIRY_LOOK_S: u64 = 12 * 60 * 60;
+
 /// A process's TLS material: whom it trusts (the CA) and what it presents (chain and key).
 #[derive(Debug)]
 pub struct TlsIdentity {
@@ -159,6 +163,9 @@ pub struct TlsIdentity {
     key: PrivateKeyDer<'static>,
     identity: PeerIdentity,
     files: TlsFiles,
+    /// When the first of the CA certificates trusted stops being valid (seconds since the
+    /// epoch).
+    ca_not_after: Option<i64>,
 }
 
 impl Clone for TlsIdentity {
@@ -169,6 +176,7 @@ impl Clone for TlsIdentity {
             key: self.key.clone_key(),
             identity: self.identity.clone(),
             files: self.files.clone(),
+            ca_not_after: self.ca_not_after,
         }
     }
 }
@@ -193,6 +201,11 @@ impl TlsIdentity {
         key_pem: &[u8],
     ) -> Result<Self, TlsError> {
         let ca_certificates = parse_certificates(TlsFileKind::Ca, &files.ca, ca_pem)?;
+        let ca_not_after = ca_certificates
+            .iter()
+            .filter_map(|der| PeerIdentity::validity_of_certificate_der(der).ok())
+            .map(|(_, not_after)| not_after)
+            .min();
         let mut roots = RootCertStore::empty();
         for certificate in ca_certificates {
             roots.add(certificate).map_err(|error| TlsError::Pem {
@@ -219,10 +232,57 @@ impl TlsIdentity {
             key,
             identity,
             files: files.clone(),
+            ca_not_after,
         };
         tls.check_chain()?;
         tls.check_key()?;
         Ok(tls)
+    }
+
+    /// What this process says of its certificate and of its CA at `now` (seconds since the
+    /// epoch): each one expired, or within [`certs::SERVICE_EXPIRY_WARNING_DAYS`] of it, with
+    /// whether it has expired ([`certs::expiry_notice`]).
+    pub fn expiry_notices(&self, now: i64) -> Vec<(bool, String)> {
+        let own = self.not_after().and_then(|not_after| {
+            let what = format!("its certificate {}", self.files.cert.display());
+            certs::expiry_notice(&what, not_after, now, false)
+        });
+        let ca = self.ca_not_after.and_then(|not_after| {
+            let what = format!("the cluster CA {}", self.files.ca.display());
+            certs::expiry_notice(&what, not_after, now, true)
+        });
+        own.into_iter().chain(ca).collect()
+    }
+
+    /// When this identity's certificate stops being valid (seconds since the epoch).
+    pub fn not_after(&self) -> Option<i64> {
+        PeerIdentity::validity_of_certificate_der(&self.chain[0])
+            .ok()
+            .map(|(_, not_after)| not_after)
+    }
+
+    /// When the first of the CA certificates it trusts stops being valid (seconds since the
+    /// epoch).
+    pub fn ca_not_after(&self) -> Option<i64> {
+        self.ca_not_after
+    }
+
+    /// Logs [`TlsIdentity::expiry_notices`] now and every [`EXPIRY_LOOK_S`] seconds, a
+    /// warning for one that expires soon and an error for one expired, for good.
+    pub async fn log_expiry_notices(self) {
+        loop {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_secs() as i64);
+            for (expired, text) in self.expiry_notices(now) {
+                if expired {
+                    tracing::error!("{text}");
+                } else {
+                    tracing::warn!("{text}");
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(EXPIRY_LOOK_S)).await;
+        }
     }
 
     /// A secret of 32 bytes for `purpose`, derived from this identity's private key (HKDF,

@@ -857,3 +857,40 @@ async fn a_certificate_that_expires_is_refused_on_open_and_resumed_connections()
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+/// A process's certificate within 30 days of its end is warned of, naming its file and when;
+/// the CA, years away, is not.
+#[test]
+fn a_certificate_near_its_end_is_warned_of_and_the_ca_far_from_it_is_not() {
+    let dir = cluster();
+    let issuer = certs::CaIssuer::load(&certs::ca_files(dir.path())).unwrap();
+    let soon = issuer
+        .issue_valid_for(Role::Agent, "node-9", Duration::from_secs(10 * 86_400))
+        .unwrap();
+    let tls = TlsIdentity::from_pem(
+        &TlsFiles::in_dir(dir.path(), "node-9"),
+        issuer.ca_pem().as_bytes(),
+        soon.cert_pem.as_bytes(),
+        soon.key_pem.as_bytes(),
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let notices = tls.expiry_notices(now);
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let (expired, text) = &notices[0];
+    assert!(!expired);
+    assert!(
+        text.contains("node-9.pem") && text.contains("(in 10 days)"),
+        "{text}"
+    );
+    assert!(tls.ca_not_after().unwrap() > now + 9 * 365 * 86_400);
+    // Past its end both are said, the CA's with what it means.
+    let later = tls.ca_not_after().unwrap() + 1;
+    let notices = tls.expiry_notices(later);
+    assert_eq!(notices.len(), 2, "{notices:?}");
+    assert!(notices.iter().all(|(expired, _)| *expired));
+    assert!(notices[1].1.contains("ca.pem"), "{notices:?}");
+}

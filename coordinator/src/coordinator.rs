@@ -168,7 +168,7 @@ impl Coordinator {
         .map_err(|error| CoordinatorError::Raft(error.to_string()))?;
         peers.watch_membership(raft.metrics());
 
-        let metrics = CoordinatorMetrics::new();
+        let metrics = CoordinatorMetrics::for_identity(&tls);
         let server = Arc::new(
             Server::bind(config.listen, &tls, &[ALPN_API, ALPN_RAFT, ALPN_AGENT])?
                 .counting_refusals_in(metrics.handshakes_refused_source()),
@@ -220,6 +220,10 @@ impl Coordinator {
             None => None,
         };
         let loops = vec![
+            // Said in the log ahead of time: a coordinator whose certificate expires can
+            // connect to no other, and with a second fault the cluster loses its quorum
+            // (found by probing: silent until then).
+            tokio::spawn(tls.clone().log_expiry_notices()),
             tokio::spawn(scheduler_loop::run(ctx.clone())),
             tokio::spawn(node_leases::run(ctx.clone())),
             tokio::spawn(crate::retention_loop::run(ctx.clone())),

@@ -162,7 +162,17 @@ impl Default for CoordinatorMetrics {
 
 impl CoordinatorMetrics {
     pub fn new() -> CoordinatorMetrics {
+        CoordinatorMetrics::with_registry(Registry::default())
+    }
+
+    /// Its metrics, and the expiry of its certificate and CA (`tls`).
+    pub fn for_identity(tls: &quotient_common::tls::TlsIdentity) -> CoordinatorMetrics {
         let mut registry = Registry::default();
+        quotient_common::metrics_http::register_certificate_expiry(&mut registry, tls);
+        CoordinatorMetrics::with_registry(registry)
+    }
+
+    fn with_registry(mut registry: Registry) -> CoordinatorMetrics {
         let share_gpus = Family::<ShareGpuLabels, Gauge>::default();
         registry.register(
             "quotient_share_gpus",

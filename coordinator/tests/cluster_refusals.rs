@@ -14,7 +14,7 @@ use openraft::raft::VoteRequest;
 use openraft::Vote;
 use quotient_client::ClientError;
 use quotient_common::api::{ApiError, ApiRequest, ApiResponse};
-use quotient_common::certs::{self, PeerIdentity};
+use quotient_common::certs::{self, PeerIdentity, Role};
 use quotient_common::frame::{self, FrameError, FRAME_MAGIC, MAX_FRAME_BYTES};
 use quotient_common::job::LAUNCH_BYTES_MAX;
 use quotient_common::tls::{crypto_provider, TlsFiles, TlsIdentity, PROTOCOL_VERSIONS};
@@ -586,4 +586,87 @@ async fn a_revoked_coordinator_is_cut_off_from_raft_and_forwards_nothing() {
                 .any(|id| cluster.log_text(*id).contains("its certificate is revoked")),
         "a refusal is logged"
     );
+}
+
+/// Restarts every coordinator in turn, each back in the cluster before the next goes.
+async fn restart_each(cluster: &mut Cluster) {
+    for id in cluster.ids() {
+        cluster.kill(id);
+        cluster.start_member(id);
+        cluster.wait_for_leader(&cluster.ids()).await;
+        cluster.wait_converged(&cluster.ids()).await;
+    }
+}
+
+/// Moving a running cluster to a new CA, as docs/operations.md ("Rotating the CA") says:
+/// every process trusts both CAs, then every certificate is issued again by the new one,
+/// then the old CA is dropped; each step a restart of one coordinator at a time. The cluster
+/// serves throughout, keeps its state, and a certificate of the old CA is refused at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_moves_to_a_new_ca_one_coordinator_at_a_time() {
+    let mut cluster = Cluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    create_share(&cluster.admin(), "before").await;
+    cluster.wait_converged(&[1, 2, 3]).await;
+    let dir = cluster.certs.dir.clone();
+    let new_ca = cluster.certs.dir.parent().unwrap().join("new-ca");
+    certs::init_ca(&new_ca).expect("a new CA");
+    let old_ca = std::fs::read_to_string(dir.join(certs::CA_CERT_FILE)).unwrap();
+    let new_ca_pem = std::fs::read_to_string(new_ca.join(certs::CA_CERT_FILE)).unwrap();
+    let kept = cluster.certs.dir.parent().unwrap().join("old-alice");
+    std::fs::create_dir_all(&kept).unwrap();
+    for file in ["alice.pem", "alice-key.pem"] {
+        std::fs::copy(dir.join(file), kept.join(file)).unwrap();
+    }
+
+    eprintln!("--- 1: every process trusts both CAs");
+    std::fs::write(
+        dir.join(certs::CA_CERT_FILE),
+        format!("{old_ca}{new_ca_pem}"),
+    )
+    .unwrap();
+    restart_each(&mut cluster).await;
+    create_share(&cluster.admin(), "trusting-both").await;
+
+    eprintln!("--- 2: every certificate issued again by the new CA");
+    for name in ["coord-1", "coord-2", "coord-3", "alice"] {
+        let role = if name == "alice" {
+            Role::Admin
+        } else {
+            Role::Coordinator
+        };
+        let issued = certs::issue(&new_ca, role, name, &[]).expect("a certificate of the new CA");
+        std::fs::copy(&issued.cert, dir.join(format!("{name}.pem"))).unwrap();
+        std::fs::copy(&issued.key, dir.join(format!("{name}-key.pem"))).unwrap();
+    }
+    restart_each(&mut cluster).await;
+    create_share(&cluster.admin(), "new-certificates").await;
+
+    eprintln!("--- 3: the old CA dropped");
+    std::fs::write(dir.join(certs::CA_CERT_FILE), &new_ca_pem).unwrap();
+    restart_each(&mut cluster).await;
+    let admin = cluster.admin();
+    create_share(&admin, "after").await;
+    let names: Vec<String> = shares(&admin).await.into_iter().map(|s| s.name).collect();
+    for name in ["before", "trusting-both", "new-certificates", "after"] {
+        assert!(
+            names.contains(&name.to_string()),
+            "{name} is kept: {names:?}"
+        );
+    }
+    // A client of the old CA (trusting both, to be sure it is the server that refuses).
+    let bundle = kept.join("bundle.pem");
+    std::fs::write(&bundle, format!("{old_ca}{new_ca_pem}")).unwrap();
+    let leader = cluster.wait_for_leader(&cluster.ids()).await;
+    let socket: SocketAddr = cluster.address(leader).parse().unwrap();
+    let error = raw_list_shares(
+        socket,
+        raw_client_config(
+            &bundle,
+            Some((&kept.join("alice.pem"), &kept.join("alice-key.pem"))),
+        ),
+    )
+    .await
+    .expect_err("a certificate of the old CA is refused");
+    eprintln!("refused: {error}");
 }

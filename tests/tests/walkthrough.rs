@@ -211,6 +211,8 @@ fn prometheus_sees_the_walkthroughs_first_two_steps() {
         (r#"sum(quotient_agent_jobs{state="running"})"#, 2.0),
         ("count(quotient_gpu_temperature_celsius)", 3.0),
         ("sum(quotient_job_wait_seconds_count)", 2.0),
+        // Each process's certificate and CA, with when they end.
+        ("count(quotient_certificate_expiry_timestamp_seconds)", 12.0),
     ];
     poll_until("prometheus reads step 1's figures", STEP, || {
         let read: Vec<(&str, Result<f64, String>)> = expected
