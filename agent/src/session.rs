@@ -103,8 +103,13 @@ use crate::lease::{write_lease_file, LeaseClock};
 use crate::reconcile::{Desired, DesiredAllocation, Intent};
 
 /// Deadline of a connect, handshake included. Short, as every address is tried at once and
-/// retried: a dead coordinator costs only its own attempt.
+/// retried: a dead coordinator costs only its own attempt. Each failed attempt at an address
+/// doubles the next one's, up to [`CONNECT_DEADLINE_MAX_MS`], so that a path whose round
+/// trip is near a second still gets its handshake through (found by probing: at 1 s a round
+/// trip every handshake was given up, and the agent stopped its jobs with its lease).
 pub const CONNECT_DEADLINE_MS: u64 = 1_000;
+/// The longest a connect's deadline grows to in one leader search.
+pub const CONNECT_DEADLINE_MAX_MS: u64 = 4_000;
 /// Deadline of a `Register`.
 pub const REGISTER_DEADLINE_MS: u64 = 5_000;
 /// Deadline of a heartbeat (at most a quarter of the lease, see [`heartbeat_deadline`]); one
@@ -325,6 +330,15 @@ pub fn heartbeat_deadline(lease_ms: u64) -> Duration {
             .min(lease_ms / HEARTBEAT_DEADLINES_PER_LEASE_MIN)
             .max(HEARTBEAT_MIN_MS),
     )
+}
+
+/// The deadline of one heartbeat under a lease of `lease_ms` on a connection whose round trip
+/// QUIC measures at `rtt`: [`heartbeat_deadline`], or three round trips where that is longer,
+/// never more than a quarter of the lease (found by probing: at a round trip of 1 s every
+/// heartbeat missed its deadline of 1 s, and the agent stopped its jobs).
+pub fn heartbeat_deadline_on(lease_ms: u64, rtt: Duration) -> Duration {
+    let quarter = Duration::from_millis(lease_ms / HEARTBEAT_DEADLINES_PER_LEASE_MIN);
+    heartbeat_deadline(lease_ms).max((rtt * 3).min(quarter))
 }
 
 /// One attempt of a leader search: an address and how it went.
@@ -561,6 +575,9 @@ impl LeaderSession {
         let mut pending: FuturesUnordered<Attempt<'_>> = FuturesUnordered::new();
         let mut in_flight: BTreeSet<String> = BTreeSet::new();
         let mut backoff: BTreeMap<String, u64> = BTreeMap::new();
+        // Each address's connect deadline ([`CONNECT_DEADLINE_MS`], doubled per failure).
+        let mut connect_ms: BTreeMap<String, u64> = BTreeMap::new();
+        let first = Duration::from_millis(CONNECT_DEADLINE_MS);
         // Wakes an address's attempt from its backoff when a `NotLeader` answer names it.
         let mut wake: BTreeMap<String, Arc<Notify>> = BTreeMap::new();
         let mut redirects = 0;
@@ -570,7 +587,7 @@ impl LeaderSession {
         {
             if in_flight.insert(address.clone()) {
                 let waker = wake.entry(address.clone()).or_default().clone();
-                pending.push(self.attempt(address, Duration::ZERO, waker, &gpus));
+                pending.push(self.attempt(address, Duration::ZERO, first, waker, &gpus));
             }
         }
         let warn_every = Duration::from_millis(SEARCH_WARN_INTERVAL_MS);
@@ -594,7 +611,13 @@ impl LeaderSession {
                 for address in &self.coordinators {
                     if in_flight.insert(address.clone()) {
                         let waker = wake.entry(address.clone()).or_default().clone();
-                        pending.push(self.attempt(address.clone(), Duration::ZERO, waker, &gpus));
+                        pending.push(self.attempt(
+                            address.clone(),
+                            Duration::ZERO,
+                            first,
+                            waker,
+                            &gpus,
+                        ));
                     }
                 }
                 continue;
@@ -622,7 +645,17 @@ impl LeaderSession {
                         tracing::info!(coordinator = %address, %leader, "not the leader; following");
                         in_flight.insert(leader.clone());
                         let waker = wake.entry(leader.clone()).or_default().clone();
-                        pending.push(self.attempt(leader, Duration::ZERO, waker, &gpus));
+                        let connect = connect_ms
+                            .get(&leader)
+                            .copied()
+                            .unwrap_or(CONNECT_DEADLINE_MS);
+                        pending.push(self.attempt(
+                            leader,
+                            Duration::ZERO,
+                            Duration::from_millis(connect),
+                            waker,
+                            &gpus,
+                        ));
                     }
                 }
                 Err(ended) => {
@@ -634,18 +667,24 @@ impl LeaderSession {
                 let delay_ms = backoff.entry(address.clone()).or_insert(BACKOFF_MIN_MS);
                 let delay = retry_delay(&self.shared.node, *delay_ms);
                 *delay_ms = (*delay_ms * 2).min(BACKOFF_MAX_MS);
+                let connect = connect_ms
+                    .entry(address.clone())
+                    .or_insert(CONNECT_DEADLINE_MS);
+                *connect = (*connect * 2).min(CONNECT_DEADLINE_MAX_MS);
+                let connect = Duration::from_millis(*connect);
                 let waker = wake.entry(address.clone()).or_default().clone();
-                pending.push(self.attempt(address, delay, waker, &gpus));
+                pending.push(self.attempt(address, delay, connect, waker, &gpus));
             }
         }
     }
 
     /// After `delay` (or once `waker` is notified): connect to `address` (within
-    /// [`CONNECT_DEADLINE_MS`]) and register.
+    /// `connect_deadline`) and register.
     fn attempt(
         &self,
         address: String,
         delay: Duration,
+        connect_deadline: Duration,
         waker: Arc<Notify>,
         gpus: &[GpuDevice],
     ) -> Attempt<'_> {
@@ -659,10 +698,7 @@ impl LeaderSession {
             }
             let (connection, standing) = match self.standing_to(&address) {
                 Some(connection) => (connection, true),
-                None => match self
-                    .connect(&address, Duration::from_millis(CONNECT_DEADLINE_MS))
-                    .await
-                {
+                None => match self.connect(&address, connect_deadline).await {
                     Ok(connection) => (connection, false),
                     Err(ended) => return (address, Err(ended)),
                 },
@@ -800,7 +836,6 @@ impl LeaderSession {
     async fn heartbeat_loop(&self, connection: &PeerConnection, timing: Timing) -> Ended {
         let mut interval = tokio::time::interval(Duration::from_millis(timing.heartbeat_ms));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let deadline = heartbeat_deadline(timing.lease_ms);
         // A leader that is there but acknowledges no heartbeat gets `leader_patience_ms`
         // before the search for the leader; the lease runs from the last acknowledged
         // heartbeat either way.
@@ -816,6 +851,7 @@ impl LeaderSession {
             };
             let sent_at = Instant::now();
             let heard = connection.datagrams_received();
+            let deadline = heartbeat_deadline_on(timing.lease_ms, connection.connection().rtt());
             let result = connection
                 .request::<_, AgentResponse>(&request, deadline)
                 .await;
@@ -1305,5 +1341,15 @@ mod tests {
             heartbeat_deadline(60_000),
             Duration::from_millis(HEARTBEAT_DEADLINE_MS)
         );
+        // A near path keeps the deadline; a far one gets three round trips, within a
+        // quarter of the lease.
+        let ms = Duration::from_millis;
+        assert_eq!(
+            heartbeat_deadline_on(10_000, ms(1)),
+            ms(HEARTBEAT_DEADLINE_MS)
+        );
+        assert_eq!(heartbeat_deadline_on(10_000, ms(600)), ms(1_800));
+        assert_eq!(heartbeat_deadline_on(10_000, ms(2_000)), ms(2_500));
+        assert_eq!(heartbeat_deadline_on(1_000, ms(600)), ms(250));
     }
 }

@@ -1539,3 +1539,52 @@ async fn agent_reports_docker_and_its_images_and_registers_again_when_they_chang
     assert!(!log.contains("lost the leader"), "{log}");
     drop(untag);
 }
+
+/// An agent 1.2 s of round trip away from its leader (a path across continents, or a
+/// satellite link) registers, though its handshake takes longer than a first connect's
+/// deadline of 1 s (each next try waits longer), and keeps its lease and its job: a heartbeat
+/// waits three round trips as QUIC measures them, within a quarter of the lease (found by
+/// probing: every handshake and heartbeat missed its 1 s, and the agent stopped its jobs with
+/// its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_a_second_away_from_its_leader_registers_and_keeps_its_job() {
+    const JOB: u64 = 21;
+    let node = Node::new();
+    let _jobs = JobsGuard(node.state.clone());
+    let leader = FakeLeader::start(&node.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    leader.set_desired(desired(
+        1,
+        1,
+        vec![allocation(NODE, JOB, vec![0], WireIntent::Run)],
+    ));
+    let proxy = quotient_tests::fault_proxy::FaultProxy::start(
+        leader.address().parse().expect("the leader's address"),
+    )
+    .await;
+    // Each way: 1.2 s a round trip.
+    proxy.delay(Duration::from_millis(600));
+    let _agent = Agent::start(&node, NODE, &[proxy.address().to_string()], LONG_LEASE_MS);
+    wait_until("the job is reported running", || {
+        reported(&leader, JOB, JobEvent::Running)
+    })
+    .await;
+    let (registrations, heartbeats) = {
+        let state = leader.state();
+        (state.registrations.len(), state.heartbeat_count)
+    };
+    // Longer than the lease.
+    tokio::time::sleep(Duration::from_millis(LONG_LEASE_MS + 5_000)).await;
+    assert!(job_pid_alive(&node.state, JOB), "the job was stopped");
+    let state = leader.state();
+    assert_eq!(
+        state.registrations.len(),
+        registrations,
+        "it lost its leader and registered again"
+    );
+    assert!(
+        state.heartbeat_count >= heartbeats + 5,
+        "{} heartbeats in {} s",
+        state.heartbeat_count - heartbeats,
+        (LONG_LEASE_MS + 5_000) / 1_000
+    );
+}

@@ -76,6 +76,9 @@ use crate::store::{MemberId, QuotientStateMachine, TypeConfig};
 
 /// The longest any single Raft RPC may take, whatever openraft asks (milliseconds).
 pub const RAFT_RPC_TIMEOUT_MAX_MS: u64 = 30_000;
+/// How often, at most, a coordinator says that its Raft timing is too tight for the network
+/// to one peer (milliseconds).
+pub const SLOW_NETWORK_SAID_EVERY_MS: u64 = 60_000;
 /// A peer that answered within this long counts as reachable (milliseconds).
 pub const REACHABLE_WINDOW_MS: u64 = 3_000;
 /// Consecutive timed-out RPCs after which a peer's connection is presumed dead and
@@ -191,6 +194,8 @@ struct PoolInner {
     last_answer: BTreeMap<MemberId, Instant>,
     timeouts_in_a_row: BTreeMap<MemberId, u32>,
     refusals: BTreeMap<MemberId, PeerRefusal>,
+    /// When a slow network to each peer was last said ([`PeerConnections::slow_network`]).
+    slow_said: BTreeMap<MemberId, Instant>,
 }
 
 /// Connections to the other coordinators, one per peer, shared by every Raft RPC; cheap to
@@ -326,6 +331,35 @@ impl PeerConnections {
         let mut inner = self.lock();
         inner.last_answer.insert(peer, Instant::now());
         inner.timeouts_in_a_row.remove(&peer);
+    }
+
+    /// Says, at most once a minute per peer, that Raft requests to `peer` time out after
+    /// `deadline` while the network's round trip to it, as QUIC measures it, is `rtt`: at half
+    /// the deadline or more, the Raft timing is too tight for the network, and only an
+    /// operator can change it (found by probing: with 120 ms between coordinators every
+    /// AppendEntries and vote timed out, the term climbed past 150 and no log said why).
+    fn slow_network(&self, peer: MemberId, address: &str, deadline: Duration, rtt: Duration) {
+        if rtt * 2 < deadline {
+            return;
+        }
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let said = inner.slow_said.get(&peer).is_some_and(|at| {
+            now.duration_since(*at) < Duration::from_millis(SLOW_NETWORK_SAID_EVERY_MS)
+        });
+        if said {
+            return;
+        }
+        inner.slow_said.insert(peer, now);
+        tracing::warn!(
+            peer,
+            %address,
+            deadline_ms = deadline.as_millis() as u64,
+            rtt_ms = rtt.as_millis() as u64,
+            "Raft requests to coordinator {peer} time out after {} ms, while the network's round trip to it is {} ms: the Raft timing is too tight for this network, and the cluster may lose its leader again and again. Raise --heartbeat-ms to at least 3 round trips, and --election-timeout-min-ms and --election-timeout-max-ms to about 5 and 8 times that, on every coordinator (see \"Coordinators on a slow network\" in the operations guide)",
+            deadline.as_millis(),
+            rtt.as_millis()
+        );
     }
 
     /// Counts a timed-out RPC; whether the connection should now be replaced.
@@ -552,6 +586,12 @@ impl PeerNetwork {
             }
             Err(RequestError::Frame(FrameError::TooLarge { .. })) => Err(SendError::TooLarge),
             Err(RequestError::Timeout { after }) => {
+                self.pool.slow_network(
+                    self.target,
+                    &self.address,
+                    deadline,
+                    connection.connection().rtt(),
+                );
                 if self.pool.record_timeout(self.target) {
                     tracing::debug!(
                         peer = self.target,

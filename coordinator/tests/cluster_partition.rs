@@ -1,5 +1,5 @@
 //! Network partitions between real coordinator processes on loopback (each behind a UDP relay
-//! that a test can make drop traffic, `support::fault_proxy`): a leader cut off from the
+//! that a test can make drop traffic, `quotient_tests::fault_proxy`): a leader cut off from the
 //! others acknowledges no write and serves no read, the others elect a new leader and go on,
 //! and once the partition heals the old leader drops what it could not commit and holds
 //! exactly the others' state. A one-way fault (the leader's messages arrive, nothing reaches
@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use quotient_client::{ApiClient, ClientError};
 use quotient_common::api::{ApiRequest, ApiResponse};
 use quotient_common::{JobId, JobSpec};
-use support::{create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, submit, Cluster};
+use support::{
+    create_share, holds_exactly, ids_of, job, jobs, jobs_on_each, poll_until, submit, Cluster,
+    CONVERGE,
+};
 
 /// A call to the cut-off leader gives up after this, within one attempt's deadline
 /// (`quotient_client::policy::ATTEMPT_DEADLINE_MS`): its answer never comes.
@@ -444,4 +447,70 @@ async fn a_late_copy_of_a_write_held_by_a_frozen_follower_does_not_undo_a_newer_
         Some(20),
         "the late copy in the session changed nothing"
     );
+}
+
+/// Coordinators 120 ms apart (a round trip between two sites) with the default Raft timing
+/// (a 100 ms heartbeat, which is also an AppendEntries' deadline) cannot keep a leader: they
+/// say so in their log, naming the round trip and the flags to raise (found by probing: the
+/// term climbed past 150 and nothing said why). With the timing the operations guide gives
+/// for such a network, the same cluster keeps its leader and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinators_on_a_network_too_slow_for_their_raft_timing_say_which_flags_to_raise() {
+    const HOP: Duration = Duration::from_millis(60);
+    let cluster = Cluster::start_behind_proxies(3, &[]).await;
+    cluster.wait_for_leader(&[1, 2, 3]).await;
+    // A request and its answer each pass the receiver's proxy once: 120 ms a round trip.
+    cluster.delay(HOP);
+    poll_until(
+        "a coordinator to say its Raft timing is too tight",
+        CONVERGE,
+        || async {
+            [1, 2, 3]
+                .into_iter()
+                .any(|id| {
+                    let log = cluster.log_text(id);
+                    log.contains("the Raft timing is too tight for this network")
+                        && log.contains("--heartbeat-ms")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    cluster.heal();
+
+    eprintln!("--- the timing the operations guide gives for a 120 ms round trip");
+    let tuned = Cluster::start_behind_proxies(
+        3,
+        &[
+            "--heartbeat-ms",
+            "400",
+            "--election-timeout-min-ms",
+            "2000",
+            "--election-timeout-max-ms",
+            "3200",
+        ],
+    )
+    .await;
+    let leader = tuned.wait_for_leader(&[1, 2, 3]).await;
+    tuned.delay(HOP);
+    let term = tuned.health(leader).await.expect("health").term;
+    let admin = tuned.admin();
+    for n in 0..5 {
+        create_share(&admin, &format!("slow-{n}")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let health = tuned.health(leader).await.expect("health");
+    assert_eq!(
+        (health.leader, health.term),
+        (Some(leader), term),
+        "the leader was kept"
+    );
+    for id in [1, 2, 3] {
+        assert!(
+            !tuned
+                .log_text(id)
+                .contains("the Raft timing is too tight for this network"),
+            "coordinator {id} said its timing was too tight"
+        );
+    }
 }

@@ -12,6 +12,7 @@
 //! ([`DevCluster::kill_leader_then`]); [`poll_until`] waits with a deadline.
 
 pub mod chaos;
+pub mod fault_proxy;
 pub mod fleet;
 pub mod prometheus;
 pub mod walkthrough;

@@ -5,7 +5,7 @@
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
 pub mod docker_hosts;
-pub mod fault_proxy;
+pub use quotient_tests::fault_proxy;
 pub mod no_network;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -534,6 +534,14 @@ impl Cluster {
     pub fn lose(&self, percent: u32) {
         for (id, proxy) in &self.proxies {
             proxy.lose(percent, 0x9e37_79b9_7f4a_7c15 ^ id);
+        }
+    }
+
+    /// Holds every datagram between coordinators `delay` at each hop: a Raft round trip
+    /// takes twice that longer.
+    pub fn delay(&self, delay: Duration) {
+        for proxy in self.proxies.values() {
+            proxy.delay(delay);
         }
     }
 

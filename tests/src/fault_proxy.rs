@@ -1,6 +1,7 @@
-//! Network faults between coordinator processes on loopback, without root: every coordinator
-//! is advertised to the others at a UDP relay ("its proxy") that forwards datagrams to the
-//! port it really listens on, and a test can make the relays drop traffic.
+//! Network faults between Quotient's processes on loopback, without root: every coordinator
+//! is advertised to the others (or an agent's leader to the agent) at a UDP relay ("its
+//! proxy") that forwards datagrams to the port it really listens on, and a test can make the
+//! relays drop, or hold back, traffic.
 //!
 //! A coordinator dials its peers from its own client socket, whose port the kernel picks, so
 //! cutting coordinator N off takes two things: N's proxy drops everything (nobody reaches N),
@@ -37,6 +38,8 @@ struct Rules {
     loss_percent: u32,
     /// The state of the generator that picks the datagrams lost (xorshift64).
     random: u64,
+    /// How long each datagram it passes is held first, either way.
+    delay: std::time::Duration,
 }
 
 impl Rules {
@@ -115,6 +118,12 @@ impl FaultProxy {
         rules.random = seed | 1;
     }
 
+    /// Holds every datagram `delay` before passing it on, either way: a round trip through
+    /// it takes twice that longer.
+    pub fn delay(&self, delay: std::time::Duration) {
+        self.rules().delay = delay;
+    }
+
     /// Lets everything through again.
     pub fn heal(&self) {
         *self.rules() = Rules::default();
@@ -166,7 +175,16 @@ async fn relay(front: Arc<UdpSocket>, target: SocketAddr, rules: Arc<Mutex<Rules
             }
         };
         // A full socket buffer loses the datagram, as a network would.
-        let _ = upstream.send(&buffer[..length]).await;
+        let delay = lock(&rules).delay;
+        if delay.is_zero() {
+            let _ = upstream.send(&buffer[..length]).await;
+        } else {
+            let datagram = buffer[..length].to_vec();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = upstream.send(&datagram).await;
+            });
+        }
     }
 }
 
@@ -187,7 +205,16 @@ async fn answers(
         if lock(&rules).drops_to(sender) {
             continue;
         }
-        let _ = front.send_to(&buffer[..length], sender).await;
+        let delay = lock(&rules).delay;
+        if delay.is_zero() {
+            let _ = front.send_to(&buffer[..length], sender).await;
+        } else {
+            let (front, datagram) = (Arc::clone(&front), buffer[..length].to_vec());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = front.send_to(&datagram, sender).await;
+            });
+        }
     }
 }
 
