@@ -301,14 +301,15 @@ pub fn expiry_warning(path: &std::path::Path, expires: i64, now: i64) -> Option<
     let when = crate::output::rfc3339(u64::try_from(expires.max(0)).unwrap_or(0) * 1000);
     if left <= 0 {
         Some(format!(
-            "warning: your certificate {} expired at {when}: ask an admin for a new one",
+            "warning: your certificate {} expired at {when}: get a new one (an admin issues it with `quotient certs issue`)",
             path.display()
         ))
     } else if left <= window {
+        let days = (left + 86_399) / 86_400;
         Some(format!(
-            "warning: your certificate {} expires at {when} (in {} days): ask an admin for a new one",
+            "warning: your certificate {} expires at {when} (in {days} day{}): get a new one (an admin issues it with `quotient certs issue`)",
             path.display(),
-            (left + 86_399) / 86_400
+            if days == 1 { "" } else { "s" }
         ))
     } else {
         None

@@ -393,7 +393,7 @@ pub fn issue_for(
     validity_days: u64,
 ) -> Result<CertFiles, CertError> {
     validate_name(role.as_str(), name)?;
-    if name == RESERVED_NAME_CA {
+    if name.eq_ignore_ascii_case(RESERVED_NAME_CA) {
         return Err(CertError::ReservedName(name.to_string()));
     }
     if extra_sans.len() > EXTRA_SANS_MAX {
@@ -489,7 +489,7 @@ impl CaIssuer {
     /// memory.
     pub fn issue(&self, role: Role, name: &str) -> Result<IssuedPem, CertError> {
         validate_name(role.as_str(), name)?;
-        if name == RESERVED_NAME_CA {
+        if name.eq_ignore_ascii_case(RESERVED_NAME_CA) {
             return Err(CertError::ReservedName(name.to_string()));
         }
         let identity = PeerIdentity {
@@ -992,10 +992,13 @@ mod tests {
                 "{bad}: {error:?}"
             );
         }
-        assert!(matches!(
-            issue(dir.path(), Role::Admin, RESERVED_NAME_CA, &[]),
-            Err(CertError::ReservedName(_))
-        ));
+        // In any case: `CA.pem` is `ca.pem` on a filesystem that ignores case.
+        for reserved in [RESERVED_NAME_CA, "CA", "Ca"] {
+            assert!(matches!(
+                issue(dir.path(), Role::Admin, reserved, &[]),
+                Err(CertError::ReservedName(_))
+            ));
+        }
         assert!(matches!(
             issue(
                 dir.path(),
