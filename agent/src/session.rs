@@ -577,6 +577,8 @@ impl LeaderSession {
         let mut backoff: BTreeMap<String, u64> = BTreeMap::new();
         // Each address's connect deadline ([`CONNECT_DEADLINE_MS`], doubled per failure).
         let mut connect_ms: BTreeMap<String, u64> = BTreeMap::new();
+        // Why each address has not registered this node yet, for the search's warning.
+        let mut why_not: BTreeMap<String, String> = BTreeMap::new();
         let first = Duration::from_millis(CONNECT_DEADLINE_MS);
         // Wakes an address's attempt from its backoff when a `NotLeader` answer names it.
         let mut wake: BTreeMap<String, Arc<Notify>> = BTreeMap::new();
@@ -597,10 +599,18 @@ impl LeaderSession {
             let next = tokio::select! {
                 next = pending.next() => next,
                 _ = warn.tick() => {
+                    // Each address with what it last said: an expired or foreign certificate,
+                    // say, shows here (found by probing: an agent whose certificate had
+                    // expired said only that it found no leader).
+                    let last: Vec<String> = why_not
+                        .iter()
+                        .map(|(address, why)| format!("{address}: {why}"))
+                        .collect();
                     tracing::warn!(
                         coordinators = ?self.coordinators,
                         searching_ms = started.elapsed().as_millis() as u64,
-                        "no leader found yet; still trying every coordinator"
+                        "no leader found yet; still trying every coordinator (last: {})",
+                        last.join("; ")
                     );
                     continue;
                 }
@@ -660,6 +670,12 @@ impl LeaderSession {
                 }
                 Err(ended) => {
                     tracing::debug!(coordinator = %address, "no registration: {ended:?}");
+                    let why = match ended {
+                        Ended::Lost(why) | Ended::Refused(why) => why,
+                        Ended::NotLeader(None) => "not the leader, and knows none".to_string(),
+                        other => format!("{other:?}"),
+                    };
+                    why_not.insert(address.clone(), why);
                 }
             }
             // Configured addresses are tried again, each after its own backoff.

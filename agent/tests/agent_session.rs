@@ -1588,3 +1588,27 @@ async fn an_agent_a_second_away_from_its_leader_registers_and_keeps_its_job() {
         (LONG_LEASE_MS + 5_000) / 1_000
     );
 }
+
+/// An agent that no coordinator accepts (here its certificate is of another CA, as one that
+/// expired would be refused) says why in its search's warning, each address with what it
+/// last answered, not only that it finds no leader (found by probing: an agent whose
+/// certificate had expired logged nothing but "no leader found yet").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_refused_at_the_handshake_says_why_while_it_searches() {
+    let node = Node::new();
+    let elsewhere = Node::new();
+    let leader = FakeLeader::start(&elsewhere.certs, LONG_LEASE_MS, HEARTBEAT_MS);
+    let _agent = Agent::start(&node, NODE, &[leader.address()], LONG_LEASE_MS);
+    let address = leader.address();
+    wait_until("the agent's search says why each address fails", || {
+        std::fs::read_to_string(&node.log)
+            .unwrap_or_default()
+            .lines()
+            .any(|line| {
+                line.contains("no leader found yet")
+                    && line.contains(&address)
+                    && line.contains("same cluster CA")
+            })
+    })
+    .await;
+}
