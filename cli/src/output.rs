@@ -210,14 +210,7 @@ pub fn gpus_cell(job: &JobView) -> String {
 /// A time in milliseconds since the Unix epoch as RFC 3339 in UTC, to the second
 /// (`2026-12-04T18:20:11Z`).
 pub fn rfc3339(ms: u64) -> String {
-    let seconds = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
-    time::OffsetDateTime::from_unix_timestamp(seconds)
-        .ok()
-        .and_then(|at| {
-            at.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| format!("{ms} ms"))
+    quotient_common::certs::utc_text(i64::try_from(ms / 1000).unwrap_or(i64::MAX))
 }
 
 /// The attempts of a job, a line each: number, node, start and end, how it ended.
