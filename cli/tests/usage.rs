@@ -316,7 +316,7 @@ fn a_job_too_large_to_launch_is_refused_before_anything_is_sent() {
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(output.stdout.is_empty());
     assert!(
-        text.contains("over the limit of 1048576 bytes") && text.contains("through a file"),
+        text.contains("over the limit of 131072 bytes") && text.contains("through a file"),
         "{text}"
     );
 }

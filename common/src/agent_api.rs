@@ -417,3 +417,79 @@ mod tests {
         ));
     }
 }
+
+#[cfg(all(test, feature = "net"))]
+mod frame_limit_tests {
+    use super::*;
+    use crate::job::{FIELD_BYTES_MAX, JOB_NODES_MAX, LAUNCH_BYTES_MAX};
+    use crate::name::NAME_BYTES_MAX;
+    use crate::node::{ADDRESS_BYTES_MAX, GPUS_PER_NODE_MAX, GPU_UUID_BYTES_MAX};
+
+    /// The largest spec validation lets through: the launch bytes full, every other field
+    /// at its limit.
+    fn largest_spec() -> JobSpec {
+        let name = |c: char| c.to_string().repeat(NAME_BYTES_MAX);
+        let mut spec = JobSpec::new(&name('s'), 1, 1, vec!["x".repeat(FIELD_BYTES_MAX)]);
+        spec.name = Some(name('n'));
+        spec.owner = Some(name('o'));
+        spec.idempotency_key = Some("k".repeat(crate::job::IDEMPOTENCY_KEY_BYTES_MAX));
+        spec.payload.image = Some("i".repeat(FIELD_BYTES_MAX));
+        while spec.launch_bytes() + 1_000 <= LAUNCH_BYTES_MAX {
+            let index = spec.env.len();
+            if index == crate::job::ENV_ENTRIES_MAX {
+                break;
+            }
+            spec.env.insert(format!("V{index}"), "v".repeat(990));
+        }
+        spec.validate().expect("the largest valid spec");
+        spec
+    }
+
+    /// A node's desired state at its largest (a job on each of its 64 GPUs, each with the
+    /// largest spec, as a member of a gang of the most nodes with the longest addresses)
+    /// fits one frame: the agent always gets its orders (found by probing: 17 jobs with 1 MiB
+    /// of environment each made a desired state over the frame, and the node took no order
+    /// again).
+    #[test]
+    fn the_largest_desired_state_fits_one_frame() {
+        let spec = largest_spec();
+        let allocation = WireAllocation {
+            job: crate::JobId(u64::MAX),
+            attempt: u32::MAX,
+            gpu_indices: vec![u32::MAX],
+            gpu_uuids: vec!["u".repeat(GPU_UUID_BYTES_MAX)],
+            spec,
+            intent: WireIntent::Run,
+            cpu_millis: u32::MAX,
+            memory_bytes: u64::MAX,
+            gang: Some(WireGang {
+                rank: u32::MAX,
+                hosts: vec![
+                    format!("{}:65535", "h".repeat(ADDRESS_BYTES_MAX));
+                    JOB_NODES_MAX as usize
+                ],
+                master_port: u16::MAX,
+            }),
+        };
+        let desired = DesiredState {
+            node: "n".repeat(NAME_BYTES_MAX),
+            fence: Fence {
+                term: u64::MAX,
+                index: u64::MAX,
+            },
+            allocations: vec![allocation; GPUS_PER_NODE_MAX],
+        };
+        let frame = crate::frame::encode_frame(&AgentResponse::Desired(desired))
+            .expect("the largest desired state is one frame");
+        assert!(
+            frame.len() <= crate::frame::MAX_FRAME_BYTES,
+            "{}",
+            frame.len()
+        );
+        eprintln!(
+            "the largest desired state: {} bytes of {}",
+            frame.len(),
+            crate::frame::MAX_FRAME_BYTES
+        );
+    }
+}

@@ -40,7 +40,13 @@ const _: () = assert!(SCOPED_KEY_BYTES <= IDEMPOTENCY_KEY_BYTES_MAX);
 /// `CUDA_*`; on the process runtime also its own environment and the wrapper's script), so
 /// a job may use half of that. No single string comes near execve's other limit
 /// (`MAX_ARG_STRLEN`, 128 KiB): fields are at most [`FIELD_BYTES_MAX`].
-pub const LAUNCH_BYTES_MAX: usize = 1 << 20;
+///
+/// It is 128 KiB, well under what execve takes, because a node's desired state carries the
+/// spec of every job on the node in one frame: 64 jobs (one per GPU, `GPUS_PER_NODE_MAX`)
+/// of 128 KiB each, with their other fields, fit the 16 MiB frame (checked by a test of the
+/// worst case, `agent_api::tests`). At 1 MiB, 17 such jobs on one node made a desired state
+/// no frame could carry, and the node took no order again (found by probing).
+pub const LAUNCH_BYTES_MAX: usize = 128 << 10;
 /// What execve counts for each argument or variable besides its own bytes: the NUL that ends
 /// it and its 8-byte pointer in argv or envp.
 pub const LAUNCH_STRING_OVERHEAD_BYTES: usize = 1 + 8;
@@ -789,17 +795,17 @@ mod tests {
         assert!(bytes > 4_000_000, "{bytes}");
         assert_eq!(max, LAUNCH_BYTES_MAX as u64);
         let text = error.to_string();
-        assert!(text.contains("1048576"), "names the limit: {text}");
+        assert!(text.contains("131072"), "names the limit: {text}");
         assert!(text.contains("through a file"), "says what to do: {text}");
 
         // Arguments count too, and a spec just at the limit is accepted.
         let mut j = job();
         let overhead = "train.sh".len() + LAUNCH_STRING_OVERHEAD_BYTES;
-        let per_argument = 10_000 + LAUNCH_STRING_OVERHEAD_BYTES;
+        let per_argument = 1_000 + LAUNCH_STRING_OVERHEAD_BYTES;
         let arguments = (LAUNCH_BYTES_MAX - overhead) / per_argument;
         j.payload
             .command
-            .extend((0..arguments).map(|_| "a".repeat(10_000)));
+            .extend((0..arguments).map(|_| "a".repeat(1_000)));
         let rest = LAUNCH_BYTES_MAX - j.launch_bytes() - LAUNCH_STRING_OVERHEAD_BYTES;
         j.payload.command.push("b".repeat(rest));
         assert_eq!(j.launch_bytes(), LAUNCH_BYTES_MAX);

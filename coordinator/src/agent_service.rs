@@ -247,7 +247,16 @@ impl AgentService {
             .respond(&response, Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS))
             .await
         {
-            tracing::debug!(%peer, error = %error, "could not answer an agent request");
+            // An answer over the frame cannot reach the agent however often it asks: an error
+            // (found by probing, when a desired state could grow past it; it no longer can).
+            match error {
+                quotient_common::transport::RequestError::Frame(
+                    quotient_common::frame::FrameError::TooLarge { .. },
+                ) => {
+                    tracing::error!(%peer, error = %error, "an answer to an agent is over the frame limit and was not sent")
+                }
+                _ => tracing::debug!(%peer, error = %error, "could not answer an agent request"),
+            }
         }
     }
 

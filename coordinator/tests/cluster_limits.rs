@@ -16,12 +16,12 @@ use quotient_common::name::NAME_BYTES_MAX;
 use quotient_common::{GpuClass, JobSpec, ShareSpec, ShareState, Strategy};
 use support::{job, jobs, submit, Cluster};
 
-/// How many of the largest jobs are submitted at once: about 24 MiB, over the 16 MiB a log
-/// entry holds.
-const LARGE_SUBMITS: usize = 24;
+/// How many of the largest jobs are submitted at once: about 6 MiB, three times what one
+/// entry's proposal carries (`proposer::PROPOSAL_BYTES_MAX`, under 2 MiB).
+const LARGE_SUBMITS: usize = 48;
 
 /// Environment variables of a largest job, each with the longest name and value.
-const LARGE_ENV_ENTRIES: usize = 8;
+const LARGE_ENV_ENTRIES: usize = 4;
 
 /// A GPU class with the longest name.
 fn long_class() -> GpuClass {
