@@ -29,6 +29,17 @@ use crate::GlobalArgs;
 /// (`quotient_core`'s `WaitReason::LaunchFailed`).
 pub const LAUNCH_FAILED_PREFIX: &str = "launch failed on node ";
 
+/// How long `--follow` goes on asking while reads fail as unavailable (the agent busy with
+/// other reads, or gone for a moment) before it gives up.
+pub const FOLLOW_UNAVAILABLE_MAX_MS: u64 = 60_000;
+
+/// Whether `error` is a failure that a later read may not meet: the service unavailable.
+fn unavailable(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<RequestFailed>()
+        .is_some_and(|failed| failed.code == ErrorCode::Unavailable)
+}
+
 /// Pause between two polls of `--follow` when nothing new came.
 pub const FOLLOW_POLL_INTERVAL_MS: u64 = 500;
 
@@ -107,8 +118,27 @@ pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
     let mut offset = 0;
     let mut printed = 0_usize;
     let mut said_waiting = false;
+    // Since when reads have failed for a while (the agent busy or unreachable), in --follow.
+    let mut failing_since: Option<std::time::Instant> = None;
     loop {
-        let piece = read(&mut session, args.job, attempt, args.rank, offset)?;
+        let piece = match read(&mut session, args.job, attempt, args.rank, offset) {
+            Ok(piece) => {
+                failing_since = None;
+                piece
+            }
+            // A follower rides out an agent that is busy or away for a while, as it rides
+            // out a job that writes nothing (found by probing: 100 followers of one log made
+            // the agent refuse some reads, and 20 of them ended).
+            Err(error) if args.follow && unavailable(&error) => {
+                let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= Duration::from_millis(FOLLOW_UNAVAILABLE_MAX_MS) {
+                    return Err(error);
+                }
+                std::thread::sleep(Duration::from_millis(FOLLOW_POLL_INTERVAL_MS));
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         if piece.attempt == 0 && !args.follow {
             // A job that ended without ever being placed (cancelled while queued) waits for
             // nothing (found by probing: it was told to ask why it waits).

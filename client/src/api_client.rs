@@ -390,7 +390,16 @@ impl<E: Exchange> ApiClient<E> {
             let within = self.policy.connect_deadline.min(call_deadline);
             match self.exchange.connect_first(&self.addresses, within).await {
                 Ok(first) => next = Some(first),
-                Err(errors) if self.policy.fail_fast_unreachable && !self.lock().reached => {
+                // A coordinator that refused a handshake for its load is up: the call goes on
+                // trying until its deadline (found by probing: of 400 commands started at
+                // once, 321 gave up after 2 s, told the cluster might not be running).
+                Err(errors)
+                    if self.policy.fail_fast_unreachable
+                        && !self.lock().reached
+                        && !errors
+                            .values()
+                            .any(|why| why.contains(transport::HANDSHAKE_BUSY_HINT)) =>
+                {
                     return Err(ClientError::Unreachable {
                         tried: describe(&errors),
                     })

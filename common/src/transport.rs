@@ -173,6 +173,10 @@ pub enum TransportError {
     LocalAddress(#[source] std::io::Error),
 }
 
+/// What a handshake refused for the server's load says (the server is up, and busy).
+pub const HANDSHAKE_BUSY_HINT: &str =
+    "; the server is busy with other handshakes and refused this one: try again in a moment";
+
 /// What to check after a failed handshake. A peer that closed the connection itself gave up
 /// on it (its own deadline, or it is shutting down): no certificate problem, whatever else
 /// went wrong.
@@ -191,7 +195,7 @@ fn handshake_hint(error: &ConnectionError) -> &'static str {
         ConnectionError::ConnectionClosed(close)
             if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
         {
-            "; the server is busy with other handshakes and refused this one: try again in a moment"
+            HANDSHAKE_BUSY_HINT
         }
         ConnectionError::TimedOut => "; is the peer running and reachable?",
         ConnectionError::LocallyClosed => "",

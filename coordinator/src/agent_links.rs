@@ -25,6 +25,12 @@ pub enum AskError {
         #[source]
         source: RequestError,
     },
+    /// The agent refused the request: it serves a few at once (`REQUESTS_IN_FLIGHT_MAX`), and
+    /// this one came while as many were under way.
+    #[error(
+        "the agent of node {node:?} is busy with other reads of its logs; try again in a moment"
+    )]
+    Busy { node: String },
 }
 
 /// The open agent connections, by node name. Cheap to clone.
@@ -87,9 +93,20 @@ impl AgentLinks {
         connection
             .request(request, Duration::from_millis(LEADER_REQUEST_TIMEOUT_MS))
             .await
-            .map_err(|source| AskError::Request {
-                node: node.to_string(),
-                source,
+            .map_err(|source| match source {
+                // Found by probing: 100 followers of one job's log were told the agent might
+                // not be running, and 20 of them ended.
+                RequestError::Refused { code }
+                    if code == u64::from(quotient_common::transport::STREAM_CODE_REFUSED) =>
+                {
+                    AskError::Busy {
+                        node: node.to_string(),
+                    }
+                }
+                source => AskError::Request {
+                    node: node.to_string(),
+                    source,
+                },
             })
     }
 }
