@@ -131,6 +131,7 @@ GAUGES = {
     "quotient_gpu_healthy": {"gpu", "uuid"},
     "quotient_agent_lease_remaining_seconds": set(),
     "quotient_agent_jobs": {"state"},
+    "quotient_certificate_expiry_timestamp_seconds": {"certificate"},
 }
 COUNTERS = {
     "quotient_preemptions_total": {"share", "cause"},
@@ -156,6 +157,7 @@ VALUES = {
     ("quotient_preemptions_total", "cause"): {"reclaim", "in_share", "drain", "node_lost", "agent_stopped", "start_timeout"},
     ("quotient_nodes", "state"): {"ready", "cordoned", "draining", "unreachable", "lost"},
     ("up", "job"): {"quotient-coordinator", "quotient-agent"},
+    ("quotient_certificate_expiry_timestamp_seconds", "certificate"): {"own", "ca"},
 }
 FUNCTIONS = {
     "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
