@@ -913,6 +913,14 @@ impl PeerConnection {
         })
     }
 
+    /// Closes the connection with [`CLOSE_CODE_UNAUTHORISED`], telling the peer `reason` (at
+    /// most [`CLOSE_REASON_BYTES_MAX`] bytes of it).
+    pub fn close_unauthorised(&self, reason: &str) {
+        let reason = &reason.as_bytes()[..reason.len().min(CLOSE_REASON_BYTES_MAX)];
+        self.connection
+            .close(VarInt::from_u32(CLOSE_CODE_UNAUTHORISED), reason);
+    }
+
     /// Waits for the peer's next request stream; `None` once the peer or this side closed
     /// the connection deliberately.
     pub async fn accept_request(&self) -> Result<Option<RequestStream>, TransportError> {

@@ -356,7 +356,7 @@ impl PeerConnections {
             %address,
             deadline_ms = deadline.as_millis() as u64,
             rtt_ms = rtt.as_millis() as u64,
-            "Raft requests to coordinator {peer} time out after {} ms, while the network's round trip to it is {} ms: the Raft timing is too tight for this network, and the cluster may lose its leader again and again. Raise --heartbeat-ms to at least 3 round trips, and --election-timeout-min-ms and --election-timeout-max-ms to about 5 and 8 times that, on every coordinator (see \"Coordinators on a slow network\" in the operations guide)",
+            "Raft requests to coordinator {peer} time out after {} ms, while the network's round trip to it is {} ms: the Raft timing is too tight for this network, and the cluster may lose its leader again and again. Raise --heartbeat-ms to at least 3 round trips, and --election-timeout-min-ms and --election-timeout-max-ms to about 5 and 8 times that, on every coordinator (see \"The network between coordinators, and to agents\" in the operations guide)",
             deadline.as_millis(),
             rtt.as_millis()
         );

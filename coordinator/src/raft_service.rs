@@ -80,7 +80,9 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
                 ),
             );
             drop(stream);
-            connection.close();
+            // Told why, so that its log says it (found by checking the fix: it read only
+            // "closed by peer: shutdown").
+            connection.close_unauthorised(&format!("the certificate of {peer} is revoked"));
             break;
         }
         let raft = raft.clone();

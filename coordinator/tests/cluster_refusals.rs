@@ -586,6 +586,12 @@ async fn a_revoked_coordinator_is_cut_off_from_raft_and_forwards_nothing() {
                 .any(|id| cluster.log_text(*id).contains("its certificate is revoked")),
         "a refusal is logged"
     );
+    // The revoked member is told why its connections end.
+    let told = format!("the certificate of coordinator {name} is revoked");
+    assert!(
+        cluster.log_text(revoked).contains(&told),
+        "coordinator {revoked}'s log does not say {told:?}"
+    );
 }
 
 /// Restarts every coordinator in turn, each back in the cluster before the next goes.
