@@ -81,9 +81,7 @@ pub fn run(args: &CertsIssueArgs) -> anyhow::Result<()> {
     if let Ok(facts) = certs::certificate_facts(&files.cert) {
         // What it got, which the CA's own end may cut short (found by probing: "valid for
         // 1825 days" printed for a certificate of 50).
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs() as i64);
+        let now = certs::unix_now_s();
         let got = ((facts.expires_at - now).max(0) + 43_200) / 86_400;
         let until =
             crate::output::rfc3339(u64::try_from(facts.expires_at.max(0)).unwrap_or(0) * 1000);

@@ -286,9 +286,7 @@ fn warn_if_expiring(path: &std::path::Path) {
     let Ok(expires) = quotient_common::certs::expires_at(path) else {
         return;
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = quotient_common::certs::unix_now_s();
     if let Some(warning) = expiry_warning(path, expires, now) {
         eprintln!("{warning}");
     }

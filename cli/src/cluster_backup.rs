@@ -50,7 +50,11 @@ pub fn run(global: &GlobalArgs, args: &ClusterBackupArgs) -> anyhow::Result<()> 
         tries += 1;
         match backup(&mut session, &args.out) {
             Ok(written) => break written,
-            Err(error) if tries < BACKUP_TRIES && replaced(&error) => {
+            // The leader's "the snapshot was replaced".
+            Err(error)
+                if tries < BACKUP_TRIES
+                    && RequestFailed::has_code(&error, ErrorCode::FailedPrecondition) =>
+            {
                 eprintln!("the snapshot changed during the backup; starting again");
             }
             Err(error) => return Err(error),
@@ -63,13 +67,6 @@ pub fn run(global: &GlobalArgs, args: &ClusterBackupArgs) -> anyhow::Result<()> 
             written.file, written.bytes, written.cluster, written.last_log_index
         )),
     }
-}
-
-/// Whether `error` is the leader's "the snapshot was replaced".
-fn replaced(error: &anyhow::Error) -> bool {
-    error
-        .downcast_ref::<RequestFailed>()
-        .is_some_and(|failed| failed.code == ErrorCode::FailedPrecondition)
 }
 
 /// `out` with `.partial` added to its name: `state.qbackup` becomes `state.qbackup.partial`.

@@ -42,6 +42,13 @@ impl RequestFailed {
             message: message.into(),
         })
     }
+
+    /// Whether `error` is a request that failed with `code`.
+    pub fn has_code(error: &anyhow::Error, code: ErrorCode) -> bool {
+        error
+            .downcast_ref::<RequestFailed>()
+            .is_some_and(|failed| failed.code == code)
+    }
 }
 
 /// What a failed command prints and how it exits.

@@ -33,13 +33,6 @@ pub const LAUNCH_FAILED_PREFIX: &str = "launch failed on node ";
 /// other reads, or gone for a moment) before it gives up.
 pub const FOLLOW_UNAVAILABLE_MAX_MS: u64 = 60_000;
 
-/// Whether `error` is a failure that a later read may not meet: the service unavailable.
-fn unavailable(error: &anyhow::Error) -> bool {
-    error
-        .downcast_ref::<RequestFailed>()
-        .is_some_and(|failed| failed.code == ErrorCode::Unavailable)
-}
-
 /// Pause between two polls of `--follow` when nothing new came.
 pub const FOLLOW_POLL_INTERVAL_MS: u64 = 500;
 
@@ -129,7 +122,9 @@ pub fn run(global: &GlobalArgs, args: &JobLogsArgs) -> anyhow::Result<()> {
             // A follower rides out an agent that is busy or away for a while, as it rides
             // out a job that writes nothing (found by probing: 100 followers of one log made
             // the agent refuse some reads, and 20 of them ended).
-            Err(error) if args.follow && unavailable(&error) => {
+            Err(error)
+                if args.follow && RequestFailed::has_code(&error, ErrorCode::Unavailable) =>
+            {
                 let since = *failing_since.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() >= Duration::from_millis(FOLLOW_UNAVAILABLE_MAX_MS) {
                     return Err(error);

@@ -148,22 +148,20 @@ impl PeerIdentity {
     }
 
     /// The serial number of a DER certificate, as lowercase hex without leading zeros (what
-    /// `quotient certs revoke --serial` takes; `openssl x509 -serial` prints it in capitals).
-    pub fn serial_of_certificate_der(der: &[u8]) -> Result<String, IdentityError> {
-        let (_, certificate) = x509_parser::parse_x509_certificate(der)
-            .map_err(|error| IdentityError::NotX509(error.to_string()))?;
-        Ok(format!("{:x}", certificate.serial))
-    }
-
-    /// When the DER certificate `der` starts and stops being valid, in seconds since the Unix
-    /// epoch.
-    pub fn validity_of_certificate_der(der: &[u8]) -> Result<(i64, i64), IdentityError> {
+    /// `quotient certs revoke --serial` takes; `openssl x509 -serial` prints it in capitals),
+    /// and when it starts and stops being valid, in seconds since the Unix epoch: one parse.
+    pub fn serial_and_validity_of_certificate_der(
+        der: &[u8],
+    ) -> Result<(String, (i64, i64)), IdentityError> {
         let (_, certificate) = x509_parser::parse_x509_certificate(der)
             .map_err(|error| IdentityError::NotX509(error.to_string()))?;
         let validity = certificate.validity();
         Ok((
-            validity.not_before.timestamp(),
-            validity.not_after.timestamp(),
+            format!("{:x}", certificate.serial),
+            (
+                validity.not_before.timestamp(),
+                validity.not_after.timestamp(),
+            ),
         ))
     }
 
@@ -594,10 +592,7 @@ fn load_ca(files: &CertFiles) -> Result<(rcgen::Certificate, KeyPair, String), C
             ),
         ));
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs() as i64);
-    if not_after <= now {
+    if not_after <= unix_now_s() {
         return Err(bad(
             &files.cert,
             format!(
@@ -679,6 +674,14 @@ fn set_validity_for(params: &mut CertificateParams, validity: Duration) {
     let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
     params.not_before = now - Duration::from_secs(CLOCK_SKEW_ALLOWANCE_SECS);
     params.not_after = now + validity;
+}
+
+/// Seconds since the Unix epoch by this host's wall clock: the time certificates are judged
+/// by, as TLS judges them.
+pub fn unix_now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs() as i64)
 }
 
 /// `secs` since the Unix epoch as RFC 3339 text in UTC (`2027-03-01T09:00:00Z`).

@@ -203,8 +203,8 @@ impl TlsIdentity {
         let ca_certificates = parse_certificates(TlsFileKind::Ca, &files.ca, ca_pem)?;
         let ca_not_after = ca_certificates
             .iter()
-            .filter_map(|der| PeerIdentity::validity_of_certificate_der(der).ok())
-            .map(|(_, not_after)| not_after)
+            .filter_map(|der| PeerIdentity::serial_and_validity_of_certificate_der(der).ok())
+            .map(|(_, (_, not_after))| not_after)
             .min();
         let mut roots = RootCertStore::empty();
         for certificate in ca_certificates {
@@ -256,9 +256,9 @@ impl TlsIdentity {
 
     /// When this identity's certificate stops being valid (seconds since the epoch).
     pub fn not_after(&self) -> Option<i64> {
-        PeerIdentity::validity_of_certificate_der(&self.chain[0])
+        PeerIdentity::serial_and_validity_of_certificate_der(&self.chain[0])
             .ok()
-            .map(|(_, not_after)| not_after)
+            .map(|(_, (_, not_after))| not_after)
     }
 
     /// When the first of the CA certificates it trusts stops being valid (seconds since the
@@ -271,10 +271,7 @@ impl TlsIdentity {
     /// warning for one that expires soon and an error for one expired, for good.
     pub async fn log_expiry_notices(self) {
         loop {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_secs() as i64);
-            for (expired, text) in self.expiry_notices(now) {
+            for (expired, text) in self.expiry_notices(certs::unix_now_s()) {
                 if expired {
                     tracing::error!("{text}");
                 } else {

@@ -798,8 +798,10 @@ impl PeerConnection {
             .and_then(|data| data.downcast::<HandshakeData>().ok())
             .and_then(|data| data.protocol)
             .unwrap_or_default();
-        let serial = PeerIdentity::serial_of_certificate_der(leaf).ok();
-        let validity = PeerIdentity::validity_of_certificate_der(leaf).ok();
+        let (serial, validity) = match PeerIdentity::serial_and_validity_of_certificate_der(leaf) {
+            Ok((serial, validity)) => (Some(serial), Some(validity)),
+            Err(_) => (None, None),
+        };
         let established = PeerConnection {
             connection,
             peer,
@@ -822,9 +824,7 @@ impl PeerConnection {
         let Some((not_before, not_after)) = self.validity else {
             return Ok(());
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs() as i64);
+        let now = crate::certs::unix_now_s();
         let problem = if now > not_after {
             format!(
                 "expired at {}: renew it (see \"Certificate expiry\" in the operations guide)",

@@ -282,12 +282,7 @@ impl AgentService {
                 node_of(&request)
             )));
         }
-        let revoked = self
-            .inner
-            .ctx
-            .state_machine
-            .read(|state| state.is_revoked(&peer.name, serial));
-        if revoked {
+        if self.inner.ctx.state_machine.is_revoked(peer, serial) {
             tracing::warn!(%peer, request = kind, "refused a revoked agent certificate");
             return AgentResponse::Error(AgentError::Unauthorized(format!(
                 "the certificate of {} is revoked: its node is lost; issue the agent a new \

@@ -363,12 +363,7 @@ impl ApiService {
         // coordinator's name was acknowledged and changed nothing).
         let serial = match request {
             ApiRequest::Forwarded { .. } => {
-                let forwarder_revoked = self
-                    .inner
-                    .ctx
-                    .state_machine
-                    .read(|state| state.is_revoked(&peer.name, serial));
-                if forwarder_revoked {
+                if self.inner.ctx.state_machine.is_revoked(peer, serial) {
                     tracing::warn!(%peer, "refused a request forwarded by a revoked certificate");
                     return ApiResponse::Error(ApiError::Rejected(Rejection::Forbidden(format!(
                         "the certificate of {} is revoked: it may forward nothing",
@@ -394,11 +389,7 @@ impl ApiService {
             }
         };
         let peer = &caller;
-        let revoked = self
-            .inner
-            .ctx
-            .state_machine
-            .read(|state| state.is_revoked(&peer.name, serial));
+        let revoked = self.inner.ctx.state_machine.is_revoked(peer, serial);
         if revoked && !matches!(request, ApiRequest::Health) {
             tracing::warn!(%peer, request = request.name(), "refused a revoked certificate");
             return ApiResponse::Error(ApiError::Rejected(Rejection::Forbidden(format!(

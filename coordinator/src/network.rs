@@ -244,14 +244,12 @@ impl PeerConnections {
     fn revoked(&self, connection: &PeerConnection) -> Option<String> {
         let state = self.state.as_ref()?;
         let peer = connection.peer();
-        state
-            .read(|state| state.is_revoked(&peer.name, connection.serial()))
-            .then(|| {
-                format!(
-                    "the certificate of {} is revoked: nothing is sent to it",
-                    peer.name
-                )
-            })
+        state.is_revoked(peer, connection.serial()).then(|| {
+            format!(
+                "the certificate of {} is revoked: nothing is sent to it",
+                peer.name
+            )
+        })
     }
 
     /// Reads the membership from `metrics` (this node's Raft's) from now on.

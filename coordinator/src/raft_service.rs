@@ -72,7 +72,7 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
         // vote, nor send entries: each of its requests is refused, from the entry that
         // commits the revocation on (found by probing: a revoked coordinator went on in Raft
         // unchanged).
-        if state_machine.read(|state| state.is_revoked(&peer.name, serial.as_deref())) {
+        if state_machine.is_revoked(&peer, serial.as_deref()) {
             identity.refused(
                 REVOKED_RAFT_PEER,
                 format!(

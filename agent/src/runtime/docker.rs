@@ -91,7 +91,7 @@ use bollard::Docker;
 use futures_util::StreamExt;
 use quotient_common::{JobId, Signal};
 
-use super::process::{WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
+use super::process::{process_state, WATCHDOG_POLL_S, WATCHDOG_SLACK_MS};
 use super::{
     create_checkpoint_dir, job_environment, log_path, read_log_tail, FoundJob, GpuNumbering,
     JobHandle, JobStatus, JobUser, LaunchSpec, Runtime, RuntimeError,
@@ -1355,13 +1355,26 @@ pub enum WatchEnd {
     Stopped,
 }
 
-/// Whether container `id` runs: `None` when the daemon does not say.
-async fn container_running(docker: &Docker, id: &str) -> Option<bool> {
+/// Whether container `id` runs, with its init process's pid while it does (a container gone
+/// does not run); the daemon's error when it does not say.
+async fn container_state(docker: &Docker, id: &str) -> Result<(bool, Option<i64>), DockerError> {
     match docker.inspect_container(id, None).await {
-        Ok(inspected) => Some(inspected.state.and_then(|s| s.running) == Some(true)),
+        Ok(inspected) => {
+            let state = inspected.state.unwrap_or_default();
+            let running = state.running == Some(true);
+            Ok((running, state.pid.filter(|_| running)))
+        }
         Err(DockerError::DockerResponseServerError {
             status_code: 404, ..
-        }) => Some(false),
+        }) => Ok((false, None)),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether container `id` runs: `None` when the daemon does not say.
+async fn container_running(docker: &Docker, id: &str) -> Option<bool> {
+    match container_state(docker, id).await {
+        Ok((running, _)) => Some(running),
         Err(error) => {
             tracing::warn!(container = %id, error = %error, "the Docker daemon did not say whether the container runs; asking again");
             None
@@ -1387,18 +1400,18 @@ impl InitProcess {
     /// pids, and finds none.
     fn of(pid: i64, id: &str) -> Option<InitProcess> {
         let pid = i32::try_from(pid).ok().filter(|pid| *pid > 1)?;
-        let cgroup = read_proc_file(&format!("/proc/{pid}/cgroup"))?;
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         if !cgroup.contains(id) {
             return None;
         }
-        let (started, _) = proc_start(pid)?;
+        let (_, started) = process_state(pid)?;
         Some(InitProcess { pid, started })
     }
 
     /// Whether the process still runs: the same start time, and not a zombie.
     fn alive(&self) -> bool {
-        proc_start(self.pid)
-            .is_some_and(|(started, state)| started == self.started && !matches!(state, 'Z' | 'X'))
+        process_state(self.pid)
+            .is_some_and(|(state, started)| started == self.started && !matches!(state, 'Z' | 'X'))
     }
 
     /// Sends `signal` to the process while it runs; whether it was sent.
@@ -1406,28 +1419,6 @@ impl InitProcess {
         // SAFETY: kill(2) with a pid checked just before to be the same process.
         self.alive() && unsafe { libc::kill(self.pid, signal) } == 0
     }
-}
-
-/// `path` read, at most 64 KiB (a `/proc` file).
-fn read_proc_file(path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(64 * 1024)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
-}
-
-/// Process `pid`'s start time (clock ticks since boot) and state letter.
-fn proc_start(pid: i32) -> Option<(u64, char)> {
-    let stat = read_proc_file(&format!("/proc/{pid}/stat"))?;
-    // The command (field 2) is in parentheses and may hold spaces: count from its end.
-    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let started = fields.nth(18)?.parse().ok()?;
-    Some((started, state))
 }
 
 /// What a container's watchdog knows of its container.
@@ -1444,21 +1435,16 @@ impl Guarded<'_> {
     /// its init process when known; `None` when neither says.
     async fn running(&mut self) -> Option<bool> {
         let limit = Duration::from_millis(WATCHDOG_CALL_MS);
-        let asked = tokio::time::timeout(limit, self.docker.inspect_container(self.id, None)).await;
+        let asked = tokio::time::timeout(limit, container_state(self.docker, self.id)).await;
         let why = match asked {
-            Ok(Ok(inspected)) => {
-                let state = inspected.state.unwrap_or_default();
-                let running = state.running == Some(true);
-                if let Some(pid) = state.pid.filter(|_| running) {
+            Ok(Ok((running, pid))) => {
+                if let Some(pid) = pid {
                     if self.init.map(|init| i64::from(init.pid)) != Some(pid) {
                         self.init = InitProcess::of(pid, self.id);
                     }
                 }
                 return Some(running);
             }
-            Ok(Err(DockerError::DockerResponseServerError {
-                status_code: 404, ..
-            })) => return Some(false),
             Ok(Err(error)) => error.to_string(),
             Err(_) => format!("no answer within {WATCHDOG_CALL_MS} ms"),
         };
@@ -1590,7 +1576,7 @@ fn is_conflict(error: &DockerError) -> bool {
 /// have carried the call out.
 fn settled_by_name(error: &DockerError) -> bool {
     match error {
-        DockerError::DockerResponseServerError { status_code, .. } => *status_code == 409,
+        DockerError::DockerResponseServerError { .. } => is_conflict(error),
         _ => true,
     }
 }

@@ -296,6 +296,16 @@ impl QuotientStateMachine {
         f(&self.shared.read_applied().state)
     }
 
+    /// Whether the certificate of `peer` (of serial `serial`, when known) is revoked in the
+    /// current state: every door (API, agents, Raft both ways) asks this.
+    pub fn is_revoked(
+        &self,
+        peer: &quotient_common::certs::PeerIdentity,
+        serial: Option<&str>,
+    ) -> bool {
+        self.read(|state| state.is_revoked(&peer.name, serial))
+    }
+
     /// Runs `f` on the current state and what the entries applied since the last call
     /// changed (under the read lock, so the two agree), leaving nothing changed.
     pub fn read_changes<R>(&self, f: impl FnOnce(&State, AppliedChanges) -> R) -> R {
