@@ -76,7 +76,7 @@ pub async fn serve_connection(ctx: Context, connection: PeerConnection) {
             identity.refused(
                 REVOKED_RAFT_PEER,
                 format!(
-                    "refused the Raft requests of {peer} at {address}: its certificate is revoked (quotient certs revoked); remove that member (quotient cluster remove) and add one with a new certificate"
+                    "refused the Raft requests of {peer} at {address}: its certificate is revoked (quotient certs revoked); remove that member (quotient cluster remove-member --id N) and add one with a certificate of a new name (quotient cluster add-member)"
                 ),
             );
             drop(stream);
